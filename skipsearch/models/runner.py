@@ -1,0 +1,148 @@
+"""Layer-wise execution of a decoder with a SkipMask, built from transformers' own modules.
+
+The runner calls each decoder layer's own sub-modules (input norm, self-attention, post-attention
+norm, MLP) so that attention and MLP can be skipped independently — a skipped sub-layer lets the
+residual stream pass through — and so that execution can start at any layer from given hidden
+states. No model math is re-implemented: with an empty mask the logits equal `model(...)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+from skipsearch.masks import SkipMask
+from skipsearch.models.loading import check_architecture
+
+SLIDING = "sliding_attention"
+
+
+def layer_types(config: Any) -> list[str]:
+    """Attention type of every layer: Qwen2 lists them; Mistral slides everywhere when windowed."""
+    types = getattr(config, "layer_types", None)
+    if types:
+        return list(types)
+    windowed = getattr(config, "sliding_window", None) is not None and config.model_type == "mistral"
+    return [SLIDING if windowed else "full_attention"] * config.num_hidden_layers
+
+
+class LayerwiseRunner:
+    """Runs layers `[start, end)` of a Llama-family decoder under a SkipMask, with or without a cache."""
+
+    def __init__(self, model: Any) -> None:
+        check_architecture(model.config)
+        self.model = model
+        self.config = model.config
+        self.decoder = model.model
+        self.layers = list(self.decoder.layers)
+        self.num_layers = len(self.layers)
+        self.layer_types = layer_types(model.config)
+
+    @property
+    def device(self) -> torch.device:
+        return self.decoder.embed_tokens.weight.device
+
+    # -- pieces -------------------------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.decoder.embed_tokens(input_ids)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head: logits over the vocabulary."""
+        return self.model.lm_head(self.decoder.norm(hidden))
+
+    def rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.decoder.rotary_emb(hidden, position_ids)
+
+    def causal_mask(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, cache: Any, layer: int
+    ) -> torch.Tensor | None:
+        """The model's own causal (or sliding-window) mask, sized against this layer's cache."""
+        build = create_sliding_window_causal_mask if self.layer_types[layer] == SLIDING else create_causal_mask
+        return build(
+            config=self.config,
+            inputs_embeds=hidden,
+            attention_mask=None,
+            cache=cache,
+            position_ids=position_ids,
+            layer_idx=layer if cache is not None else None,
+        )
+
+    def attention(
+        self,
+        layer: int,
+        hidden: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+        cache: Any = None,
+    ) -> torch.Tensor:
+        """Residual + self-attention sub-layer (writes this layer's K/V into `cache` if given)."""
+        block = self.layers[layer]
+        out, _ = block.self_attn(
+            hidden_states=block.input_layernorm(hidden),
+            position_embeddings=position_embeddings,
+            attention_mask=attention_mask,
+            cache=cache,
+        )
+        return hidden + out
+
+    def mlp(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Residual + MLP sub-layer."""
+        block = self.layers[layer]
+        return hidden + block.mlp(block.post_attention_layernorm(hidden))
+
+    # -- composition --------------------------------------------------------------------------
+    @torch.no_grad()
+    def run_layers(
+        self,
+        hidden: torch.Tensor,
+        start: int,
+        end: int,
+        position_ids: torch.Tensor,
+        mask: SkipMask | None = None,
+        cache: Any = None,
+        attention_mask: torch.Tensor | None = None,
+        collect: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Run layers `[start, end)` from `hidden` (the input of layer `start`).
+
+        `attention_mask` overrides the model's causal mask for every layer (the shared-KV
+        estimator needs its own); otherwise it is built per layer from that layer's cache
+        length, since a draft that skips attention leaves some layers' caches shorter.
+        `collect`, when given, receives the input of every layer run and finally the output.
+        """
+        position_embeddings = self.rotary(hidden, position_ids)
+        masks: dict[tuple[str, int], torch.Tensor | None] = {}
+        for layer in range(start, end):
+            if collect is not None:
+                collect.append(hidden)
+            if mask is None or mask.runs_attn(layer):
+                layer_mask = attention_mask
+                if layer_mask is None:
+                    seen = cache.layers[layer].get_seq_length() if cache is not None else 0
+                    key = (self.layer_types[layer], seen)
+                    if key not in masks:
+                        masks[key] = self.causal_mask(hidden, position_ids, cache, layer)
+                    layer_mask = masks[key]
+                hidden = self.attention(layer, hidden, position_embeddings, layer_mask, cache)
+            if mask is None or mask.runs_mlp(layer):
+                hidden = self.mlp(layer, hidden)
+        if collect is not None:
+            collect.append(hidden)
+        return hidden
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        mask: SkipMask | None = None,
+        cache: Any = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits of the (masked) model for `input_ids`, continuing `cache` if given."""
+        if position_ids is None:
+            offset = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(offset, offset + input_ids.shape[1], device=input_ids.device)[None]
+        hidden = self.run_layers(self.embed(input_ids), 0, self.num_layers, position_ids, mask, cache)
+        return self.head(hidden)

@@ -59,7 +59,9 @@ class LayerwiseRunner:
         self, hidden: torch.Tensor, position_ids: torch.Tensor, cache: Any, layer: int
     ) -> torch.Tensor | None:
         """The model's own causal (or sliding-window) mask, sized against this layer's cache."""
-        build = create_sliding_window_causal_mask if self.layer_types[layer] == SLIDING else create_causal_mask
+        build = (
+            create_sliding_window_causal_mask if self.layer_types[layer] == SLIDING else create_causal_mask
+        )
         return build(
             config=self.config,
             inputs_embeds=hidden,

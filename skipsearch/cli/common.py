@@ -1,0 +1,85 @@
+"""Options shared by the commands that touch a model: which model, which prompts, which mask."""
+
+from __future__ import annotations
+
+import argparse
+
+from skipsearch.data import PromptSpec, resolve_source
+from skipsearch.errors import ConfigError
+from skipsearch.masks import SkipMask, parse_layer_list
+from skipsearch.measurement import MeasureConfig
+from skipsearch.models.registry import DEFAULT_MODEL
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help="alias (`skipsearch models`), HF id, local dir or .gguf file"
+    )
+    parser.add_argument(
+        "--device", default="cpu", help="torch device, e.g. cpu or cuda (default %(default)s)"
+    )
+    parser.add_argument(
+        "--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU) or a torch dtype"
+    )
+
+
+def add_prompt_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prompts",
+        nargs="+",
+        default=["humaneval"],
+        metavar="SOURCE",
+        help="humaneval | stdlib | spec-bench PATH | PATH.jsonl (default humaneval)",
+    )
+    parser.add_argument(
+        "--n-prompts", type=int, default=16, help="prompts to measure on (default %(default)s)"
+    )
+    parser.add_argument("--max-prompt-tokens", type=int, default=256, help="keep the last N prompt tokens")
+    parser.add_argument("--new-tokens", type=int, default=64, help="continuation length per prompt")
+    parser.add_argument("--seed", type=int, default=0, help="prompt selection seed (default %(default)s)")
+    parser.add_argument(
+        "--mode",
+        choices=("shared-kv", "self"),
+        default="shared-kv",
+        help="estimator: draft reads the full model's K/V for earlier positions (shared-kv) or its own",
+    )
+
+
+def add_mask_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("mask (layer indices from 0; ranges like 20-23 allowed)")
+    group.add_argument("--skip", help="layers to skip entirely, e.g. 4,14 ('' = empty mask)")
+    group.add_argument("--attn-skip", help="attention sub-layers to skip")
+    group.add_argument("--mlp-skip", help="MLP sub-layers to skip")
+    group.add_argument("--mask", help="stable mask string, e.g. a:4,14|m:4,14,20")
+
+
+def prompt_spec(args: argparse.Namespace) -> PromptSpec:
+    value, *rest = args.prompts
+    if len(rest) > 1:
+        raise ConfigError(f"--prompts takes a source and at most one path, got {' '.join(args.prompts)}")
+    return PromptSpec(
+        source=resolve_source(value, rest[0] if rest else None),
+        n_prompts=args.n_prompts,
+        max_prompt_tokens=args.max_prompt_tokens,
+        new_tokens=args.new_tokens,
+        seed=args.seed,
+    )
+
+
+def measure_config(args: argparse.Namespace) -> MeasureConfig:
+    return MeasureConfig(
+        model=args.model, prompts=prompt_spec(args), mode=args.mode, device=args.device, dtype=args.dtype
+    )
+
+
+def mask_from_args(args: argparse.Namespace, num_layers: int) -> SkipMask:
+    """Build the mask from exactly one of --skip, --mask, or --attn-skip/--mlp-skip."""
+    sublayer = args.attn_skip is not None or args.mlp_skip is not None
+    given = sum([args.skip is not None, args.mask is not None, sublayer])
+    if given != 1:
+        raise ConfigError("give the mask once: --skip, --mask, or --attn-skip/--mlp-skip")
+    if args.skip is not None:
+        return SkipMask.from_layers(num_layers, parse_layer_list(args.skip))
+    if args.mask is not None:
+        return SkipMask.parse(args.mask, num_layers)
+    return SkipMask(num_layers, parse_layer_list(args.attn_skip or ""), parse_layer_list(args.mlp_skip or ""))

@@ -1,0 +1,119 @@
+"""`skipsearch measure`: acceptance profile and predicted speedup of one skip mask."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from skipsearch.cli.common import add_mask_options, add_model_options, add_prompt_options
+
+GAMMAS = range(1, 9)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "measure",
+        help="acceptance of one skip mask on real prompts",
+        description="Teacher-forced acceptance of one mask, tokens per round (gamma 1..8), predicted speedup.",
+    )
+    add_model_options(parser)
+    add_prompt_options(parser)
+    add_mask_options(parser)
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="for sampling acceptance (default 1.0)"
+    )
+    parser.add_argument(
+        "--latency-profile", help="profile.json for the calibrated speedup (default: cached one)"
+    )
+    parser.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from skipsearch.cli.common import mask_from_args, measure_config
+    from skipsearch.costmodel import LatencyProfile, predict
+    from skipsearch.errors import ConfigError
+    from skipsearch.measurement import prepare
+    from skipsearch.profile import default_profile_path
+
+    if args.temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
+    config = measure_config(args)
+    measurement = prepare(config)
+    mask = mask_from_args(args, measurement.num_layers)
+    latency_path = (
+        Path(args.latency_profile) if args.latency_profile else default_profile_path(args.model, args.device)
+    )
+    latency = LatencyProfile.load(latency_path) if args.latency_profile or latency_path.is_file() else None
+
+    began = time.perf_counter()
+    profile = measurement.estimator.evaluate(mask, args.temperature)
+    eval_seconds = time.perf_counter() - began
+    full_seconds = measurement.estimator.time_full_forward()
+    prediction = predict(profile, mask, gamma_max=max(GAMMAS), latency=latency)
+    result = {
+        "model": args.model,
+        "mask": str(mask),
+        "mode": config.mode,
+        "r_draft": mask.r_draft(),
+        "r_reuse": mask.r_reuse,
+        "alpha": profile.alpha,
+        "sampling_acceptance": profile.sampling_acceptance,
+        "temperature": args.temperature,
+        "tokens_per_round": {g: profile.tokens_per_round(g) for g in GAMMAS},
+        "alpha_by_depth": profile.alpha_by_depth(max(GAMMAS)),
+        "predicted": prediction.to_dict(),
+        "latency_profile": str(latency_path) if latency else None,
+        "eval_seconds": eval_seconds,
+        "full_forward_seconds": full_seconds,
+        "n_positions": profile.n_positions,
+    }
+    print_result(result, prediction)
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def print_result(result: dict, prediction: object) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(
+        f"[bold]{result['model']}[/]  mask [cyan]{result['mask']}[/]  ({result['mode']} estimator, "
+        f"{result['n_positions']} positions)"
+    )
+    console.print(
+        f"r_draft {result['r_draft']:.3f}   r_reuse {result['r_reuse']:.3f}   alpha (greedy) "
+        f"{result['alpha']:.3f}   sampling acceptance (T={result['temperature']:g}) "
+        f"{result['sampling_acceptance']:.3f}"
+    )
+    table = Table()
+    table.add_column("gamma", justify="right")
+    table.add_column("tokens/round", justify="right")
+    table.add_column("speedup closed-form", justify="right")
+    if prediction.calibrated is not None:
+        table.add_column("speedup calibrated", justify="right")
+    for i, gamma in enumerate(GAMMAS):
+        row = [str(gamma), f"{result['tokens_per_round'][gamma]:.2f}", f"{prediction.closed_form[i]:.2f}"]
+        if prediction.calibrated is not None:
+            row.append(f"{prediction.calibrated[i]:.2f}")
+        table.add_row(*row)
+    console.print(table)
+    best = prediction.best_closed_form
+    console.print(f"best gamma (closed form): {best.gamma} -> {best.speedup:.2f}x")
+    if prediction.calibrated is None:
+        console.print(
+            "no latency profile for this model and device: run `skipsearch profile` for calibrated speedups"
+        )
+    else:
+        calibrated = prediction.best_calibrated
+        console.print(f"best gamma (calibrated): {calibrated.gamma} -> {calibrated.speedup:.2f}x")
+    console.print(
+        f"evaluation {result['eval_seconds']:.2f} s   vs one full forward over the same batch "
+        f"{result['full_forward_seconds']:.2f} s"
+    )

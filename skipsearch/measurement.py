@@ -1,0 +1,75 @@
+"""Everything a worker needs to evaluate masks: model, prompts, ReferenceCache, estimator.
+
+`prepare` is the one place that turns a model name and a prompt spec into a ready Estimator,
+reusing the on-disk ReferenceCache when the same (model, prompts, options) was built before.
+The local executor calls it once per run; a Ray actor calls it once per worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from skipsearch.data import PromptSpec, encode_prompts
+from skipsearch.estimator import Estimator, ReferenceCache, build_reference, reference_key
+from skipsearch.models.loading import LoadedModel, cache_dir, load_model
+from skipsearch.models.runner import LayerwiseRunner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """What defines a measurement: the model, the prompts and the estimator mode."""
+
+    model: str = "smollm2-135m"
+    prompts: PromptSpec = field(default_factory=PromptSpec)
+    mode: str = "self"
+    device: str = "cpu"
+    dtype: str = "auto"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MeasureConfig:
+        return cls(**{**data, "prompts": PromptSpec.from_dict(data["prompts"])})
+
+
+@dataclass
+class Measurement:
+    loaded: LoadedModel
+    runner: LayerwiseRunner
+    estimator: Estimator
+    reference_path: str
+
+    @property
+    def num_layers(self) -> int:
+        return self.runner.num_layers
+
+
+def prepare(config: MeasureConfig) -> Measurement:
+    """Load the model and the (cached or freshly built) ReferenceCache for `config`."""
+    torch.manual_seed(0)
+    loaded = load_model(config.model, device=config.device, dtype=config.dtype)
+    runner = LayerwiseRunner(loaded.model)
+    with_kv = config.mode == "shared-kv"
+    dtype = str(loaded.model.dtype)
+    # A cache holding K/V also serves `self` mode, so look for it first.
+    candidates = [reference_key(loaded.source, dtype, config.prompts.key(), kv) for kv in (True, with_kv)]
+    paths = [cache_dir() / "reference" / f"{key}.safetensors" for key in candidates]
+    existing = next((p for p in paths if p.is_file()), None)
+    if existing is not None:
+        reference = ReferenceCache.load(existing, runner.device)
+        path = existing
+    else:
+        prompts = encode_prompts(config.prompts, loaded.tokenizer)
+        reference = build_reference(runner, loaded.tokenizer, prompts, config.prompts.new_tokens, with_kv)
+        path = paths[-1]
+        reference.save(
+            path, {"model": config.model, "source": loaded.source, "prompts": config.prompts.to_dict()}
+        )
+        log.info("reference cache saved to %s", path)
+    return Measurement(loaded, runner, Estimator(runner, reference, config.mode), str(path))

@@ -1,0 +1,126 @@
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from skipsearch.data import EncodedPrompt
+from skipsearch.estimator import Estimator, ReferenceCache, build_reference, sampling_acceptance
+from skipsearch.masks import SkipMask
+from skipsearch.models.runner import LayerwiseRunner
+from tests.conftest import tiny_model
+
+TOKENIZER = SimpleNamespace(pad_token_id=0, eos_token_id=None)
+MASKS = [
+    SkipMask.from_layers(6, [0]),
+    SkipMask.from_layers(6, [2]),
+    SkipMask.from_layers(6, [1, 4]),
+    SkipMask.prefix(6, 4),
+    SkipMask(6, attn=[3], mlp=[1, 5]),
+]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_model("llama", layers=6, seed=1)
+    model.generation_config.eos_token_id = None
+    runner = LayerwiseRunner(model)
+    generator = torch.Generator().manual_seed(3)
+    prompts = [
+        EncodedPrompt(f"p{i}", tuple(torch.randint(3, 61, (n,), generator=generator).tolist()))
+        for i, n in enumerate([7, 12, 4, 9])
+    ]
+    reference = build_reference(runner, TOKENIZER, prompts, new_tokens=10, with_kv=True)
+    return model, runner, reference
+
+
+def direct_matches(model, reference, skipped):
+    """Plain transformers: full model vs the model with the skipped layers removed."""
+    layers = model.model.layers
+    kept = torch.nn.ModuleList([layer for i, layer in enumerate(layers) if i not in skipped])
+    matches = []
+    for ids, start, end in zip(reference.input_ids, reference.prompt_lengths, reference.lengths, strict=True):
+        seq = ids[None, :end]
+        target = model(seq).logits[0, start - 1 : end - 1].argmax(-1)
+        model.model.layers = kept
+        draft = model(seq).logits[0, start - 1 : end - 1].argmax(-1)
+        model.model.layers = layers
+        matches += (draft == target).tolist()
+    return matches
+
+
+def brute_force_shared_kv(runner, reference, mask):
+    """Each prediction position alone, with a real cache holding the full model's K/V before it."""
+    logits = []
+    for row in range(reference.input_ids.shape[0]):
+        start, end = int(reference.prompt_lengths[row]), int(reference.lengths[row])
+        for pos in range(start - 1, end - 1):
+            cache = DynamicCache(config=runner.config)
+            for layer in range(runner.num_layers):
+                cache.update(
+                    reference.keys[layer, row : row + 1, :, :pos],
+                    reference.values[layer, row : row + 1, :, :pos],
+                    layer,
+                )
+            hidden = reference.hidden[:, row : row + 1, pos : pos + 1]
+            s1 = mask.first_divergent_layer
+            out = runner.run_layers(hidden[s1], s1, runner.num_layers, torch.tensor([[pos]]), mask, cache)
+            logits.append(runner.head(out)[0, 0])
+    return torch.stack(logits)
+
+
+def test_reference_continuations_have_the_requested_length(setup):
+    _, _, reference = setup
+    assert (reference.lengths - reference.prompt_lengths).tolist() == [10] * 4
+    assert reference.hidden.shape[:2] == (7, 4)
+
+
+@pytest.mark.parametrize("mode", ["self", "shared-kv"])
+def test_empty_mask_is_accepted_everywhere(setup, mode):
+    _, runner, reference = setup
+    profile = Estimator(runner, reference, mode).evaluate(SkipMask(6))
+    assert profile.alpha == 1.0
+    assert profile.sampling_acceptance == pytest.approx(1.0)
+    assert profile.tokens_per_round(3) == 4.0
+
+
+@pytest.mark.parametrize("mask", [m for m in MASKS if m.is_layer_level], ids=str)
+def test_self_mode_equals_direct_transformers_computation(setup, mask):
+    model, runner, reference = setup
+    profile = Estimator(runner, reference, "self").evaluate(mask)
+    flat = [m for row in profile.greedy_match for m in row]
+    assert flat == direct_matches(model, reference, mask.skipped_layers)
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=str)
+def test_shared_kv_mode_equals_per_position_decoding_on_the_full_cache(setup, mask):
+    _, runner, reference = setup
+    estimator = Estimator(runner, reference, "shared-kv")
+    assert torch.allclose(
+        estimator.draft_logits(mask), brute_force_shared_kv(runner, reference, mask), atol=1e-4
+    )
+
+
+def test_skipping_changes_acceptance(setup):
+    _, runner, reference = setup
+    estimator = Estimator(runner, reference, "shared-kv")
+    alphas = [estimator.evaluate(mask).alpha for mask in MASKS]
+    assert min(alphas) < 1.0
+
+
+def test_sampling_acceptance_is_total_variation_overlap():
+    target = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    draft = torch.log(torch.tensor([[0.2, 0.3, 0.5]]))
+    assert sampling_acceptance(target, draft, 1.0).item() == pytest.approx(0.7)
+    assert sampling_acceptance(target, draft, 0.0).item() == 0.0
+
+
+def test_reference_cache_round_trips_on_disk(setup, tmp_path):
+    _, runner, reference = setup
+    path = tmp_path / "ref.safetensors"
+    reference.save(path, {"model": "tiny"})
+    again = ReferenceCache.load(path, runner.device)
+    assert torch.equal(again.hidden, reference.hidden) and torch.equal(again.keys, reference.keys)
+    assert Estimator(runner, again, "shared-kv").evaluate(MASKS[1]) == Estimator(
+        runner, reference, "shared-kv"
+    ).evaluate(MASKS[1])

@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "measure",
         help="acceptance of one skip mask on real prompts",
-        description="Teacher-forced acceptance of one mask, tokens per round (gamma 1..8), predicted speedup.",
+        description="Teacher-forced acceptance of one mask, tokens per round (gamma 1..8) and speedup.",
     )
     add_model_options(parser)
     add_prompt_options(parser)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from skipsearch.data import PromptSpec, encode_prompts
+from skipsearch.data import PromptSpec, encode_prompts, select_prompts
 from skipsearch.estimator import Estimator, ReferenceCache, build_reference, reference_key
 from skipsearch.models.loading import LoadedModel, cache_dir, load_model
 from skipsearch.models.runner import LayerwiseRunner
@@ -53,6 +53,7 @@ class Measurement:
 def prepare(config: MeasureConfig) -> Measurement:
     """Load the model and the (cached or freshly built) ReferenceCache for `config`."""
     torch.manual_seed(0)
+    select_prompts(config.prompts)  # fail on a bad prompt file before the slow model load
     loaded = load_model(config.model, device=config.device, dtype=config.dtype)
     runner = LayerwiseRunner(loaded.model)
     with_kv = config.mode == "shared-kv"

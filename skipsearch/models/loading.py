@@ -11,12 +11,13 @@ import hashlib
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from skipsearch.errors import ModelLoadError
-from skipsearch.models.registry import REGISTRY, ModelEntry, package_dir
+from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +138,23 @@ def converted_gguf_dir(gguf: Path) -> Path:
     return target
 
 
-def hub_load_error(repo_id: str, error: Exception) -> ModelLoadError:
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick TCP check, so an offline machine fails in seconds instead of after retries."""
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def hub_load_error(repo_id: str, reason: str) -> ModelLoadError:
     return ModelLoadError(
-        f"cannot fetch {repo_id!r} from the Hugging Face hub ({type(error).__name__}): "
+        f"cannot fetch {repo_id!r} from the Hugging Face hub ({reason}): "
         f"download it on a connected machine (`hf download {repo_id}`) and pass --model /path/to/that/dir"
     )
 
@@ -177,6 +192,8 @@ def load_model(name: str, device: str = "cpu", dtype: str = "auto") -> LoadedMod
         torch, dtype
     )
     is_hub = source.startswith("hub:")
+    if is_hub and not hub_cached(location) and not hub_reachable():
+        raise hub_load_error(location, "offline")
     try:
         config = AutoConfig.from_pretrained(location)
         check_architecture(config)
@@ -184,7 +201,7 @@ def load_model(name: str, device: str = "cpu", dtype: str = "auto") -> LoadedMod
         model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
     except OSError as error:
         if is_hub:
-            raise hub_load_error(location, error) from None
+            raise hub_load_error(location, type(error).__name__) from None
         raise ModelLoadError(f"cannot load {location}: {error}") from None
     model.to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, model_id=name, source=source)

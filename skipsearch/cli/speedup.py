@@ -1,0 +1,191 @@
+"""`skipsearch speedup`: closed-form speedup of speculative decoding for given acceptance and cost.
+
+A calculator over `skipsearch.costmodel` (reference 000 §3–§5, 001 §3.2): the separate-draft form
+with `--c`, self-speculative with `--r-draft` (`--r-reuse` defaults to it: contiguous prefix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+
+from skipsearch.costmodel import (
+    Acceptance,
+    Contiguous,
+    CostForm,
+    SelfSpeculative,
+    SeparateDraft,
+    expected_tokens,
+    optimal_gamma,
+    speedup,
+    speedup_curve,
+)
+from skipsearch.errors import ConfigError
+
+FORM_LABELS = {"sd": "SD", "ssd": "SSD general", "ssd_contiguous": "SSD contiguous"}
+DEFAULT_GAMMA_MAX = 8
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "speedup",
+        help="closed-form speedup for an acceptance rate and a draft cost",
+        description="Speedup of speculative decoding, E(gamma) / round cost, for each cost form given.",
+    )
+    acceptance = parser.add_mutually_exclusive_group()
+    acceptance.add_argument("--alpha", type=float, help="i.i.d. per-token acceptance rate in [0, 1]")
+    acceptance.add_argument(
+        "--alphas", help="acceptance by draft depth, alpha_1,alpha_2,... (comma-separated)"
+    )
+    parser.add_argument("--gamma", default="best", help="draft length, or 'best' for the optimum (default)")
+    parser.add_argument(
+        "--gamma-max", type=int, help="largest gamma searched (default 8, or the number of --alphas if fewer)"
+    )
+    parser.add_argument("--c", type=float, help="separate draft: draft cost / target cost per token")
+    parser.add_argument("--r-draft", type=float, help="self-speculative: share of the forward the draft runs")
+    parser.add_argument(
+        "--r-reuse", type=float, help="self-speculative: share verify reuses (default: r-draft, contiguous)"
+    )
+    parser.add_argument(
+        "--epsilon", type=float, default=0.0, help="verify overhead f(gamma) = 1 + epsilon gamma"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON to stdout")
+    parser.add_argument(
+        "--table", action="store_true", help="print an alpha x gamma grid (reference 001 §3.2)"
+    )
+    parser.add_argument(
+        "--table-alphas", default="0.6,0.7,0.8,0.9", help="grid columns (default %(default)s)"
+    )
+    parser.add_argument("--table-gammas", default="1,2,3,4,6,8", help="grid rows (default %(default)s)")
+    parser.set_defaults(handler=run)
+
+
+def _numbers(text: str, option: str, kind: type[float] | type[int]) -> list:
+    try:
+        values = [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"cannot read {option} {text!r}: give comma-separated numbers, e.g. 0.9,0.8,0.7"
+        ) from None
+    if not values:
+        raise ConfigError(f"{option} is empty: give comma-separated numbers, e.g. 0.9,0.8,0.7")
+    return values
+
+
+def _gamma(text: str) -> int | None:
+    """`None` for 'best', else the draft length (checked by the cost model)."""
+    if text == "best":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--gamma must be a positive integer or 'best', got {text!r}") from None
+
+
+def _forms(args: argparse.Namespace) -> list[CostForm]:
+    forms: list[CostForm] = []
+    if args.c is not None:
+        forms.append(SeparateDraft(args.c, args.epsilon))
+    if args.r_draft is not None:
+        r_reuse = args.r_draft if args.r_reuse is None else args.r_reuse
+        if r_reuse == args.r_draft:
+            forms.append(Contiguous(args.r_draft, args.epsilon))
+        else:
+            forms.append(SelfSpeculative(args.r_draft, r_reuse, args.epsilon))
+    elif args.r_reuse is not None:
+        raise ConfigError("--r-reuse needs --r-draft: give the share the draft runs too")
+    if not forms:
+        raise ConfigError(
+            "give a draft cost: --c C (separate draft) and/or --r-draft R [--r-reuse R2] (self-spec)"
+        )
+    return forms
+
+
+def _params(form: CostForm) -> dict[str, float]:
+    return {f.name: getattr(form, f.name) for f in fields(form) if f.init}
+
+
+def _evaluate(acceptance: Acceptance, form: CostForm, gamma: int | None, gamma_max: int) -> dict:
+    best = optimal_gamma(acceptance, form, gamma_max)
+    used = best.gamma if gamma is None else gamma
+    return {
+        "params": _params(form),
+        "gamma": used,
+        "tokens_per_round": expected_tokens(acceptance, used),
+        "speedup": speedup(acceptance, form, used),
+        "best_gamma": best.gamma,
+        "best_speedup": best.speedup,
+        "speedup_by_gamma": dict(enumerate(speedup_curve(acceptance, form, gamma_max), start=1)),
+    }
+
+
+def _grid(form: CostForm, alphas: list[float], gammas: list[int]) -> dict:
+    return {
+        "params": _params(form),
+        "alphas": alphas,
+        "gammas": gammas,
+        "speedup": [[speedup(alpha, form, gamma) for alpha in alphas] for gamma in gammas],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    forms = _forms(args)
+    result: dict = {}
+    acceptance: Acceptance | None = None
+    if args.alpha is not None:
+        acceptance, result["alpha"] = args.alpha, args.alpha
+    elif args.alphas is not None:
+        acceptance = result["alphas"] = _numbers(args.alphas, "--alphas", float)
+    elif not args.table:
+        raise ConfigError("give the acceptance: --alpha A or --alphas a1,a2,... (or --table for a grid)")
+    if acceptance is not None:
+        default_max = min(DEFAULT_GAMMA_MAX, len(acceptance)) if args.alphas else DEFAULT_GAMMA_MAX
+        gamma_max = default_max if args.gamma_max is None else args.gamma_max
+        gamma = _gamma(args.gamma)
+        result["gamma_max"] = gamma_max
+        result["forms"] = {form.name: _evaluate(acceptance, form, gamma, gamma_max) for form in forms}
+    if args.table:
+        alphas = _numbers(args.table_alphas, "--table-alphas", float)
+        gammas = _numbers(args.table_gammas, "--table-gammas", int)
+        result["table"] = {form.name: _grid(form, alphas, gammas) for form in forms}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _render(result)
+    return 0
+
+
+def _describe(params: dict[str, float]) -> str:
+    return " ".join(f"{key}={value:g}" for key, value in params.items())
+
+
+def _render(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if "forms" in result:
+        acceptance = f"α={result['alpha']:g}" if "alpha" in result else f"α_j={result['alphas']}"
+        table = Table(title=f"Speedup for {acceptance}, γ* searched in 1..{result['gamma_max']}")
+        for column in ("form", "parameters", "γ", "E(γ)", "speedup", "γ*", "S(γ*)"):
+            table.add_column(column, justify="left" if column in ("form", "parameters") else "right")
+        for name, row in result["forms"].items():
+            table.add_row(
+                FORM_LABELS[name],
+                _describe(row["params"]),
+                str(row["gamma"]),
+                f"{row['tokens_per_round']:.3f}",
+                f"{row['speedup']:.2f}",
+                str(row["best_gamma"]),
+                f"{row['best_speedup']:.2f}",
+            )
+        console.print(table)
+    for name, grid in result.get("table", {}).items():
+        table = Table(title=f"{FORM_LABELS[name]} speedup, {_describe(grid['params'])}: rows γ, columns α")
+        table.add_column("γ", justify="right")
+        for alpha in grid["alphas"]:
+            table.add_column(f"α={alpha:g}", justify="right")
+        for gamma, row in zip(grid["gammas"], grid["speedup"], strict=True):
+            table.add_row(str(gamma), *(f"{value:.2f}" for value in row))
+        console.print(table)

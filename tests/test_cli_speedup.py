@@ -1,0 +1,111 @@
+"""`skipsearch speedup`: numbers, gamma selection, the grid, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from skipsearch import cli
+
+
+@pytest.fixture(autouse=True)
+def only_speedup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Register only this command, so the test does not depend on the model-loading ones."""
+    monkeypatch.setattr(cli, "COMMANDS", ("speedup",))
+
+
+def speedup_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert cli.main(["speedup", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_separate_draft_at_fixed_gamma(capsys) -> None:
+    sd = speedup_json(capsys, "--alpha", "0.8", "--gamma", "3", "--c", "0.3")["forms"]["sd"]
+    assert round(sd["speedup"], 2) == 1.55
+    assert sd["speedup"] == pytest.approx(2.952 / 1.9)
+    assert (sd["gamma"], sd["tokens_per_round"], sd["best_gamma"]) == (3, pytest.approx(2.952), 3)
+    assert sd["params"] == {"c": 0.3, "epsilon": 0.0}
+
+
+def test_best_gamma_is_the_argmax(capsys) -> None:
+    sd = speedup_json(capsys, "--alpha", "0.9", "--c", "0.3")["forms"]["sd"]
+    curve = sd["speedup_by_gamma"]
+    assert sd["gamma"] == sd["best_gamma"] == 5
+    assert sd["speedup"] == max(curve.values()) == curve["5"]
+    assert list(curve) == [str(g) for g in range(1, 9)]
+
+
+def test_self_speculative_forms(capsys) -> None:
+    forms = speedup_json(capsys, "--alpha", "0.8", "--gamma", "3", "--r-draft", "0.5")["forms"]
+    assert forms["ssd_contiguous"]["speedup"] == pytest.approx(2.952 / 2.0)
+    forms = speedup_json(capsys, "--alpha", "0.8", "--gamma", "3", "--r-draft", "0.5", "--r-reuse", "0.25")[
+        "forms"
+    ]
+    assert forms["ssd"]["speedup"] == pytest.approx(2.952 / 2.25)
+    forms = speedup_json(
+        capsys, "--alpha", "0.8", "--gamma", "3", "--c", "0.5", "--r-draft", "0.5", "--r-reuse", "0"
+    )
+    assert forms["forms"]["ssd"]["speedup"] == pytest.approx(forms["forms"]["sd"]["speedup"])
+
+
+def test_epsilon(capsys) -> None:
+    sd = speedup_json(capsys, "--alpha", "0.8", "--gamma", "3", "--c", "0.3", "--epsilon", "0.1")["forms"][
+        "sd"
+    ]
+    assert sd["speedup"] == pytest.approx(2.952 / (0.9 + 1.3))
+
+
+def test_position_dependent_alphas_cap_gamma_max(capsys) -> None:
+    result = speedup_json(capsys, "--alphas", "0.9,0.8,0.5", "--c", "0.3")
+    assert result["gamma_max"] == 3
+    sd = result["forms"]["sd"]
+    assert sd["speedup_by_gamma"]["3"] == pytest.approx(2.98 / 1.9)
+
+
+def test_table_reproduces_reference_001_grid(capsys) -> None:
+    grid = speedup_json(capsys, "--table", "--c", "0.3")["table"]["sd"]
+    assert grid["alphas"] == [0.6, 0.7, 0.8, 0.9]
+    assert grid["gammas"] == [1, 2, 3, 4, 6, 8]
+    assert round(grid["speedup"][3][3], 2) == 1.86
+    assert [round(v, 2) for v in grid["speedup"][0]] == [1.23, 1.31, 1.38, 1.46]
+    custom = speedup_json(capsys, "--table", "--c", "0.3", "--table-alphas", "0.5", "--table-gammas", "2")
+    assert custom["table"]["sd"]["speedup"] == [[pytest.approx(1.75 / 1.6)]]
+
+
+def test_human_output(capsys) -> None:
+    assert cli.main(["speedup", "--alpha", "0.8", "--gamma", "3", "--c", "0.3", "--table"]) == 0
+    out = capsys.readouterr().out
+    assert "c=0.3 epsilon=0" in out
+    assert "1.55" in out
+    assert "2.952" in out
+    assert "1.86" in out  # the grid
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--alpha", "1.5", "--c", "0.3"], "alpha must be in [0, 1]"),
+        (["--alpha", "0.8", "--gamma", "0", "--c", "0.3"], "gamma must be an integer >= 1"),
+        (
+            ["--alpha", "0.8", "--gamma", "three", "--c", "0.3"],
+            "--gamma must be a positive integer or 'best'",
+        ),
+        (["--alpha", "0.8", "--gamma-max", "0", "--c", "0.3"], "gamma must be an integer >= 1"),
+        (["--alpha", "0.8", "--c", "0"], "draft cost ratio c must be"),
+        (["--alpha", "0.8", "--r-draft", "0.3", "--r-reuse", "0.5"], "r_reuse must be in [0, r_draft=0.3]"),
+        (["--alpha", "0.8", "--r-reuse", "0.5"], "--r-reuse needs --r-draft"),
+        (["--alpha", "0.8"], "give a draft cost"),
+        (["--c", "0.3"], "give the acceptance"),
+        (["--alpha", "0.8", "--c", "0.3", "--epsilon", "-1"], "epsilon must be"),
+        (["--alphas", "0.9,x", "--c", "0.3"], "cannot read --alphas"),
+        (["--alphas", "0.9,0.8", "--gamma-max", "4", "--c", "0.3"], "alpha_1..alpha_"),
+    ],
+)
+def test_invalid_arguments_exit_2_with_one_line(capsys, args: list[str], message: str) -> None:
+    assert cli.main(["speedup", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("skipsearch: error: ")
+    assert message in captured.err
+    assert captured.err.count("\n") == 1

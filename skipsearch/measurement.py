@@ -8,34 +8,17 @@ The local executor calls it once per run; a Ray actor calls it once per worker.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from skipsearch.data import PromptSpec, encode_prompts, select_prompts
+from skipsearch.config import MeasureConfig
+from skipsearch.data import encode_prompts, select_prompts
 from skipsearch.estimator import Estimator, ReferenceCache, build_reference, reference_key
 from skipsearch.models.loading import LoadedModel, cache_dir, load_model
 from skipsearch.models.runner import LayerwiseRunner
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class MeasureConfig:
-    """What defines a measurement: the model, the prompts and the estimator mode."""
-
-    model: str = "smollm2-135m"
-    prompts: PromptSpec = field(default_factory=PromptSpec)
-    mode: str = "self"
-    device: str = "cpu"
-    dtype: str = "auto"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> MeasureConfig:
-        return cls(**{**data, "prompts": PromptSpec.from_dict(data["prompts"])})
 
 
 @dataclass

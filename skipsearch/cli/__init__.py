@@ -13,7 +13,7 @@ import sys
 
 from skipsearch.errors import SkipsearchError
 
-COMMANDS = ("models", "measure", "speedup", "profile")
+COMMANDS = ("models", "measure", "speedup", "profile", "decode", "run", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("optuna").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return int(args.handler(args) or 0)
     except SkipsearchError as error:

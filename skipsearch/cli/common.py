@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
+from skipsearch.config import MeasureConfig
 from skipsearch.data import PromptSpec, resolve_source
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask, parse_layer_list
-
-if TYPE_CHECKING:
-    from skipsearch.measurement import MeasureConfig
 from skipsearch.models.registry import DEFAULT_MODEL
 
 
@@ -70,8 +67,6 @@ def prompt_spec(args: argparse.Namespace) -> PromptSpec:
 
 
 def measure_config(args: argparse.Namespace) -> MeasureConfig:
-    from skipsearch.measurement import MeasureConfig  # torch-heavy: only when a model is needed
-
     return MeasureConfig(
         model=args.model, prompts=prompt_spec(args), mode=args.mode, device=args.device, dtype=args.dtype
     )

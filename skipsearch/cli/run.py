@@ -1,0 +1,113 @@
+"""`skipsearch run`: search the skip-mask space of one model, write `results/<run>/`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from skipsearch.cli.common import add_model_options, add_prompt_options
+
+
+def add_search_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--budget", type=int, default=60, help="distinct masks to measure (default %(default)s)"
+    )
+    parser.add_argument("--space", default="sparse", help="search space name (search_spaces/) or YAML path")
+    parser.add_argument("--gamma-max", type=int, default=8, help="largest draft length scored (default 8)")
+    parser.add_argument("--objective", choices=("speedup", "acceptance"), default="speedup")
+    parser.add_argument(
+        "--cost",
+        choices=("closed-form", "calibrated"),
+        default="closed-form",
+        help="cost model for the score",
+    )
+    parser.add_argument("--pareto", action="store_true", help="multi-objective: speedup vs r_draft")
+    parser.add_argument("--sampler", choices=("tpe", "gp", "cmaes", "nsga2"), default="tpe")
+    parser.add_argument("--warm-start", action="store_true", help="learned: start from the best baselines")
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="for sampling acceptance (default 1.0)"
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("run", help="search which layers the draft should skip")
+    add_model_options(parser)
+    add_prompt_options(parser)
+    add_search_options(parser)
+    parser.add_argument(
+        "--strategy", choices=("learned", "random", "uniform", "exhaustive"), default="learned"
+    )
+    parser.add_argument("--out", help="run directory (default results/<model>-<space>-<strategy>-s<seed>)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out to its budget")
+    parser.set_defaults(handler=run)
+
+
+def run_config(args: argparse.Namespace, strategy: str) -> object:
+    from skipsearch.cli.common import measure_config
+    from skipsearch.config import RunConfig
+
+    return RunConfig(
+        measure=measure_config(args),
+        space=args.space,
+        strategy=strategy,
+        sampler=args.sampler,
+        budget=args.budget,
+        seed=args.seed,
+        gamma_max=args.gamma_max,
+        objective=args.objective,
+        cost=args.cost,
+        pareto=args.pareto,
+        warm_start=args.warm_start,
+        temperature=args.temperature,
+    )
+
+
+def trial_progress(description: str, budget: int) -> tuple[object, object]:
+    """A rich bar showing trials, best score so far and ETA; returns (context manager, callback)."""
+    from skipsearch.progress import progress_bar
+
+    bar_context = progress_bar(description, budget)
+
+    def start() -> object:
+        bar = bar_context.__enter__()
+
+        def on_trial(scored: int, total: int, best: float | None) -> None:
+            task = bar.task_ids[0]
+            bar.update(task, completed=scored, total=total, status=f"best {best:.3f}" if best else "")
+
+        return on_trial
+
+    return bar_context, start
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from skipsearch.config import RunConfig
+    from skipsearch.pipeline import RUN_FILE, check_run_dir, open_context, search_one
+    from skipsearch.report import write_run_outputs
+    from skipsearch.spaces import load_space
+
+    config = run_config(args, args.strategy)
+    out = Path(args.out or f"results/{config.measure.model}-{config.space}-{config.strategy}-s{config.seed}")
+    check_run_dir(out, args.resume)
+    if args.resume:
+        stored, _ = RunConfig.load(out / RUN_FILE)
+        config = stored.with_budget(args.budget)
+    load_space(config.space)  # a bad space file fails before the model loads
+    context = open_context(config)
+    out.mkdir(parents=True, exist_ok=True)
+    config.save(out / RUN_FILE, context.provenance)
+    bar_context, start = trial_progress(f"{config.strategy} search", config.budget)
+    try:
+        result = search_one(config, context, out, args.resume, on_trial=start())
+    finally:
+        bar_context.__exit__(None, None, None)
+    summary = write_run_outputs(out)
+    console = Console()
+    console.print((out / "summary.md").read_text())
+    console.print(
+        f"{result.budget_used} masks scored, {result.model_evaluations} measured in this session; "
+        f"files in {out}"
+    )
+    return 0 if summary else 1

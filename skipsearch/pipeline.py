@@ -1,0 +1,108 @@
+"""`skipsearch run` and `compare` end to end: validate, measure, search, write the run directory.
+
+Order matters for "nothing half-written": every input is validated (space file, budget, run
+directory, constraints against the model's depth) before `run.yaml` or the study journal is
+created, and the report files are rewritten from the journal at the end, so a killed run loses
+nothing that `--resume` cannot rebuild.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from skipsearch.config import RunConfig
+from skipsearch.errors import ConfigError
+from skipsearch.search.study import JOURNAL_FILE
+
+log = logging.getLogger(__name__)
+
+RUN_FILE = "run.yaml"
+
+
+def check_run_dir(out: Path, resume: bool) -> None:
+    """A run directory is either new, or an existing run continued with `--resume`."""
+    exists = (out / RUN_FILE).is_file() or (out / JOURNAL_FILE).is_file()
+    if exists and not resume:
+        raise ConfigError(f"{out} already holds a run: pass --resume to continue it, or another --out")
+    if resume and not exists:
+        raise ConfigError(f"{out} holds no run to resume: drop --resume to start one there")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file: pass a directory")
+
+
+@dataclass
+class RunContext:
+    """A measured model plus everything the search needs, shared by the strategies of a compare."""
+
+    measurement: object  # skipsearch.measurement.Measurement
+    latency: object | None  # skipsearch.costmodel.LatencyProfile
+    provenance: dict
+
+
+def open_context(config: RunConfig) -> RunContext:
+    """Load the model and ReferenceCache; find the latency profile for the calibrated cost."""
+    import torch
+    import transformers
+
+    from skipsearch.costmodel import LatencyProfile
+    from skipsearch.measurement import prepare
+    from skipsearch.profile import default_profile_path
+
+    measurement = prepare(config.measure)
+    latency_path = default_profile_path(config.measure.model, config.measure.device)
+    latency = LatencyProfile.load(latency_path) if latency_path.is_file() else None
+    provenance = {
+        "model_source": measurement.loaded.source,
+        "num_layers": measurement.num_layers,
+        "prompt_set": config.measure.prompts.key(),
+        "reference_cache": measurement.reference_path,
+        "latency_profile": str(latency_path) if latency else None,
+        "torch": str(torch.__version__),
+        "transformers": str(transformers.__version__),
+    }
+    return RunContext(measurement, latency, provenance)
+
+
+def search_one(
+    config: RunConfig,
+    context: RunContext,
+    out: Path,
+    resume: bool,
+    study_name: str | None = None,
+    cache: object | None = None,
+    on_trial: Callable[[int, int, float | None], None] | None = None,
+) -> object:
+    """Run one strategy's study in `out` (validated constraints first, then the journal)."""
+    from skipsearch.executors import LocalExecutor
+    from skipsearch.search import SearchConfig, make_strategy, run_search
+    from skipsearch.search.objective import make_scorer
+    from skipsearch.spaces import load_space
+
+    measurement = context.measurement
+    space = load_space(config.space).resolve(measurement.num_layers)
+    options = (
+        {"algorithm": config.sampler, "warm_start": config.warm_start} if config.strategy == "learned" else {}
+    )
+    strategy = make_strategy(config.strategy, **options)
+    scorer = make_scorer(config.objective, config.cost, context.latency, config.gamma_max)
+    search = SearchConfig(budget=config.budget, seed=config.seed, pareto=config.pareto)
+
+    def evaluate(mask: object) -> object:
+        return measurement.estimator.evaluate(mask, config.temperature)
+
+    with LocalExecutor(evaluate) as executor:
+        return run_search(
+            space,
+            strategy,
+            executor,
+            scorer,
+            out,
+            search,
+            study_name=study_name,
+            cache=cache,
+            resume=resume,
+            on_trial=on_trial,
+        )

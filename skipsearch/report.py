@@ -1,0 +1,189 @@
+"""Tables and plots of a run directory, rebuilt from its study journal and `run.yaml` alone.
+
+Pure read of the run directory (no model), so a copied run can be reported anywhere:
+`trials.csv`, `best.json`, `summary.md` and four plots.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from skipsearch.config import RunConfig
+from skipsearch.errors import ConfigError
+from skipsearch.search import best_trial, load_study, pareto_front, study_trials_frame
+from skipsearch.search.results import TrialRecord
+
+RUN_FILE = "run.yaml"
+PAYS_OFF = 1.05  # below this predicted speedup, overheads the model ignores eat the gain
+
+
+def write_run_outputs(run_dir: Path) -> dict:
+    """Rewrite every report file of `run_dir`; return best.json's content."""
+    config, provenance = RunConfig.load(run_dir / RUN_FILE)
+    study = load_study(run_dir, config.strategy)
+    frame = study_trials_frame(study)
+    best = best_trial(study)
+    if best is None or frame.empty:
+        raise ConfigError(f"{run_dir} has no finished trial yet: run or --resume it first")
+    frame.insert(0, "seed", config.seed)
+    frame.to_csv(run_dir / "trials.csv", index=False)
+    front = pareto_front(study)
+    summary = best_summary(best, config, provenance)
+    (run_dir / "best.json").write_text(json.dumps(summary, indent=2))
+    (run_dir / "summary.md").write_text(verdict(summary, frame, front))
+    plot_convergence(frame, run_dir / "convergence.png")
+    plot_alpha_vs_r_draft(frame, front, run_dir / "alpha_vs_r_draft.png")
+    plot_skip_frequency(frame, best.num_layers, run_dir / "skip_frequency.png")
+    plot_speedup_vs_gamma(best, run_dir / "speedup_vs_gamma.png")
+    return summary
+
+
+def best_summary(best: TrialRecord, config: RunConfig, provenance: dict) -> dict:
+    details = dict(best.details)
+    return {
+        "model": config.measure.model,
+        "mask": best.mask,
+        "num_layers": best.num_layers,
+        "skipped_attn": details.get("skipped_attn"),
+        "skipped_mlp": details.get("skipped_mlp"),
+        "gamma_best": best.gamma_best,
+        "objective": config.objective,
+        "cost": config.cost,
+        "score": best.score,
+        "speedup_by_gamma": {str(g): v for g, v in best.per_gamma.items()},
+        "predicted_speedup": {
+            "closed_form": details.get("speedup_closed_form"),
+            "calibrated": details.get("speedup_calibrated"),
+        },
+        "r_draft": best.r_draft,
+        "r_reuse": details.get("r_reuse"),
+        "acceptance": {
+            "alpha": details.get("alpha"),
+            "sampling_acceptance": details.get("sampling_acceptance"),
+            "temperature": config.temperature,
+            "tokens_per_round": {
+                str(g): details.get(f"tokens_per_round_{g}") for g in range(1, config.gamma_max + 1)
+            },
+        },
+        "estimator_mode": config.measure.mode,
+        "trial": best.number,
+        "strategy": config.strategy,
+        "seed": config.seed,
+        "budget": config.budget,
+        **provenance,
+    }
+
+
+def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str:
+    """A plain-words verdict: the best configuration, and whether SSD pays off at all."""
+    speed = summary["predicted_speedup"]
+    best_speed = speed["calibrated"] or speed["closed_form"]
+    pays = best_speed >= PAYS_OFF
+    acceptance = summary["acceptance"]
+    lines = [
+        f"# skipsearch run: {summary['model']}",
+        "",
+        f"Best mask `{summary['mask']}` (attention skipped at {summary['skipped_attn']}, MLP at "
+        f"{summary['skipped_mlp']}) with draft length γ = {summary['gamma_best']}.",
+        "",
+        f"- predicted speedup: {speed['closed_form']:.3f}x closed form"
+        + (f", {speed['calibrated']:.3f}x calibrated on this device" if speed["calibrated"] else ""),
+        f"- acceptance α = {acceptance['alpha']:.3f} (greedy), "
+        f"{acceptance['sampling_acceptance']:.3f} sampling at T = {acceptance['temperature']}",
+        f"- draft cost r_draft = {summary['r_draft']:.3f}, KV reuse r_reuse = {summary['r_reuse']:.3f}",
+        f"- {int((~frame['repeat']).sum())} distinct masks measured ({summary['strategy']} strategy, seed "
+        f"{summary['seed']}); Pareto front (speedup vs r_draft): {len(front)} masks",
+        "",
+        "## Verdict",
+        "",
+    ]
+    if pays:
+        lines.append(
+            f"SSD pays off for this model on these prompts: about {best_speed:.2f}x predicted "
+            "with the mask above."
+        )
+    else:
+        lines.append(
+            f"SSD does not pay off here: the best predicted speedup is {best_speed:.2f}x, below {PAYS_OFF}x, "
+            "so the overheads the cost model leaves out (sampling, cache bookkeeping) would eat the gain. "
+            "Skipping layers loses too much acceptance for this model (reference 001 §5.1)."
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def plot_convergence(frame: pd.DataFrame, path: Path) -> None:
+    unique = frame[~frame["repeat"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(np.arange(1, len(unique) + 1), unique["score"].cummax().to_numpy(), drawstyle="steps-post")
+    ax.scatter(np.arange(1, len(unique) + 1), unique["score"], s=8, alpha=0.4)
+    ax.set(xlabel="distinct masks evaluated", ylabel="score (best so far)", title="Convergence")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_alpha_vs_r_draft(frame: pd.DataFrame, front: list[TrialRecord], path: Path) -> None:
+    unique = frame[~frame["repeat"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    points = ax.scatter(unique["r_draft"], unique["alpha"], c=unique["score"], cmap="viridis", s=14)
+    fig.colorbar(points, ax=ax, label="score")
+    on_front = unique[unique["mask"].isin({r.mask for r in front})]
+    ax.scatter(
+        on_front["r_draft"],
+        on_front["alpha"],
+        facecolors="none",
+        edgecolors="red",
+        s=60,
+        label="Pareto front",
+    )
+    ax.set(xlabel="r_draft", ylabel="α (greedy)", title="Acceptance vs draft cost")
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_skip_frequency(frame: pd.DataFrame, num_layers: int, path: Path) -> None:
+    """How often each layer's attention / MLP is skipped among the top 10% trials."""
+    unique = frame[~frame["repeat"]].sort_values("score", ascending=False)
+    top = unique.head(max(1, len(unique) // 10))
+    attn, mlp = np.zeros(num_layers), np.zeros(num_layers)
+    for skipped_attn, skipped_mlp in zip(top["skipped_attn"], top["skipped_mlp"], strict=True):
+        attn[list(skipped_attn)] += 1
+        mlp[list(skipped_mlp)] += 1
+    layers = np.arange(num_layers)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(layers - 0.2, attn / len(top), width=0.4, label="attention")
+    ax.bar(layers + 0.2, mlp / len(top), width=0.4, label="MLP")
+    ax.set(
+        xlabel="layer",
+        ylabel="share of top trials skipping it",
+        title=f"Skip frequency, top {len(top)} trials",
+    )
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_speedup_vs_gamma(best: TrialRecord, path: Path) -> None:
+    gammas = sorted(best.per_gamma)
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(gammas, [best.per_gamma[g] for g in gammas], marker="o")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(xlabel="γ (draft length)", ylabel="predicted speedup", title=f"Best mask {best.mask}")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,60 @@
+"""The default scorers: predicted speedup (closed form or calibrated) or acceptance (DESIGN §5).
+
+A Score stores every number the trials table and best.json report, so a run directory explains
+itself without the model.
+"""
+
+from __future__ import annotations
+
+from skipsearch.acceptance import AcceptanceProfile
+from skipsearch.costmodel import LatencyProfile, predict
+from skipsearch.errors import ConfigError
+from skipsearch.masks import SkipMask
+from skipsearch.search.score import Score, Scorer
+
+OBJECTIVES = ("speedup", "acceptance")
+COSTS = ("closed-form", "calibrated")
+
+
+def make_scorer(
+    objective: str = "speedup",
+    cost: str = "closed-form",
+    latency: LatencyProfile | None = None,
+    gamma_max: int = 8,
+    context: int = 512,
+) -> Scorer:
+    """Scorer maximising the best-γ predicted speedup, or greedy acceptance (SWIFT-style, with the
+    r_draft budget set by the search space)."""
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
+    if cost not in COSTS:
+        raise ConfigError(f"unknown cost model {cost!r}: use one of {', '.join(COSTS)}")
+    if cost == "calibrated" and latency is None:
+        raise ConfigError(
+            "--cost calibrated needs a latency profile: run `skipsearch profile --model M` first"
+        )
+
+    def score(mask: SkipMask, profile: AcceptanceProfile) -> Score:
+        prediction = predict(profile, mask, gamma_max=gamma_max, latency=latency, context=context)
+        curve = prediction.calibrated if cost == "calibrated" else prediction.closed_form
+        best = prediction.best_calibrated if cost == "calibrated" else prediction.best_closed_form
+        per_gamma = {g: s for g, s in enumerate(curve, start=1)}
+        details = {
+            "alpha": profile.alpha,
+            "sampling_acceptance": profile.sampling_acceptance,
+            "r_reuse": mask.r_reuse,
+            "skipped_attn": sorted(mask.attn),
+            "skipped_mlp": sorted(mask.mlp),
+            "speedup_closed_form": prediction.best_closed_form.speedup,
+            "gamma_closed_form": prediction.best_closed_form.gamma,
+            **{f"tokens_per_round_{g}": t for g, t in enumerate(prediction.tokens_per_round, start=1)},
+        }
+        if prediction.best_calibrated is not None:
+            details |= {
+                "speedup_calibrated": prediction.best_calibrated.speedup,
+                "gamma_calibrated": prediction.best_calibrated.gamma,
+            }
+        value = best.speedup if objective == "speedup" else profile.alpha
+        return Score(value=value, gamma_best=best.gamma, per_gamma=per_gamma, details=details)
+
+    return score

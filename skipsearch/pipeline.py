@@ -106,3 +106,45 @@ def search_one(
             resume=resume,
             on_trial=on_trial,
         )
+
+
+COMPARED_STRATEGIES = ("random", "uniform", "learned")
+
+
+def run_compare(
+    config: RunConfig, seeds: int, out: Path, resume: bool, progress: Callable[[str], object]
+) -> list[tuple[str, int, str]]:
+    """Every strategy × seed with the same budget in one journal, sharing one evaluation cache
+    (a mask measured for one strategy is free for the others). Returns (strategy, seed, study)."""
+    from dataclasses import replace
+
+    from skipsearch.search import EvaluationCache
+    from skipsearch.spaces import load_space
+
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+    check_run_dir(out, resume)
+    load_space(config.space)
+    context = open_context(config)
+    out.mkdir(parents=True, exist_ok=True)
+    config.save(
+        out / RUN_FILE, {**context.provenance, "seeds": seeds, "strategies": list(COMPARED_STRATEGIES)}
+    )
+    cache = EvaluationCache(out / "cache")
+    studies = []
+    for seed in range(config.seed, config.seed + seeds):
+        for strategy in COMPARED_STRATEGIES:
+            name = f"{strategy}-s{seed}"
+            one = replace(config, strategy=strategy, seed=seed)
+            has_study = resume and name in _study_names(out)
+            search_one(one, context, out, has_study, study_name=name, cache=cache, on_trial=progress(name))
+            studies.append((strategy, seed, name))
+    return studies
+
+
+def _study_names(out: Path) -> list[str]:
+    import optuna
+
+    from skipsearch.search.study import journal_storage
+
+    return optuna.study.get_all_study_names(journal_storage(out))

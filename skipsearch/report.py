@@ -187,3 +187,66 @@ def plot_speedup_vs_gamma(best: TrialRecord, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def write_compare_outputs(run_dir: Path, studies: list[tuple[str, int, str]]) -> pd.DataFrame:
+    """comparison.csv / .md (best score and α per strategy, mean ± std over seeds, trials to
+    reach 95% of the final best) and convergence.png (best-so-far bands per strategy)."""
+    rows, curves = [], {}
+    for strategy, seed, name in studies:
+        frame = study_trials_frame(load_study(run_dir, name))
+        unique = frame[~frame["repeat"]].reset_index(drop=True)
+        best_so_far = unique["score"].cummax().to_numpy()
+        final = best_so_far[-1]
+        best_row = unique.loc[unique["score"].idxmax()]
+        rows.append(
+            {
+                "strategy": strategy,
+                "seed": seed,
+                "best_score": final,
+                "best_alpha": best_row["alpha"],
+                "best_mask": best_row["mask"],
+                "gamma_best": best_row["gamma_best"],
+                "trials_to_95pct": int(np.argmax(best_so_far >= 0.95 * final)) + 1,
+                "trials": len(unique),
+            }
+        )
+        curves.setdefault(strategy, []).append(best_so_far)
+    table = pd.DataFrame(rows)
+    table.to_csv(run_dir / "comparison.csv", index=False)
+    summary = table.groupby("strategy", sort=False).agg(
+        best_mean=("best_score", "mean"),
+        best_std=("best_score", "std"),
+        best_max=("best_score", "max"),
+        alpha_mean=("best_alpha", "mean"),
+        trials_to_95pct=("trials_to_95pct", "mean"),
+    )
+    lines = [
+        "| strategy | best speedup (mean ± std) | best max | α of best (mean) | trials to 95% |",
+        "|---|---|---|---|---|",
+    ]
+    for strategy, r in summary.iterrows():
+        std = 0.0 if np.isnan(r.best_std) else r.best_std
+        lines.append(
+            f"| {strategy} | {r.best_mean:.3f} ± {std:.3f} | {r.best_max:.3f} | {r.alpha_mean:.3f} | "
+            f"{r.trials_to_95pct:.1f} |"
+        )
+    (run_dir / "comparison.md").write_text("\n".join(lines) + "\n")
+    plot_strategy_convergence(curves, run_dir / "convergence.png")
+    return table
+
+
+def plot_strategy_convergence(curves: dict[str, list[np.ndarray]], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for strategy, runs in curves.items():
+        length = min(len(c) for c in runs)
+        stacked = np.stack([c[:length] for c in runs])
+        x = np.arange(1, length + 1)
+        ax.plot(x, stacked.mean(0), label=f"{strategy} (n={len(runs)})", drawstyle="steps-post")
+        ax.fill_between(x, stacked.min(0), stacked.max(0), alpha=0.2, step="post")
+    ax.set(xlabel="distinct masks evaluated", ylabel="best score so far", title="Strategies at equal budget")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

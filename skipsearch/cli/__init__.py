@@ -13,7 +13,7 @@ import sys
 
 from skipsearch.errors import SkipsearchError
 
-COMMANDS = ("models", "measure", "speedup", "profile", "decode", "run", "report")
+COMMANDS = ("models", "measure", "speedup", "profile", "decode", "run", "compare", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -186,6 +186,7 @@ def load_model(name: str, device: str = "cpu", dtype: str = "auto") -> LoadedMod
     """Load `--model` for layer-wise running (eval mode, no gradients)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     location, source = resolve_model_dir(name)
     torch_dtype = {"auto": torch.float32 if device == "cpu" else torch.bfloat16}.get(dtype) or getattr(
@@ -194,6 +195,7 @@ def load_model(name: str, device: str = "cpu", dtype: str = "auto") -> LoadedMod
     is_hub = source.startswith("hub:")
     if is_hub and not hub_cached(location) and not hub_reachable():
         raise hub_load_error(location, "offline")
+    hf_logging.disable_progress_bar()  # loading safetensors is quick; keep stderr for errors
     try:
         config = AutoConfig.from_pretrained(location)
         check_architecture(config)

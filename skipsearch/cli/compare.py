@@ -1,0 +1,46 @@
+"""`skipsearch compare`: random vs uniform vs learned at the same budget and seeds."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from skipsearch.cli.common import add_model_options, add_prompt_options
+from skipsearch.cli.run import add_search_options
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("compare", help="random vs uniform vs learned at equal budget")
+    add_model_options(parser)
+    add_prompt_options(parser)
+    add_search_options(parser)
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per strategy (default %(default)s)")
+    parser.add_argument("--out", help="directory (default results/compare-<model>-<space>)")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted compare")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from skipsearch.cli.run import run_config
+    from skipsearch.pipeline import run_compare
+    from skipsearch.progress import console
+    from skipsearch.report import write_compare_outputs
+
+    config = run_config(args, "learned")
+    out = Path(args.out or f"results/compare-{config.measure.model}-{config.space}")
+
+    def progress(name: str) -> object:
+        def on_trial(scored: int, total: int, best: float | None) -> None:
+            console.print(
+                f"{name}: {scored}/{total} best {best:.3f}" if best else f"{name}: {scored}/{total}"
+            )
+
+        return on_trial
+
+    studies = run_compare(config, args.seeds, out, args.resume, progress)
+    write_compare_outputs(out, studies)
+    Console().print((out / "comparison.md").read_text())
+    Console().print(f"comparison.csv, comparison.md and convergence.png in {out}")
+    return 0

@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The main job on the embedded model: a learned search of the sparse space (~5 min on 2 idle cores).
+DEMO_OUT ?= runs/demo
 demo: install
-	$(VENV)/bin/skipsearch measure --model smollm2-135m --skip 4,14
+	rm -rf $(DEMO_OUT)
+	$(VENV)/bin/skipsearch run --model smollm2-135m --space sparse --budget 30 --out $(DEMO_OUT)
 
 test: install
 	$(VENV)/bin/pytest -q

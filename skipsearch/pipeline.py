@@ -76,11 +76,14 @@ def search_one(
     on_trial: Callable[[int, int, float | None], None] | None = None,
 ) -> object:
     """Run one strategy's study in `out` (validated constraints first, then the journal)."""
+    import optuna
+
     from skipsearch.executors import LocalExecutor
     from skipsearch.search import SearchConfig, make_strategy, run_search
     from skipsearch.search.objective import make_scorer
     from skipsearch.spaces import load_space
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar reports trials
     measurement = context.measurement
     space = load_space(config.space).resolve(measurement.num_layers)
     options = (

@@ -32,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    logging.getLogger("optuna").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return int(args.handler(args) or 0)
     except SkipsearchError as error:

@@ -1,0 +1,412 @@
+"""`skipsearch decode`: real self-speculative decoding of one mask against the baselines.
+
+In one process, interleaved over repeats and prompts: autoregressive decoding through the
+layer-wise runner, `model.generate`, the SSD engine, and — for a contiguous prefix —
+`model.generate(assistant_early_exit=E)`. Reports tokens/s and speedup over `generate`,
+measured acceptance and tokens per round next to the estimator's prediction, the lossless check
+(greedy SSD == autoregressive, exit 1 otherwise) and the round-time breakdown by context length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from skipsearch.cli.common import add_mask_options, add_model_options, add_prompt_options
+from skipsearch.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from skipsearch.acceptance import AcceptanceProfile
+    from skipsearch.engine import DecodeResult, GammaPolicy, Sampling, Summary
+    from skipsearch.estimator import Estimator
+    from skipsearch.masks import SkipMask
+    from skipsearch.measurement import Measurement
+    from skipsearch.models.loading import LoadedModel
+    from skipsearch.models.runner import LayerwiseRunner
+
+DEFAULT_GAMMA = 3
+AR, HF, SSD, EARLY_EXIT = "autoregressive", "hf-generate", "ssd", "hf-early-exit"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "decode",
+        help="real SSD with one mask vs autoregressive decoding",
+        description="Self-speculative decoding with one mask: speed, acceptance, lossless check, "
+        "latency breakdown, next to the estimator's prediction.",
+    )
+    add_model_options(parser)
+    add_prompt_options(parser)
+    add_mask_options(parser)
+    parser.add_argument(
+        "--from",
+        dest="from_path",
+        metavar="PATH",
+        help="JSON with a 'mask' string and optional 'gamma' or 'gamma_best' (e.g. a run's best.json)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        dest="new_tokens",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="same as --new-tokens",
+    )
+    parser.add_argument(
+        "--gamma", type=int, help=f"draft length (default: from --from, else {DEFAULT_GAMMA})"
+    )
+    parser.add_argument(
+        "--dynamic-gamma",
+        action="store_true",
+        help="adapt gamma to recent acceptance (starts at --gamma, range 2..8, switches off below 0.4)",
+    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
+    parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts (default 3)")
+    parser.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
+    parser.set_defaults(handler=run)
+
+
+def read_from(path: Path) -> tuple[str, int | None]:
+    """The `mask` string and optional `gamma` (or a search run's `gamma_best`) of a JSON file."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConfigError(f"cannot read --from {path}: {error}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("mask"), str):
+        raise ConfigError(f'{path} has no "mask" string: pass a run\'s best.json or {{"mask": "a:4|m:4"}}')
+    gamma = data.get("gamma", data.get("gamma_best"))
+    if gamma is not None and not isinstance(gamma, int):
+        raise ConfigError(f"{path}: gamma must be an integer, got {gamma!r}")
+    return data["mask"], gamma
+
+
+def run(args: argparse.Namespace) -> int:
+    from skipsearch.cli.common import mask_from_args, measure_config
+    from skipsearch.data import encode_prompts
+    from skipsearch.engine import GREEDY, GammaPolicy, Sampling, Summary, breakdown
+    from skipsearch.masks import SkipMask
+    from skipsearch.measurement import prepare
+
+    sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    mask_text, file_gamma = read_from(Path(args.from_path)) if args.from_path else (None, None)
+    if mask_text is not None and any(
+        value is not None for value in (args.skip, args.mask, args.attn_skip, args.mlp_skip)
+    ):
+        raise ConfigError("give the mask once: --from, --skip, --mask, or --attn-skip/--mlp-skip")
+    gamma = next((g for g in (args.gamma, file_gamma) if g is not None), DEFAULT_GAMMA)
+    if gamma < 1:
+        raise ConfigError(f"--gamma must be >= 1, got {gamma}")
+    policy = GammaPolicy(initial=gamma) if args.dynamic_gamma else GammaPolicy.fixed(gamma)
+
+    config = measure_config(args)
+    measurement = prepare(config)
+    num_layers = measurement.num_layers
+    mask = SkipMask.parse(mask_text, num_layers) if mask_text else mask_from_args(args, num_layers)
+    runner, loaded = measurement.runner, measurement.loaded
+    prompts = [p.ids for p in encode_prompts(config.prompts, loaded.tokenizer)]
+    decoders = make_decoders(runner, loaded, mask, policy, sampling, args.new_tokens)
+    runs = benchmark(decoders, prompts, args.repeats, args.seed, runner.device)
+
+    if sampling.greedy:
+        checked = runs
+    else:  # sampled runs differ by chance: check losslessness on greedy reruns
+        greedy = make_decoders(runner, loaded, mask, policy, GREEDY, args.new_tokens)
+        checked = {name: [greedy[name](p, None) for p in prompts] for name in (AR, SSD)}
+    lossless = all(s.tokens == a.tokens for s, a in zip(checked[SSD], checked[AR], strict=True))
+    summaries = {name: Summary.of(results) for name, results in runs.items()}
+    estimates = [
+        estimator_dict(e.evaluate(mask, args.temperature), e.mode, policy, sampling, summaries[SSD])
+        for e in estimators(measurement)
+    ]
+    result: dict[str, Any] = {
+        "model": args.model,
+        "mask": str(mask),
+        "exit_layer": mask.exit_layer,
+        "gamma": gamma,
+        "dynamic_gamma": args.dynamic_gamma,
+        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
+        "prompts": len(prompts),
+        "repeats": args.repeats,
+        "max_new_tokens": args.new_tokens,
+        "summaries": {name: summary_dict(s, summaries[HF]) for name, s in summaries.items()},
+        "estimators": estimates,
+        "lossless": lossless,
+        "hf_matches_autoregressive": (
+            all(h.tokens == a.tokens for h, a in zip(runs[HF], runs[AR], strict=True))
+            if sampling.greedy
+            else None
+        ),
+        "breakdown": [b.to_dict() for b in breakdown([t for r in runs[SSD] for t in r.timings])],
+        "runs": {name: [r.to_dict() for r in results] for name, results in runs.items()},
+    }
+    print_result(result)
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+    return 0 if lossless else 1
+
+
+# -- the decoders ---------------------------------------------------------------------------------
+Decoder = Callable[[tuple[int, ...], "torch.Generator | None"], "DecodeResult"]
+
+
+def make_decoders(
+    runner: LayerwiseRunner,
+    loaded: LoadedModel,
+    mask: SkipMask,
+    policy: GammaPolicy,
+    sampling: Sampling,
+    max_new_tokens: int,
+) -> dict[str, Decoder]:
+    """Each configuration as `decode(prompt, generator) -> DecodeResult`, same stopping rule."""
+    from skipsearch.engine import autoregressive_decode, speculative_decode
+
+    model: Any = loaded.model
+    tokenizer: Any = loaded.tokenizer
+    eos = model.generation_config.eos_token_id
+    eos_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids, default=0)
+
+    def generate(prompt: tuple[int, ...], generator: torch.Generator | None, **assist: Any) -> DecodeResult:
+        return hf_generate(model, prompt, max_new_tokens, sampling, generator, pad, **assist)
+
+    decoders: dict[str, Decoder] = {
+        AR: lambda prompt, generator: autoregressive_decode(
+            runner, prompt, max_new_tokens, sampling, generator, eos_ids
+        ),
+        HF: generate,
+        SSD: lambda prompt, generator: speculative_decode(
+            runner, prompt, mask, max_new_tokens, policy, sampling, generator, eos_ids
+        ),
+    }
+    if mask.exit_layer is not None:
+
+        def early_exit(prompt: tuple[int, ...], generator: torch.Generator | None) -> DecodeResult:
+            with assistant_settings(model, policy):
+                return generate(prompt, generator, assistant_early_exit=mask.exit_layer)
+
+        decoders[EARLY_EXIT] = early_exit
+    return decoders
+
+
+def hf_generate(
+    model: Any,
+    prompt: tuple[int, ...],
+    max_new_tokens: int,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    pad: int,
+    **extra: Any,
+) -> DecodeResult:
+    """`model.generate` timed end to end; its sampler draws from the global RNG, seeded here."""
+    import time
+
+    import torch
+
+    from skipsearch.engine import DecodeResult
+
+    if generator is not None:
+        torch.manual_seed(generator.initial_seed())
+    ids = torch.tensor([prompt], device=model.device)
+    options = (
+        {"do_sample": False}
+        if sampling.greedy
+        else {
+            "do_sample": True,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k or 0,  # None would leave generate's default of 50
+        }
+    )
+    began = time.perf_counter()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad,
+        **options,
+        **extra,
+    )
+    tokens = tuple(out[0, len(prompt) :].tolist())
+    return DecodeResult(len(prompt), tokens, time.perf_counter() - began)
+
+
+@contextmanager
+def assistant_settings(model: Any, policy: GammaPolicy) -> Iterator[None]:
+    """Make HF's early-exit drafts γ long, as ours are.
+
+    In transformers 5.24 the assistant — here the model itself — reads `num_assistant_tokens`,
+    its schedule and `assistant_confidence_threshold` from its own `generation_config`; the same
+    keywords passed to `generate()` are ignored (default 20 tokens, and a 0.4 confidence cut that
+    ends most drafts after one token). They are set there for the call and restored after.
+    """
+    config = model.generation_config
+    names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+    saved = {name: getattr(config, name, None) for name in names}
+    config.num_assistant_tokens = policy.initial
+    config.num_assistant_tokens_schedule = "constant" if policy.is_fixed else "heuristic_transient"
+    config.assistant_confidence_threshold = 0.0
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+
+
+def benchmark(
+    decoders: dict[str, Decoder],
+    prompts: list[tuple[int, ...]],
+    repeats: int,
+    seed: int,
+    device: torch.device,
+) -> dict[str, list[DecodeResult]]:
+    """Every decoder on every prompt, `repeats` times, interleaved so drift hits all alike.
+
+    One untimed warm-up per decoder first; the decoder order rotates from prompt to prompt.
+    Results are in (repeat, prompt) order, so index `k` is the same prompt for every decoder.
+    """
+    import torch
+
+    from skipsearch.progress import progress_bar
+
+    names = list(decoders)
+    for name in names:
+        decoders[name](prompts[0], torch.Generator(device=device).manual_seed(seed))
+    runs: dict[str, list[DecodeResult]] = {name: [] for name in names}
+    with progress_bar("decode: interleaved runs", repeats * len(prompts)) as bar:
+        for repeat in range(repeats):
+            for index, prompt in enumerate(prompts):
+                turn = repeat * len(prompts) + index
+                for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                    generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + turn)
+                    runs[name].append(decoders[name](prompt, generator))
+                bar.advance(bar.task_ids[0])
+    return runs
+
+
+# -- reporting ------------------------------------------------------------------------------------
+def estimators(measurement: Measurement) -> list[Estimator]:
+    """The configured estimator, plus `self` mode when that is `shared-kv`: its reference holds
+    the K/V and serves both, so one run shows which mode predicts the engine (DESIGN §4)."""
+    from skipsearch.estimator import Estimator
+
+    configured = measurement.estimator
+    if configured.mode == "self":
+        return [configured]
+    return [configured, Estimator(configured.runner, configured.reference, "self")]
+
+
+def summary_dict(summary: Summary, baseline: Summary) -> dict[str, Any]:
+    return {
+        "tokens": summary.tokens,
+        "seconds": summary.seconds,
+        "tokens_per_second": summary.tokens_per_second,
+        "speedup_vs_hf": summary.tokens_per_second / baseline.tokens_per_second,
+        "rounds": summary.rounds,
+        "acceptance": summary.acceptance,
+        "tokens_per_round": summary.tokens_per_round,
+        "mean_gamma": summary.mean_gamma,
+    }
+
+
+def estimator_dict(
+    profile: AcceptanceProfile, mode: str, policy: GammaPolicy, sampling: Sampling, measured: Summary
+) -> dict[str, Any]:
+    """The estimator's acceptance and tokens per round for the engine's γ, and the relative error.
+
+    Greedy: the exact round simulation over the teacher-forced match vector (DESIGN §4). Sampling:
+    the i.i.d. closed form `E(γ)` at the mean `sum_x min(p, q)` — the estimator applies no
+    top-k / top-p. A dynamic γ has no single prediction.
+    """
+    from skipsearch.costmodel import tokens_per_round_iid
+
+    alpha = profile.alpha if sampling.greedy else profile.sampling_acceptance
+    predicted = None
+    if policy.is_fixed:
+        gamma = policy.initial
+        predicted = profile.tokens_per_round(gamma) if sampling.greedy else tokens_per_round_iid(alpha, gamma)
+    actual = measured.tokens_per_round
+    return {
+        "mode": mode,
+        "alpha": alpha,
+        "measured_acceptance": measured.acceptance,
+        "tokens_per_round": predicted,
+        "measured_tokens_per_round": actual,
+        "relative_error": (predicted - actual) / actual if predicted is not None and actual else None,
+    }
+
+
+def print_result(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    decoding = "greedy" if result["sampling"]["temperature"] == 0 else f"sampling {result['sampling']}"
+    gamma = f"dynamic from {result['gamma']}" if result["dynamic_gamma"] else str(result["gamma"])
+    console.print(
+        f"[bold]{result['model']}[/]  mask [cyan]{result['mask']}[/]  gamma {gamma}  {decoding}\n"
+        f"{result['prompts']} prompts x {result['repeats']} repeats, <= {result['max_new_tokens']} new tokens"
+    )
+    table = Table()
+    for column in ("decoder", "tokens", "tok/s", "vs HF", "accept", "tok/round", "mean γ"):
+        table.add_column(column, justify="left" if column == "decoder" else "right")
+    for name, s in result["summaries"].items():
+        table.add_row(
+            f"{name} E={result['exit_layer']}" if name == EARLY_EXIT else name,
+            str(s["tokens"]),
+            f"{s['tokens_per_second']:.1f}",
+            f"{s['speedup_vs_hf']:.2f}x",
+            *(_fmt(s[key]) for key in ("acceptance", "tokens_per_round", "mean_gamma")),
+        )
+    console.print(table)
+    for est in result["estimators"]:
+        line = (
+            f"estimator {est['mode']}: alpha {est['alpha']:.3f} (engine {_fmt(est['measured_acceptance'])})"
+        )
+        if est["tokens_per_round"] is not None:
+            line += (
+                f", tokens/round {est['tokens_per_round']:.3f} (engine "
+                f"{_fmt(est['measured_tokens_per_round'])}, error {_fmt(est['relative_error'], '+.1%')})"
+            )
+        console.print(line)
+    verdict = "[green]PASS[/]" if result["lossless"] else "[red]FAIL[/]"
+    console.print(f"lossless (greedy SSD == autoregressive, every prompt): {verdict}")
+    if result["hf_matches_autoregressive"] is not None:
+        console.print(f"HF generate == autoregressive runner: {result['hf_matches_autoregressive']}")
+    print_breakdown(console, result["breakdown"])
+
+
+def print_breakdown(console: Any, buckets: list[dict[str, Any]]) -> None:
+    """SSD round time by context tercile: P50 / P95 per phase in ms and its share of round time."""
+    from rich.table import Table
+
+    from skipsearch.engine.timing import PHASES
+
+    table = Table(title="SSD rounds by context length: P50 / P95 ms (share)")
+    table.add_column("phase")
+    for bucket in buckets:
+        table.add_column(
+            f"{bucket['name']} {bucket['low']}-{bucket['high']}\n{bucket['rounds']} rounds", justify="right"
+        )
+    for index, phase in enumerate(PHASES):
+        table.add_row(phase, *(_cell(b["phases"][index]) for b in buckets))
+    table.add_row("round", *(f"{b['round_p50'] * 1e3:.1f} / {b['round_p95'] * 1e3:.1f}" for b in buckets))
+    console.print(table)
+
+
+def _cell(stats: dict[str, float]) -> str:
+    return f"{stats['p50'] * 1e3:.1f} / {stats['p95'] * 1e3:.1f} ({stats['share']:.0%})"
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, spec)

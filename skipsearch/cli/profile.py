@@ -1,0 +1,159 @@
+"""`skipsearch profile`: measure the device's LatencyProfile for a model, for the calibrated cost model.
+
+Writes profile.json (by default where `measure` looks for it) and prints what it found: the
+per-sub-layer medians, the real draft cost `c` of a contiguous draft next to the naive `E / L`
+(reference 001 §5.1), and the verify cost `f(γ)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from skipsearch.cli.common import add_model_options
+from skipsearch.costmodel import LatencyProfile
+from skipsearch.errors import ConfigError
+from skipsearch.profile import (
+    DEFAULT_CONTEXT_LENGTHS,
+    DEFAULT_REPEATS,
+    DEFAULT_WARMUP,
+    ProfileSummary,
+    default_profile_path,
+    measure_latency,
+    save_profile,
+    summary,
+)
+
+MS = 1e3
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "profile",
+        help="measure per-sub-layer latency on this device (for calibrated speedups)",
+        description="Time embedding, every attention and MLP sub-layer, norm + head and the per-round "
+        "overhead, for 1..9 new positions at each context length; write a LatencyProfile.",
+    )
+    add_model_options(parser)
+    parser.add_argument(
+        "--context-lengths",
+        default=",".join(map(str, DEFAULT_CONTEXT_LENGTHS)),
+        help="KV-cache lengths to measure at, comma-separated (default %(default)s)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=DEFAULT_REPEATS, help="timed samples per entry (default %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=DEFAULT_WARMUP, help="discarded rounds first (default %(default)s)"
+    )
+    parser.add_argument("--out", help="profile.json to write (default: the cache `measure` reads)")
+    parser.set_defaults(handler=run)
+
+
+def context_lengths(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise ConfigError(
+            f"--context-lengths must be comma-separated integers >= 1, e.g. 128,512,2048; got {text!r}"
+        )
+    return values
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    path = Path(args.out) if args.out else default_profile_path(args.model, args.device)
+    if path.is_dir():
+        raise ConfigError(f"--out {path} is a directory: give a file path such as {path / 'profile.json'}")
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    from skipsearch.models.loading import load_model
+    from skipsearch.models.runner import LayerwiseRunner
+
+    contexts = context_lengths(args.context_lengths)
+    out = output_path(args)
+    loaded = load_model(args.model, args.device, args.dtype)
+    profile = measure_latency(
+        LayerwiseRunner(loaded.model),
+        contexts,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        model=loaded.model_id,
+    )
+    save_profile(profile, out)
+    render(profile, summary(profile))
+    Console().print(f"wrote {out}")
+    return 0
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def render(profile: LatencyProfile, digest: ProfileSummary) -> None:
+    console = Console()
+    console.print(sublayer_table(profile))
+    console.print(draft_cost_table(digest))
+    console.print(verify_cost_table(digest))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * MS:.3f}"
+
+
+def _per_layer(times: Sequence[float]) -> str:
+    """Mean over layers, in ms: the layers of one model cost about the same (profile.json has each)."""
+    return _ms(sum(times) / len(times))
+
+
+def sublayer_table(profile: LatencyProfile) -> Table:
+    meta = profile.meta
+    table = Table(title=f"Median ms on {meta.get('device')} ({meta.get('dtype')}), {meta.get('model')}")
+    for column in ("context", "positions", "embed", "attn / layer", "mlp / layer", "head", "step"):
+        table.add_column(column, justify="right")
+    for context in profile.context_lengths:
+        for positions in sorted({profile.positions[0], profile.positions[-1]}):
+            weights = profile.weights(context, positions)
+            table.add_row(
+                str(context),
+                str(positions),
+                _ms(weights.embed),
+                _per_layer(weights.attn),
+                _per_layer(weights.mlp),
+                _ms(weights.head),
+                _ms(weights.total),
+            )
+    return table
+
+
+def shown_exits(num_layers: int) -> list[int]:
+    """A few exit layers: the first, the quarters and the full model."""
+    return sorted({1, *(round(num_layers * q / 4) or 1 for q in (1, 2, 3)), num_layers})
+
+
+def draft_cost_table(digest: ProfileSummary) -> Table:
+    table = Table(title="Draft cost c of the contiguous draft [0, E) vs the naive E/L")
+    table.add_column("E", justify="right")
+    table.add_column("E/L", justify="right")
+    for context in digest.context_lengths:
+        table.add_column(f"c @ {context}", justify="right")
+    for exit_layer in shown_exits(digest.num_layers):
+        costs = (f"{row[exit_layer - 1]:.3f}" for row in digest.draft_cost)
+        table.add_row(str(exit_layer), f"{digest.naive(exit_layer):.3f}", *costs)
+    return table
+
+
+def verify_cost_table(digest: ProfileSummary) -> Table:
+    table = Table(title="Verify cost f(γ): full pass over γ+1 positions / one decode step")
+    table.add_column("γ", justify="right")
+    for context in digest.context_lengths:
+        table.add_column(f"f @ {context}", justify="right")
+    for index, gamma in enumerate(digest.gammas):
+        table.add_row(str(gamma), *(f"{row[index]:.3f}" for row in digest.verify_cost))
+    return table

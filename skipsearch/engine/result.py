@@ -1,0 +1,76 @@
+"""What one decode produced, and the pooled metrics over many (vLLM-style first-class metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from skipsearch.engine.timing import RoundTiming
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """One prompt's decode: the new tokens, and per speculative round γ and accepted drafts.
+
+    A plain autoregressive decode has no rounds. `seconds` is the wall time of the whole call,
+    prefill included, so it compares with `model.generate`.
+    """
+
+    prompt_length: int
+    tokens: tuple[int, ...]
+    seconds: float
+    gammas: tuple[int, ...] = ()
+    accepted: tuple[int, ...] = ()
+    timings: tuple[RoundTiming, ...] = field(default=(), repr=False)
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_length": self.prompt_length,
+            "tokens": list(self.tokens),
+            "seconds": self.seconds,
+            "gammas": list(self.gammas),
+            "accepted": list(self.accepted),
+            "timings": [t.to_dict() for t in self.timings],
+        }
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Pooled over decodes: throughput, acceptance α and tokens per round.
+
+    α counts judged draft tokens: a round that accepts `n` of `γ` judged `n + 1` tokens when
+    `n < γ` (those after the first rejection were never judged), `γ` otherwise — the per-token
+    acceptance that DESIGN §4's estimator measures. Tokens per round is `mean(n + 1)` over rounds
+    that drafted, the `E(γ)` of DESIGN §5.
+    """
+
+    tokens: int
+    seconds: float
+    rounds: int
+    acceptance: float | None
+    tokens_per_round: float | None
+    mean_gamma: float | None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @classmethod
+    def of(cls, results: Sequence[DecodeResult]) -> Summary:
+        rounds = [(g, n) for r in results for g, n in zip(r.gammas, r.accepted, strict=True) if g > 0]
+        judged = sum(n + (n < g) for g, n in rounds)
+        return cls(
+            tokens=sum(len(r.tokens) for r in results),
+            seconds=sum(r.seconds for r in results),
+            rounds=len(rounds),
+            acceptance=sum(n for _, n in rounds) / judged if judged else None,
+            tokens_per_round=sum(n + 1 for _, n in rounds) / len(rounds) if rounds else None,
+            mean_gamma=sum(g for g, _ in rounds) / len(rounds) if rounds else None,
+        )
+
+
+def new_tokens(sequence: Sequence[int], prompt_length: int, eos_ids: Collection[int]) -> tuple[int, ...]:
+    """The tokens after the prompt, cut just after the first end-of-sequence token."""
+    generated = tuple(sequence[prompt_length:])
+    end = next((i + 1 for i, token in enumerate(generated) if token in eos_ids), len(generated))
+    return generated[:end]

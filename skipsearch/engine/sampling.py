@@ -1,0 +1,127 @@
+"""Token choice and the acceptance rule of speculative decoding: small pure tensor functions.
+
+Greedy and sampling are separate paths (reference 001 §2.4): greedy accepts a draft token when it
+is the target's argmax, sampling uses rejection sampling, which makes the output distribution
+exactly the target's `p` whatever the draft's `q` (Leviathan et al. 2023, Theorem 1):
+
+    accept x ~ q with probability min(1, p(x) / q(x)); on rejection sample norm(max(0, p - q)).
+
+Both sides must see the same temperature and the same top-k / top-p truncation (reference 001
+§3.4): `p` and `q` are then distributions over the same support and the ratio is meaningful.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from skipsearch.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding settings shared by draft and target. `temperature == 0` means greedy."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"top-k must be >= 1 (or unset for no top-k), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
+
+
+GREEDY = Sampling()
+
+
+def logits_to_probs(
+    logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float = 1.0
+) -> torch.Tensor:
+    """softmax(logits / T) restricted to the top-k tokens, then to the nucleus of mass `top_p`.
+
+    The nucleus keeps a token when the mass of the tokens ranked above it is below `top_p`, so
+    the most likely token always survives. Works on the last dimension of any shape.
+    """
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        above = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, above < top_p)
+        probs = probs.masked_fill(~keep, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token index per row of (possibly unnormalised, non-negative) weights, shape `[..., 1]`."""
+    return torch.multinomial(probs, 1, generator=generator)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Unnormalised `max(0, p - q)`: where the target wants more mass than the draft gave.
+
+    The clamp is what makes rejection sampling exact: a rejection happens with probability
+    `sum_x max(0, q(x) - p(x))`, which equals the residual's mass, so `p = min(p, q) + max(0, p - q)`.
+    """
+    return torch.clamp(p - q, min=0.0)
+
+
+def accept_or_resample(
+    p: torch.Tensor, q: torch.Tensor, token: int, generator: torch.Generator | None = None
+) -> tuple[bool, int]:
+    """Rejection-sampling step for one draft token `token ~ q` against the target `p` (1-D).
+
+    Accept with probability `min(1, p(x) / q(x))`; otherwise sample from `norm(max(0, p - q))`.
+    That residual is all zero only when `p == q` up to rounding (so a rejection had probability
+    ~0); `p` itself is then the exact fallback.
+    """
+    u = torch.rand((), generator=generator, device=p.device)
+    if u * q[token] < p[token]:  # u < p/q without dividing by q
+        return True, token
+    weights = residual(p, q)
+    if not bool((weights > 0).any()):
+        weights = p
+    return False, int(sample(weights, generator))
+
+
+def sample_accept(
+    draft: list[int], q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[int, int]:
+    """One round of rejection sampling: (accepted draft tokens `n`, the round's extra token).
+
+    `q` holds the draft's distributions `[γ, V]`, `p` the target's `[γ + 1, V]`. The extra token
+    is the resampled one at the first rejection, or a bonus sample from `p[γ]` when all `γ` pass.
+    """
+    for j, token in enumerate(draft):
+        accepted, chosen = accept_or_resample(p[j], q[j], token, generator)
+        if not accepted:
+            return j, chosen
+    return len(draft), int(sample(p[len(draft)], generator))
+
+
+def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
+    """Greedy round: accept the longest prefix of `draft` `[γ]` equal to the target's argmax.
+
+    `target_logits` `[γ + 1, V]`; the extra token is the target's argmax right after the accepted
+    prefix — its correction at the first mismatch, or the bonus token when all `γ` match.
+    """
+    target = target_logits.argmax(dim=-1)
+    matches = (draft == target[: len(draft)]).int()
+    accepted = int(matches.cumprod(dim=0).sum())
+    return accepted, int(target[accepted])

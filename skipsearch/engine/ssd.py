@@ -1,0 +1,184 @@
+"""Self-speculative decoding with any SkipMask on one shared KV cache (DESIGN §6), batch size 1.
+
+A round starts with `n` committed tokens; the cache holds positions `0 .. n-2` in every layer
+and the last token `t` (position `n-1`) is pending (see `engine.cache`).
+
+1. Draft: γ autoregressive steps of the masked model from `t`, writing K/V into the shared cache.
+   Layers below `s1` (the mask's first divergent layer) run exactly as in the full model, so
+   their K/V — and the draft's residual stream at `s1` — are exact; K/V the draft writes in layers
+   `>= s1` are scratch.
+2. Verify: the full model over the γ + 1 positions `n-1 .. n-1+γ` (`t` and the γ drafts). The
+   exact K/V below `s1` is reused: layers `< s1` run only for the last draft token, which the
+   draft never fed; layers `>= s1` run for all γ + 1 positions from the draft's exact states,
+   after cropping their scratch K/V back to `n - 1`.
+3. Accept: greedy (argmax equality) or rejection sampling; `k` drafts plus one target token are
+   committed, so every output token is the target's.
+4. Rollback: crop every layer to the new committed length - 1 and check the invariant.
+
+A round with γ = 0 is one plain autoregressive step; the γ controller uses it once speculation
+is switched off, and the last round uses a smaller γ so the output never overshoots.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from skipsearch.engine.cache import check_lengths, crop, prefilled_cache
+from skipsearch.engine.gamma import GammaController, GammaPolicy
+from skipsearch.engine.result import DecodeResult, new_tokens
+from skipsearch.engine.sampling import GREEDY, Sampling, greedy_accept, sample, sample_accept
+from skipsearch.engine.timing import RoundClock, RoundTiming
+from skipsearch.errors import ConfigError
+from skipsearch.masks import SkipMask
+from skipsearch.models.runner import LayerwiseRunner
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """γ draft tokens, the draft's distributions `q` (sampling only) and its exact states.
+
+    `exact[j]` `[1, 1, d]` is the draft's residual stream where it last equals the full model's
+    for the input at draft step j: the input of layer `s1`, or — when the MLP of layer `s1 - 1`
+    is skipped — the output of that layer's attention, which verify completes with the MLP.
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None
+    exact: list[torch.Tensor]
+
+
+def positions(start: int, count: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(start, start + count, device=device)[None]
+
+
+def draft(
+    runner: LayerwiseRunner,
+    mask: SkipMask,
+    cache: DynamicCache,
+    pending: torch.Tensor,
+    start: int,
+    gamma: int,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+) -> Proposal:
+    """γ steps of the masked model from `pending` `[1, 1]` at position `start`."""
+    s1, device = mask.first_divergent_layer, runner.device
+    tokens = torch.empty(gamma, dtype=torch.long, device=device)
+    probs = None if sampling.greedy else torch.empty(gamma, runner.config.vocab_size, device=device)
+    exact: list[torch.Tensor] = []
+    token = pending
+    for step in range(gamma):
+        position = positions(start + step, 1, device)
+        hidden = runner.run_layers(runner.embed(token), 0, s1, position, mask, cache)
+        exact.append(hidden)
+        logits = runner.head(runner.run_layers(hidden, s1, runner.num_layers, position, mask, cache))[0, -1]
+        if probs is None:
+            tokens[step] = logits.argmax()
+        else:
+            probs[step] = sampling.probs(logits)
+            tokens[step] = sample(probs[step], generator)[0]
+        token = tokens[step].view(1, 1)
+    return Proposal(tokens, probs, exact)
+
+
+def verify(
+    runner: LayerwiseRunner,
+    mask: SkipMask,
+    cache: DynamicCache,
+    proposal: Proposal,
+    pending: torch.Tensor,
+    start: int,
+) -> torch.Tensor:
+    """Full-model logits `[γ + 1, V]` at positions `start .. start + γ`, reusing the draft's work.
+
+    Expects layers `>= s1` cropped to `start` and layers `< s1` holding the draft's K/V up to
+    `start + γ - 1`.
+    """
+    s1, device = mask.first_divergent_layer, runner.device
+    gamma = len(proposal.tokens)
+    last = proposal.tokens[-1:].view(1, 1) if gamma else pending
+    tail = runner.run_layers(runner.embed(last), 0, s1, positions(start + gamma, 1, device), cache=cache)
+    exact = proposal.exact
+    if exact and s1 > 0 and not mask.runs_mlp(s1 - 1):
+        exact = [runner.mlp(s1 - 1, torch.cat(exact, dim=1))]
+    hidden = torch.cat([*exact, tail], dim=1)
+    hidden = runner.run_layers(
+        hidden, s1, runner.num_layers, positions(start, gamma + 1, device), cache=cache
+    )
+    return runner.head(hidden)[0]
+
+
+@torch.no_grad()
+def speculative_decode(
+    runner: LayerwiseRunner,
+    prompt: Sequence[int],
+    mask: SkipMask,
+    max_new_tokens: int,
+    gamma: int | GammaPolicy = 3,
+    sampling: Sampling = GREEDY,
+    generator: torch.Generator | None = None,
+    eos_ids: Collection[int] = (),
+) -> DecodeResult:
+    """Decode up to `max_new_tokens` after `prompt` with the draft `mask` (see module docstring).
+
+    Lossless: greedy output equals `autoregressive_decode`'s token for token; sampled output
+    follows the target's distribution under `sampling`. `gamma` is a fixed draft length or a
+    dynamic policy.
+    """
+    if mask.num_layers != runner.num_layers:
+        raise ConfigError(f"mask is for {mask.num_layers} layers but the model has {runner.num_layers}")
+    if max_new_tokens < 1 or not prompt:
+        raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
+    began = time.perf_counter()
+    s1, device = mask.first_divergent_layer, runner.device
+    controller = GammaController(gamma if isinstance(gamma, GammaPolicy) else GammaPolicy.fixed(gamma))
+    clock = RoundClock(device)
+    cache = prefilled_cache(runner, prompt)
+    tokens = list(prompt)
+    check_lengths(cache, len(tokens) - 1)
+    gammas: list[int] = []
+    accepted: list[int] = []
+    timings: list[RoundTiming] = []
+    ended = False
+    while len(tokens) - len(prompt) < max_new_tokens and not ended:
+        clock.start()
+        start = len(tokens) - 1
+        remaining = max_new_tokens - (len(tokens) - len(prompt))
+        g = min(controller.gamma, remaining - 1)
+        pending = torch.tensor([[tokens[-1]]], device=device)
+        with clock.phase("draft"):
+            proposal = draft(runner, mask, cache, pending, start, g, sampling, generator)
+        with clock.phase("cache"):
+            crop(cache, start, range(s1, runner.num_layers))
+        with clock.phase("verify"):
+            logits = verify(runner, mask, cache, proposal, pending, start)
+        with clock.phase("sample"):
+            if sampling.greedy:
+                n, extra = greedy_accept(proposal.tokens, logits)
+            else:
+                n, extra = sample_accept(
+                    proposal.tokens.tolist(), proposal.probs, sampling.probs(logits), generator
+                )
+        committed = [*proposal.tokens[:n].tolist(), extra]
+        tokens += committed
+        with clock.phase("cache"):
+            crop(cache, len(tokens) - 1)
+            check_lengths(cache, len(tokens) - 1)
+        controller.update(n, g)
+        ended = any(token in eos_ids for token in committed)
+        gammas.append(g)
+        accepted.append(n)
+        timings.append(clock.finish(start + 1, g, n))
+    return DecodeResult(
+        prompt_length=len(prompt),
+        tokens=new_tokens(tokens, len(prompt), eos_ids),
+        seconds=time.perf_counter() - began,
+        gammas=tuple(gammas),
+        accepted=tuple(accepted),
+        timings=tuple(timings),
+    )

@@ -1,0 +1,465 @@
+"""Measure a `LatencyProfile` on the current device: what one SSD round really costs (DESIGN §5).
+
+The closed forms price a contiguous draft `[0, E)` at `c = E / L` of a full step. Reference 001
+§5.1 warns that this underestimates `c`: the embedding, the final norm and the LM head run on every
+draft step whatever the exit layer, and small passes do not shrink in proportion to their work. So
+we time every part of a real forward pass separately — embedding, each layer's attention and MLP
+sub-layer, norm + head — for `k` new positions (1 for a draft step, γ+1 for verify) against a KV
+cache pre-filled to each context length, plus the per-round work outside the forward passes.
+
+Noise control, since two runs must agree: every sample is one whole forward in execution order, so
+each sub-layer's weights are as cold in the CPU caches as in real decoding; the (context, positions)
+passes are shuffled within each repeat, so a slow spell of the machine spreads over all entries
+instead of biasing one; the garbage collector is paused; each entry keeps the median and the IQR.
+
+Imports torch only inside the measuring functions: `measure` imports `default_profile_path`.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import gc
+import itertools
+import logging
+import os
+import platform
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from skipsearch.costmodel import LatencyProfile
+from skipsearch.errors import ConfigError
+from skipsearch.masks import SkipMask
+from skipsearch.models.loading import cache_dir
+from skipsearch.progress import progress_bar
+
+if TYPE_CHECKING:
+    import torch
+
+    from skipsearch.models.runner import LayerwiseRunner
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT_LENGTHS = (128, 512, 2048)
+DEFAULT_POSITIONS = tuple(range(1, 10))
+DEFAULT_REPEATS = 20
+DEFAULT_WARMUP = 2
+SUMMARY_GAMMAS = tuple(range(1, 9))
+DISTURBED = 1.5  # a pass this much slower than the fastest of its kind was disturbed
+ATTEMPTS = 4  # tries per pass before keeping a disturbed one
+BUSY_SHARE = 0.1  # warn when more passes than this were disturbed
+
+Sync = Callable[[], None]
+
+
+# -- where profiles live -------------------------------------------------------------------------
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a model id or device (`org/name` -> `org_name`, `cuda:0` -> `cuda_0`)."""
+    return re.sub(r"[^\w.-]+", "_", text).strip("_.") or "model"
+
+
+def default_profile_path(model_id: str, device: str) -> Path:
+    """Where `skipsearch profile` writes and `measure` looks by default: one per model and device."""
+    return cache_dir() / "profiles" / f"{slug(model_id)}-{slug(device)}.json"
+
+
+def save_profile(profile: LatencyProfile, path: str | Path) -> Path:
+    """Write atomically: an interrupted run must not leave half a profile that `measure` would read."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        profile.save(staging)
+        os.replace(staging, path)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Seconds of each part of one forward pass over `k` new positions."""
+
+    embed: float
+    attn: tuple[float, ...]
+    mlp: tuple[float, ...]
+    head: float
+
+    @property
+    def total(self) -> float:
+        return self.embed + sum(self.attn) + sum(self.mlp) + self.head
+
+
+@dataclass(frozen=True)
+class _Samples:
+    """Every kept sample: `embed`/`head` `[context, positions, repeat]`, `attn`/`mlp` `[layer, ...]`."""
+
+    embed: np.ndarray
+    head: np.ndarray
+    attn: np.ndarray
+    mlp: np.ndarray
+
+    @classmethod
+    def empty(cls, layers: int, contexts: int, positions: int, repeats: int) -> _Samples:
+        shape = (contexts, positions, repeats)
+        return cls(np.zeros(shape), np.zeros(shape), np.zeros((layers, *shape)), np.zeros((layers, *shape)))
+
+    def record(self, context: int, positions: int, repeat: int, times: PassTimes) -> None:
+        self.embed[context, positions, repeat] = times.embed
+        self.head[context, positions, repeat] = times.head
+        self.attn[:, context, positions, repeat] = times.attn
+        self.mlp[:, context, positions, repeat] = times.mlp
+
+    def reduce(self, statistic: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
+        """Each table reduced over its repeats, as the nested lists `LatencyProfile` stores."""
+        return {name: statistic(getattr(self, name)).tolist() for name in LatencyProfile.TABLES}
+
+
+def _median(samples: np.ndarray) -> np.ndarray:
+    return np.median(samples, axis=-1)
+
+
+def _iqr(samples: np.ndarray) -> np.ndarray:
+    upper, lower = np.percentile(samples, [75, 25], axis=-1)
+    return upper - lower
+
+
+def _synchronizer(device: torch.device) -> Sync:
+    """On CUDA a call returns before its kernels finish: synchronise so the clock counts them."""
+    import torch
+
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _timed(sync: Sync, fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    sync()
+    start = time.perf_counter()
+    out = fn(*args)
+    sync()
+    return out, time.perf_counter() - start
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """A collection in the middle of a timed call would land on whichever sub-layer was running."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def prefill_cache(runner: LayerwiseRunner, context: int, generator: torch.Generator) -> Any:
+    """A `DynamicCache` holding `context` positions of random tokens in every layer.
+
+    Past recording is switched on afterwards so sliding-window layers can be cropped back too.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=runner.config)
+    ids = _random_ids(runner, context, generator)
+    position_ids = torch.arange(context, device=runner.device)[None]
+    with torch.no_grad():
+        runner.run_layers(runner.embed(ids), 0, runner.num_layers, position_ids, cache=cache)
+    cache.activate_past_recording()
+    return cache
+
+
+def _random_ids(runner: LayerwiseRunner, length: int, generator: torch.Generator) -> torch.Tensor:
+    import torch
+
+    ids = torch.randint(0, runner.config.vocab_size, (1, length), generator=generator)
+    return ids.to(runner.device)
+
+
+def _pass_setup(
+    runner: LayerwiseRunner, ids: torch.Tensor, position_ids: torch.Tensor, cache: Any
+) -> tuple[torch.Tensor, Any, list[Any]]:
+    """Embedding, rotary tables and one causal mask per attention type: the per-pass preamble.
+
+    Charged to `embed`, since every pass (draft step or verify) pays it once whatever it skips.
+    """
+    hidden = runner.embed(ids)
+    rotary = runner.rotary(hidden, position_ids)
+    masks: dict[str, Any] = {}
+    for layer, kind in enumerate(runner.layer_types):
+        if kind not in masks:
+            masks[kind] = runner.causal_mask(hidden, position_ids, cache, layer)
+    return hidden, rotary, [masks[kind] for kind in runner.layer_types]
+
+
+def time_pass(runner: LayerwiseRunner, cache: Any, context: int, ids: torch.Tensor, sync: Sync) -> PassTimes:
+    """Time each part of one full forward over `ids` after `context` cached positions.
+
+    Each attention call appends its `k` positions to its layer's cache, as a real pass does; the
+    crop right after (outside the clock) takes them off again, so every sample sees `context`.
+    """
+    import torch
+
+    positions = ids.shape[1]
+    position_ids = torch.arange(context, context + positions, device=runner.device)[None]
+    with torch.no_grad():
+        (hidden, rotary, masks), embed = _timed(sync, _pass_setup, runner, ids, position_ids, cache)
+        attn, mlp = [], []
+        for layer in range(runner.num_layers):
+            hidden, seconds = _timed(sync, runner.attention, layer, hidden, rotary, masks[layer], cache)
+            cache.layers[layer].crop(-positions)
+            attn.append(seconds)
+            hidden, seconds = _timed(sync, runner.mlp, layer, hidden)
+            mlp.append(seconds)
+        _, head = _timed(sync, runner.head, hidden)
+    return PassTimes(embed, tuple(attn), tuple(mlp), head)
+
+
+def _undisturbed_pass(time_once: Callable[[], PassTimes], fastest: float) -> tuple[PassTimes, int]:
+    """Re-time a pass that ran `DISTURBED` times slower than the fastest of its kind; return the tries.
+
+    Another process only ever adds time, and on a shared CPU it stalls every parallel kernel, so
+    such a pass measures the neighbours, not the model. On an idle machine nothing is re-timed.
+    """
+    times, tries = time_once(), 1
+    while times.total > DISTURBED * fastest and tries < ATTEMPTS:
+        times, tries = time_once(), tries + 1
+    return times, tries
+
+
+def _time_passes(
+    runner: LayerwiseRunner,
+    caches: Sequence[Any],
+    contexts: Sequence[int],
+    positions: Sequence[int],
+    repeats: int,
+    warmup: int,
+    sync: Sync,
+    generator: torch.Generator,
+) -> _Samples:
+    """`warmup + repeats` rounds over every (context, positions) pair, shuffled within each round."""
+    grid = list(itertools.product(range(len(contexts)), range(len(positions))))
+    samples = _Samples.empty(runner.num_layers, len(contexts), len(positions), repeats)
+    fastest = np.full((len(contexts), len(positions)), np.inf)
+    order = np.random.default_rng(int(generator.initial_seed()))
+    retimed = 0
+    with progress_bar("profile: timing forward passes", (warmup + repeats) * len(grid)) as bar:
+        for repeat in range(-warmup, repeats):
+            for index in order.permutation(len(grid)):
+                c, k = grid[index]
+                ids = _random_ids(runner, positions[k], generator)
+                once = functools.partial(time_pass, runner, caches[c], contexts[c], ids, sync)
+                times, tries = _undisturbed_pass(once, fastest[c, k])
+                fastest[c, k] = min(fastest[c, k], times.total)
+                retimed += tries > 1
+                if repeat >= 0:
+                    samples.record(c, k, repeat, times)
+                bar.advance(bar.task_ids[0])
+    if retimed > BUSY_SHARE * (warmup + repeats) * len(grid):
+        log.warning(
+            "the device was busy: %d passes ran over %.1fx their fastest and were re-timed; "
+            "for a stable profile stop other work on it and re-run",
+            retimed,
+            DISTURBED,
+        )
+    return samples
+
+
+def round_bookkeeping(draft_logits: Sequence[torch.Tensor], verify_logits: torch.Tensor, cache: Any) -> int:
+    """The work of one round outside the forward passes; returns the accepted draft count.
+
+    One softmax + argmax per draft step (`[1, V]` each) and over the `γ + 1` verify positions, the
+    acceptance comparison (leading matches, read back to the host), and the crop of the rejected
+    positions. The crop removes all `γ`: slicing costs the same whatever the count.
+    """
+    import torch
+
+    drafted = torch.cat([torch.softmax(logits, dim=-1).argmax(dim=-1) for logits in draft_logits])
+    target = torch.softmax(verify_logits, dim=-1).argmax(dim=-1)
+    accepted = int((drafted == target[:-1]).cumprod(dim=0).sum())
+    cache.crop(-len(draft_logits))
+    return accepted
+
+
+def _shallow_copy(cache: Any) -> Any:
+    """A cache whose layers can be cropped without touching `cache`: crop rebinds, never writes."""
+    trial = copy.copy(cache)
+    trial.layers = [copy.copy(layer) for layer in cache.layers]
+    return trial
+
+
+def _time_round_overhead(
+    runner: LayerwiseRunner,
+    cache: Any,
+    gammas: Sequence[int],
+    repeats: int,
+    warmup: int,
+    sync: Sync,
+    generator: torch.Generator,
+) -> dict[int, float]:
+    """Median seconds of `round_bookkeeping` per γ, on logits of the model's real vocabulary size."""
+    import torch
+
+    weight = runner.model.lm_head.weight
+    logits = torch.randn(2 * max(gammas) + 1, weight.shape[0], generator=generator).to(weight)
+    samples: dict[int, list[float]] = {gamma: [] for gamma in gammas}
+    order = np.random.default_rng(int(generator.initial_seed()))
+    for repeat in range(-warmup, repeats):
+        for gamma in order.permutation(gammas).tolist():
+            draft = list(logits[:gamma].split(1))
+            verify = logits[gamma : 2 * gamma + 1]
+            _, seconds = _timed(sync, round_bookkeeping, draft, verify, _shallow_copy(cache))
+            if repeat >= 0:
+                samples[gamma].append(seconds)
+    return {gamma: float(np.median(times)) for gamma, times in samples.items()}
+
+
+def _axis(name: str, values: Iterable[int]) -> tuple[int, ...]:
+    """Sorted, de-duplicated integers >= 1, or a ConfigError naming the bad value."""
+    values = list(values)
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1]
+    if bad or not values:
+        raise ConfigError(f"{name} must be a non-empty list of integers >= 1, got {values}")
+    return tuple(sorted({int(v) for v in values}))
+
+
+def _check_settings(
+    runner: LayerwiseRunner, contexts: tuple[int, ...], positions: tuple[int, ...], repeats: int, warmup: int
+) -> None:
+    if positions[-1] < 2:
+        raise ConfigError(f"positions must reach at least 2 (verify of γ = 1 runs 2), got {list(positions)}")
+    if repeats < 1 or warmup < 0:
+        raise ConfigError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    longest = getattr(runner.config, "max_position_embeddings", None)
+    if longest is not None and contexts[-1] + positions[-1] > longest:
+        raise ConfigError(
+            f"context length {contexts[-1]} + {positions[-1]} positions exceeds the model's "
+            f"{longest} positions: use shorter context lengths"
+        )
+
+
+def _meta(runner: LayerwiseRunner, model: str, repeats: int, warmup: int) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    device = runner.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
+    return {
+        "device": str(device),
+        "device_name": name,
+        "dtype": str(runner.model.lm_head.weight.dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "model": model,
+        "num_layers": runner.num_layers,
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "warmup": warmup,
+    }
+
+
+def measure_latency(
+    runner: LayerwiseRunner,
+    context_lengths: Iterable[int] = DEFAULT_CONTEXT_LENGTHS,
+    positions: Iterable[int] = DEFAULT_POSITIONS,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    model: str = "",
+    seed: int = 0,
+) -> LatencyProfile:
+    """Time every part of a forward pass on `runner`'s device, and the per-round overhead.
+
+    For each context length and each number of new positions `k`: median (and IQR) seconds of
+    embedding (+ rotary and mask), each attention and MLP sub-layer, and norm + head, over
+    `repeats` samples after `warmup` discarded rounds. Round overhead is measured for every γ with
+    `γ + 1 <= max(positions)`. The 30-layer 135M model on a 2-core CPU takes about two minutes.
+    """
+    import torch
+
+    contexts, steps = _axis("context lengths", context_lengths), _axis("positions", positions)
+    _check_settings(runner, contexts, steps, repeats, warmup)
+    sync = _synchronizer(runner.device)
+    generator = torch.Generator().manual_seed(seed)
+    started = time.perf_counter()
+    with _gc_paused():
+        caches = [prefill_cache(runner, context, generator) for context in contexts]
+        samples = _time_passes(runner, caches, contexts, steps, repeats, warmup, sync, generator)
+        gammas = range(1, steps[-1])
+        overhead = _time_round_overhead(runner, caches[0], gammas, repeats, warmup, sync, generator)
+    log.info("profiled %d layers in %.1f s", runner.num_layers, time.perf_counter() - started)
+    # Built from its JSON form, so the profile in memory equals the one `LatencyProfile.load` reads.
+    return LatencyProfile.from_dict(
+        {
+            "meta": _meta(runner, model, repeats, warmup),
+            "context_lengths": contexts,
+            "positions": steps,
+            **samples.reduce(_median),
+            "spread": samples.reduce(_iqr),
+            "round_overhead": overhead,
+        }
+    )
+
+
+# -- what the profile says -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """The two numbers the closed forms assume away, per context length (DESIGN §5, reference 001 §5.1).
+
+    `draft_cost[i][E - 1]` is `c` of the contiguous draft `[0, E)` at `context_lengths[i]`: its
+    one-position step, embedding and head included, over a full step; the closed forms assume
+    `E / L`. `verify_cost[i][γ - 1]` is `f(γ)`: a full pass over `γ + 1` positions over one step.
+    """
+
+    context_lengths: tuple[int, ...]
+    num_layers: int
+    draft_cost: tuple[tuple[float, ...], ...]
+    gammas: tuple[int, ...]
+    verify_cost: tuple[tuple[float, ...], ...]
+
+    @property
+    def exits(self) -> range:
+        return range(1, self.num_layers + 1)
+
+    def naive(self, exit_layer: int) -> float:
+        """`E / L`: the draft cost if time were proportional to layers."""
+        return exit_layer / self.num_layers
+
+
+def summary(profile: LatencyProfile, gammas: Iterable[int] = SUMMARY_GAMMAS) -> ProfileSummary:
+    """Effective draft cost `c` per exit layer and verify cost `f(γ)` at every measured context length."""
+    gammas = tuple(gammas)
+    layers = profile.num_layers
+    prefixes = [SkipMask.prefix(layers, exit_layer) for exit_layer in range(1, layers + 1)]
+
+    def draft_costs(context: int) -> tuple[float, ...]:
+        step = profile.weights(context)
+        return tuple(mask.r_draft(step) for mask in prefixes)
+
+    def verify_costs(context: int) -> tuple[float, ...]:
+        return tuple(profile.weights(context, g + 1).total / profile.step_time(context) for g in gammas)
+
+    return ProfileSummary(
+        context_lengths=profile.context_lengths,
+        num_layers=layers,
+        draft_cost=tuple(draft_costs(c) for c in profile.context_lengths),
+        gammas=gammas,
+        verify_cost=tuple(verify_costs(c) for c in profile.context_lengths),
+    )

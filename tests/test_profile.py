@@ -1,0 +1,245 @@
+"""`skipsearch.profile` and `skipsearch profile`: shapes, the fixed context, the summary, CLI errors."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from skipsearch import cli
+from skipsearch.costmodel import LatencyProfile
+from skipsearch.errors import ConfigError
+from skipsearch.models import loading
+from skipsearch.models.loading import LoadedModel
+from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.profile import (
+    default_profile_path,
+    measure_latency,
+    prefill_cache,
+    round_bookkeeping,
+    save_profile,
+    summary,
+    time_pass,
+)
+from tests.conftest import tiny_model
+
+CONTEXTS = (8, 24)
+POSITIONS = (1, 2, 3, 4)
+
+
+@pytest.fixture(scope="module")
+def runner() -> LayerwiseRunner:
+    return LayerwiseRunner(tiny_model("llama", layers=4))
+
+
+@pytest.fixture(scope="module")
+def measured(runner: LayerwiseRunner) -> LatencyProfile:
+    return measure_latency(runner, CONTEXTS, POSITIONS, repeats=3, warmup=1, model="tiny")
+
+
+@pytest.fixture(autouse=True)
+def only_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Register only this command, so the test does not depend on the other commands' imports."""
+    monkeypatch.setattr(cli, "COMMANDS", ("profile",))
+
+
+@pytest.fixture
+def cache_in_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Default profile paths inside the test's folder (not for the real model: it would re-convert)."""
+    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+
+def test_profile_has_the_right_shapes_and_positive_times(measured: LatencyProfile) -> None:
+    assert (measured.context_lengths, measured.positions, measured.num_layers) == (CONTEXTS, POSITIONS, 4)
+    for name in LatencyProfile.TABLES:
+        for table in (getattr(measured, name), measured.spread[name]):
+            values = torch.tensor(table)
+            layers = () if name in ("embed", "head") else (4,)
+            assert values.shape == (*layers, len(CONTEXTS), len(POSITIONS))
+    assert all(torch.tensor(getattr(measured, name)).min() > 0 for name in LatencyProfile.TABLES)
+    assert sorted(measured.round_overhead) == [1, 2, 3]  # gamma + 1 <= 4 positions
+    assert min(measured.round_overhead.values()) > 0
+    assert measured.meta["num_layers"] == 4
+    assert (measured.meta["device"], measured.meta["model"], measured.meta["repeats"]) == ("cpu", "tiny", 3)
+
+
+def test_json_round_trip(measured: LatencyProfile, tmp_path: Path) -> None:
+    path = save_profile(measured, tmp_path / "sub" / "profile.json")
+    assert LatencyProfile.load(path) == measured
+    assert [p.name for p in path.parent.iterdir()] == ["profile.json"]  # no staging file left
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_timed_passes_leave_the_cache_at_the_context_length(family: str) -> None:
+    """Mistral with a window shorter than the context checks the sliding layers' crop too."""
+    model = tiny_model(family, layers=4, sliding_window=16) if family == "mistral" else tiny_model(family)
+    runner = LayerwiseRunner(model)
+    cache = prefill_cache(runner, 24, torch.Generator().manual_seed(0))
+    for positions in POSITIONS:
+        ids = torch.randint(0, 61, (1, positions))
+        times = time_pass(runner, cache, 24, ids, lambda: None)
+        assert len(times.attn) == len(times.mlp) == runner.num_layers
+        assert cache.get_seq_length() == 24
+        assert all(layer.get_seq_length() == 24 for layer in cache.layers)
+
+
+def test_timed_pass_is_a_real_forward(runner: LayerwiseRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timed pass computes what the runner's own forward does: the clock changes nothing."""
+    cache = prefill_cache(runner, 8, torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 61, (1, 3))
+    logits: list[torch.Tensor] = []
+    head = runner.head
+    monkeypatch.setattr(runner, "head", lambda hidden: logits.append(head(hidden)) or logits[-1])
+    time_pass(runner, cache, 8, ids, lambda: None)
+    assert torch.allclose(logits[0], runner.forward(ids, cache=cache), atol=1e-5)
+
+
+def test_round_bookkeeping_counts_matches_and_crops_the_drafts(runner: LayerwiseRunner) -> None:
+    cache = prefill_cache(runner, 10, torch.Generator().manual_seed(0))
+    logits = torch.randn(4, 61)
+    assert round_bookkeeping(list(logits[:3].split(1)), logits, cache) == 3
+    assert cache.get_seq_length() == 7
+    swapped = torch.cat([logits[1:2], logits[0:1]])
+    assert round_bookkeeping(list(swapped.split(1)), logits[:3], cache) == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"context_lengths": ()}, "context lengths"),
+        ({"context_lengths": (0, 8)}, "context lengths"),
+        ({"positions": (1,)}, "at least 2"),
+        ({"repeats": 0}, "repeats"),
+        ({"warmup": -1}, "warmup"),
+        ({"context_lengths": (250,)}, "256 positions"),
+    ],
+)
+def test_bad_settings_are_config_errors(runner: LayerwiseRunner, options: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        measure_latency(runner, **options)
+
+
+# -- summary -------------------------------------------------------------------------------------
+
+
+def _handmade() -> LatencyProfile:
+    """Two layers, one context; embed 1, attn 1 -> 2, mlp 2 -> 3, head 2 -> 4 (positions 1 -> 3)."""
+    tables = {"embed": [[1, 1]], "head": [[2, 4]], "attn": [[[1, 2]]] * 2, "mlp": [[[2, 3]]] * 2}
+    return LatencyProfile.from_dict(
+        {
+            "meta": {"num_layers": 2},
+            "context_lengths": [100],
+            "positions": [1, 3],
+            **tables,
+            "spread": tables,
+            "round_overhead": {"1": 0.0},
+        }
+    )
+
+
+def test_summary_exact_numbers() -> None:
+    digest = summary(_handmade(), gammas=(1, 2))
+    # step = 1 + (1 + 2) * 2 + 2 = 9; exit 1 runs embed, layer 0 and head: 6 / 9, not E/L = 1/2.
+    assert digest.draft_cost == ((pytest.approx(6 / 9), pytest.approx(1.0)),)
+    assert (digest.naive(1), list(digest.exits)) == (0.5, [1, 2])
+    # gamma = 2 runs 3 positions: 1 + (2 + 3) * 2 + 4 = 15; gamma = 1 interpolates to 12.
+    assert digest.verify_cost == ((pytest.approx(12 / 9), pytest.approx(15 / 9)),)
+
+
+def test_summary_of_a_measured_profile(measured: LatencyProfile) -> None:
+    digest = summary(measured)
+    assert digest.gammas == tuple(range(1, 9))
+    for costs in digest.draft_cost:
+        assert costs[-1] == pytest.approx(1.0)
+        assert all(a < b for a, b in itertools.pairwise(costs))
+        assert costs[0] > 0
+    assert all(len(row) == 8 and min(row) > 0 for row in digest.verify_cost)
+
+
+# -- paths ---------------------------------------------------------------------------------------
+
+
+def test_default_profile_path_is_one_file_per_model_and_device(cache_in_tmp: Path) -> None:
+    path = default_profile_path("HuggingFaceTB/SmolLM2-135M", "cuda:0")
+    assert path == cache_in_tmp / "profiles" / "HuggingFaceTB_SmolLM2-135M-cuda_0.json"
+    assert default_profile_path("smollm2-135m", "cpu").name == "smollm2-135m-cpu.json"
+
+
+def test_profile_module_imports_without_torch() -> None:
+    code = "import sys, skipsearch.profile, skipsearch.cli.profile; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_loader(monkeypatch: pytest.MonkeyPatch, cache_in_tmp: Path) -> None:
+    """`load_model` returns the tiny Llama, so the command runs end to end in a second."""
+    model = tiny_model("llama", layers=4)
+    monkeypatch.setattr(
+        loading, "load_model", lambda name, device, dtype: LoadedModel(model, None, name, "test")
+    )
+
+
+def test_cli_writes_the_profile_and_prints_the_summary(tiny_loader, capsys, tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    args = ["profile", "--model", "tiny", "--context-lengths", "8,16", "--repeats", "2", "--warmup", "0"]
+    assert cli.main([*args, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Draft cost c" in printed and "f(γ)" in printed and str(out) in printed
+    profile = LatencyProfile.load(out)
+    assert (profile.context_lengths, profile.meta["model"]) == ((8, 16), "tiny")
+
+
+def test_cli_default_output_is_where_measure_looks(tiny_loader, capsys) -> None:
+    assert cli.main(["profile", "--model", "tiny", "--context-lengths", "8", "--repeats", "1"]) == 0
+    assert LatencyProfile.load(default_profile_path("tiny", "cpu")).context_lengths == (8,)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--context-lengths", "128,abc"], "--context-lengths"),
+        (["--context-lengths", "0,128"], "--context-lengths"),
+        (["--context-lengths", ""], "--context-lengths"),
+        (["--repeats", "0"], "repeats"),
+        (["--context-lengths", "4096"], "positions"),
+    ],
+)
+def test_cli_bad_arguments_are_one_line_errors(tiny_loader, capsys, args: list[str], message: str) -> None:
+    assert cli.main(["profile", "--model", "tiny", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("skipsearch: error:") and message in err and "\n" not in err
+
+
+def test_cli_out_must_not_be_a_directory(tiny_loader, capsys, tmp_path: Path) -> None:
+    assert cli.main(["profile", "--model", "tiny", "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+# -- the real embedded model ---------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_cli_on_the_embedded_model(tmp_path: Path, capsys) -> None:
+    """One short context, two repeats: the real command, file and summary in well under a minute."""
+    out = tmp_path / "smollm2.json"
+    args = ["--model", "smollm2-135m", "--context-lengths", "64", "--repeats", "2", "--warmup", "0"]
+    assert cli.main(["profile", *args, "--out", str(out)]) == 0
+    profile = LatencyProfile.load(out)
+    assert (profile.num_layers, profile.context_lengths) == (30, (64,))
+    assert profile.positions == tuple(range(1, 10))
+    assert profile.meta["model"] == "smollm2-135m"
+    digest = summary(profile)
+    assert digest.draft_cost[0][-1] == pytest.approx(1.0)
+    # Reference 001 §5.1: embedding and head make a one-layer draft cost far more than 1/L.
+    assert digest.draft_cost[0][0] > 2 * digest.naive(1)

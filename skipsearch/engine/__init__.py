@@ -1,12 +1,15 @@
 """Real self-speculative decoding with any SkipMask: the ground truth for estimator and cost model.
 
-    from skipsearch.engine import speculative_decode, autoregressive_decode, Sampling, GammaPolicy
+    from skipsearch.engine import GammaPolicy, Sampling, Summary, autoregressive_decode, speculative_decode
 
     runner = LayerwiseRunner(model)
     mask = SkipMask.from_layers(runner.num_layers, [4, 14])
     result = speculative_decode(runner, prompt_ids, mask, max_new_tokens=64, gamma=3)
     assert result.tokens == autoregressive_decode(runner, prompt_ids, 64).tokens
     print(Summary.of([result]).tokens_per_round)
+    sampled = speculative_decode(
+        runner, prompt_ids, mask, 64, gamma=GammaPolicy(initial=3), sampling=Sampling(0.8, top_p=0.95)
+    )
 
 Modules: `ssd` (the loop: draft, verify, accept, rollback), `autoregressive` (the baseline),
 `sampling` (pure acceptance arithmetic), `gamma` (dynamic draft length), `cache` (shared KV cache

@@ -81,9 +81,9 @@ class GammaController:
             return self.gamma
         self.outcomes.extend([True] * accepted + [False] * (accepted < drafted))
         policy = self.policy
-        if len(self.outcomes) < policy.min_samples:
+        rate = self.acceptance
+        if rate is None or len(self.outcomes) < policy.min_samples:
             return self.gamma
-        rate = sum(self.outcomes) / len(self.outcomes)
         if policy.off_below is not None and rate < policy.off_below:
             self.gamma = 0
         elif rate > policy.raise_above:

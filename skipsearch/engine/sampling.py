@@ -54,6 +54,8 @@ def logits_to_probs(
     The nucleus keeps a token when the mass of the tokens ranked above it is below `top_p`, so
     the most likely token always survives. Works on the last dimension of any shape.
     """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to sample (greedy takes the argmax), got {temperature}")
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]

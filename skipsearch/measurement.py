@@ -8,6 +8,7 @@ The local executor calls it once per run; a Ray actor calls it once per worker.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,12 +34,18 @@ class Measurement:
         return self.runner.num_layers
 
 
-def prepare(config: MeasureConfig) -> Measurement:
-    """Load the model and the (cached or freshly built) ReferenceCache for `config`."""
+def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None) -> Measurement:
+    """Load the model and the (cached or freshly built) ReferenceCache for `config`.
+
+    `check(num_layers)` runs between the two, so input that depends on the model's depth (a
+    mask) is rejected before the slow reference build.
+    """
     torch.manual_seed(0)
     select_prompts(config.prompts)  # fail on a bad prompt file before the slow model load
     loaded = load_model(config.model, device=config.device, dtype=config.dtype)
     runner = LayerwiseRunner(loaded.model)
+    if check is not None:
+        check(runner.num_layers)
     with_kv = config.mode == "shared-kv"
     dtype = str(loaded.model.dtype)
     # A cache holding K/V also serves `self` mode, so look for it first.

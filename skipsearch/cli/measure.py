@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from skipsearch.cli.common import add_mask_options, add_model_options, add_prompt_options
+from skipsearch.cli.executor_options import add_executor_options, executor_factory
 
 GAMMAS = range(1, 9)
 
@@ -21,6 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_options(parser)
     add_prompt_options(parser)
     add_mask_options(parser)
+    add_executor_options(parser)
     parser.add_argument(
         "--temperature", type=float, default=1.0, help="for sampling acceptance (default 1.0)"
     )
@@ -41,16 +42,16 @@ def run(args: argparse.Namespace) -> int:
     if args.temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     config = measure_config(args)
-    measurement = prepare(config)
+    make_executor = executor_factory(args, workers=1)  # checks the executor options before the model loads
+    measurement = prepare(config, check=lambda num_layers: mask_from_args(args, num_layers))
     mask = mask_from_args(args, measurement.num_layers)
     latency_path = (
         Path(args.latency_profile) if args.latency_profile else default_profile_path(args.model, args.device)
     )
     latency = LatencyProfile.load(latency_path) if args.latency_profile or latency_path.is_file() else None
 
-    began = time.perf_counter()
-    profile = measurement.estimator.evaluate(mask, args.temperature)
-    eval_seconds = time.perf_counter() - began
+    with make_executor(config, args.temperature, measurement) as executor:
+        profile, eval_seconds = executor.measure_one(mask)
     full_seconds = measurement.estimator.time_full_forward()
     prediction = predict(profile, mask, gamma_max=max(GAMMAS), latency=latency)
     result = {

@@ -36,6 +36,24 @@ def tiny_model(family: str = "llama", layers: int = 6, seed: int = 0, **override
     return model
 
 
+def direct_matches(model, reference, skipped):
+    """Plain transformers: full model vs the model with the skipped layers removed."""
+    layers = model.model.layers
+    kept = torch.nn.ModuleList([layer for i, layer in enumerate(layers) if i not in skipped])
+    matches = []
+    with torch.no_grad():
+        for ids, start, end in zip(
+            reference.input_ids, reference.prompt_lengths, reference.lengths, strict=True
+        ):
+            seq = ids[None, :end]
+            target = model(seq).logits[0, start - 1 : end - 1].argmax(-1)
+            model.model.layers = kept
+            draft = model(seq).logits[0, start - 1 : end - 1].argmax(-1)
+            model.model.layers = layers
+            matches += (draft == target).tolist()
+    return matches
+
+
 @pytest.fixture
 def llama():
     return tiny_model("llama")

@@ -8,7 +8,7 @@ from skipsearch.data import EncodedPrompt
 from skipsearch.estimator import Estimator, ReferenceCache, build_reference, sampling_acceptance
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import tiny_model
+from tests.conftest import direct_matches, tiny_model
 
 TOKENIZER = SimpleNamespace(pad_token_id=0, eos_token_id=None)
 MASKS = [
@@ -32,21 +32,6 @@ def setup():
     ]
     reference = build_reference(runner, TOKENIZER, prompts, new_tokens=10, with_kv=True)
     return model, runner, reference
-
-
-def direct_matches(model, reference, skipped):
-    """Plain transformers: full model vs the model with the skipped layers removed."""
-    layers = model.model.layers
-    kept = torch.nn.ModuleList([layer for i, layer in enumerate(layers) if i not in skipped])
-    matches = []
-    for ids, start, end in zip(reference.input_ids, reference.prompt_lengths, reference.lengths, strict=True):
-        seq = ids[None, :end]
-        target = model(seq).logits[0, start - 1 : end - 1].argmax(-1)
-        model.model.layers = kept
-        draft = model(seq).logits[0, start - 1 : end - 1].argmax(-1)
-        model.model.layers = layers
-        matches += (draft == target).tolist()
-    return matches
 
 
 def brute_force_shared_kv(runner, reference, mask):

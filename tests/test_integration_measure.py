@@ -6,13 +6,13 @@ import sys
 import time
 
 import pytest
-import torch
 
 from skipsearch.config import MeasureConfig
 from skipsearch.data import PromptSpec
 from skipsearch.estimator import Estimator
 from skipsearch.masks import SkipMask
 from skipsearch.measurement import prepare
+from tests.conftest import direct_matches
 
 pytestmark = pytest.mark.integration
 SPEC = PromptSpec(n_prompts=6, max_prompt_tokens=160, new_tokens=32, seed=0)
@@ -33,21 +33,9 @@ def test_empty_mask_is_exactly_one_and_skipping_layer_zero_is_terrible(measureme
 def test_self_mode_matches_plain_transformers_with_layers_removed(measurement):
     model, reference = measurement.loaded.model, measurement.estimator.reference
     estimator = Estimator(measurement.runner, reference, "self")
-    layers = model.model.layers
     for skipped in ([4, 14], [10]):
         mask = SkipMask.from_layers(30, skipped)
-        kept = torch.nn.ModuleList([layer for i, layer in enumerate(layers) if i not in skipped])
-        matches = []
-        with torch.no_grad():
-            for ids, start, end in zip(
-                reference.input_ids, reference.prompt_lengths, reference.lengths, strict=True
-            ):
-                seq = ids[None, :end]
-                target = model(seq).logits[0, start - 1 : end - 1].argmax(-1)
-                model.model.layers = kept
-                draft = model(seq).logits[0, start - 1 : end - 1].argmax(-1)
-                model.model.layers = layers
-                matches += (draft == target).tolist()
+        matches = direct_matches(model, reference, mask.skipped_layers)
         direct = sum(matches) / len(matches)
         assert abs(estimator.evaluate(mask).alpha - direct) <= 0.01
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
+from skipsearch.executors import Executor, ExecutorFactory, local_executor
 from skipsearch.search.study import JOURNAL_FILE
 
 log = logging.getLogger(__name__)
@@ -74,11 +76,13 @@ def search_one(
     study_name: str | None = None,
     cache: object | None = None,
     on_trial: Callable[[int, int, float | None], None] | None = None,
+    executor: Executor | None = None,
 ) -> object:
-    """Run one strategy's study in `out` (validated constraints first, then the journal)."""
+    """Run one strategy's study in `out` (validated constraints first, then the journal).
+
+    Masks are evaluated on `executor` (the caller closes it), by default in this process."""
     import optuna
 
-    from skipsearch.executors import LocalExecutor
     from skipsearch.search import SearchConfig, make_strategy, run_search
     from skipsearch.search.objective import make_scorer
     from skipsearch.spaces import load_space
@@ -92,15 +96,12 @@ def search_one(
     strategy = make_strategy(config.strategy, **options)
     scorer = make_scorer(config.objective, config.cost, context.latency, config.gamma_max)
     search = SearchConfig(budget=config.budget, seed=config.seed, pareto=config.pareto)
-
-    def evaluate(mask: object) -> object:
-        return measurement.estimator.evaluate(mask, config.temperature)
-
-    with LocalExecutor(evaluate) as executor:
+    owned = local_executor(config.measure, config.temperature, measurement) if executor is None else None
+    with owned or nullcontext(executor) as evaluating:
         return run_search(
             space,
             strategy,
-            executor,
+            evaluating,
             scorer,
             out,
             search,
@@ -115,10 +116,16 @@ COMPARED_STRATEGIES = ("random", "uniform", "learned")
 
 
 def run_compare(
-    config: RunConfig, seeds: int, out: Path, resume: bool, progress: Callable[[str], object]
+    config: RunConfig,
+    seeds: int,
+    out: Path,
+    resume: bool,
+    progress: Callable[[str], object],
+    executor_factory: ExecutorFactory = local_executor,
 ) -> list[tuple[str, int, str]]:
     """Every strategy × seed with the same budget in one journal, sharing one evaluation cache
-    (a mask measured for one strategy is free for the others). Returns (strategy, seed, study)."""
+    (a mask measured for one strategy is free for the others) and one executor, whose workers
+    load the model once for all studies. Returns (strategy, seed, study)."""
     from dataclasses import replace
 
     from skipsearch.search import EvaluationCache
@@ -135,13 +142,23 @@ def run_compare(
     )
     cache = EvaluationCache(out / "cache")
     studies = []
-    for seed in range(config.seed, config.seed + seeds):
-        for strategy in COMPARED_STRATEGIES:
-            name = f"{strategy}-s{seed}"
-            one = replace(config, strategy=strategy, seed=seed)
-            has_study = resume and name in _study_names(out)
-            search_one(one, context, out, has_study, study_name=name, cache=cache, on_trial=progress(name))
-            studies.append((strategy, seed, name))
+    with executor_factory(config.measure, config.temperature, context.measurement) as executor:
+        for seed in range(config.seed, config.seed + seeds):
+            for strategy in COMPARED_STRATEGIES:
+                name = f"{strategy}-s{seed}"
+                one = replace(config, strategy=strategy, seed=seed)
+                has_study = resume and name in _study_names(out)
+                search_one(
+                    one,
+                    context,
+                    out,
+                    has_study,
+                    study_name=name,
+                    cache=cache,
+                    on_trial=progress(name),
+                    executor=executor,
+                )
+                studies.append((strategy, seed, name))
     return studies
 
 

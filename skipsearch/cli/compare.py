@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from skipsearch.cli.common import add_model_options, add_prompt_options
+from skipsearch.cli.executor_options import add_executor_options, executor_factory
 from skipsearch.cli.run import add_search_options
 
 
@@ -14,6 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_options(parser)
     add_prompt_options(parser)
     add_search_options(parser)
+    add_executor_options(parser)
     parser.add_argument("--seeds", type=int, default=3, help="seeds per strategy (default %(default)s)")
     parser.add_argument("--out", help="directory (default results/compare-<model>-<space>)")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted compare")
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
         return on_trial
 
-    studies = run_compare(config, args.seeds, out, args.resume, progress)
+    studies = run_compare(config, args.seeds, out, args.resume, progress, executor_factory(args))
     write_compare_outputs(out, studies)
     Console().print((out / "comparison.md").read_text())
     Console().print(f"comparison.csv, comparison.md and convergence.png in {out}")

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from skipsearch.cli.common import add_model_options, add_prompt_options
+from skipsearch.cli.executor_options import add_executor_options, executor_factory
 
 
 def add_search_options(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_options(parser)
     add_prompt_options(parser)
     add_search_options(parser)
+    add_executor_options(parser)
     parser.add_argument(
         "--strategy", choices=("learned", "random", "uniform", "exhaustive"), default="learned"
     )
@@ -89,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.spaces import load_space
 
     config = run_config(args, args.strategy)
+    make_executor = executor_factory(args)  # checks the executor options before the model loads
     out = Path(args.out or f"results/{config.measure.model}-{config.space}-{config.strategy}-s{config.seed}")
     check_run_dir(out, args.resume)
     if args.resume:
@@ -98,11 +101,13 @@ def run(args: argparse.Namespace) -> int:
     context = open_context(config)
     out.mkdir(parents=True, exist_ok=True)
     config.save(out / RUN_FILE, context.provenance)
+    executor = make_executor(config.measure, config.temperature, context.measurement)
     bar_context, start = trial_progress(f"{config.strategy} search", config.budget)
     try:
-        result = search_one(config, context, out, args.resume, on_trial=start())
+        result = search_one(config, context, out, args.resume, on_trial=start(), executor=executor)
     finally:
         bar_context.__exit__(None, None, None)
+        executor.close()
     summary = write_run_outputs(out)
     console = Console()
     console.print((out / "summary.md").read_text())

@@ -164,7 +164,7 @@ class SkipMask:
         included; without, it is the share of sub-layers the draft runs.
         """
         if weights is None:
-            return 1.0 - (len(self.attn) + len(self.mlp)) / (2 * self.num_layers)
+            return (2 * self.num_layers - len(self.attn) - len(self.mlp)) / (2 * self.num_layers)
         return weights.share(self)
 
 

@@ -85,11 +85,12 @@ def search_one(
 
     from skipsearch.search import SearchConfig, make_strategy, run_search
     from skipsearch.search.objective import make_scorer
-    from skipsearch.spaces import load_space
+    from skipsearch.spaces import TierSpace, load_space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar reports trials
     measurement = context.measurement
-    space = load_space(config.space).resolve(measurement.num_layers)
+    resolved = load_space(config.space).resolve(measurement.num_layers)
+    space = resolved.base if isinstance(resolved, TierSpace) else resolved
     options = (
         {"algorithm": config.sampler, "warm_start": config.warm_start} if config.strategy == "learned" else {}
     )
@@ -98,7 +99,7 @@ def search_one(
     search = SearchConfig(budget=config.budget, seed=config.seed, pareto=config.pareto)
     owned = local_executor(config.measure, config.temperature, measurement) if executor is None else None
     with owned or nullcontext(executor) as evaluating:
-        return run_search(
+        result = run_search(
             space,
             strategy,
             evaluating,
@@ -110,6 +111,11 @@ def search_one(
             resume=resume,
             on_trial=on_trial,
         )
+    if isinstance(resolved, TierSpace):  # tier sets over the masks the base search measured
+        from skipsearch.tier_search import search_space_tiers
+
+        search_space_tiers(out, resolved, config.cost, context.latency, seed=config.seed)
+    return result
 
 
 COMPARED_STRATEGIES = ("random", "uniform", "learned")

@@ -13,7 +13,7 @@ import sys
 
 from skipsearch.errors import SkipsearchError
 
-COMMANDS = ("models", "measure", "speedup", "profile", "decode", "run", "compare", "report")
+COMMANDS = ("models", "measure", "speedup", "profile", "decode", "run", "compare", "report", "export")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -48,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--from",
         dest="from_path",
         metavar="PATH",
-        help="JSON with a 'mask' string and optional 'gamma' or 'gamma_best' (e.g. a run's best.json)",
+        help="JSON with a 'mask' string and optional 'gamma' or 'gamma_best' (e.g. a run's best.json), "
+        "or a tier set's tiers.json",
     )
     parser.add_argument(
         "--max-new-tokens",
@@ -93,7 +94,12 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.engine import GREEDY, GammaPolicy, Sampling, Summary, breakdown
     from skipsearch.masks import SkipMask
     from skipsearch.measurement import prepare
+    from skipsearch.tiers import is_tier_manifest
 
+    if args.from_path and is_tier_manifest(Path(args.from_path)):
+        from skipsearch.cli.decode_tiers import run_tiers
+
+        return run_tiers(args)
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")

@@ -113,6 +113,33 @@ def verify(
     return runner.head(hidden)[0]
 
 
+def settle(
+    cache: DynamicCache,
+    tokens: list[int],
+    proposal: Proposal,
+    logits: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    clock: RoundClock,
+) -> tuple[int, list[int]]:
+    """Steps 3 and 4 of a round: accept, append the committed tokens to `tokens`, roll back.
+
+    Returns the accepted draft count `n` and the `n + 1` tokens committed.
+    """
+    with clock.phase("sample"):
+        if sampling.greedy:
+            n, extra = greedy_accept(proposal.tokens, logits)
+        else:
+            p = sampling.probs(logits)
+            n, extra = sample_accept(proposal.tokens.tolist(), proposal.probs, p, generator)
+    committed = [*proposal.tokens[:n].tolist(), extra]
+    tokens += committed
+    with clock.phase("cache"):
+        crop(cache, len(tokens) - 1)
+        check_lengths(cache, len(tokens) - 1)
+    return n, committed
+
+
 @torch.no_grad()
 def speculative_decode(
     runner: LayerwiseRunner,
@@ -157,18 +184,7 @@ def speculative_decode(
             crop(cache, start, range(s1, runner.num_layers))
         with clock.phase("verify"):
             logits = verify(runner, mask, cache, proposal, pending, start)
-        with clock.phase("sample"):
-            if sampling.greedy:
-                n, extra = greedy_accept(proposal.tokens, logits)
-            else:
-                n, extra = sample_accept(
-                    proposal.tokens.tolist(), proposal.probs, sampling.probs(logits), generator
-                )
-        committed = [*proposal.tokens[:n].tolist(), extra]
-        tokens += committed
-        with clock.phase("cache"):
-            crop(cache, len(tokens) - 1)
-            check_lengths(cache, len(tokens) - 1)
+        n, committed = settle(cache, tokens, proposal, logits, sampling, generator, clock)
         controller.update(n, g)
         ended = any(token in eos_ids for token in committed)
         gammas.append(g)

@@ -1,0 +1,37 @@
+"""`skipsearch export RUN|best.json`: engine configs for a run's best draft (no model needed)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="engine configs (skipsearch, HF, Draft & Verify, LayerSkip) for a run's best mask",
+        description="Write the best draft of a run in the formats other engines read; every file is read "
+        "back to check it, and README.md says what each engine can and cannot express.",
+    )
+    parser.add_argument("run", help="a run directory (`skipsearch run --out`) or its best.json")
+    parser.add_argument(
+        "--format",
+        choices=("skipsearch", "hf", "skip-layers", "layerskip", "all"),
+        default="all",
+        help="which config to write (default all: every format the run's masks allow)",
+    )
+    parser.add_argument("--out", help="directory for the files (default RUN/exports)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from skipsearch.export import README, export, load_source
+
+    source = load_source(Path(args.run))
+    run_dir = source.run_dir or source.path.parent
+    out = Path(args.out) if args.out else run_dir / "exports"
+    for item in export(source, [args.format], out):
+        what = f"mask {item.draft.mask} γ={item.draft.gamma}" if item.draft else "tier set"
+        print(f"{item.format:<12} {item.path}  read back OK  ({what})")
+    print(f"what each engine can and cannot express: {out / README}")
+    return 0

@@ -1,0 +1,243 @@
+"""Tier steps with static shapes, captured as CUDA graphs: one per tier draft step and per verify.
+
+A CUDA graph replays a fixed sequence of kernels on fixed addresses (reference 000 §7.1), so a
+dynamic skip pattern cannot be one graph; a fixed mask can (§7.3), and a small set of fixed masks
+is a small set of graphs captured up front, the tier picked on the CPU each round (§7.6). What
+has to be static, and how it is made so here:
+
+- shapes: a draft step is always one position; a verify pass over `g + 1` positions gets its own
+  graph for every `g` in `0..γ_t` of tier `t` (the last round of a sequence drafts fewer tokens);
+- addresses: inputs (token ids, positions, the attention mask, the draft's exact states) live in
+  preallocated buffers that are filled before a replay; outputs are the captured tensors, copied
+  out before the next replay;
+- KV: a transformers `StaticCache`, initialised up front, whose per-layer length is a device
+  tensor, so writing K/V at the current length and cropping (subtracting from it) happen on the
+  device and the captured kernels follow them;
+- the causal mask: `position >= key index`, computed from the positions buffer before a replay,
+  for every key slot of the static cache (stale slots beyond the length are never attended).
+
+Batch-size buckets: every buffer has `bucket` rows and a sequence fills all of them with the same
+tokens (the engine decodes one sequence; a batched server would capture each bucket it serves).
+On a CPU, or with `capture=False`, the very same step functions run eagerly, and say so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers import StaticCache
+
+from skipsearch.engine.sampling import Sampling, sample
+from skipsearch.engine.ssd import Proposal
+from skipsearch.engine.tiers import EagerSteps, Round, TierSteps
+from skipsearch.errors import ConfigError
+from skipsearch.masks import SkipMask
+from skipsearch.models.runner import SLIDING, LayerwiseRunner
+
+log = logging.getLogger(__name__)
+
+WARMUP = 3  # eager runs on a side stream before capture: cuBLAS handles, allocator, autotuning
+Outputs = tuple[torch.Tensor, ...]
+
+
+class GraphSteps:
+    """Draft and verify passes of every tier over static buffers, replayed from CUDA graphs.
+
+    `max_len` bounds prompt + output + one round's drafts (the static cache's size). Construction
+    captures `K` draft graphs and `Σ_t (γ_t + 1)` verify graphs, all in one memory pool.
+    """
+
+    def __init__(
+        self,
+        runner: LayerwiseRunner,
+        masks: Sequence[SkipMask],
+        gammas: Sequence[int],
+        max_len: int,
+        bucket: int = 1,
+        capture: bool | None = None,
+    ) -> None:
+        if SLIDING in runner.layer_types:
+            raise ConfigError(
+                "sliding-window layers keep their length on the host, so they cannot be captured: "
+                "decode this model's tiers eagerly"
+            )
+        self.runner, self.masks, self.max_len = runner, tuple(masks), max_len
+        gamma = max(gammas)
+        self.capture = runner.device.type == "cuda" if capture is None else capture
+        if self.capture and runner.device.type != "cuda":
+            raise ConfigError(f"CUDA graphs need a CUDA device, the model is on {runner.device}")
+        self.mode = f"cuda-graphs (bucket {bucket})" if self.capture else "static-eager"
+        config, device = runner.config, runner.device
+        self.cache = StaticCache(config=config, max_cache_len=max_len)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.cache.early_initialization(bucket, config.num_key_value_heads, head_dim, self.dtype, device)
+        self.slots = torch.arange(max_len, device=device)
+        long = {"dtype": torch.long, "device": device}
+        self.token = torch.zeros(bucket, 1, **long)
+        self.position = torch.zeros(1, 1, **long)
+        self.step_mask = torch.zeros(1, 1, 1, max_len, dtype=torch.bool, device=device)
+        self.positions = torch.zeros(1, gamma + 1, **long)
+        self.block_mask = torch.zeros(1, 1, gamma + 1, max_len, dtype=torch.bool, device=device)
+        self.exact = torch.zeros(bucket, max(gamma, 1), config.hidden_size, dtype=self.dtype, device=device)
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
+        tiers = range(len(self.masks))
+        with torch.no_grad():  # a captured graph must not record autograd state
+            self.drafts = [self._record(self._draft_step(t)) for t in tiers]
+            self.verifies = {
+                (t, g): self._record(self._verify_step(t, g)) for t in tiers for g in range(gammas[t] + 1)
+            }
+        if self.capture:
+            log.info("captured %d draft and %d verify CUDA graphs", len(self.drafts), len(self.verifies))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's hidden-state dtype, which the exact-state buffer must share."""
+        return self.runner.decoder.embed_tokens.weight.dtype
+
+    # -- the captured passes ------------------------------------------------------------------
+    def _draft_step(self, tier: int) -> Callable[[], Outputs]:
+        """One draft position of `tier`: (its exact state at `s1`, logits)."""
+        runner, mask, cache = self.runner, self.masks[tier], self.cache
+        s1 = mask.first_divergent_layer
+
+        def step() -> Outputs:
+            hidden = runner.run_layers(
+                runner.embed(self.token), 0, s1, self.position, mask, cache, self.step_mask
+            )
+            out = runner.run_layers(hidden, s1, runner.num_layers, self.position, mask, cache, self.step_mask)
+            return hidden, runner.head(out)[:, -1]
+
+        return step
+
+    def _verify_step(self, tier: int, gamma: int) -> Callable[[], Outputs]:
+        """The full model over `gamma + 1` positions, reusing the draft's exact prefix (`ssd.verify`)."""
+        runner, mask, cache = self.runner, self.masks[tier], self.cache
+        s1 = mask.first_divergent_layer
+        last, tail_position = self.token, self.positions[:, gamma : gamma + 1]
+        tail_mask, block_mask = self.block_mask[:, :, gamma : gamma + 1], self.block_mask[:, :, : gamma + 1]
+
+        def step() -> Outputs:
+            tail = runner.run_layers(
+                runner.embed(last), 0, s1, tail_position, cache=cache, attention_mask=tail_mask
+            )
+            exact = self.exact[:, :gamma]
+            if gamma and s1 > 0 and not mask.runs_mlp(s1 - 1):
+                exact = runner.mlp(s1 - 1, exact)
+            hidden = torch.cat([exact, tail], dim=1)
+            hidden = runner.run_layers(
+                hidden,
+                s1,
+                runner.num_layers,
+                self.positions[:, : gamma + 1],
+                cache=cache,
+                attention_mask=block_mask,
+            )
+            return (runner.head(hidden)[0],)
+
+        return step
+
+    def _record(self, step: Callable[[], Outputs]) -> Callable[[], Outputs]:
+        """`step` itself when eager; else a replay of its captured graph.
+
+        Warm-up runs write K/V and advance the cache lengths; the lengths are restored after each,
+        and what they wrote lies beyond the length, where nothing attends before it is rewritten.
+        """
+        if not self.capture:
+            return step
+        lengths = [layer.cumulative_length.clone() for layer in self.cache.layers]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP):
+                step()
+                self._set_lengths(lengths)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = step()
+
+        def replay() -> Outputs:
+            graph.replay()
+            return outputs
+
+        return replay
+
+    def _set_lengths(self, lengths: Sequence[torch.Tensor]) -> None:
+        for layer, length in zip(self.cache.layers, lengths, strict=True):
+            layer.cumulative_length.copy_(length)
+
+    # -- filling the inputs -------------------------------------------------------------------
+    def _at(self, positions: torch.Tensor, mask: torch.Tensor, start: int) -> None:
+        positions.copy_(torch.arange(start, start + positions.shape[1], device=positions.device)[None])
+        mask.copy_(self.slots <= positions[0, :, None])
+
+    def _check_room(self, end: int) -> None:
+        if end > self.max_len:
+            raise ConfigError(
+                f"sequence needs {end} cache slots but the static cache holds {self.max_len}: "
+                "build GraphSteps with a larger max_len (prompt + new tokens + gamma + 1)"
+            )
+
+    # -- TierSteps ----------------------------------------------------------------------------
+    def prefill(self, prompt: Sequence[int]) -> StaticCache:
+        """Reset the cache in place (the graphs hold its addresses) and run the prompt eagerly."""
+        self._check_room(len(prompt) + 1)
+        self.cache.reset()
+        if len(prompt) > 1:
+            runner = self.runner
+            count = len(prompt) - 1
+            ids = torch.tensor([list(prompt[:-1])], device=runner.device).expand(self.token.shape[0], -1)
+            positions = torch.arange(count, device=runner.device)[None]
+            mask = (self.slots <= positions[0, :, None])[None, None]
+            runner.run_layers(
+                runner.embed(ids), 0, runner.num_layers, positions, cache=self.cache, attention_mask=mask
+            )
+        return self.cache
+
+    def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
+        """γ replays of the tier's draft graph; tokens are chosen outside the graph."""
+        start, gamma = at.start, at.gamma
+        self._check_room(start + gamma + 1)
+        device = self.runner.device
+        tokens = torch.empty(gamma, dtype=torch.long, device=device)
+        probs = None if sampling.greedy else torch.empty(gamma, self.runner.config.vocab_size, device=device)
+        exact: list[torch.Tensor] = []
+        self.token.copy_(at.pending.expand_as(self.token))
+        for step in range(gamma):
+            self._at(self.position, self.step_mask[0, 0], start + step)
+            hidden, logits = self.drafts[at.tier]()
+            exact.append(hidden[:1].clone())
+            if probs is None:
+                tokens[step] = logits[0].argmax()
+            else:
+                probs[step] = sampling.probs(logits[0])
+                tokens[step] = sample(probs[step], generator)[0]
+            self.token.copy_(tokens[step].expand_as(self.token))
+        return Proposal(tokens, probs, exact)
+
+    def verify(self, at: Round, proposal: Proposal) -> torch.Tensor:
+        """One replay of the tier's verify graph for this draft length: logits `[γ + 1, V]`."""
+        gamma = len(proposal.tokens)
+        last = proposal.tokens[-1:].view(1, 1) if gamma else at.pending
+        self.token.copy_(last.expand_as(self.token))
+        if gamma:
+            self.exact[:, :gamma].copy_(torch.cat(proposal.exact, dim=1).expand(self.exact.shape[0], -1, -1))
+        self._at(self.positions[:, : gamma + 1], self.block_mask[0, 0, : gamma + 1], at.start)
+        (logits,) = self.verifies[(at.tier, gamma)]()
+        return logits.clone()
+
+
+def make_steps(
+    runner: LayerwiseRunner, masks: Sequence[SkipMask], gammas: Sequence[int], max_len: int, bucket: int = 1
+) -> TierSteps:
+    """CUDA graphs where they can run (a CUDA device, no sliding-window layers), else eager."""
+    if runner.device.type != "cuda":
+        log.warning("no CUDA device: tier steps run eagerly (CUDA graphs are captured only on a GPU)")
+        return EagerSteps(runner, masks)
+    try:
+        return GraphSteps(runner, masks, gammas, max_len, bucket)
+    except (ConfigError, RuntimeError) as why:  # RuntimeError: an op that cannot be captured
+        log.warning("tier steps run eagerly, without CUDA graphs: %s", why)
+        return EagerSteps(runner, masks)

@@ -1,0 +1,509 @@
+"""Export a run's best draft as configs other engines read (DESIGN §1, `skipsearch export`).
+
+Formats, each one file, read back after writing to prove it says what was meant:
+- `skipsearch`: `skipsearch.json`, the canonical record — any mask, γ, tiers, predictions,
+  acceptance, provenance; `skipsearch decode --from` reads it.
+- `hf`: `generation_config.json` for transformers' assisted generation with
+  `assistant_early_exit` (a contiguous prefix only).
+- `skip-layers`: `skip_layers.json`, `{"attention": [...], "mlp": [...]}`, the schema of
+  Draft & Verify and SWIFT (any mask).
+- `layerskip`: `layerskip.json`, the flags of LayerSkip's `generate.py` (a contiguous prefix only).
+- and `tiers.json`, the CUDA-graph capture manifest, when the run has a tier set.
+
+HF and LayerSkip can only exit early. For a sparse best mask they get the best contiguous mask
+the run scored, and say so; with none, asking for them is an error naming the fix. `README.md`
+states, per format written, what the target engine can and cannot express.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from skipsearch import __version__
+from skipsearch.errors import ConfigError, SkipsearchError
+from skipsearch.masks import SkipMask
+from skipsearch.runs import RUN_FILE, load_run, run_trials
+from skipsearch.tiers import TIERS_FILE, TierManifest
+
+log = logging.getLogger(__name__)
+
+BEST_FILE = "best.json"
+README = "README.md"
+EXPORT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One exportable draft: a mask, its draft length and what the search predicted for it."""
+
+    mask: SkipMask
+    gamma: int
+    speedup: float | None
+    trial: int | None
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    """What an export is made of: the run's best.json, its best contiguous draft, its tiers."""
+
+    path: Path
+    run_dir: Path | None
+    best_json: Mapping[str, Any]
+    best: Draft
+    contiguous: Draft | None
+    tiers: TierManifest | None
+    study: str | None
+
+    @property
+    def num_layers(self) -> int:
+        return self.best.mask.num_layers
+
+    @property
+    def model(self) -> str:
+        return str(self.best_json["model"])
+
+
+@dataclass(frozen=True)
+class Exported:
+    """One written file, already read back; `notes` say what its engine can and cannot do."""
+
+    format: str
+    path: Path
+    draft: Draft | None
+    notes: tuple[str, ...]
+
+
+# -- reading the run ------------------------------------------------------------------------------
+def load_source(path: Path) -> ExportSource:
+    """A run directory or its best.json -> the best draft, a contiguous fallback, tiers if any."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(
+            f"{path} does not exist: pass a run directory (skipsearch run --out) or its best.json"
+        )
+    run_dir = path if path.is_dir() else path.parent
+    best_path = path / BEST_FILE if path.is_dir() else path
+    has_run = (run_dir / RUN_FILE).is_file()
+    if path.is_dir() and not has_run and not best_path.is_file():
+        raise ConfigError(
+            f"{path} is not a run directory (no run.yaml): pass the --out directory of `skipsearch run`"
+        )
+    if not best_path.is_file():
+        raise ConfigError(
+            f"{path} holds no finished run (no {BEST_FILE}): finish it with `skipsearch run --resume --out "
+            f"{path}` or rebuild its report with `skipsearch report {path}`"
+        )
+    best_json = _read_best(best_path)
+    best = Draft(
+        SkipMask.parse(best_json["mask"], int(best_json["num_layers"])),
+        int(best_json["gamma_best"]),
+        best_json.get("score"),
+        best_json.get("trial"),
+    )
+    tiers_path = run_dir / TIERS_FILE
+    return ExportSource(
+        path=path,
+        run_dir=run_dir if has_run else None,
+        best_json=best_json,
+        best=best,
+        contiguous=best if _is_prefix(best.mask) else (_best_contiguous(run_dir) if has_run else None),
+        tiers=TierManifest.load(tiers_path) if tiers_path.is_file() else None,
+        study=_study_name(run_dir) if has_run else None,
+    )
+
+
+def _read_best(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConfigError(f"cannot read {path} ({error}): rebuild it with `skipsearch report RUN`") from None
+    missing = [
+        k
+        for k in ("model", "mask", "num_layers", "gamma_best")
+        if not isinstance(data, dict) or k not in data
+    ]
+    if missing:
+        raise ConfigError(f"{path} lacks {', '.join(missing)}: pass the best.json of a `skipsearch run`")
+    return data
+
+
+def _is_prefix(mask: SkipMask) -> bool:
+    """An early exit at `E < L`: what HF and LayerSkip can run."""
+    return mask.exit_layer is not None and mask.exit_layer < mask.num_layers
+
+
+def _best_contiguous(run_dir: Path) -> Draft | None:
+    """The highest-scoring early exit any study of the run scored, or None."""
+    prefixes = [r for r in run_trials(run_dir) if _is_prefix(r.skip_mask)]
+    if not prefixes:
+        return None
+    record = max(prefixes, key=lambda r: (r.score, -r.number))
+    return Draft(record.skip_mask, record.gamma_best, record.score, record.number)
+
+
+def _study_name(run_dir: Path) -> str:
+    return load_run(run_dir)[0].strategy
+
+
+# -- the formats ----------------------------------------------------------------------------------
+Reader = Callable[[Path, int], tuple[SkipMask, int | None]]
+
+
+@dataclass(frozen=True)
+class Format:
+    """A target: its file, whether it needs an early exit, how to write, read back and explain it."""
+
+    name: str
+    file: str
+    prefix_only: bool
+    write: Callable[[ExportSource, Draft, Path], None]
+    read: Reader
+    notes: Callable[[ExportSource, Draft], list[str]]
+
+
+def _dump(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConfigError(f"cannot read {path} ({error}): export it again") from None
+
+
+def _int(data: Mapping[str, Any], key: str, path: Path, low: int = 1) -> int:
+    value = data.get(key) if isinstance(data, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{path}: {key} must be an integer >= {low}, got {value!r}: export it again")
+    return value
+
+
+# skipsearch --------------------------------------------------------------------------------------
+def write_skipsearch(source: ExportSource, draft: Draft, path: Path) -> None:
+    best = source.best_json
+    mask = draft.mask
+    _dump(
+        path,
+        {
+            "format": "skipsearch",
+            "version": EXPORT_VERSION,
+            "model": source.model,
+            "model_source": best.get("model_source"),
+            "num_layers": mask.num_layers,
+            "mask": str(mask),
+            "skipped_attn": sorted(mask.attn),
+            "skipped_mlp": sorted(mask.mlp),
+            "exit_layer": mask.exit_layer,
+            "gamma": draft.gamma,
+            "gamma_policy": {"kind": "fixed", "gamma": draft.gamma},
+            "tiers": None if source.tiers is None else source.tiers.to_dict(),
+            "r_draft": best.get("r_draft"),
+            "r_reuse": best.get("r_reuse"),
+            "objective": best.get("objective"),
+            "cost": best.get("cost"),
+            "score": best.get("score"),
+            "predicted_speedup": best.get("predicted_speedup"),
+            "speedup_by_gamma": best.get("speedup_by_gamma"),
+            "acceptance": best.get("acceptance"),
+            "provenance": {
+                "run": None if source.run_dir is None else str(source.run_dir),
+                "study": source.study,
+                "trial": best.get("trial"),
+                "strategy": best.get("strategy"),
+                "seed": best.get("seed"),
+                "budget": best.get("budget"),
+                "prompt_set": best.get("prompt_set"),
+                "estimator_mode": best.get("estimator_mode"),
+                "reference_cache": best.get("reference_cache"),
+                "latency_profile": best.get("latency_profile"),
+                "torch": best.get("torch"),
+                "transformers": best.get("transformers"),
+                "skipsearch": __version__,
+            },
+            "notes": notes_skipsearch(source, draft),
+        },
+    )
+
+
+def read_skipsearch(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
+    data = _load(path)
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != "skipsearch"
+        or not isinstance(data.get("mask"), str)
+    ):
+        raise ConfigError(f"{path} is not a skipsearch export (format/mask missing): export it again")
+    mask = SkipMask.parse(data["mask"], _int(data, "num_layers", path))
+    if (sorted(mask.attn), sorted(mask.mlp), mask.exit_layer) != (
+        data.get("skipped_attn"),
+        data.get("skipped_mlp"),
+        data.get("exit_layer"),
+    ):
+        raise ConfigError(f"{path}: skipped_attn / skipped_mlp / exit_layer disagree with mask {mask}")
+    return mask, _int(data, "gamma", path)
+
+
+def notes_skipsearch(source: ExportSource, draft: Draft) -> list[str]:
+    notes = [
+        "Canonical record: any skip mask, down to single attention / MLP sub-layers.",
+        "`skipsearch decode --from skipsearch.json` runs it (keys `mask` and `gamma`) in the skipsearch "
+        "engine: one KV cache shared by draft and verify, the draft's exact KV below the first skipped "
+        f"layer (s1 = {draft.mask.first_divergent_layer}) reused by verify, as the predicted speedup "
+        "assumes.",
+    ]
+    if source.tiers is not None:
+        notes.append(
+            f"`tiers` holds the run's tier set ({len(source.tiers.masks)} masks), also in {TIERS_FILE}."
+        )
+    return notes
+
+
+# hf ----------------------------------------------------------------------------------------------
+def write_hf(source: ExportSource, draft: Draft, path: Path) -> None:
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(
+        assistant_early_exit=draft.mask.exit_layer,
+        num_assistant_tokens=draft.gamma,
+        num_assistant_tokens_schedule="constant",
+        assistant_confidence_threshold=0.0,
+    )
+    config.validate(strict=True)
+    config.save_pretrained(path.parent)
+
+
+def read_hf(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(path.parent)
+        config.validate(strict=True)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path} is not a valid generation config ({error}): export it again") from None
+    data = config.to_dict()
+    exit_layer = _int(data, "assistant_early_exit", path)
+    if exit_layer >= num_layers or config.num_assistant_tokens_schedule != "constant":
+        raise ConfigError(
+            f"{path}: assistant_early_exit {exit_layer} must be below {num_layers} with a constant schedule"
+        )
+    return SkipMask.prefix(num_layers, exit_layer), _int(data, "num_assistant_tokens", path)
+
+
+def notes_hf(source: ExportSource, draft: Draft) -> list[str]:
+    return [
+        *_fallback_note(source, draft),
+        "transformers assisted generation, self-speculative: the draft is layers "
+        f"0..{draft.mask.exit_layer - 1} "
+        "plus the model's own norm and LM head (`assistant_early_exit`). Only such a prefix can be "
+        "expressed: "
+        "no sparse or sub-layer skips.",
+        "Draft and verify share the weights but not the KV cache: the early-exit assistant keeps its own "
+        "cache and verify recomputes every layer for the drafted tokens, so the KV reuse (r_reuse) the "
+        "skipsearch cost model credits does not happen; expect less than the predicted speedup.",
+        "transformers 5.24 reads num_assistant_tokens and assistant_confidence_threshold from the "
+        "model's own "
+        "generation_config: load this file with `model.generation_config = GenerationConfig.from_pretrained"
+        "(DIR)` (or merge it into the model's generation_config.json); passing it only as "
+        "`generate(generation_config=...)` leaves the draft at the default 20 tokens.",
+        f"num_assistant_tokens = γ = {draft.gamma} with a constant schedule, and "
+        "assistant_confidence_threshold "
+        "= 0 so drafts are not cut short by HF's confidence stop. Assisted generation runs batch size 1.",
+    ]
+
+
+# skip-layers -------------------------------------------------------------------------------------
+def write_skip_layers(source: ExportSource, draft: Draft, path: Path) -> None:
+    _dump(path, {"attention": sorted(draft.mask.attn), "mlp": sorted(draft.mask.mlp)})
+
+
+def read_skip_layers(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
+    data = _load(path)
+    if (
+        not isinstance(data, dict)
+        or set(data) != {"attention", "mlp"}
+        or not all(isinstance(v, list) and all(type(i) is int for i in v) for v in data.values())
+    ):
+        raise ConfigError(f'{path}: expected exactly {{"attention": [ints], "mlp": [ints]}}: export it again')
+    return SkipMask(num_layers, data["attention"], data["mlp"]), None
+
+
+def notes_skip_layers(source: ExportSource, draft: Draft) -> list[str]:
+    return [
+        "Draft & Verify / SWIFT schema: the attention and MLP sub-layers the draft skips (0-based). Any mask "
+        "fits, sparse and sub-layer ones included.",
+        "No mainstream engine (transformers, vLLM, TensorRT-LLM, llama.cpp) runs a sparse skip mask "
+        "natively: "
+        "this file is for research code that patches the model's forward, such as Draft & Verify and SWIFT.",
+        "It carries no draft length: those engines stop drafts adaptively; the search's γ was "
+        f"{draft.gamma}. "
+        "The predicted speedup assumes verify reuses the draft's KV below the first skipped layer; an engine "
+        "that keeps the draft's cache apart gains less.",
+    ]
+
+
+# layerskip ---------------------------------------------------------------------------------------
+def layerskip_argv(draft: Draft) -> list[str]:
+    return [
+        "--generation_strategy",
+        "self_speculative",
+        "--exit_layer",
+        str(draft.mask.exit_layer),
+        "--num_speculations",
+        str(draft.gamma),
+    ]
+
+
+def write_layerskip(source: ExportSource, draft: Draft, path: Path) -> None:
+    argv = layerskip_argv(draft)
+    _dump(
+        path,
+        {
+            "generation_strategy": "self_speculative",
+            "exit_layer": draft.mask.exit_layer,
+            "num_speculations": draft.gamma,
+            "argv": argv,
+            "command": f"torchrun generate.py --model MODEL {' '.join(argv)}",
+            "notes": notes_layerskip(source, draft),
+        },
+    )
+
+
+def read_layerskip(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
+    data = _load(path)
+    exit_layer, gamma = _int(data, "exit_layer", path), _int(data, "num_speculations", path)
+    if exit_layer >= num_layers or data.get("generation_strategy") != "self_speculative":
+        raise ConfigError(f"{path}: exit_layer must be below {num_layers} with strategy self_speculative")
+    draft = Draft(SkipMask.prefix(num_layers, exit_layer), gamma, None, None)
+    if data.get("argv") != layerskip_argv(draft):
+        raise ConfigError(f"{path}: argv disagrees with exit_layer / num_speculations: export it again")
+    return draft.mask, gamma
+
+
+def notes_layerskip(source: ExportSource, draft: Draft) -> list[str]:
+    return [
+        *_fallback_note(source, draft),
+        "LayerSkip (facebookresearch/LayerSkip) `generate.py`: self-speculative decoding exiting at "
+        f"--exit_layer {draft.mask.exit_layer} through the model's LM head, --num_speculations γ = "
+        f"{draft.gamma}; "
+        "pass your checkpoint as --model. Only an early exit can be expressed: no sparse or sub-layer skips.",
+        "LayerSkip reuses the draft's KV of the first exit_layer layers in verify, as the cost model "
+        "assumes. Its "
+        "checkpoints are trained with layer dropout and an early-exit loss; the acceptance measured "
+        "here is for "
+        f"{source.model} as it is.",
+    ]
+
+
+def _fallback_note(source: ExportSource, draft: Draft) -> list[str]:
+    if draft.mask == source.best.mask:
+        return []
+    speed = f", {draft.speedup:.3f}x predicted" if draft.speedup is not None else ""
+    best = f"{source.best.speedup:.3f}x" if source.best.speedup is not None else "its score"
+    return [
+        f"The run's best mask {source.best.mask} is sparse, which this engine cannot run: exported the run's "
+        f"best early exit instead, E = {draft.mask.exit_layer} (trial {draft.trial}{speed}; best mask "
+        f"{best})."
+    ]
+
+
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("skipsearch", "skipsearch.json", False, write_skipsearch, read_skipsearch, notes_skipsearch),
+        Format("hf", "generation_config.json", True, write_hf, read_hf, notes_hf),
+        Format(
+            "skip-layers", "skip_layers.json", False, write_skip_layers, read_skip_layers, notes_skip_layers
+        ),
+        Format("layerskip", "layerskip.json", True, write_layerskip, read_layerskip, notes_layerskip),
+    )
+}
+ALL = "all"
+
+
+# -- exporting ------------------------------------------------------------------------------------
+def draft_for(source: ExportSource, fmt: Format) -> Draft:
+    """The best mask, or for an early-exit-only engine the best early exit of the run."""
+    if not fmt.prefix_only:
+        return source.best
+    if source.contiguous is None:
+        where = "its best.json has no run beside it" if source.run_dir is None else "no trial exits early"
+        raise ConfigError(
+            f"format {fmt.name} runs only an early exit but the best mask {source.best.mask} is sparse and "
+            f"{where}: export a contiguous run (`skipsearch run --space contiguous --strategy exhaustive`) "
+            "or use --format skipsearch or skip-layers"
+        )
+    return source.contiguous
+
+
+def export(source: ExportSource, formats: Iterable[str], out: Path) -> list[Exported]:
+    """Write and read back every requested format, then README.md; `all` skips (and notes) the
+    early-exit formats a sparse-only run cannot fill, where asking for one by name is an error."""
+    names = list(formats)
+    unknown = [n for n in names if n != ALL and n not in FORMATS]
+    if unknown:
+        raise ConfigError(f"unknown export format {unknown[0]!r}: use one of {', '.join([*FORMATS, ALL])}")
+    wanted = list(FORMATS) if ALL in names else names
+    drafts: dict[str, Draft] = {}
+    skipped: dict[str, str] = {}
+    for name in wanted:
+        try:
+            drafts[name] = draft_for(source, FORMATS[name])
+        except ConfigError as why:
+            if ALL not in names:
+                raise
+            skipped[name] = str(why)
+    out.mkdir(parents=True, exist_ok=True)
+    exported = [_write(source, FORMATS[name], draft, out) for name, draft in drafts.items()]
+    if source.tiers is not None:
+        exported.append(_write_tiers(source.tiers, out))
+    (out / README).write_text(readme(source, exported, skipped))
+    for name, why in skipped.items():
+        log.warning("format %s not written: %s", name, why)
+    return exported
+
+
+def _write(source: ExportSource, fmt: Format, draft: Draft, out: Path) -> Exported:
+    path = out / fmt.file
+    fmt.write(source, draft, path)
+    mask, gamma = fmt.read(path, source.num_layers)
+    if mask != draft.mask or gamma not in (None, draft.gamma):
+        raise SkipsearchError(f"{path} reads back as {mask} γ={gamma}, not {draft.mask} γ={draft.gamma}")
+    return Exported(fmt.name, path, draft, tuple(fmt.notes(source, draft)))
+
+
+def _write_tiers(manifest: TierManifest, out: Path) -> Exported:
+    path = out / TIERS_FILE
+    manifest.save(path)
+    if TierManifest.load(path) != manifest:
+        raise SkipsearchError(f"{path} does not read back as the run's tier set")
+    notes = (
+        f"Capture manifest of {len(manifest.masks)} tiers: the masks, their draft lengths "
+        f"{list(manifest.gammas)}, the policy (window {manifest.policy.window}, thresholds "
+        f"{[round(t, 3) for t in manifest.policy.thresholds]}), the batch-size buckets and the graphs "
+        "to pre-capture: one draft graph per tier and bucket, one verify graph per tier, draft length "
+        "and bucket.",
+        "`skipsearch decode --from tiers.json` runs it (CUDA graphs on a GPU, eagerly otherwise). No "
+        "other engine switches draft masks at run time.",
+    )
+    return Exported("tiers", path, None, notes)
+
+
+def readme(source: ExportSource, exported: list[Exported], skipped: Mapping[str, str]) -> str:
+    lines = [
+        f"# skipsearch export: {source.model}",
+        "",
+        f"Best mask `{source.best.mask}` at γ = {source.best.gamma} from {source.path}"
+        + (f" (study `{source.study}`)." if source.study else "."),
+        "",
+    ]
+    for item in exported:
+        lines += [f"## {item.format}: `{item.path.name}`", "", *(f"- {note}" for note in item.notes), ""]
+    for name, why in skipped.items():
+        lines += [f"## {name}: not written", "", f"- {why}", ""]
+    return "\n".join(lines)

@@ -2,9 +2,9 @@
 
 Built once per (model, prompt set): the target's greedy continuation of every prompt and the
 full model's hidden state at the input of every layer (plus every layer's K/V for `shared-kv`).
-A mask is then evaluated in one batched teacher-forced forward that starts at its first
-divergent layer `s1` from the cached states — the layers before it are identical to the full
-model, so a mask whose first skip is late costs little to evaluate.
+A mask is then evaluated in one batched teacher-forced forward that starts at its first skipped
+layer (`s1`, or `s1 - 1` when the first skip is an MLP) from the cached states — the layers
+before it are identical to the full model, so a mask whose first skip is late costs little.
 
 Prompts of different lengths share one right-padded batch: with a causal mask a real position
 never attends to padding that follows it, so no padding mask is needed and results are exact.
@@ -219,9 +219,9 @@ class Estimator:
         self.target_logits = runner.head(final)
         self.target_tokens = self.target_logits.argmax(-1)
 
-    def draft_logits(self, mask: SkipMask, start_layer: int | None = None) -> torch.Tensor:
-        """Logits of the draft at every prediction position, starting at `s1` (or `start_layer`)."""
-        start = mask.first_divergent_layer if start_layer is None else start_layer
+    def draft_logits(self, mask: SkipMask) -> torch.Tensor:
+        """Logits of the draft at every prediction position, from its first skipped layer on."""
+        start = mask.first_skipped_layer
         run = self._shared_kv_rows if self.mode == "shared-kv" else self._self_rows
         finals = [run(mask, start, rows) for rows in self._row_chunks()]
         return self.runner.head(torch.cat(finals))

@@ -145,6 +145,16 @@ class SkipMask:
             candidates.append(min(self.mlp) + 1)
         return min(candidates)
 
+    @property
+    def first_skipped_layer(self) -> int:
+        """The first layer with any skipped sub-layer (`L` for the empty mask).
+
+        The draft's input to this layer equals the full model's, so evaluation can start here
+        from cached states; it is `s1 - 1` when the first skip is an MLP, whose layer still
+        writes exact KV but no longer produces the full model's output.
+        """
+        return min(self.attn | self.mlp, default=self.num_layers)
+
     def runs_attn(self, layer: int) -> bool:
         return layer not in self.attn
 

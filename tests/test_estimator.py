@@ -48,8 +48,10 @@ def brute_force_shared_kv(runner, reference, mask):
                     layer,
                 )
             hidden = reference.hidden[:, row : row + 1, pos : pos + 1]
-            s1 = mask.first_divergent_layer
-            out = runner.run_layers(hidden[s1], s1, runner.num_layers, torch.tensor([[pos]]), mask, cache)
+            start = mask.first_skipped_layer
+            out = runner.run_layers(
+                hidden[start], start, runner.num_layers, torch.tensor([[pos]]), mask, cache
+            )
             logits.append(runner.head(out)[0, 0])
     return torch.stack(logits)
 
@@ -109,3 +111,13 @@ def test_reference_cache_round_trips_on_disk(setup, tmp_path):
     assert Estimator(runner, again, "shared-kv").evaluate(MASKS[1]) == Estimator(
         runner, reference, "shared-kv"
     ).evaluate(MASKS[1])
+
+
+def test_a_lone_mlp_skip_is_not_ignored(setup):
+    _, runner, reference = setup
+    estimator = Estimator(runner, reference, "shared-kv")
+    mask = SkipMask(6, mlp=[2])
+    assert not torch.allclose(estimator.draft_logits(mask), estimator.target_logits)
+    assert torch.allclose(
+        estimator.draft_logits(mask), brute_force_shared_kv(runner, reference, mask), atol=1e-4
+    )

@@ -76,3 +76,10 @@ def test_weighted_r_draft_uses_measured_costs():
     assert SkipMask.from_layers(2, [0]).r_draft(weights) == pytest.approx(10 / 16)
     with pytest.raises(InvalidMaskError, match="profile the same model"):
         SkipMask(3).r_draft(weights)
+
+
+def test_evaluation_starts_at_the_first_skipped_sublayer_not_at_s1():
+    mlp_first = SkipMask(10, attn=[7], mlp=[5])
+    assert mlp_first.first_divergent_layer == 6
+    assert mlp_first.first_skipped_layer == 5
+    assert SkipMask(10).first_skipped_layer == 10

@@ -1,0 +1,792 @@
+"""Fidelity: does the estimator (both modes) and the cost model predict what the SSD engine does?
+
+On the embedded model, for 12 masks (contiguous exits, single- and multi-layer sparse skips, an
+attention-only and an MLP-only sub-layer mask) at γ = 3, greedy, on the same prompts for the
+estimator and the engine:
+- tokens per round and acceptance: the engine (`speculative_decode`) vs the teacher-forced
+  estimator in `self` and `shared-kv` mode (DESIGN §4), with the estimator's match vector also
+  replayed under the engine's own end-of-output rule to separate end effects from KV effects,
+  and the per-depth disagreement between engine and estimator on the positions a round judged;
+- speedup: SSD over our autoregressive decoding, measured with the autoregressive runs
+  interleaved between the SSD runs of each prompt, vs `costmodel.predict` in closed form and
+  calibrated with `results/profile/profile.json` (DESIGN §5), each fed by either estimator mode
+  and by the engine's own tokens per round (which isolates the cost model).
+
+It also re-runs both estimator modes from the first layer with any skipped sub-layer instead of
+`s1` (`first_skip_columns`): the shipped estimator drops a mask's first skip when it is an MLP.
+
+Writes `results/fidelity/`: `fidelity.csv` (one row per mask), `errors.csv`, `README.md` (error
+statistics, verdicts), `fidelity.png` (predicted vs measured, with y = x) and `measurements.json`.
+Run: `.venv/bin/python experiments/fidelity.py` (15–22 minutes on two cores shared with other jobs,
+one torch thread; `--threads N`); `--report-only` redraws everything from `measurements.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from _common import (
+    DEFAULT_THREADS,
+    MODEL,
+    RESULTS,
+    ErrorStats,
+    Setup,
+    Stamp,
+    configure,
+    decode_seconds,
+    fmt,
+    load,
+    markdown_table,
+    prefill_estimate,
+    stamp_line,
+    write_csv,
+)
+
+from skipsearch.acceptance import AcceptanceProfile
+from skipsearch.cli.decode import estimators
+from skipsearch.costmodel import Calibrated, LatencyProfile, SelfSpeculative, predict
+from skipsearch.data import PromptSpec
+from skipsearch.engine import (
+    DecodeResult,
+    RoundTiming,
+    Summary,
+    autoregressive_decode,
+    speculative_decode,
+)
+from skipsearch.estimator import Estimator
+from skipsearch.masks import SkipMask
+from skipsearch.progress import progress_bar
+
+OUT = RESULTS / "fidelity"
+PROFILE = RESULTS / "profile" / "profile.json"
+N_PROMPTS, NEW_TOKENS = 6, 64
+GAMMA = 3
+GAMMA_MAX = 8
+AR_EVERY = 4  # an autoregressive run before every block of this many SSD runs of a prompt
+TARGET = 3.0  # percent: the tokens-per-round fidelity target
+MODES = ("shared-kv", "self")
+FORMS = ("closed", "calibrated")
+MODE_STYLE = {"shared-kv": ("tab:blue", "o"), "self": ("tab:orange", "s")}
+FORM_STYLE = {"closed": ("tab:red", "^"), "calibrated": ("tab:green", "D")}
+
+log = logging.getLogger("fidelity")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One mask of the sweep: a short label, the family it stands for and how to build it."""
+
+    label: str
+    kind: str
+    build: Callable[[int], SkipMask]
+
+
+CASES = (
+    *(Case(f"exit {e}", "contiguous", lambda n, e=e: SkipMask.prefix(n, e)) for e in (10, 18, 24, 27)),
+    *(
+        Case(f"skip {layer}", f"single {where}", lambda n, layer=layer: SkipMask.from_layers(n, [layer]))
+        for layer, where in ((3, "early"), (14, "middle"), (26, "late"))
+    ),
+    Case("skip 4,14", "multi sparse", lambda n: SkipMask.from_layers(n, [4, 14])),
+    Case("skip 8,12,16,20,24", "multi sparse", lambda n: SkipMask.from_layers(n, [8, 12, 16, 20, 24])),
+    Case("skip 20,22,24,26", "multi sparse", lambda n: SkipMask.from_layers(n, [20, 22, 24, 26])),
+    Case("attn 10,16,22,28", "attention only", lambda n: SkipMask(n, attn=[10, 16, 22, 28])),
+    Case("mlp 10,16,22,28", "MLP only", lambda n: SkipMask(n, mlp=[10, 16, 22, 28])),
+)
+
+
+# -- the engine, interleaved ---------------------------------------------------------------------
+
+
+@dataclass
+class EngineRuns:
+    """SSD decodes per mask label (index = prompt) and the autoregressive decodes of every prompt."""
+
+    ssd: dict[str, list[DecodeResult]] = field(default_factory=dict)
+    ar: list[list[DecodeResult]] = field(default_factory=list)
+
+
+def run_engine(setup: Setup, masks: dict[str, SkipMask], gamma: int) -> EngineRuns:
+    """Every mask on every prompt once, with autoregressive runs bracketing blocks of SSD runs.
+
+    Per prompt the mask order rotates and an autoregressive decode of the same prompt precedes
+    every block of `AR_EVERY` SSD decodes, so each SSD run is compared with baseline runs made
+    minutes apart at most, under the same background load.
+    """
+    runner, spec = setup.runner, setup.spec
+    labels = list(masks)
+
+    def ssd(label: str, prompt: tuple[int, ...], new: int) -> DecodeResult:
+        return speculative_decode(runner, prompt, masks[label], new, gamma, eos_ids=setup.eos_ids)
+
+    def ar(prompt: tuple[int, ...], new: int) -> DecodeResult:
+        return autoregressive_decode(runner, prompt, new, eos_ids=setup.eos_ids)
+
+    ar(setup.prompts[0], 8)  # warm-up, untimed
+    ssd(labels[0], setup.prompts[0], 8)
+    runs = EngineRuns({label: [] for label in labels}, [])
+    blocks = -(-len(labels) // AR_EVERY)
+    with progress_bar(
+        "fidelity: interleaved engine runs", len(setup.prompts) * (len(labels) + blocks)
+    ) as bar:
+        for index, prompt in enumerate(setup.prompts):
+            order = labels[index % len(labels) :] + labels[: index % len(labels)]
+            runs.ar.append([])
+            for begin in range(0, len(order), AR_EVERY):
+                runs.ar[-1].append(ar(prompt, spec.new_tokens))
+                bar.advance(bar.task_ids[0])
+                for label in order[begin : begin + AR_EVERY]:
+                    runs.ssd[label].append(ssd(label, prompt, spec.new_tokens))
+                    bar.advance(bar.task_ids[0])
+    return runs
+
+
+# -- estimator vs engine, position by position ---------------------------------------------------
+
+
+def replay(matches: Sequence[bool], gamma: int, max_new_tokens: int) -> list[tuple[int, int]]:
+    """(γ used, drafts accepted) of every round the engine would run on this match vector.
+
+    The engine's rule, not the estimator's: the last rounds shrink γ so the output never exceeds
+    `max_new_tokens` (a γ = 0 round is a plain step), and nothing is censored.
+    """
+    rounds: list[tuple[int, int]] = []
+    produced = 0
+    while produced < len(matches):
+        g = min(gamma, max_new_tokens - produced - 1)
+        n = 0
+        while n < g and produced + n < len(matches) and matches[produced + n]:
+            n += 1
+        rounds.append((g, n))
+        produced += n + 1
+    return rounds
+
+
+def round_stats(rounds: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """Tokens per round and judged acceptance over rounds that drafted, as `Summary.of` counts them."""
+    drafted = [(g, n) for g, n in rounds if g > 0]
+    judged = sum(n + (n < g) for g, n in drafted)
+    return (
+        sum(n + 1 for _, n in drafted) / len(drafted),
+        sum(n for _, n in drafted) / judged if judged else float("nan"),
+    )
+
+
+def judged_positions(result: DecodeResult) -> list[tuple[int, int, bool]]:
+    """(continuation offset, depth, accepted) of every draft token a round judged."""
+    judged, offset = [], 0
+    for g, n in zip(result.gammas, result.accepted, strict=True):
+        judged += [(offset + j, j + 1, j < n) for j in range(min(n + 1, g))]
+        offset += n + 1
+    return judged
+
+
+def disagreement(
+    results: Sequence[DecodeResult], rows: Sequence[int], profile: AcceptanceProfile, gamma: int
+) -> list[float]:
+    """Per depth 1..γ: share of judged positions where the engine and the estimator disagree.
+
+    `shared-kv` is exact at depth 1 by construction (the first draft step reads only the full
+    model's K/V); deeper steps also read the draft's own scratch K/V of the round's earlier drafts.
+    """
+    compared, differ = np.zeros(gamma), np.zeros(gamma)
+    for result, row in zip(results, rows, strict=True):
+        matches = profile.greedy_match[row]
+        for offset, depth, accepted in judged_positions(result):
+            if offset < len(matches):
+                compared[depth - 1] += 1
+                differ[depth - 1] += matches[offset] != accepted
+    return [float(d / c) if c else float("nan") for d, c in zip(differ, compared, strict=True)]
+
+
+def reference_rows(setup: Setup) -> list[int]:
+    """Row of the ReferenceCache (sorted by length) holding each prompt."""
+    reference = setup.estimator_data.estimator.reference
+    ids, lengths = reference.input_ids.tolist(), reference.prompt_lengths.tolist()
+    return [
+        next(r for r, (row, n) in enumerate(zip(ids, lengths, strict=True)) if tuple(row[:n]) == prompt)
+        for prompt in setup.prompts
+    ]
+
+
+def reference_continuations(setup: Setup, rows: Sequence[int]) -> list[tuple[int, ...]]:
+    reference = setup.estimator_data.estimator.reference
+    return [
+        tuple(reference.input_ids[r, int(reference.prompt_lengths[r]) : int(reference.lengths[r])].tolist())
+        for r in rows
+    ]
+
+
+def first_skip_columns(
+    estimators: dict[str, Estimator], mask: SkipMask, latency: LatencyProfile, context: float
+) -> dict[str, float]:
+    """Both modes re-run from the first layer with *any* skipped sub-layer instead of `s1`.
+
+    `Estimator.evaluate` starts at `s1 = mask.first_divergent_layer` from the full model's hidden
+    state there; when the first skip is an MLP at layer `l`, `s1 = l + 1` and that input already
+    contains MLP `l`'s output, so the skip is silently dropped. Starting at `l` (attention `l`
+    still reads and writes exact K/V) measures the mask the engine runs.
+    """
+    start = min(sorted(mask.attn)[:1] + sorted(mask.mlp)[:1])
+    columns: dict[str, float] = {}
+    for mode, estimator in estimators.items():
+        logits = estimator.draft_logits(mask, start)
+        matches = (logits.argmax(-1) == estimator.target_tokens).tolist()
+        rows, begin = [], 0
+        for size in estimator.reference.row_sizes():
+            rows.append(tuple(matches[begin : begin + size]))
+            begin += size
+        profile = AcceptanceProfile(str(mask), tuple(rows), tuple(tuple(map(float, r)) for r in rows), 0.0)
+        prediction = predict(profile, mask, GAMMA_MAX, latency, context)
+        columns |= {
+            f"{mode}_first_skip_tokens_per_round": profile.tokens_per_round(GAMMA),
+            f"{mode}_first_skip_acceptance": round_stats([(GAMMA, n) for n in profile.rounds(GAMMA)])[1],
+            f"{mode}_first_skip_speedup_calibrated": prediction.calibrated[GAMMA - 1],
+        }
+    return columns
+
+
+# -- one row per mask ----------------------------------------------------------------------------
+
+
+def mask_row(
+    case: Case,
+    mask: SkipMask,
+    runs: EngineRuns,
+    profiles: dict[str, AcceptanceProfile],
+    rows: Sequence[int],
+    setup: Setup,
+    latency: LatencyProfile,
+    context: float,
+) -> dict[str, Any]:
+    """Everything measured and predicted for one mask at γ = GAMMA."""
+    results = runs.ssd[case.label]
+    summary = Summary.of(results)
+    prefills = [prefill_estimate([runs.ssd[label][i] for label in runs.ssd]) for i in range(len(rows))]
+    ar_seconds = sum(
+        statistics.fmean(decode_seconds(r, prefills[i]) for r in ar) for i, ar in enumerate(runs.ar)
+    )
+    ar_e2e = sum(statistics.fmean(r.seconds for r in ar) for ar in runs.ar)
+    ar_tokens = sum(len(ar[0].tokens) for ar in runs.ar)
+    ssd_seconds = sum(decode_seconds(r, 0.0) for r in results)
+    full_rounds = [t for r in results for t in r.timings if t.gamma == GAMMA]
+    closed = SelfSpeculative.from_mask(mask)
+    calibrated = Calibrated(latency, mask, context)
+    weights = latency.weights(context)
+    row: dict[str, Any] = {
+        "label": case.label,
+        "kind": case.kind,
+        "mask": str(mask),
+        "s1": mask.first_divergent_layer,
+        "r_draft": mask.r_draft(),
+        "r_draft_time": mask.r_draft(weights),
+        "r_reuse": closed.r_reuse,
+        "gamma": GAMMA,
+        "lossless": all(r.tokens == ar[0].tokens for r, ar in zip(results, runs.ar, strict=True)),
+        "engine_rounds": summary.rounds,
+        "engine_tokens_per_round": summary.tokens_per_round,
+        "engine_acceptance": summary.acceptance,
+    }
+    for mode, profile in profiles.items():
+        tpr = profile.tokens_per_round(GAMMA)
+        replay_tpr, replay_acc = round_stats(
+            [r for matches in profile.greedy_match for r in replay(matches, GAMMA, setup.spec.new_tokens)]
+        )
+        prediction = predict(profile, mask, GAMMA_MAX, latency, context)
+        depth = disagreement(results, rows, profile, GAMMA)
+        row |= {
+            f"{mode}_tokens_per_round": tpr,
+            f"{mode}_replay_tokens_per_round": replay_tpr,
+            f"{mode}_acceptance": round_stats([(GAMMA, n) for n in profile.rounds(GAMMA)])[1],
+            f"{mode}_replay_acceptance": replay_acc,
+            f"{mode}_alpha_all_positions": profile.alpha,
+            **{f"{mode}_disagree_depth{d + 1}": v for d, v in enumerate(depth)},
+            f"{mode}_speedup_closed": prediction.closed_form[GAMMA - 1],
+            f"{mode}_speedup_calibrated": prediction.calibrated[GAMMA - 1],
+            f"{mode}_best_gamma_calibrated": prediction.best_calibrated.gamma,
+            f"{mode}_best_speedup_calibrated": prediction.best_calibrated.speedup,
+        }
+    ar_step = ar_seconds / ar_tokens
+    row |= {
+        "ar_tokens_per_s": ar_tokens / ar_seconds,
+        "ssd_tokens_per_s": summary.tokens / ssd_seconds,
+        "speedup_end_to_end": ar_e2e / sum(r.seconds for r in results),
+        "speedup_decode": ar_seconds / ssd_seconds,
+        "round_cost_measured": statistics.fmean(t.total for t in full_rounds) / ar_step,
+        "round_cost_closed": closed.round_cost(GAMMA),
+        "round_cost_calibrated": calibrated.round_cost(GAMMA),
+        **phase_costs(full_rounds, ar_step, closed, calibrated),
+        "engineE_speedup_closed": summary.tokens_per_round / closed.round_cost(GAMMA),
+        "engineE_speedup_calibrated": summary.tokens_per_round / calibrated.round_cost(GAMMA),
+    }
+    return row
+
+
+def phase_costs(
+    rounds: Sequence[RoundTiming], ar_step: float, closed: SelfSpeculative, calibrated: Calibrated
+) -> dict[str, float]:
+    """A γ-round's draft, verify and overhead (accept/sample + cache + other), in autoregressive steps.
+
+    Measured from the engine's timings; calibrated from `Calibrated.round_time`; closed form
+    `γ r_draft`, `1 - r_reuse` and no overhead.
+    """
+    step = calibrated.latency.step_time(calibrated.context)
+    predicted = calibrated.round_time(GAMMA)
+    return {
+        "draft_measured": statistics.fmean(t.draft for t in rounds) / ar_step,
+        "draft_calibrated": predicted.draft / step,
+        "draft_closed": GAMMA * closed.r_draft,
+        "verify_measured": statistics.fmean(t.verify for t in rounds) / ar_step,
+        "verify_calibrated": predicted.verify / step,
+        "verify_closed": 1.0 - closed.r_reuse,
+        "overhead_measured": statistics.fmean(t.sample + t.cache + t.other for t in rounds) / ar_step,
+        "overhead_calibrated": predicted.overhead / step,
+    }
+
+
+# -- statistics, plot, report --------------------------------------------------------------------
+
+
+def error_table(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str, ErrorStats]]:
+    """(quantity, prediction, stats) for every comparison the README reports."""
+
+    def stats(predicted: str, measured: str) -> ErrorStats:
+        return ErrorStats.of([r[predicted] for r in rows], [r[measured] for r in rows])
+
+    table = []
+    for mode in MODES:
+        table.append(
+            ("tokens/round", f"{mode}", stats(f"{mode}_tokens_per_round", "engine_tokens_per_round"))
+        )
+    for mode in MODES:
+        table.append(
+            (
+                "tokens/round",
+                f"{mode}, engine end rule",
+                stats(f"{mode}_replay_tokens_per_round", "engine_tokens_per_round"),
+            )
+        )
+    for mode in MODES:
+        table.append(
+            (
+                "tokens/round",
+                f"{mode}, started at first skip",
+                stats(f"{mode}_first_skip_tokens_per_round", "engine_tokens_per_round"),
+            )
+        )
+    for mode in MODES:
+        table.append(("acceptance", f"{mode}", stats(f"{mode}_acceptance", "engine_acceptance")))
+    for mode in MODES:
+        table.append(
+            (
+                "acceptance",
+                f"{mode}, started at first skip",
+                stats(f"{mode}_first_skip_acceptance", "engine_acceptance"),
+            )
+        )
+    for mode in MODES:
+        for form in FORMS:
+            table.append(("speedup", f"{mode} × {form}", stats(f"{mode}_speedup_{form}", "speedup_decode")))
+    table.append(
+        (
+            "speedup",
+            "shared-kv, started at first skip × calibrated",
+            stats("shared-kv_first_skip_speedup_calibrated", "speedup_decode"),
+        )
+    )
+    for form in FORMS:
+        table.append(("speedup", f"engine E × {form}", stats(f"engineE_speedup_{form}", "speedup_decode")))
+        table.append(("round cost", form, stats(f"round_cost_{form}", "round_cost_measured")))
+    return table
+
+
+def _diagonal(ax: plt.Axes, values: Sequence[float], band: float | None = None) -> None:
+    low, high = min(values) * 0.95, max(values) * 1.05
+    line = np.array([low, high])
+    ax.plot(line, line, "k-", lw=1, label="y = x")
+    if band is not None:
+        ax.fill_between(line, line * (1 - band), line * (1 + band), color="0.85", label=f"±{band:.0%}")
+    ax.set(xlim=(low, high), ylim=(low, high))
+
+
+def save_plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
+    fig, axes = plt.subplots(1, 3, figsize=(19, 6.6), layout="constrained")
+    measured = [r["engine_tokens_per_round"] for r in rows]
+    ax = axes[0]
+    _diagonal(ax, measured + [r[f"{m}_tokens_per_round"] for r in rows for m in MODES], TARGET / 100)
+    for mode in MODES:
+        color, marker = MODE_STYLE[mode]
+        predicted = [r[f"{mode}_tokens_per_round"] for r in rows]
+        ax.scatter(measured, predicted, color=color, marker=marker, s=36, label=f"estimator {mode}", zorder=3)
+    ordered = sorted(rows, key=lambda r: r["engine_tokens_per_round"])
+    for index, r in enumerate(ordered):
+        right = index % 2 == 0  # alternate sides so neighbouring labels do not overprint
+        label = ax.annotate(
+            r["label"],
+            (r["engine_tokens_per_round"], r["shared-kv_tokens_per_round"]),
+            fontsize=7,
+            xytext=(6, -10) if right else (-6, 5),
+            ha="left" if right else "right",
+            textcoords="offset points",
+        )
+        label.set_in_layout(False)
+    fixed = [r for r in rows if r["shared-kv_first_skip_tokens_per_round"] != r["shared-kv_tokens_per_round"]]
+    if fixed:
+        ax.scatter(
+            [r["engine_tokens_per_round"] for r in fixed],
+            [r["shared-kv_first_skip_tokens_per_round"] for r in fixed],
+            facecolors="none",
+            edgecolors=MODE_STYLE["shared-kv"][0],
+            s=60,
+            label="shared-kv, started at the first skipped sub-layer",
+            zorder=3,
+        )
+    ax.set(
+        xlabel="engine tokens / round (measured)",
+        ylabel="estimator tokens / round (predicted)",
+        title=f"Tokens per round, γ = {GAMMA}",
+    )
+    ax.legend(fontsize=8, loc="upper left")
+
+    speedups = [r["speedup_decode"] for r in rows]
+    ax = axes[1]
+    shown = [r[f"{m}_speedup_{f}"] for r in rows for m in MODES for f in FORMS]
+    _diagonal(ax, speedups + shown)
+    for form in FORMS:
+        color, marker = FORM_STYLE[form]
+        for mode, fill in (("shared-kv", color), ("self", "none")):
+            ax.scatter(
+                speedups,
+                [r[f"{mode}_speedup_{form}"] for r in rows],
+                marker=marker,
+                s=36,
+                facecolors=fill,
+                edgecolors=color,
+                label=f"{form}, E from {mode}",
+                zorder=3,
+            )
+    ax.set(
+        xlabel="measured speedup (SSD / autoregressive, decode only)",
+        ylabel="predicted speedup",
+        title=f"Speedup at γ = {GAMMA}",
+    )
+    ax.legend(fontsize=8, loc="upper left")
+
+    ax = axes[2]
+    costs = [r["round_cost_measured"] for r in rows]
+    _diagonal(ax, costs + [r[f"round_cost_{f}"] for r in rows for f in FORMS])
+    for form in FORMS:
+        color, marker = FORM_STYLE[form]
+        ax.scatter(
+            costs,
+            [r[f"round_cost_{form}"] for r in rows],
+            color=color,
+            marker=marker,
+            s=36,
+            label=form,
+            zorder=3,
+        )
+    ax.set(
+        xlabel="measured round time / autoregressive step",
+        ylabel="predicted round cost",
+        title=f"Cost of one γ = {GAMMA} round (the cost model alone)",
+    )
+    ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(
+    rows: Sequence[dict[str, Any]], errors: list[tuple[str, str, ErrorStats]], meta: dict[str, Any]
+) -> str:
+    by = {(quantity, label): stats for quantity, label, stats in errors}
+    tpr = {mode: by["tokens/round", mode] for mode in MODES}
+    default = min(MODES, key=lambda mode: (tpr[mode].mean_abs, mode != "shared-kv"))
+    other = next(m for m in MODES if m != default)
+    met = {mode: tpr[mode].max_abs <= TARGET for mode in MODES}
+    fixed = by["tokens/round", "shared-kv, started at first skip"]
+    contiguous = [r for r in rows if r["kind"] == "contiguous"]
+    sparse = [r for r in rows if r["kind"] != "contiguous"]
+    depth = {
+        mode: [statistics.fmean(r[f"{mode}_disagree_depth{d}"] for r in sparse) for d in range(1, GAMMA + 1)]
+        for mode in MODES
+    }
+    mask_rows = [
+        [
+            r["label"],
+            f"`{r['mask']}`",
+            str(r["s1"]),
+            fmt(r["engine_tokens_per_round"]),
+            *(fmt(r[f"{m}_tokens_per_round"]) for m in MODES),
+            fmt(r["engine_acceptance"]),
+            *(fmt(r[f"{m}_acceptance"]) for m in MODES),
+            "yes" if r["lossless"] else "**NO**",
+        ]
+        for r in rows
+    ]
+    speed_rows = [
+        [
+            r["label"],
+            fmt(r["speedup_decode"], ".2f"),
+            fmt(r["speedup_end_to_end"], ".2f"),
+            fmt(r["shared-kv_speedup_closed"], ".2f"),
+            fmt(r["shared-kv_speedup_calibrated"], ".2f"),
+            fmt(r["engineE_speedup_calibrated"], ".2f"),
+            fmt(r["round_cost_measured"], ".2f"),
+            fmt(r["round_cost_closed"], ".2f"),
+            fmt(r["round_cost_calibrated"], ".2f"),
+            f"{r['shared-kv_best_gamma_calibrated']} ({r['shared-kv_best_speedup_calibrated']:.2f})",
+        ]
+        for r in rows
+    ]
+    phase_rows = [
+        [r["label"], *(_triple(r, part) for part in ("draft", "verify", "overhead", "round_cost"))]
+        for r in rows
+    ]
+    error_rows = [stats.row(f"{quantity}: {label}") for quantity, label, stats in errors]
+    lines = [
+        f"# Fidelity: estimator and cost model vs the SSD engine — {MODEL}",
+        "",
+        f"Generated by `experiments/fidelity.py`. {meta['setup']}. Prompts: {len(meta['prompts'])} HumanEval "
+        f"prompts ({', '.join(map(str, meta['prompts']))} tokens), {meta['new_tokens']} new tokens, greedy, "
+        f"γ = {GAMMA}; the estimator's ReferenceCache is built from the same `PromptSpec`. "
+        f"Latency profile: `results/profile/profile.json` ({meta['profile_threads']} threads), "
+        f"priced at context {meta['context']:.0f}. {stamp_line(meta)}",
+        "",
+        "Engine tokens / round and acceptance come from one greedy decode per prompt and mask (they are "
+        "deterministic). Speedup is SSD over our autoregressive decode of the same prompt, decode time "
+        "only (the prefill, common to both, is removed; `end-to-end` keeps it); the autoregressive "
+        f"decode of each prompt ran before every block of {AR_EVERY} SSD decodes, with the mask order "
+        "rotating from prompt to prompt. Acceptance is counted as the engine counts it (accepted / "
+        "judged drafts), for the estimator from its simulated rounds.",
+        "",
+        "## Error statistics (relative error, predicted vs measured, over the masks)",
+        "",
+        *markdown_table(ErrorStats.HEADER, error_rows),
+        "",
+        "`engine end rule`: the estimator's own match vector replayed with the engine's handling of the "
+        "output's end (shrinking γ, no censoring) — what is left is the draft's K/V. `engine E × form`: "
+        "the cost model fed with the engine's measured tokens / round, i.e. the cost model alone.",
+        "",
+        "## Verdict",
+        "",
+        f"- **Default estimator mode: `{default}`** — mean absolute tokens/round error "
+        f"{tpr[default].mean_abs:.1f}% (bias {tpr[default].bias:+.1f}%) against "
+        f"{tpr[other].mean_abs:.1f}% (bias {tpr[other].bias:+.1f}%) for `{other}`. "
+        f"The CLI default is `shared-kv`: {'keep it' if default == 'shared-kv' else 'change it'}.",
+        f"- **Within-{TARGET:.0f}% target for tokens/round**: "
+        + "; ".join(
+            f"`{m}` {'met' if met[m] else 'not met'} (max {tpr[m].max_abs:.1f}%, "
+            f"{tpr[m].within_3}/{tpr[m].n} masks within)"
+            for m in MODES
+        )
+        + f"; `shared-kv` started at the first skipped sub-layer (see Why) max {fixed.max_abs:.1f}%, "
+        f"mean {fixed.mean_abs:.1f}%, {fixed.within_3}/{fixed.n} within.",
+        f"- Contiguous exits (both modes are the same computation there): max error "
+        f"{max(abs(_pct(r, 'shared-kv_tokens_per_round')) for r in contiguous):.1f}%. Sparse / sub-layer "
+        f"masks: mean disagreement with the engine on judged drafts by depth 1..{GAMMA}: "
+        + "; ".join(f"`{m}` " + " / ".join(f"{100 * v:.1f}%" for v in depth[m]) for m in MODES)
+        + ".",
+        "",
+        *discussion(rows, meta),
+        "",
+        "## Per mask: tokens per round and acceptance (γ = 3)",
+        "",
+        *markdown_table(
+            [
+                "mask",
+                "string",
+                "s1",
+                "engine E",
+                "shared-kv E",
+                "self E",
+                "engine acc",
+                "shared-kv acc",
+                "self acc",
+                "lossless",
+            ],
+            mask_rows,
+        ),
+        "",
+        "## Per mask: speedup (SSD / autoregressive) and round cost (in autoregressive steps)",
+        "",
+        *markdown_table(
+            [
+                "mask",
+                "measured",
+                "end-to-end",
+                "closed (shared-kv E)",
+                "calibrated (shared-kv E)",
+                "calibrated (engine E)",
+                "round cost measured",
+                "closed",
+                "calibrated",
+                "best γ calibrated",
+            ],
+            speed_rows,
+        ),
+        "",
+        "## Per mask: one γ = 3 round by phase, in autoregressive steps (measured / calibrated / closed)",
+        "",
+        *markdown_table(["mask", "draft", "verify", "overhead", "round"], phase_rows),
+        "",
+        "![predicted vs measured](fidelity.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def discussion(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    """Why the numbers look the way they do, each claim computed from the measured rows."""
+    follows = meta["follows_reference"]
+    contiguous = [r for r in rows if r["kind"] == "contiguous"]
+    sparse = [r for r in rows if r["kind"] != "contiguous"]
+    broken = [r for r in rows if r["shared-kv_disagree_depth1"] > 0]
+    fixed_key = "shared-kv_first_skip_tokens_per_round"
+    fixed = ErrorStats.of([r[fixed_key] for r in rows], [r["engine_tokens_per_round"] for r in rows])
+    over = [r for r in rows if abs(_pct(r, fixed_key)) > TARGET]
+    replay_gap = [_pct(r, "shared-kv_replay_tokens_per_round") for r in sparse]
+    contiguous_max = max(abs(_pct(r, "shared-kv_tokens_per_round")) for r in contiguous)
+    contiguous_replay = max(abs(_pct(r, "shared-kv_replay_tokens_per_round")) for r in contiguous)
+    closed = statistics.fmean(r["round_cost_measured"] / r["round_cost_closed"] for r in rows)
+    best = max(rows, key=lambda r: r["speedup_decode"])
+    cost = ErrorStats.of([r["round_cost_calibrated"] for r in rows], [r["round_cost_measured"] for r in rows])
+    engine_e = ErrorStats.of(
+        [r["engineE_speedup_calibrated"] for r in rows], [r["speedup_decode"] for r in rows]
+    )
+    worst = max(rows, key=lambda r: abs(r["round_cost_calibrated"] / r["round_cost_measured"] - 1))
+    depth1 = "- `shared-kv` is exact at depth 1 by construction, and the engine agrees on every depth-1 draft"
+    if broken:
+        depth1 += (
+            " except for "
+            + ", ".join(f"`{r['label']}` ({100 * r['shared-kv_disagree_depth1']:.1f}%)" for r in broken)
+            + ": an estimator bug, not a mode error. `Estimator.draft_logits` starts at `s1` from the full "
+            "model's hidden state there; when the first skip is an MLP at layer `l`, `s1 = l + 1` and that "
+            "state already includes MLP `l`, so the skip is dropped (a lone `m:5` scores α = 1). Started at "
+            "the first layer with any skipped sub-layer (`first_skip_columns`): "
+            + ", ".join(
+                f"`{r['label']}` {_pct(r, 'shared-kv_tokens_per_round'):+.1f}% → {_pct(r, fixed_key):+.1f}%"
+                for r in broken
+            )
+            + f"; over all masks mean {fixed.mean_abs:.1f}%, max {fixed.max_abs:.1f}%"
+        )
+    beyond = ", ".join(f"`{r['label']}` {_pct(r, fixed_key):+.1f}%" for r in over)
+    sparse_bias = statistics.fmean(_pct(r, "shared-kv_tokens_per_round") for r in sparse)
+    return [
+        "## Why",
+        "",
+        f"- Same trajectories: the engine's autoregressive output equals the reference continuation the "
+        f"estimator teacher-forces on {sum(follows)}/{len(follows)} prompts, and every SSD decode is "
+        "lossless, so estimator and engine judge the same tokens.",
+        f"- Contiguous exits are exact: max error {contiguous_max:.1f}%, {contiguous_replay:.1f}% once the "
+        "estimator's rounds follow the engine's end rule (the estimator drops a censored last round, the "
+        "engine shrinks γ). Both modes are one computation there: a prefix's K/V is the full model's.",
+        depth1 + ".",
+        "- What remains is the draft's K/V inside a round: from depth 2 on, the engine's draft attends to "
+        "its own scratch K/V for the round's earlier drafts (layers ≥ s1), while `shared-kv` gives it the "
+        "full model's K/V there. That is the better context, so `shared-kv` is optimistic "
+        f"(bias {sparse_bias:+.1f}% on sparse masks, {min(replay_gap):+.1f}% to {max(replay_gap):+.1f}% with "
+        "the engine's end rule)"
+        + (f"; beyond {TARGET:.0f}% even after the fix: {beyond}" if over else "")
+        + ". `self` errs the other way and by more: its draft reads its own K/V at *every* earlier "
+        "position, which the engine never does (verify rewrites layers ≥ s1 with the full model's K/V).",
+        "- Closing the gap: a round-aware `shared-kv` — own K/V visible causally within each simulated "
+        "round instead of only at the current position, round starts iterated to a fixed point — would be "
+        "exact for the engine at one γ, at the price of one evaluation per γ.",
+        f"- Speedup: no mask beats autoregressive decoding on this CPU at γ = {GAMMA} (best "
+        f"`{best['label']}` {best['speedup_decode']:.2f}×). The closed form prices a round at "
+        f"{1 / closed:.2f}× its measured cost on average, so it overestimates every speedup: it counts "
+        "layers, but a draft step also pays the LM head (17% of a step here) and a (γ+1)-position verify "
+        "pass costs ~1.5 single steps on a CPU (compute-bound), not 1. The calibrated model prices both: "
+        f"round cost within {cost.mean_abs:.1f}% on average (max {cost.max_abs:.1f}%, `{worst['label']}`), "
+        f"speedup from the engine's tokens/round within {engine_e.mean_abs:.1f}% — although the profile was "
+        "measured with 2 threads and this run used 1 (round costs are ratios of times under one load).",
+    ]
+
+
+def _triple(row: dict[str, Any], part: str) -> str:
+    closed = row.get(f"{part}_closed", 0.0)
+    return f"{row[f'{part}_measured']:.2f} / {row[f'{part}_calibrated']:.2f} / {closed:.2f}"
+
+
+def _pct(row: dict[str, Any], key: str) -> float:
+    return 100.0 * (row[key] - row["engine_tokens_per_round"]) / row["engine_tokens_per_round"]
+
+
+def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Estimator profiles of every mask in both modes, then the interleaved engine runs."""
+    setup_line = configure(args.threads)
+    stamp = Stamp()
+    spec = PromptSpec("humaneval", args.n_prompts, max_prompt_tokens=512, new_tokens=args.new_tokens)
+    setup = load(spec, "shared-kv")
+    latency = LatencyProfile.load(PROFILE)
+    masks = {case.label: case.build(setup.runner.num_layers) for case in CASES}
+    rows_index = reference_rows(setup)
+    modes = {e.mode: e for e in estimators(setup.estimator_data)}
+    profiles = {label: {m: modes[m].evaluate(mask, 0.0) for m in MODES} for label, mask in masks.items()}
+    runs = run_engine(setup, masks, GAMMA)
+    continuations = reference_continuations(setup, rows_index)
+    follows = [ar[0].tokens == c for ar, c in zip(runs.ar, continuations, strict=True)]
+    context = statistics.fmean(len(p) for p in setup.prompts) + spec.new_tokens / 2
+    rows = [
+        mask_row(case, masks[case.label], runs, profiles[case.label], rows_index, setup, latency, context)
+        | first_skip_columns(modes, masks[case.label], latency, context)
+        for case in CASES
+    ]
+    meta = {
+        "setup": setup_line,
+        "prompts": [len(p) for p in setup.prompts],
+        "new_tokens": spec.new_tokens,
+        "profile_threads": latency.meta.get("threads"),
+        "context": context,
+        "follows_reference": follows,
+        **stamp.finish(),
+    }
+    return rows, meta
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch intra-op threads")
+    parser.add_argument("--n-prompts", type=int, default=N_PROMPTS, help="HumanEval prompts")
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="tokens per decode")
+    parser.add_argument("--out", type=Path, default=OUT, help="output folder (default %(default)s)")
+    parser.add_argument(
+        "--report-only", action="store_true", help="rewrite README and plot from the saved measurements.json"
+    )
+    args = parser.parse_args()
+    saved = args.out / "measurements.json"
+    if args.report_only:
+        data = json.loads(saved.read_text())
+        rows, meta = data["rows"], data["meta"]
+    else:
+        rows, meta = measure(args)
+        args.out.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps({"rows": rows, "meta": meta}, indent=1))
+    errors = error_table(rows)
+    write_csv(args.out / "fidelity.csv", rows)
+    write_csv(args.out / "errors.csv", [{"quantity": q, "prediction": p, **vars(s)} for q, p, s in errors])
+    title = (
+        f"{MODEL}: estimator and cost model vs the SSD engine ({len(rows)} masks, "
+        f"{len(meta['prompts'])} HumanEval prompts × {meta['new_tokens']} tokens, greedy)"
+    )
+    save_plot(rows, args.out / "fidelity.png", title)
+    (args.out / "README.md").write_text(report(rows, errors, meta))
+    logging.getLogger("fidelity").info("wrote %s", args.out)
+
+
+if __name__ == "__main__":
+    main()

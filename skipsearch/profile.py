@@ -11,6 +11,8 @@ Noise control, since two runs must agree: every sample is one whole forward in e
 each sub-layer's weights are as cold in the CPU caches as in real decoding; the (context, positions)
 passes are shuffled within each repeat, so a slow spell of the machine spreads over all entries
 instead of biasing one; the garbage collector is paused; each entry keeps the median and the IQR.
+No statistic rescues a CPU that other processes keep busy — every parallel kernel then stalls — so
+such a run is flagged by its spread instead.
 
 Imports torch only inside the measuring functions: `measure` imports `default_profile_path`.
 """
@@ -18,7 +20,6 @@ Imports torch only inside the measuring functions: `measure` imports `default_pr
 from __future__ import annotations
 
 import copy
-import functools
 import gc
 import itertools
 import logging
@@ -53,9 +54,7 @@ DEFAULT_POSITIONS = tuple(range(1, 10))
 DEFAULT_REPEATS = 20
 DEFAULT_WARMUP = 2
 SUMMARY_GAMMAS = tuple(range(1, 9))
-DISTURBED = 1.5  # a pass this much slower than the fastest of its kind was disturbed
-ATTEMPTS = 4  # tries per pass before keeping a disturbed one
-BUSY_SHARE = 0.1  # warn when more passes than this were disturbed
+NOISY = 1.0  # typical IQR / median of a sub-layer above which the device was busy
 
 Sync = Callable[[], None]
 
@@ -100,10 +99,6 @@ class PassTimes:
     mlp: tuple[float, ...]
     head: float
 
-    @property
-    def total(self) -> float:
-        return self.embed + sum(self.attn) + sum(self.mlp) + self.head
-
 
 @dataclass(frozen=True)
 class _Samples:
@@ -119,11 +114,12 @@ class _Samples:
         shape = (contexts, positions, repeats)
         return cls(np.zeros(shape), np.zeros(shape), np.zeros((layers, *shape)), np.zeros((layers, *shape)))
 
-    def record(self, context: int, positions: int, repeat: int, times: PassTimes) -> None:
-        self.embed[context, positions, repeat] = times.embed
-        self.head[context, positions, repeat] = times.head
-        self.attn[:, context, positions, repeat] = times.attn
-        self.mlp[:, context, positions, repeat] = times.mlp
+    def record(self, c: int, k: int, repeat: int, times: PassTimes) -> None:
+        """Store one pass at context index `c`, positions index `k`."""
+        self.embed[c, k, repeat] = times.embed
+        self.head[c, k, repeat] = times.head
+        self.attn[:, c, k, repeat] = times.attn
+        self.mlp[:, c, k, repeat] = times.mlp
 
     def reduce(self, statistic: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
         """Each table reduced over its repeats, as the nested lists `LatencyProfile` stores."""
@@ -208,15 +204,15 @@ def _pass_setup(
     return hidden, rotary, [masks[kind] for kind in runner.layer_types]
 
 
-def time_pass(runner: LayerwiseRunner, cache: Any, context: int, ids: torch.Tensor, sync: Sync) -> PassTimes:
-    """Time each part of one full forward over `ids` after `context` cached positions.
+def time_pass(runner: LayerwiseRunner, cache: Any, ids: torch.Tensor, sync: Sync) -> PassTimes:
+    """Time each part of one full forward over `ids` after the positions `cache` holds.
 
     Each attention call appends its `k` positions to its layer's cache, as a real pass does; the
-    crop right after (outside the clock) takes them off again, so every sample sees `context`.
+    crop right after (outside the clock) takes them off again, so every sample sees one context.
     """
     import torch
 
-    positions = ids.shape[1]
+    context, positions = cache.get_seq_length(), ids.shape[1]
     position_ids = torch.arange(context, context + positions, device=runner.device)[None]
     with torch.no_grad():
         (hidden, rotary, masks), embed = _timed(sync, _pass_setup, runner, ids, position_ids, cache)
@@ -231,54 +227,44 @@ def time_pass(runner: LayerwiseRunner, cache: Any, context: int, ids: torch.Tens
     return PassTimes(embed, tuple(attn), tuple(mlp), head)
 
 
-def _undisturbed_pass(time_once: Callable[[], PassTimes], fastest: float) -> tuple[PassTimes, int]:
-    """Re-time a pass that ran `DISTURBED` times slower than the fastest of its kind; return the tries.
-
-    Another process only ever adds time, and on a shared CPU it stalls every parallel kernel, so
-    such a pass measures the neighbours, not the model. On an idle machine nothing is re-timed.
-    """
-    times, tries = time_once(), 1
-    while times.total > DISTURBED * fastest and tries < ATTEMPTS:
-        times, tries = time_once(), tries + 1
-    return times, tries
-
-
 def _time_passes(
     runner: LayerwiseRunner,
     caches: Sequence[Any],
-    contexts: Sequence[int],
     positions: Sequence[int],
     repeats: int,
     warmup: int,
     sync: Sync,
     generator: torch.Generator,
 ) -> _Samples:
-    """`warmup + repeats` rounds over every (context, positions) pair, shuffled within each round."""
-    grid = list(itertools.product(range(len(contexts)), range(len(positions))))
-    samples = _Samples.empty(runner.num_layers, len(contexts), len(positions), repeats)
-    fastest = np.full((len(contexts), len(positions)), np.inf)
+    """`warmup + repeats` rounds over every (cache, positions) pair, shuffled within each round."""
+    grid = list(itertools.product(range(len(caches)), range(len(positions))))
+    samples = _Samples.empty(runner.num_layers, len(caches), len(positions), repeats)
     order = np.random.default_rng(int(generator.initial_seed()))
-    retimed = 0
     with progress_bar("profile: timing forward passes", (warmup + repeats) * len(grid)) as bar:
         for repeat in range(-warmup, repeats):
             for index in order.permutation(len(grid)):
                 c, k = grid[index]
                 ids = _random_ids(runner, positions[k], generator)
-                once = functools.partial(time_pass, runner, caches[c], contexts[c], ids, sync)
-                times, tries = _undisturbed_pass(once, fastest[c, k])
-                fastest[c, k] = min(fastest[c, k], times.total)
-                retimed += tries > 1
+                times = time_pass(runner, caches[c], ids, sync)
                 if repeat >= 0:
                     samples.record(c, k, repeat, times)
                 bar.advance(bar.task_ids[0])
-    if retimed > BUSY_SHARE * (warmup + repeats) * len(grid):
-        log.warning(
-            "the device was busy: %d passes ran over %.1fx their fastest and were re-timed; "
-            "for a stable profile stop other work on it and re-run",
-            retimed,
-            DISTURBED,
-        )
     return samples
+
+
+def _warn_if_noisy(samples: _Samples) -> None:
+    """Flag a profile taken on a busy device: its medians measure the neighbours, not the model.
+
+    On an idle CPU a sub-layer's IQR is about a quarter of its median; when other processes share
+    the cores every parallel kernel stalls and the IQR exceeds the median itself.
+    """
+    noise = float(np.median(_iqr(samples.attn) / _median(samples.attn)))
+    if noise > NOISY:
+        log.warning(
+            "timings are noisy (typical IQR is %.1fx the median): other work is probably running on "
+            "this device; stop it and re-run for a profile that repeats",
+            noise,
+        )
 
 
 def round_bookkeeping(draft_logits: Sequence[torch.Tensor], verify_logits: torch.Tensor, cache: Any) -> int:
@@ -399,7 +385,8 @@ def measure_latency(
     started = time.perf_counter()
     with _gc_paused():
         caches = [prefill_cache(runner, context, generator) for context in contexts]
-        samples = _time_passes(runner, caches, contexts, steps, repeats, warmup, sync, generator)
+        samples = _time_passes(runner, caches, steps, repeats, warmup, sync, generator)
+        _warn_if_noisy(samples)
         gammas = range(1, steps[-1])
         overhead = _time_round_overhead(runner, caches[0], gammas, repeats, warmup, sync, generator)
     log.info("profiled %d layers in %.1f s", runner.num_layers, time.perf_counter() - started)

@@ -17,6 +17,8 @@ from skipsearch.models import loading
 from skipsearch.models.loading import LoadedModel
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.profile import (
+    _Samples,
+    _warn_if_noisy,
     default_profile_path,
     measure_latency,
     prefill_cache,
@@ -85,7 +87,7 @@ def test_timed_passes_leave_the_cache_at_the_context_length(family: str) -> None
     cache = prefill_cache(runner, 24, torch.Generator().manual_seed(0))
     for positions in POSITIONS:
         ids = torch.randint(0, 61, (1, positions))
-        times = time_pass(runner, cache, 24, ids, lambda: None)
+        times = time_pass(runner, cache, ids, lambda: None)
         assert len(times.attn) == len(times.mlp) == runner.num_layers
         assert cache.get_seq_length() == 24
         assert all(layer.get_seq_length() == 24 for layer in cache.layers)
@@ -98,7 +100,7 @@ def test_timed_pass_is_a_real_forward(runner: LayerwiseRunner, monkeypatch: pyte
     logits: list[torch.Tensor] = []
     head = runner.head
     monkeypatch.setattr(runner, "head", lambda hidden: logits.append(head(hidden)) or logits[-1])
-    time_pass(runner, cache, 8, ids, lambda: None)
+    time_pass(runner, cache, ids, lambda: None)
     assert torch.allclose(logits[0], runner.forward(ids, cache=cache), atol=1e-5)
 
 
@@ -125,6 +127,16 @@ def test_round_bookkeeping_counts_matches_and_crops_the_drafts(runner: Layerwise
 def test_bad_settings_are_config_errors(runner: LayerwiseRunner, options: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         measure_latency(runner, **options)
+
+
+def test_a_busy_device_is_flagged(caplog: pytest.LogCaptureFixture) -> None:
+    quiet = _Samples.empty(layers=2, contexts=1, positions=1, repeats=4)
+    quiet.attn[...] = [1.0, 1.1, 1.2, 1.3]
+    _warn_if_noisy(quiet)
+    assert not caplog.records
+    quiet.attn[...] = [1.0, 5.0, 30.0, 60.0]  # stalls of a shared CPU
+    _warn_if_noisy(quiet)
+    assert "noisy" in caplog.text
 
 
 # -- summary -------------------------------------------------------------------------------------
@@ -192,16 +204,17 @@ def tiny_loader(monkeypatch: pytest.MonkeyPatch, cache_in_tmp: Path) -> None:
 
 def test_cli_writes_the_profile_and_prints_the_summary(tiny_loader, capsys, tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
-    args = ["profile", "--model", "tiny", "--context-lengths", "8,16", "--repeats", "2", "--warmup", "0"]
+    args = ["profile", "--model", "tiny", "--context-lengths", "16,8", "--repeats", "1", "--warmup", "0"]
     assert cli.main([*args, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "Draft cost c" in printed and "f(γ)" in printed and str(out) in printed
+    assert "Draft cost c" in printed and "E/L" in printed and "f(γ)" in printed and str(out) in printed
     profile = LatencyProfile.load(out)
     assert (profile.context_lengths, profile.meta["model"]) == ((8, 16), "tiny")
 
 
 def test_cli_default_output_is_where_measure_looks(tiny_loader, capsys) -> None:
-    assert cli.main(["profile", "--model", "tiny", "--context-lengths", "8", "--repeats", "1"]) == 0
+    args = ["--model", "tiny", "--context-lengths", "8", "--repeats", "1", "--warmup", "0"]
+    assert cli.main(["profile", *args]) == 0
     assert LatencyProfile.load(default_profile_path("tiny", "cpu")).context_lengths == (8,)
 
 

@@ -138,7 +138,7 @@ def shown_exits(num_layers: int) -> list[int]:
 
 
 def draft_cost_table(digest: ProfileSummary) -> Table:
-    table = Table(title="Draft cost c of the contiguous draft [0, E) vs the naive E/L")
+    table = Table(title="Draft cost c = step of [0, E) / full step")
     table.add_column("E", justify="right")
     table.add_column("E/L", justify="right")
     for context in digest.context_lengths:
@@ -150,7 +150,7 @@ def draft_cost_table(digest: ProfileSummary) -> Table:
 
 
 def verify_cost_table(digest: ProfileSummary) -> Table:
-    table = Table(title="Verify cost f(γ): full pass over γ+1 positions / one decode step")
+    table = Table(title="f(γ) = pass of γ+1 positions / step")
     table.add_column("γ", justify="right")
     for context in digest.context_lengths:
         table.add_column(f"f @ {context}", justify="right")

@@ -45,15 +45,22 @@ class RunContext:
 
 
 def open_context(config: RunConfig) -> RunContext:
-    """Load the model and ReferenceCache; find the latency profile for the calibrated cost."""
+    """Load the model and ReferenceCache; find the latency profile for the calibrated cost.
+
+    The search space is resolved against the model's depth first, so infeasible constraints
+    fail before the reference build and before anything is written.
+    """
     import torch
     import transformers
 
     from skipsearch.costmodel import LatencyProfile
     from skipsearch.measurement import prepare
     from skipsearch.profile import default_profile_path
+    from skipsearch.spaces import load_space
 
-    measurement = prepare(config.measure)
+    space = load_space(config.space)
+    # Infeasible constraints depend on the depth: check them before any run file is written.
+    measurement = prepare(config.measure, check=space.resolve)
     latency_path = default_profile_path(config.measure.model, config.measure.device)
     latency = LatencyProfile.load(latency_path) if latency_path.is_file() else None
     provenance = {

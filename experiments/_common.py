@@ -7,6 +7,7 @@ The scripts run as `python experiments/<name>.py`, which puts this folder on `sy
 
 from __future__ import annotations
 
+import argparse
 import csv
 import logging
 import os
@@ -184,3 +185,14 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list
 
 def fmt(value: float | None, spec: str = ".3f") -> str:
     return "n/a" if value is None else format(value, spec)
+
+
+def experiment_parser(doc: str, out: Path) -> argparse.ArgumentParser:
+    """Options every engine experiment takes: thread count, output folder, report-only rerun."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch intra-op threads")
+    parser.add_argument("--out", type=Path, default=out, help="output folder (default %(default)s)")
+    parser.add_argument(
+        "--report-only", action="store_true", help="rewrite the outputs from the saved measurements.json"
+    )
+    return parser

@@ -35,7 +35,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from _common import (
-    DEFAULT_THREADS,
     MODEL,
     RESULTS,
     Setup,
@@ -43,6 +42,7 @@ from _common import (
     configure,
     decode_seconds,
     encode,
+    experiment_parser,
     load,
     markdown_table,
     prefill_estimate,
@@ -479,14 +479,9 @@ def measure(args: argparse.Namespace) -> tuple[list[BucketCeiling], dict[str, An
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch intra-op threads")
+    parser = experiment_parser(__doc__, OUT)
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="tokens per decode")
     parser.add_argument("--per-group", type=int, default=PER_GROUP, help="prompts per length group")
-    parser.add_argument("--out", type=Path, default=OUT, help="output folder (default %(default)s)")
-    parser.add_argument(
-        "--report-only", action="store_true", help="rewrite the outputs from the saved measurements.json"
-    )
     args = parser.parse_args()
     saved = args.out / "measurements.json"
     if args.report_only:

@@ -23,17 +23,16 @@ import json
 import logging
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from _common import (
-    DEFAULT_THREADS,
     MODEL,
     RESULTS,
     Setup,
     Stamp,
     configure,
+    experiment_parser,
     fmt,
     load,
     markdown_table,
@@ -328,15 +327,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch intra-op threads")
+    parser = experiment_parser(__doc__, OUT)
     parser.add_argument("--n-prompts", type=int, default=N_PROMPTS, help="HumanEval prompts")
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="tokens per decode")
     parser.add_argument("--repeats", type=int, default=REPEATS, help="interleaved timed passes")
-    parser.add_argument("--out", type=Path, default=OUT, help="output folder (default %(default)s)")
-    parser.add_argument(
-        "--report-only", action="store_true", help="rewrite the outputs from the saved measurements.json"
-    )
     args = parser.parse_args()
     saved = args.out / "measurements.json"
     if args.report_only:

@@ -38,7 +38,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from _common import (
-    DEFAULT_THREADS,
     MODEL,
     RESULTS,
     ErrorStats,
@@ -46,6 +45,7 @@ from _common import (
     Stamp,
     configure,
     decode_seconds,
+    experiment_parser,
     fmt,
     load,
     markdown_table,
@@ -759,14 +759,9 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch intra-op threads")
+    parser = experiment_parser(__doc__, OUT)
     parser.add_argument("--n-prompts", type=int, default=N_PROMPTS, help="HumanEval prompts")
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="tokens per decode")
-    parser.add_argument("--out", type=Path, default=OUT, help="output folder (default %(default)s)")
-    parser.add_argument(
-        "--report-only", action="store_true", help="rewrite README and plot from the saved measurements.json"
-    )
     args = parser.parse_args()
     saved = args.out / "measurements.json"
     if args.report_only:

@@ -7,7 +7,7 @@ Writes `results/profile/`:
 - `c_vs_naive.csv` and `.md`: `c` of the contiguous draft `[0, E)` for every exit `E` at each
   context length next to `E / L` (reference 001 §5.1), plus `f(γ)` and the round overhead.
 
-Run: `.venv/bin/python experiments/profile_smollm2.py` (about three minutes on two cores);
+Run: `.venv/bin/python experiments/profile_smollm2.py` (about four minutes on two idle cores);
 `--replot` redraws the outputs from the saved profile.json without measuring.
 """
 
@@ -150,7 +150,9 @@ def write_markdown(profile: LatencyProfile, digest: ProfileSummary, path: Path) 
         f"# Draft cost c vs E/L — {meta['model']} on {meta['device']} ({meta['dtype']})",
         "",
         f"Measured by `experiments/profile_smollm2.py`: torch {meta['torch']}, transformers "
-        f"{meta['transformers']}, {meta['threads']} threads, medians of {meta['repeats']} samples.",
+        f"{meta['transformers']}, {meta['threads']} threads, medians of {meta['repeats']} samples; "
+        f"1-minute load average {meta['load_average']:.1f} at the end (the profiler's own threads "
+        "count: more than that means other work shared the CPU).",
         "",
         f"`c` is the one-position step of the contiguous draft `[0, E)` — embedding, layers `< E`, "
         f"final norm + LM head — over a full step. At context {first} a full step takes "

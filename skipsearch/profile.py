@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_LENGTHS = (128, 512, 2048)
 DEFAULT_POSITIONS = tuple(range(1, 10))
-DEFAULT_REPEATS = 20
+DEFAULT_REPEATS = 40  # two idle-CPU runs then agree per sub-layer within ~15% (median SE ~3%)
 DEFAULT_WARMUP = 2
 SUMMARY_GAMMAS = tuple(range(1, 9))
 NOISY = 1.0  # typical IQR / median of a sub-layer above which the device was busy
@@ -357,6 +357,7 @@ def _meta(runner: LayerwiseRunner, model: str, repeats: int, warmup: int) -> dic
         "threads": torch.get_num_threads(),
         "repeats": repeats,
         "warmup": warmup,
+        "load_average": os.getloadavg()[0],  # ~threads when idle: more means the device was shared
     }
 
 
@@ -374,7 +375,7 @@ def measure_latency(
     For each context length and each number of new positions `k`: median (and IQR) seconds of
     embedding (+ rotary and mask), each attention and MLP sub-layer, and norm + head, over
     `repeats` samples after `warmup` discarded rounds. Round overhead is measured for every γ with
-    `γ + 1 <= max(positions)`. The 30-layer 135M model on a 2-core CPU takes about two minutes.
+    `γ + 1 <= max(positions)`. The 30-layer 135M model on an idle 2-core CPU takes about 3 minutes.
     """
     import torch
 

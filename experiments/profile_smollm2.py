@@ -67,7 +67,7 @@ def plot_per_layer(ax: plt.Axes, profile: LatencyProfile) -> None:
         ax.plot(layers, mlp, "--s", ms=3, color=color, label=f"MLP, context {context}")
     ax.set(xlabel="layer", ylabel="median ms", title="Per-layer sub-layer time, 1 position (a draft step)")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, loc="lower left")
 
 
 def plot_step_split(ax: plt.Axes, profile: LatencyProfile) -> None:

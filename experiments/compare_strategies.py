@@ -51,8 +51,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--qwen-budget", type=int, default=40, help="budget on qwen2.5-coder-0.5b")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--skip-smollm2", action="store_true", help="only the qwen comparison")
     args = parser.parse_args()
-    compare("smollm2-135m", args.budget, args.seeds, args.resume)
+    if not args.skip_smollm2:
+        compare("smollm2-135m", args.budget, args.seeds, args.resume)
     if available_offline(REGISTRY["qwen2.5-coder-0.5b"]):
         compare("qwen2.5-coder-0.5b", args.qwen_budget, args.seeds, args.resume)
 

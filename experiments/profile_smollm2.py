@@ -23,9 +23,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from _common import markdown_table
 
 from skipsearch.costmodel import LatencyProfile
 from skipsearch.profile import DEFAULT_REPEATS, ProfileSummary, save_profile, summary
+from skipsearch.profile_processes import DEFAULT_PROCESSES, profile_processes
 
 MODEL = "smollm2-135m"
 OUT = Path(__file__).resolve().parents[1] / "results" / "profile"
@@ -42,13 +44,9 @@ PART_LABELS = {
 log = logging.getLogger("profile_smollm2")
 
 
-def measure(repeats: int) -> LatencyProfile:
-    from skipsearch.models.loading import load_model
-    from skipsearch.models.runner import LayerwiseRunner
-    from skipsearch.profile import measure_latency
-
-    loaded = load_model(MODEL)
-    return measure_latency(LayerwiseRunner(loaded.model), repeats=repeats, model=loaded.model_id)
+def measure(repeats: int, processes: int) -> LatencyProfile:
+    """Exactly what `skipsearch profile --model smollm2-135m` measures."""
+    return profile_processes(MODEL, repeats=repeats, processes=processes)
 
 
 # -- plot ----------------------------------------------------------------------------------------
@@ -136,11 +134,6 @@ def write_csv(digest: ProfileSummary, path: Path) -> None:
             writer.writerow([exit_layer, f"{digest.naive(exit_layer):.4f}", *costs])
 
 
-def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
 def write_markdown(profile: LatencyProfile, digest: ProfileSummary, path: Path) -> None:
     meta, contexts = profile.meta, digest.context_lengths
     first = contexts[0]
@@ -168,21 +161,22 @@ def write_markdown(profile: LatencyProfile, digest: ProfileSummary, path: Path) 
         [str(e), f"{digest.naive(e):.3f}", *(f"{row[e - 1]:.3f}" for row in digest.draft_cost)]
         for e in digest.exits
     ]
-    lines += _markdown_table(["E", "E/L", *(f"c @ {c}" for c in contexts)], rows)
+    lines += markdown_table(["E", "E/L", *(f"c @ {c}" for c in contexts)], rows)
     lines += ["", "## Verify cost f(γ) = pass over γ+1 positions / one step", ""]
     rows = [[str(g), *(f"{row[i]:.3f}" for row in digest.verify_cost)] for i, g in enumerate(digest.gammas)]
-    lines += _markdown_table(["γ", *(f"f @ {c}" for c in contexts)], rows)
+    lines += markdown_table(["γ", *(f"f @ {c}" for c in contexts)], rows)
     lines += ["", "## Round overhead (sampling, acceptance, cache crop)", ""]
     rows = [
         [str(g), f"{s * MS:.3f}", f"{s / step.total:.4f}"] for g, s in sorted(profile.round_overhead.items())
     ]
-    lines += _markdown_table(["γ", "ms", f"/ step @ {first}"], rows)
+    lines += markdown_table(["γ", "ms", f"/ step @ {first}"], rows)
     path.write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="samples per entry")
+    parser.add_argument("--processes", type=int, default=DEFAULT_PROCESSES, help="fresh processes")
     parser.add_argument("--replot", action="store_true", help="redraw from the saved profile.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -191,7 +185,7 @@ def main() -> None:
     if args.replot:
         profile = LatencyProfile.load(profile_path)
     else:
-        profile = measure(args.repeats)
+        profile = measure(args.repeats, args.processes)
         save_profile(profile, profile_path)
     digest = summary(profile)
     save_plot(profile, digest, OUT / "per_layer_cost.png")

@@ -11,7 +11,9 @@ Noise control, since two runs must agree: every sample is one whole forward in e
 each sub-layer's weights are as cold in the CPU caches as in real decoding; the (context, positions)
 passes are shuffled within each repeat, so a slow spell of the machine spreads over all entries
 instead of biasing one; the garbage collector is paused; each entry keeps the median and the IQR.
-No statistic rescues a CPU that other processes keep busy — every parallel kernel then stalls — so
+A process's speed is itself partly a draw, so `skipsearch profile` spreads the samples over several
+fresh processes (`profile_processes`) and keeps the mean of their medians (`combine`). No
+statistic rescues a CPU that other processes keep busy — every parallel kernel then stalls — so
 such a run is flagged by its spread instead.
 
 Imports torch only inside the measuring functions: `measure` imports `default_profile_path`.
@@ -51,7 +53,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_LENGTHS = (128, 512, 2048)
 DEFAULT_POSITIONS = tuple(range(1, 10))
-DEFAULT_REPEATS = 40  # two idle-CPU runs then agree per sub-layer within ~15% (median SE ~3%)
+DEFAULT_REPEATS = 40  # over DEFAULT_PROCESSES processes: see results/profile/stability.md
 DEFAULT_WARMUP = 2
 SUMMARY_GAMMAS = tuple(range(1, 9))
 NOISY = 1.0  # typical IQR / median of a sub-layer above which the device was busy
@@ -101,7 +103,7 @@ class PassTimes:
 
 
 @dataclass(frozen=True)
-class _Samples:
+class Samples:
     """Every kept sample: `embed`/`head` `[context, positions, repeat]`, `attn`/`mlp` `[layer, ...]`."""
 
     embed: np.ndarray
@@ -110,7 +112,7 @@ class _Samples:
     mlp: np.ndarray
 
     @classmethod
-    def empty(cls, layers: int, contexts: int, positions: int, repeats: int) -> _Samples:
+    def empty(cls, layers: int, contexts: int, positions: int, repeats: int) -> Samples:
         shape = (contexts, positions, repeats)
         return cls(np.zeros(shape), np.zeros(shape), np.zeros((layers, *shape)), np.zeros((layers, *shape)))
 
@@ -235,12 +237,13 @@ def _time_passes(
     warmup: int,
     sync: Sync,
     generator: torch.Generator,
-) -> _Samples:
+    label: str,
+) -> Samples:
     """`warmup + repeats` rounds over every (cache, positions) pair, shuffled within each round."""
     grid = list(itertools.product(range(len(caches)), range(len(positions))))
-    samples = _Samples.empty(runner.num_layers, len(caches), len(positions), repeats)
+    samples = Samples.empty(runner.num_layers, len(caches), len(positions), repeats)
     order = np.random.default_rng(int(generator.initial_seed()))
-    with progress_bar("profile: timing forward passes", (warmup + repeats) * len(grid)) as bar:
+    with progress_bar(label, (warmup + repeats) * len(grid)) as bar:
         for repeat in range(-warmup, repeats):
             for index in order.permutation(len(grid)):
                 c, k = grid[index]
@@ -252,7 +255,7 @@ def _time_passes(
     return samples
 
 
-def _warn_if_noisy(samples: _Samples) -> None:
+def _warn_if_noisy(samples: Samples) -> None:
     """Flag a profile taken on a busy device: its medians measure the neighbours, not the model.
 
     On an idle CPU a sub-layer's IQR is about a quarter of its median; when other processes share
@@ -298,8 +301,8 @@ def _time_round_overhead(
     warmup: int,
     sync: Sync,
     generator: torch.Generator,
-) -> dict[int, float]:
-    """Median seconds of `round_bookkeeping` per γ, on logits of the model's real vocabulary size."""
+) -> dict[int, np.ndarray]:
+    """Seconds of `round_bookkeeping` per γ, on logits of the model's real vocabulary size."""
     import torch
 
     weight = runner.model.lm_head.weight
@@ -313,7 +316,7 @@ def _time_round_overhead(
             _, seconds = _timed(sync, round_bookkeeping, draft, verify, _shallow_copy(cache))
             if repeat >= 0:
                 samples[gamma].append(seconds)
-    return {gamma: float(np.median(times)) for gamma, times in samples.items()}
+    return {gamma: np.asarray(times) for gamma, times in samples.items()}
 
 
 def _axis(name: str, values: Iterable[int]) -> tuple[int, ...]:
@@ -340,7 +343,8 @@ def _check_settings(
         )
 
 
-def _meta(runner: LayerwiseRunner, model: str, repeats: int, warmup: int) -> dict[str, Any]:
+def process_meta(runner: LayerwiseRunner, model: str) -> dict[str, Any]:
+    """What the timings depend on, as seen from the measuring process."""
     import torch
     import transformers
 
@@ -355,10 +359,104 @@ def _meta(runner: LayerwiseRunner, model: str, repeats: int, warmup: int) -> dic
         "model": model,
         "num_layers": runner.num_layers,
         "threads": torch.get_num_threads(),
-        "repeats": repeats,
-        "warmup": warmup,
+    }
+
+
+@dataclass(frozen=True)
+class ProcessTimings:
+    """Every sample one process took: the forward-pass tables and the round overhead per γ."""
+
+    samples: Samples
+    overhead: dict[int, np.ndarray]
+
+
+def check_axes(
+    context_lengths: Iterable[int], positions: Iterable[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The context lengths and position counts, sorted and validated, before any model is touched."""
+    return _axis("context lengths", context_lengths), _axis("positions", positions)
+
+
+def measure_samples(
+    runner: LayerwiseRunner,
+    context_lengths: Iterable[int] = DEFAULT_CONTEXT_LENGTHS,
+    positions: Iterable[int] = DEFAULT_POSITIONS,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    seed: int = 0,
+    label: str = "profile: timing forward passes",
+) -> ProcessTimings:
+    """Time every part of a forward pass on `runner`'s device, and the per-round overhead.
+
+    For each context length and each number of new positions `k`: embedding (+ rotary and mask),
+    each attention and MLP sub-layer, and norm + head, `repeats` samples after `warmup` discarded
+    rounds. Round overhead is sampled for every γ with `γ + 1 <= max(positions)`.
+    """
+    import torch
+
+    contexts, steps = check_axes(context_lengths, positions)
+    _check_settings(runner, contexts, steps, repeats, warmup)
+    sync = _synchronizer(runner.device)
+    generator = torch.Generator().manual_seed(seed)
+    started = time.perf_counter()
+    with _gc_paused():
+        caches = [prefill_cache(runner, context, generator) for context in contexts]
+        samples = _time_passes(runner, caches, steps, repeats, warmup, sync, generator, label)
+        gammas = range(1, steps[-1])
+        overhead = _time_round_overhead(runner, caches[0], gammas, repeats, warmup, sync, generator)
+    log.info("timed %d layers in %.1f s", runner.num_layers, time.perf_counter() - started)
+    return ProcessTimings(samples, overhead)
+
+
+def _pooled(measurements: Sequence[ProcessTimings]) -> Samples:
+    """All processes' samples of each entry side by side, along the repeat axis."""
+    return Samples(
+        **{
+            name: np.concatenate([getattr(m.samples, name) for m in measurements], axis=-1)
+            for name in LatencyProfile.TABLES
+        }
+    )
+
+
+def combine(
+    measurements: Sequence[ProcessTimings],
+    meta: dict[str, Any],
+    context_lengths: Sequence[int],
+    positions: Sequence[int],
+) -> LatencyProfile:
+    """One profile from the measurements of one or more processes.
+
+    Each entry is the mean over processes of that process's median: robust to the odd stalled
+    sample within a process, and the expected cost over processes when their speeds differ (see
+    `profile_processes`). The spread is the IQR of all samples together.
+    """
+    pooled = _pooled(measurements)
+    _warn_if_noisy(pooled)
+    tables = {
+        name: np.mean([_median(getattr(m.samples, name)) for m in measurements], axis=0).tolist()
+        for name in LatencyProfile.TABLES
+    }
+    overhead = {
+        gamma: float(np.mean([np.median(m.overhead[gamma]) for m in measurements]))
+        for gamma in measurements[0].overhead
+    }
+    meta = {
+        **meta,
+        "repeats": pooled.embed.shape[-1],
+        "processes": len(measurements),
         "load_average": os.getloadavg()[0],  # ~threads when idle: more means the device was shared
     }
+    # Built from its JSON form, so the profile in memory equals the one `LatencyProfile.load` reads.
+    return LatencyProfile.from_dict(
+        {
+            "meta": meta,
+            "context_lengths": tuple(context_lengths),
+            "positions": tuple(positions),
+            **tables,
+            "spread": pooled.reduce(_iqr),
+            "round_overhead": overhead,
+        }
+    )
 
 
 def measure_latency(
@@ -370,38 +468,11 @@ def measure_latency(
     model: str = "",
     seed: int = 0,
 ) -> LatencyProfile:
-    """Time every part of a forward pass on `runner`'s device, and the per-round overhead.
-
-    For each context length and each number of new positions `k`: median (and IQR) seconds of
-    embedding (+ rotary and mask), each attention and MLP sub-layer, and norm + head, over
-    `repeats` samples after `warmup` discarded rounds. Round overhead is measured for every γ with
-    `γ + 1 <= max(positions)`. The 30-layer 135M model on an idle 2-core CPU takes about 3 minutes.
-    """
-    import torch
-
-    contexts, steps = _axis("context lengths", context_lengths), _axis("positions", positions)
-    _check_settings(runner, contexts, steps, repeats, warmup)
-    sync = _synchronizer(runner.device)
-    generator = torch.Generator().manual_seed(seed)
-    started = time.perf_counter()
-    with _gc_paused():
-        caches = [prefill_cache(runner, context, generator) for context in contexts]
-        samples = _time_passes(runner, caches, steps, repeats, warmup, sync, generator)
-        _warn_if_noisy(samples)
-        gammas = range(1, steps[-1])
-        overhead = _time_round_overhead(runner, caches[0], gammas, repeats, warmup, sync, generator)
-    log.info("profiled %d layers in %.1f s", runner.num_layers, time.perf_counter() - started)
-    # Built from its JSON form, so the profile in memory equals the one `LatencyProfile.load` reads.
-    return LatencyProfile.from_dict(
-        {
-            "meta": _meta(runner, model, repeats, warmup),
-            "context_lengths": contexts,
-            "positions": steps,
-            **samples.reduce(_median),
-            "spread": samples.reduce(_iqr),
-            "round_overhead": overhead,
-        }
-    )
+    """A LatencyProfile measured in this process (`profile_processes` spreads one over several)."""
+    contexts, steps = check_axes(context_lengths, positions)
+    measured = measure_samples(runner, contexts, steps, repeats, warmup, seed)
+    meta = {**process_meta(runner, model), "warmup": warmup}
+    return combine([measured], meta, contexts, steps)
 
 
 # -- what the profile says -----------------------------------------------------------------------

@@ -1,12 +1,14 @@
-"""Tiny randomly-initialised decoders for fast tests, built in-process (no downloads)."""
+"""Tiny randomly-initialised decoders and a tiny tokenizer for fast tests, built here (no downloads)."""
 
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -57,3 +59,31 @@ def direct_matches(model, reference, skipped):
 @pytest.fixture
 def llama():
     return tiny_model("llama")
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def make_tokenizer(chat_template: str | None = CHAT_TEMPLATE, bos: bool = False) -> PreTrainedTokenizerFast:
+    """A tiny byte-level BPE (any text encodes) trained here, so tests need no download.
+
+    A normalizer deletes `#`, so a prompt of only `#` encodes to zero tokens.
+    """
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.Replace("#", "")
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(
+        ["def add(a, b):\n    return a + b\n", "Write a poem about the sea."], trainer
+    )
+    if bos:
+        tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", chat_template=chat_template)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,8 +18,10 @@ from skipsearch.models import loading
 from skipsearch.models.loading import LoadedModel
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.profile import (
-    _Samples,
+    ProcessTimings,
+    Samples,
     _warn_if_noisy,
+    combine,
     default_profile_path,
     measure_latency,
     prefill_cache,
@@ -27,7 +30,8 @@ from skipsearch.profile import (
     summary,
     time_pass,
 )
-from tests.conftest import tiny_model
+from skipsearch.profile_processes import profile_processes
+from tests.conftest import make_tokenizer, tiny_model
 
 CONTEXTS = (8, 24)
 POSITIONS = (1, 2, 3, 4)
@@ -71,6 +75,7 @@ def test_profile_has_the_right_shapes_and_positive_times(measured: LatencyProfil
     assert min(measured.round_overhead.values()) > 0
     assert measured.meta["num_layers"] == 4
     assert (measured.meta["device"], measured.meta["model"], measured.meta["repeats"]) == ("cpu", "tiny", 3)
+    assert measured.meta["processes"] == 1
 
 
 def test_json_round_trip(measured: LatencyProfile, tmp_path: Path) -> None:
@@ -130,13 +135,68 @@ def test_bad_settings_are_config_errors(runner: LayerwiseRunner, options: dict, 
 
 
 def test_a_busy_device_is_flagged(caplog: pytest.LogCaptureFixture) -> None:
-    quiet = _Samples.empty(layers=2, contexts=1, positions=1, repeats=4)
+    quiet = Samples.empty(layers=2, contexts=1, positions=1, repeats=4)
     quiet.attn[...] = [1.0, 1.1, 1.2, 1.3]
     _warn_if_noisy(quiet)
     assert not caplog.records
     quiet.attn[...] = [1.0, 5.0, 30.0, 60.0]  # stalls of a shared CPU
     _warn_if_noisy(quiet)
     assert "noisy" in caplog.text
+
+
+# -- several processes ---------------------------------------------------------------------------
+
+
+def _measurement(attn: list[float], overhead: list[float]) -> ProcessTimings:
+    """One layer, one context, one position count; every table holds the `attn` samples."""
+    samples = Samples.empty(layers=1, contexts=1, positions=1, repeats=len(attn))
+    for table in (samples.embed, samples.head, samples.attn, samples.mlp):
+        table[...] = attn
+    return ProcessTimings(samples, {1: np.asarray(overhead)})
+
+
+def test_processes_are_combined_by_the_mean_of_their_medians() -> None:
+    """A fast process (median 1) and a slow one (median 3, one stalled sample) average to 2."""
+    fast, slow = _measurement([1.0, 1.0, 1.2], [0.1, 0.3]), _measurement([2.9, 3.0, 50.0], [0.5, 0.5])
+    profile = combine([fast, slow], {"model": "m", "num_layers": 1}, [8], [1])
+    assert profile.attn == ((((1.0 + 3.0) / 2,),),)
+    assert profile.embed == ((2.0,),) and profile.mlp == profile.attn
+    # The spread is the IQR of all six samples: 75th percentile 2.975, 25th 1.05.
+    assert profile.spread["attn"][0][0][0] == pytest.approx(2.975 - 1.05)
+    assert profile.round_overhead == {1: pytest.approx((0.2 + 0.5) / 2)}
+    assert (profile.meta["processes"], profile.meta["repeats"], profile.meta["model"]) == (2, 6, "m")
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama on disk with a tokenizer, so a fresh process can load it like any model."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama", layers=3).save_pretrained(path)
+    make_tokenizer().save_pretrained(path)
+    return path
+
+
+def test_profile_over_fresh_processes(tiny_model_dir: Path) -> None:
+    """Two spawned processes, two samples each: one profile of four samples per entry."""
+    profile = profile_processes(
+        str(tiny_model_dir), context_lengths=(8,), positions=(1, 2), repeats=3, warmup=0, processes=2
+    )
+    assert (profile.num_layers, profile.context_lengths, profile.positions) == (3, (8,), (1, 2))
+    assert (profile.meta["processes"], profile.meta["repeats"]) == (2, 4)  # ceil(3 / 2) each
+    assert np.asarray(profile.mlp).min() > 0 and profile.round_overhead[1] > 0
+
+
+def test_an_error_in_a_fresh_process_reaches_the_caller(tiny_model_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="256 positions"):
+        profile_processes(str(tiny_model_dir), context_lengths=(300,), repeats=2, processes=2)
+
+
+@pytest.mark.parametrize(
+    ("processes", "repeats", "message"), [(0, 4, "processes must be"), (5, 4, "at least")]
+)
+def test_bad_process_counts(processes: int, repeats: int, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        profile_processes("no-such-model", repeats=repeats, processes=processes)
 
 
 # -- summary -------------------------------------------------------------------------------------
@@ -205,6 +265,7 @@ def tiny_loader(monkeypatch: pytest.MonkeyPatch, cache_in_tmp: Path) -> None:
 def test_cli_writes_the_profile_and_prints_the_summary(tiny_loader, capsys, tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     args = ["profile", "--model", "tiny", "--context-lengths", "16,8", "--repeats", "1", "--warmup", "0"]
+    args += ["--processes", "1"]
     assert cli.main([*args, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "Draft cost c" in printed and "E/L" in printed and "f(γ)" in printed and str(out) in printed
@@ -213,7 +274,18 @@ def test_cli_writes_the_profile_and_prints_the_summary(tiny_loader, capsys, tmp_
 
 
 def test_cli_default_output_is_where_measure_looks(tiny_loader, capsys) -> None:
-    args = ["--model", "tiny", "--context-lengths", "8", "--repeats", "1", "--warmup", "0"]
+    args = [
+        "--model",
+        "tiny",
+        "--context-lengths",
+        "8",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--processes",
+        "1",
+    ]
     assert cli.main(["profile", *args]) == 0
     assert LatencyProfile.load(default_profile_path("tiny", "cpu")).context_lengths == (8,)
 
@@ -226,10 +298,12 @@ def test_cli_default_output_is_where_measure_looks(tiny_loader, capsys) -> None:
         (["--context-lengths", ""], "--context-lengths"),
         (["--repeats", "0"], "repeats"),
         (["--context-lengths", "4096"], "positions"),
+        (["--processes", "0"], "processes"),
+        (["--repeats", "2", "--processes", "3"], "at least processes"),
     ],
 )
 def test_cli_bad_arguments_are_one_line_errors(tiny_loader, capsys, args: list[str], message: str) -> None:
-    assert cli.main(["profile", "--model", "tiny", *args]) == 2
+    assert cli.main(["profile", "--model", "tiny", "--processes", "1", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("skipsearch: error:") and message in err and "\n" not in err
 
@@ -244,14 +318,15 @@ def test_cli_out_must_not_be_a_directory(tiny_loader, capsys, tmp_path: Path) ->
 
 @pytest.mark.integration
 def test_cli_on_the_embedded_model(tmp_path: Path, capsys) -> None:
-    """One short context, two repeats: the real command, file and summary in well under a minute."""
+    """One short context, two processes of one sample: the real command, file and summary in ~20 s."""
     out = tmp_path / "smollm2.json"
     args = ["--model", "smollm2-135m", "--context-lengths", "64", "--repeats", "2", "--warmup", "0"]
+    args += ["--processes", "2"]
     assert cli.main(["profile", *args, "--out", str(out)]) == 0
     profile = LatencyProfile.load(out)
     assert (profile.num_layers, profile.context_lengths) == (30, (64,))
     assert profile.positions == tuple(range(1, 10))
-    assert profile.meta["model"] == "smollm2-135m"
+    assert (profile.meta["model"], profile.meta["processes"]) == ("smollm2-135m", 2)
     digest = summary(profile)
     assert digest.draft_cost[0][-1] == pytest.approx(1.0)
     # Reference 001 §5.1: embedding and head make a one-layer draft cost far more than 1/L.

@@ -23,10 +23,10 @@ from skipsearch.profile import (
     DEFAULT_WARMUP,
     ProfileSummary,
     default_profile_path,
-    measure_latency,
     save_profile,
     summary,
 )
+from skipsearch.profile_processes import DEFAULT_PROCESSES, profile_processes
 
 MS = 1e3
 
@@ -48,7 +48,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--repeats", type=int, default=DEFAULT_REPEATS, help="timed samples per entry (default %(default)s)"
     )
     parser.add_argument(
-        "--warmup", type=int, default=DEFAULT_WARMUP, help="discarded rounds first (default %(default)s)"
+        "--processes",
+        type=int,
+        default=DEFAULT_PROCESSES,
+        help="fresh processes sharing the repeats, one after another: a process's speed is partly a "
+        "draw, the profile keeps their mean (default %(default)s)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=DEFAULT_WARMUP,
+        help="discarded rounds per process (default %(default)s)",
     )
     parser.add_argument("--out", help="profile.json to write (default: the cache `measure` reads)")
     parser.set_defaults(handler=run)
@@ -74,18 +84,16 @@ def output_path(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.models.loading import load_model
-    from skipsearch.models.runner import LayerwiseRunner
-
     contexts = context_lengths(args.context_lengths)
     out = output_path(args)
-    loaded = load_model(args.model, args.device, args.dtype)
-    profile = measure_latency(
-        LayerwiseRunner(loaded.model),
+    profile = profile_processes(
+        args.model,
+        args.device,
+        args.dtype,
         contexts,
         repeats=args.repeats,
         warmup=args.warmup,
-        model=loaded.model_id,
+        processes=args.processes,
     )
     save_profile(profile, out)
     render(profile, summary(profile))

@@ -1,0 +1,105 @@
+"""Profile in several fresh processes, one after another: a process's speed is partly a draw.
+
+On the 2-core CPU we develop on, the same sub-layer at 5–9 positions runs at one of two speeds
+that are fixed for the life of a process: SmolLM2's MLP at 6 positions takes about 1.1 ms in most
+processes and 1.5 ms in roughly one in four (attention at 5–9 positions shifts with it). Pinning
+threads (`OMP_PROC_BIND`) and transparent huge pages (`THP_MEM_ALLOC_ENABLE`) leave it as it is, so
+it is most likely the memory layout the process happened to get. A profile measured in one process
+is then right for that process only, and two runs of `skipsearch profile` disagreed by up to 40%.
+
+Whatever later decodes with the chosen mask runs in a process of its own, so the cost model wants
+the expected cost over processes: each of `processes` fresh interpreters takes `repeats /
+processes` samples, and the profile keeps the mean of their medians (`profile.combine`). They run
+one at a time: two at once would share the cores and time each other.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from skipsearch.costmodel import LatencyProfile
+from skipsearch.errors import ConfigError
+from skipsearch.profile import (
+    DEFAULT_CONTEXT_LENGTHS,
+    DEFAULT_POSITIONS,
+    DEFAULT_REPEATS,
+    DEFAULT_WARMUP,
+    ProcessTimings,
+    check_axes,
+    combine,
+    measure_samples,
+    process_meta,
+)
+
+DEFAULT_PROCESSES = 5
+
+
+def _measure_in_this_process(
+    model: str,
+    device: str,
+    dtype: str,
+    contexts: tuple[int, ...],
+    positions: tuple[int, ...],
+    repeats: int,
+    warmup: int,
+    seed: int,
+    label: str,
+) -> tuple[ProcessTimings, dict[str, Any]]:
+    """The body of one fresh process: load the model, take its samples, say what it ran on."""
+    from skipsearch.models.loading import load_model
+    from skipsearch.models.runner import LayerwiseRunner
+
+    loaded = load_model(model, device, dtype)
+    runner = LayerwiseRunner(loaded.model)
+    measured = measure_samples(runner, contexts, positions, repeats, warmup, seed, label)
+    return measured, process_meta(runner, loaded.model_id)
+
+
+def profile_processes(
+    model: str,
+    device: str = "cpu",
+    dtype: str = "auto",
+    context_lengths: Iterable[int] = DEFAULT_CONTEXT_LENGTHS,
+    positions: Iterable[int] = DEFAULT_POSITIONS,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    processes: int = DEFAULT_PROCESSES,
+    seed: int = 0,
+) -> LatencyProfile:
+    """Measure `model`'s LatencyProfile over `processes` fresh interpreters, `repeats` samples in all.
+
+    Each process gets its own seed (`seed + i`) and `warmup` discarded rounds; an error raised in
+    one (a context longer than the model allows, a hub model offline) reaches the caller as it is.
+    With `processes=1` the samples are taken in this process.
+    """
+    from skipsearch.models.loading import resolve_model_dir
+
+    contexts, steps = check_axes(context_lengths, positions)
+    if processes < 1:
+        raise ConfigError(f"processes must be >= 1, got {processes}")
+    if repeats < processes:
+        raise ConfigError(f"repeats ({repeats}) must be at least processes ({processes}): each takes a share")
+    if processes > 1:  # a bad --model fails before any process starts, and a GGUF is converted once
+        resolve_model_dir(model)
+    share = math.ceil(repeats / processes)
+    measurements: list[ProcessTimings] = []
+    meta: dict[str, Any] = {}
+    for index in range(processes):
+        label = f"profile: process {index + 1}/{processes}"
+        settings = (contexts, steps, share, warmup, seed + index, label)
+        measured, meta = _run(processes > 1, model, device, dtype, *settings)
+        measurements.append(measured)
+    return combine(measurements, {**meta, "warmup": warmup}, contexts, steps)
+
+
+def _run(fresh: bool, *arguments: Any) -> tuple[ProcessTimings, dict[str, Any]]:
+    """One measurement, in a new interpreter when `fresh` (a lone process may as well be this one)."""
+    if not fresh:
+        return _measure_in_this_process(*arguments)
+    spawn = multiprocessing.get_context("spawn")  # a fork would inherit this process's memory layout
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+        return pool.submit(_measure_in_this_process, *arguments).result()

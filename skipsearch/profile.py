@@ -418,6 +418,12 @@ def _pooled(measurements: Sequence[ProcessTimings]) -> Samples:
     )
 
 
+def _pass_median(samples: Samples) -> float:
+    """Median seconds of a whole pass (every part summed) at the first context and the last positions."""
+    parts = [samples.embed, samples.head, *samples.attn, *samples.mlp]
+    return float(np.median(sum(part[0, -1] for part in parts)))
+
+
 def combine(
     measurements: Sequence[ProcessTimings],
     meta: dict[str, Any],
@@ -444,6 +450,8 @@ def combine(
         **meta,
         "repeats": pooled.embed.shape[-1],
         "processes": len(measurements),
+        # Each process's full pass at the shortest context and the most positions: its speed draw.
+        "process_pass_ms": [round(1e3 * _pass_median(m.samples), 3) for m in measurements],
         "load_average": os.getloadavg()[0],  # ~threads when idle: more means the device was shared
     }
     # Built from its JSON form, so the profile in memory equals the one `LatencyProfile.load` reads.

@@ -35,7 +35,7 @@ from skipsearch.profile import (
     process_meta,
 )
 
-DEFAULT_PROCESSES = 5
+DEFAULT_PROCESSES = 10
 
 
 def _measure_in_this_process(

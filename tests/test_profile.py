@@ -165,6 +165,8 @@ def test_processes_are_combined_by_the_mean_of_their_medians() -> None:
     assert profile.spread["attn"][0][0][0] == pytest.approx(2.975 - 1.05)
     assert profile.round_overhead == {1: pytest.approx((0.2 + 0.5) / 2)}
     assert (profile.meta["processes"], profile.meta["repeats"], profile.meta["model"]) == (2, 6, "m")
+    # A pass is embed + head + attn + mlp: 4 x 1 ms in the fast process, 4 x 3 ms in the slow one.
+    assert profile.meta["process_pass_ms"] == [4000.0, 12000.0]
 
 
 @pytest.fixture(scope="module")

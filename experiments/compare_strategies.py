@@ -24,13 +24,14 @@ from skipsearch.search import load_study, study_trials_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["--n-prompts", "8", "--new-tokens", "48", "--max-prompt-tokens", "192"]
+COST = ["--cost", "closed-form"]  # not auto: the results must not depend on a profile being cached
 COPIED = ("comparison.csv", "comparison.md", "convergence.png", "run.yaml")
 
 
 def compare(model: str, budget: int, seeds: int, resume: bool) -> None:
     work = ROOT / "runs" / "compare" / model
     args = ["compare", "--model", model, "--space", "sparse", "--budget", str(budget), "--seeds", str(seeds)]
-    args += [*PROMPTS, "--out", str(work)]
+    args += [*PROMPTS, *COST, "--out", str(work)]
     if resume and work.exists():
         args.append("--resume")
     if skipsearch(args) != 0:

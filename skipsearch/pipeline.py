@@ -8,7 +8,6 @@ nothing that `--resume` cannot rebuild.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -17,9 +16,8 @@ from pathlib import Path
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.executors import Executor, ExecutorFactory, local_executor
+from skipsearch.progress import console
 from skipsearch.search.study import JOURNAL_FILE
-
-log = logging.getLogger(__name__)
 
 RUN_FILE = "run.yaml"
 
@@ -73,6 +71,33 @@ def open_context(config: RunConfig) -> RunContext:
         "transformers": str(transformers.__version__),
     }
     return RunContext(measurement, latency, provenance)
+
+
+def resolve_cost(config: RunConfig, context: RunContext, out: Path) -> RunConfig:
+    """`--cost auto` made concrete before `run.yaml` is written: the calibrated cost model when
+    `skipsearch profile` has measured this model on this device, else the closed form.
+
+    A resumed run keeps the cost it started with, so a profile taken in between cannot change
+    how half of one study's trials are scored.
+    """
+    from dataclasses import replace
+
+    if config.cost != "auto":
+        return config
+    stored = out / RUN_FILE
+    if stored.is_file():
+        return replace(config, cost=RunConfig.load(stored)[0].cost)
+    return replace(config, cost="calibrated" if context.latency is not None else "closed-form")
+
+
+def cost_note(config: RunConfig, context: RunContext) -> str:
+    """One line for the console: which cost model ranks the masks, and how to calibrate if it is not."""
+    if config.cost == "calibrated":
+        return f"cost model: calibrated on this device ({context.provenance['latency_profile']})"
+    hint = (
+        "" if context.latency else f"; run `skipsearch profile --model {config.measure.model}` to calibrate"
+    )
+    return f"cost model: closed form (counts sub-layers, not this device's times){hint}"
 
 
 def search_one(
@@ -149,6 +174,8 @@ def run_compare(
     check_run_dir(out, resume)
     load_space(config.space)
     context = open_context(config)
+    config = resolve_cost(config, context, out)
+    console.print(cost_note(config, context))
     out.mkdir(parents=True, exist_ok=True)
     config.save(
         out / RUN_FILE, {**context.provenance, "seeds": seeds, "strategies": list(COMPARED_STRATEGIES)}

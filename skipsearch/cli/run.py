@@ -18,9 +18,10 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objective", choices=("speedup", "acceptance"), default="speedup")
     parser.add_argument(
         "--cost",
-        choices=("closed-form", "calibrated"),
-        default="closed-form",
-        help="cost model for the score",
+        choices=("auto", "closed-form", "calibrated"),
+        default="auto",
+        help="cost model for the score; auto: calibrated once `skipsearch profile` has measured the "
+        "model on this device, else closed-form (default %(default)s)",
     )
     parser.add_argument("--pareto", action="store_true", help="multi-objective: speedup vs r_draft")
     parser.add_argument("--sampler", choices=("tpe", "gp", "cmaes", "nsga2"), default="tpe")
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from skipsearch.config import RunConfig
-    from skipsearch.pipeline import RUN_FILE, check_run_dir, open_context, search_one
+    from skipsearch.pipeline import RUN_FILE, check_run_dir, cost_note, open_context, resolve_cost, search_one
+    from skipsearch.progress import console as status
     from skipsearch.report import write_run_outputs
     from skipsearch.spaces import load_space
 
@@ -99,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         config = stored.with_budget(args.budget)
     load_space(config.space)  # a bad space file fails before the model loads
     context = open_context(config)
+    config = resolve_cost(config, context, out)
+    status.print(cost_note(config, context))
     out.mkdir(parents=True, exist_ok=True)
     config.save(out / RUN_FILE, context.provenance)
     executor = make_executor(config.measure, config.temperature, context.measurement)

@@ -15,7 +15,8 @@ from skipsearch.cli import main
 from skipsearch.costmodel import SelfSpeculative, predict
 from skipsearch.engine import Sampling, autoregressive_decode
 from skipsearch.engine.graphs import GraphSteps, make_steps
-from skipsearch.engine.tiers import EagerSteps, tiered_decode
+from skipsearch.engine.ssd import EagerSteps
+from skipsearch.engine.tiers import tiered_decode
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner

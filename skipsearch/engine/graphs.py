@@ -30,8 +30,7 @@ import torch
 from transformers import StaticCache
 
 from skipsearch.engine.sampling import Sampling, sample
-from skipsearch.engine.ssd import Proposal
-from skipsearch.engine.tiers import EagerSteps, Round, TierSteps
+from skipsearch.engine.ssd import EagerSteps, Proposal, Round, RoundSteps
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import SLIDING, LayerwiseRunner
@@ -180,7 +179,7 @@ class GraphSteps:
                 "build GraphSteps with a larger max_len (prompt + new tokens + gamma + 1)"
             )
 
-    # -- TierSteps ----------------------------------------------------------------------------
+    # -- RoundSteps ----------------------------------------------------------------------------
     def prefill(self, prompt: Sequence[int]) -> StaticCache:
         """Reset the cache in place (the graphs hold its addresses) and run the prompt eagerly."""
         self._check_room(len(prompt) + 1)
@@ -231,7 +230,7 @@ class GraphSteps:
 
 def make_steps(
     runner: LayerwiseRunner, masks: Sequence[SkipMask], gammas: Sequence[int], max_len: int, bucket: int = 1
-) -> TierSteps:
+) -> RoundSteps:
     """CUDA graphs where they can run (a CUDA device, no sliding-window layers), else eager."""
     if runner.device.type != "cuda":
         log.warning("no CUDA device: tier steps run eagerly (CUDA graphs are captured only on a GPU)")

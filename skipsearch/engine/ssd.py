@@ -17,6 +17,10 @@ and the last token `t` (position `n-1`) is pending (see `engine.cache`).
 
 A round with γ = 0 is one plain autoregressive step; the γ controller uses it once speculation
 is switched off, and the last round uses a smaller γ so the output never overshoots.
+
+`run_rounds` plays the rounds for any schedule of masks and any implementation of the passes:
+`speculative_decode` drafts every round with one mask, `engine.tiers` picks a mask per round, and
+`engine.graphs` replays the same passes from CUDA graphs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
@@ -140,6 +145,133 @@ def settle(
     return n, committed
 
 
+@dataclass(frozen=True)
+class Round:
+    """Where a round starts: the index of its mask, the shared cache, the pending token (`[1, 1]`,
+    at position `start`) and how many tokens it drafts."""
+
+    tier: int
+    cache: Any
+    pending: torch.Tensor
+    start: int
+    gamma: int
+
+
+class RoundSteps(Protocol):
+    """The forward passes of a decode over `masks`; `mode` says how they run (for logs and reports)."""
+
+    mode: str
+    masks: tuple[SkipMask, ...]
+
+    def prefill(self, prompt: Sequence[int]) -> Any:
+        """A cache holding the prompt's K/V except the last token's (see `engine.cache`)."""
+
+    def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
+        """`at.gamma` draft tokens with mask `at.tier` (`draft`)."""
+
+    def verify(self, at: Round, proposal: Proposal) -> torch.Tensor:
+        """Full-model logits `[γ + 1, V]` of the round (`verify`)."""
+
+
+class EagerSteps:
+    """`draft` and `verify` with the round's mask over a DynamicCache: the reference path."""
+
+    mode = "eager"
+
+    def __init__(self, runner: LayerwiseRunner, masks: Sequence[SkipMask]) -> None:
+        self.runner, self.masks = runner, tuple(masks)
+
+    def prefill(self, prompt: Sequence[int]) -> Any:
+        return prefilled_cache(self.runner, prompt)
+
+    def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
+        mask = self.masks[at.tier]
+        return draft(self.runner, mask, at.cache, at.pending, at.start, at.gamma, sampling, generator)
+
+    def verify(self, at: Round, proposal: Proposal) -> torch.Tensor:
+        return verify(self.runner, self.masks[at.tier], at.cache, proposal, at.pending, at.start)
+
+
+class Schedule(Protocol):
+    """Which mask and how many drafts the next round uses, told how each round went."""
+
+    def next_round(self) -> tuple[int, int]:
+        """(index of the mask, draft length) before the output's end clips it."""
+
+    def update(self, accepted: int, drafted: int) -> Any:
+        """The outcome of the round just played."""
+
+
+@dataclass
+class OneMask:
+    """Every round drafts with mask 0; the draft length comes from the γ controller."""
+
+    controller: GammaController
+
+    def next_round(self) -> tuple[int, int]:
+        return 0, self.controller.gamma
+
+    def update(self, accepted: int, drafted: int) -> None:
+        self.controller.update(accepted, drafted)
+
+
+def run_rounds(
+    runner: LayerwiseRunner,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    steps: RoundSteps,
+    schedule: Schedule,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    eos_ids: Collection[int],
+) -> tuple[DecodeResult, tuple[int, ...]]:
+    """The round loop of the module docstring; returns the result and each round's mask index.
+
+    Every round starts from a cache that holds exactly the full model's K/V, so the schedule may
+    switch masks between rounds at no cost: no state of one mask's draft survives into the next.
+    """
+    if max_new_tokens < 1 or not prompt:
+        raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
+    began = time.perf_counter()
+    clock = RoundClock(runner.device)
+    cache = steps.prefill(prompt)
+    tokens = list(prompt)
+    check_lengths(cache, len(tokens) - 1)
+    tiers: list[int] = []
+    gammas: list[int] = []
+    accepted: list[int] = []
+    timings: list[RoundTiming] = []
+    ended = False
+    while len(tokens) - len(prompt) < max_new_tokens and not ended:
+        clock.start()
+        tier, wanted = schedule.next_round()
+        start = len(tokens) - 1
+        g = min(wanted, max_new_tokens - (len(tokens) - len(prompt)) - 1)
+        at = Round(tier, cache, torch.tensor([[tokens[-1]]], device=runner.device), start, g)
+        with clock.phase("draft"):
+            proposal = steps.draft(at, sampling, generator)
+        with clock.phase("cache"):
+            crop(cache, start, range(steps.masks[tier].first_divergent_layer, runner.num_layers))
+        with clock.phase("verify"):
+            logits = steps.verify(at, proposal)
+        n, committed = settle(cache, tokens, proposal, logits, sampling, generator, clock)
+        schedule.update(n, g)
+        ended = any(token in eos_ids for token in committed)
+        tiers.append(tier)
+        gammas.append(g)
+        accepted.append(n)
+        timings.append(clock.finish(start + 1, g, n))
+    result = DecodeResult(
+        prompt_length=len(prompt),
+        tokens=new_tokens(tokens, len(prompt), eos_ids),
+        seconds=time.perf_counter() - began,
+        gammas=tuple(gammas),
+        accepted=tuple(accepted),
+        timings=tuple(timings),
+    )
+    return result, tuple(tiers)
+
+
 @torch.no_grad()
 def speculative_decode(
     runner: LayerwiseRunner,
@@ -159,42 +291,8 @@ def speculative_decode(
     """
     if mask.num_layers != runner.num_layers:
         raise ConfigError(f"mask is for {mask.num_layers} layers but the model has {runner.num_layers}")
-    if max_new_tokens < 1 or not prompt:
-        raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
-    began = time.perf_counter()
-    s1, device = mask.first_divergent_layer, runner.device
-    controller = GammaController(gamma if isinstance(gamma, GammaPolicy) else GammaPolicy.fixed(gamma))
-    clock = RoundClock(device)
-    cache = prefilled_cache(runner, prompt)
-    tokens = list(prompt)
-    check_lengths(cache, len(tokens) - 1)
-    gammas: list[int] = []
-    accepted: list[int] = []
-    timings: list[RoundTiming] = []
-    ended = False
-    while len(tokens) - len(prompt) < max_new_tokens and not ended:
-        clock.start()
-        start = len(tokens) - 1
-        remaining = max_new_tokens - (len(tokens) - len(prompt))
-        g = min(controller.gamma, remaining - 1)
-        pending = torch.tensor([[tokens[-1]]], device=device)
-        with clock.phase("draft"):
-            proposal = draft(runner, mask, cache, pending, start, g, sampling, generator)
-        with clock.phase("cache"):
-            crop(cache, start, range(s1, runner.num_layers))
-        with clock.phase("verify"):
-            logits = verify(runner, mask, cache, proposal, pending, start)
-        n, committed = settle(cache, tokens, proposal, logits, sampling, generator, clock)
-        controller.update(n, g)
-        ended = any(token in eos_ids for token in committed)
-        gammas.append(g)
-        accepted.append(n)
-        timings.append(clock.finish(start + 1, g, n))
-    return DecodeResult(
-        prompt_length=len(prompt),
-        tokens=new_tokens(tokens, len(prompt), eos_ids),
-        seconds=time.perf_counter() - began,
-        gammas=tuple(gammas),
-        accepted=tuple(accepted),
-        timings=tuple(timings),
-    )
+    policy = gamma if isinstance(gamma, GammaPolicy) else GammaPolicy.fixed(gamma)
+    schedule = OneMask(GammaController(policy))
+    steps = EagerSteps(runner, [mask])
+    result, _ = run_rounds(runner, prompt, max_new_tokens, steps, schedule, sampling, generator, eos_ids)
+    return result

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         "prompts": len(prompts),
         "repeats": args.repeats,
         "max_new_tokens": args.new_tokens,
-        "summaries": {name: summary_dict(s, summaries[HF]) for name, s in summaries.items()},
+        "summaries": {name: s.to_dict(summaries[HF], "hf") for name, s in summaries.items()},
         "estimators": estimates,
         "lossless": lossless,
         "hf_matches_autoregressive": (
@@ -312,19 +312,6 @@ def estimators(measurement: Measurement) -> list[Estimator]:
     return [configured, Estimator(configured.runner, configured.reference, "self")]
 
 
-def summary_dict(summary: Summary, baseline: Summary) -> dict[str, Any]:
-    return {
-        "tokens": summary.tokens,
-        "seconds": summary.seconds,
-        "tokens_per_second": summary.tokens_per_second,
-        "speedup_vs_hf": summary.tokens_per_second / baseline.tokens_per_second,
-        "rounds": summary.rounds,
-        "acceptance": summary.acceptance,
-        "tokens_per_round": summary.tokens_per_round,
-        "mean_gamma": summary.mean_gamma,
-    }
-
-
 def estimator_dict(
     profile: AcceptanceProfile, mode: str, policy: GammaPolicy, sampling: Sampling, measured: Summary
 ) -> dict[str, Any]:
@@ -354,7 +341,8 @@ def estimator_dict(
 
 def print_result(result: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
+
+    from skipsearch.cli.decode_tables import fmt, print_breakdown, summary_table
 
     console = Console()
     decoding = "greedy" if result["sampling"]["temperature"] == 0 else f"sampling {result['sampling']}"
@@ -363,26 +351,17 @@ def print_result(result: dict[str, Any]) -> None:
         f"[bold]{result['model']}[/]  mask [cyan]{result['mask']}[/]  gamma {gamma}  {decoding}\n"
         f"{result['prompts']} prompts x {result['repeats']} repeats, <= {result['max_new_tokens']} new tokens"
     )
-    table = Table()
-    for column in ("decoder", "tokens", "tok/s", "vs HF", "accept", "tok/round", "mean γ"):
-        table.add_column(column, justify="left" if column == "decoder" else "right")
-    for name, s in result["summaries"].items():
-        table.add_row(
-            f"{name} E={result['exit_layer']}" if name == EARLY_EXIT else name,
-            str(s["tokens"]),
-            f"{s['tokens_per_second']:.1f}",
-            f"{s['speedup_vs_hf']:.2f}x",
-            *(_fmt(s[key]) for key in ("acceptance", "tokens_per_round", "mean_gamma")),
-        )
-    console.print(table)
+
+    def label(name: str) -> str:
+        return f"{name} E={result['exit_layer']}" if name == EARLY_EXIT else name
+
+    console.print(summary_table(result["summaries"], "hf", "HF", label))
     for est in result["estimators"]:
-        line = (
-            f"estimator {est['mode']}: alpha {est['alpha']:.3f} (engine {_fmt(est['measured_acceptance'])})"
-        )
+        line = f"estimator {est['mode']}: alpha {est['alpha']:.3f} (engine {fmt(est['measured_acceptance'])})"
         if est["tokens_per_round"] is not None:
             line += (
                 f", tokens/round {est['tokens_per_round']:.3f} (engine "
-                f"{_fmt(est['measured_tokens_per_round'])}, error {_fmt(est['relative_error'], '+.1%')})"
+                f"{fmt(est['measured_tokens_per_round'])}, error {fmt(est['relative_error'], '+.1%')})"
             )
         console.print(line)
     verdict = "[green]PASS[/]" if result["lossless"] else "[red]FAIL[/]"
@@ -390,29 +369,3 @@ def print_result(result: dict[str, Any]) -> None:
     if result["hf_matches_autoregressive"] is not None:
         console.print(f"HF generate == autoregressive runner: {result['hf_matches_autoregressive']}")
     print_breakdown(console, result["breakdown"])
-
-
-def print_breakdown(console: Any, buckets: list[dict[str, Any]]) -> None:
-    """SSD round time by context tercile: P50 / P95 per phase in ms and its share of round time."""
-    from rich.table import Table
-
-    from skipsearch.engine.timing import PHASES
-
-    table = Table(title="SSD rounds by context length: P50 / P95 ms (share)")
-    table.add_column("phase")
-    for bucket in buckets:
-        table.add_column(
-            f"{bucket['name']} {bucket['low']}-{bucket['high']}\n{bucket['rounds']} rounds", justify="right"
-        )
-    for index, phase in enumerate(PHASES):
-        table.add_row(phase, *(_cell(b["phases"][index]) for b in buckets))
-    table.add_row("round", *(f"{b['round_p50'] * 1e3:.1f} / {b['round_p95'] * 1e3:.1f}" for b in buckets))
-    console.print(table)
-
-
-def _cell(stats: dict[str, float]) -> str:
-    return f"{stats['p50'] * 1e3:.1f} / {stats['p95'] * 1e3:.1f} ({stats['share']:.0%})"
-
-
-def _fmt(value: float | None, spec: str = ".3f") -> str:
-    return "n/a" if value is None else format(value, spec)

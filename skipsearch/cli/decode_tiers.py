@@ -126,7 +126,7 @@ def run_tiers(args: argparse.Namespace) -> int:
         "prompts": len(prompts),
         "repeats": args.repeats,
         "max_new_tokens": args.new_tokens,
-        "summaries": {name: _summary(s, summaries[AR]) for name, s in summaries.items()},
+        "summaries": {name: s.to_dict(summaries[AR], "autoregressive") for name, s in summaries.items()},
         "tier_share": [rounds.count(t) / len(rounds) if rounds else 0.0 for t in range(len(manifest.masks))],
         "predicted": dict(manifest.predicted),
         "lossless": lossless,
@@ -142,23 +142,10 @@ def run_tiers(args: argparse.Namespace) -> int:
     return 0 if lossless else 1
 
 
-def _summary(summary: Any, baseline: Any) -> dict[str, Any]:
-    return {
-        "tokens": summary.tokens,
-        "seconds": summary.seconds,
-        "tokens_per_second": summary.tokens_per_second,
-        "speedup_vs_autoregressive": summary.tokens_per_second / baseline.tokens_per_second,
-        "rounds": summary.rounds,
-        "acceptance": summary.acceptance,
-        "tokens_per_round": summary.tokens_per_round,
-    }
-
-
 def print_tiers(result: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    from skipsearch.cli.decode import _fmt, print_breakdown
+    from skipsearch.cli.decode_tables import fmt, print_breakdown, summary_table
 
     console = Console()
     console.print(
@@ -171,25 +158,13 @@ def print_tiers(result: dict[str, Any]) -> None:
     tiers = zip(result["tiers"], result["gammas"], result["tier_share"], strict=True)
     for index, (mask, gamma, share) in enumerate(tiers):
         console.print(f"  tier {index}: {mask}  gamma {gamma}  drafted {share:.0%} of rounds")
-    table = Table()
-    for column in ("decoder", "tokens", "tok/s", "vs AR", "accept", "tok/round"):
-        table.add_column(column, justify="left" if column == "decoder" else "right")
-    for name, s in result["summaries"].items():
-        table.add_row(
-            name,
-            str(s["tokens"]),
-            f"{s['tokens_per_second']:.1f}",
-            f"{s['speedup_vs_autoregressive']:.2f}x",
-            _fmt(s["acceptance"]),
-            _fmt(s["tokens_per_round"]),
-        )
-    console.print(table)
+    console.print(summary_table(result["summaries"], "autoregressive", "AR"))
     predicted = result["predicted"]
     if predicted:
         console.print(
             f"simulated on the calibration prompts ({predicted.get('cost')}): tokens/round "
-            f"{_fmt(predicted.get('tokens_per_round'))}, speedup {_fmt(predicted.get('speedup'))} vs best "
-            f"single {_fmt(result['best_single'].get('speedup'))}"
+            f"{fmt(predicted.get('tokens_per_round'))}, speedup {fmt(predicted.get('speedup'))} vs best "
+            f"single {fmt(result['best_single'].get('speedup'))}"
         )
     verdict = "[green]PASS[/]" if result["lossless"] else "[red]FAIL[/]"
     console.print(f"lossless (greedy tier decoding == autoregressive, every prompt): {verdict}")

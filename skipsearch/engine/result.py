@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from skipsearch.engine.timing import RoundTiming
 
@@ -54,6 +55,19 @@ class Summary:
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self, baseline: Summary, baseline_name: str) -> dict[str, Any]:
+        """The fields, plus the throughput over `baseline`'s as `speedup_vs_<baseline_name>`."""
+        return {
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "tokens_per_second": self.tokens_per_second,
+            f"speedup_vs_{baseline_name}": self.tokens_per_second / baseline.tokens_per_second,
+            "rounds": self.rounds,
+            "acceptance": self.acceptance,
+            "tokens_per_round": self.tokens_per_round,
+            "mean_gamma": self.mean_gamma,
+        }
 
     @classmethod
     def of(cls, results: Sequence[DecodeResult]) -> Summary:

@@ -1,0 +1,55 @@
+"""What `skipsearch decode` and `decode-tiers` print: speed per decoder and round time by phase."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def fmt(value: float | None, spec: str = ".3f") -> str:
+    """A number, or `n/a` where a decoder has none (autoregressive runs draft nothing)."""
+    return "n/a" if value is None else format(value, spec)
+
+
+def summary_table(
+    summaries: Mapping[str, Mapping[str, Any]],
+    baseline: str,
+    title: str,
+    label: Callable[[str], str] = str,
+) -> Table:
+    """One row per decoder from `Summary.to_dict(.., baseline)`; speed shown as `vs <title>`."""
+    table = Table()
+    for column in ("decoder", "tokens", "tok/s", f"vs {title}", "accept", "tok/round", "mean γ"):
+        table.add_column(column, justify="left" if column == "decoder" else "right")
+    for name, s in summaries.items():
+        table.add_row(
+            label(name),
+            str(s["tokens"]),
+            f"{s['tokens_per_second']:.1f}",
+            f"{s[f'speedup_vs_{baseline}']:.2f}x",
+            *(fmt(s[key]) for key in ("acceptance", "tokens_per_round", "mean_gamma")),
+        )
+    return table
+
+
+def print_breakdown(console: Console, buckets: list[dict[str, Any]]) -> None:
+    """SSD round time by context tercile: P50 / P95 per phase in ms and its share of round time."""
+    from skipsearch.engine.timing import PHASES
+
+    table = Table(title="SSD rounds by context length: P50 / P95 ms (share)")
+    table.add_column("phase")
+    for bucket in buckets:
+        table.add_column(
+            f"{bucket['name']} {bucket['low']}-{bucket['high']}\n{bucket['rounds']} rounds", justify="right"
+        )
+    for index, phase in enumerate(PHASES):
+        table.add_row(phase, *(_cell(b["phases"][index]) for b in buckets))
+    table.add_row("round", *(f"{b['round_p50'] * 1e3:.1f} / {b['round_p95'] * 1e3:.1f}" for b in buckets))
+    console.print(table)
+
+
+def _cell(stats: dict[str, float]) -> str:
+    return f"{stats['p50'] * 1e3:.1f} / {stats['p95'] * 1e3:.1f} ({stats['share']:.0%})"

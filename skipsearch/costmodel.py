@@ -157,7 +157,7 @@ class SelfSpeculative:
     @classmethod
     def from_mask(cls, mask: SkipMask, epsilon: float = 0.0) -> SelfSpeculative:
         """Shares by sub-layer count: `r_draft` from the mask, `r_reuse` = reused sub-layers / 2L."""
-        return cls(mask.r_draft(), reused_sublayers(mask) / (2 * mask.num_layers), epsilon)
+        return cls(mask.r_draft(), mask.reused_sublayers / (2 * mask.num_layers), epsilon)
 
     def round_cost(self, gamma: int) -> float:
         _check_gamma(gamma)
@@ -220,22 +220,6 @@ def optimal_gamma(acceptance: Acceptance, form: CostForm, gamma_max: int = 8) ->
 
 
 # -- calibrated cost -----------------------------------------------------------------------------
-
-
-def reused_sublayers(mask: SkipMask) -> int:
-    """Sub-layers, in execution order `attn_0, mlp_0, attn_1, ...`, before the first one the draft skips.
-
-    Their outputs are exactly the full model's, so verify needs them only for positions the draft
-    never ran. This equals `2 s1` (`s1 = mask.first_divergent_layer`) except when the first skip is
-    an MLP at layer `l`: then `s1 = l + 1` (layer `l`'s KV is exact) but verify must still rerun that
-    MLP for every position, because the draft's output of layer `l` is not the full model's.
-    """
-    candidates = [2 * mask.num_layers]
-    if mask.attn:
-        candidates.append(2 * min(mask.attn))
-    if mask.mlp:
-        candidates.append(2 * min(mask.mlp) + 1)
-    return min(candidates)
 
 
 def _bracket(xs: Sequence[float], x: float, extrapolate: bool) -> tuple[int, int, float]:
@@ -454,7 +438,7 @@ class Calibrated:
 
     `γ` draft steps run embed, the draft's sub-layers and the head over one position each. Verify
     runs over `γ + 1` positions every sub-layer from the first one the draft skipped (see
-    `reused_sublayers`), and the sub-layers before it, with the embedding, only for the last draft
+    `SkipMask.reused_sublayers`), and the sub-layers before it, with the embedding, only for the last draft
     token, which the draft never ran; then the head over `γ + 1` positions. Plus the measured
     per-round overhead. `round_cost = round time / step time`, so `S = E(γ) × step / round`.
     """
@@ -469,7 +453,7 @@ class Calibrated:
         one = self.latency.weights(self.context, 1)
         full = self.latency.weights(self.context, gamma + 1)
         draft_step = one.total * self.mask.r_draft(one)
-        reused = reused_sublayers(self.mask)
+        reused = self.mask.reused_sublayers
         step_one, step_full = _in_order(one), _in_order(full)
         verify = one.embed + sum(step_one[:reused]) + sum(step_full[reused:]) + full.head
         return RoundTime(gamma * draft_step, verify, self.latency.overhead(gamma))
@@ -491,7 +475,7 @@ class Prediction:
     """Predicted speedup of one mask for γ = 1..γ_max: closed form and, with a profile, calibrated.
 
     Index `γ - 1` of each curve holds draft length `γ`. `r_reuse` is the sub-layer share verify
-    reuses (`reused_sublayers / 2L`), the one the closed form used.
+    reuses (`SkipMask.reused_sublayers / 2L`), the one the closed form used.
     """
 
     mask: str

@@ -155,6 +155,22 @@ class SkipMask:
         """
         return min(self.attn | self.mlp, default=self.num_layers)
 
+    @property
+    def reused_sublayers(self) -> int:
+        """Sub-layers, in execution order `attn_0, mlp_0, attn_1, ...`, before the first one skipped.
+
+        Their outputs are exactly the full model's, so verify needs them only for positions the
+        draft never ran. This is `2 s1` except when the first skip is an MLP at layer `l`: then
+        `s1 = l + 1` (layer `l`'s KV is exact) but verify must still rerun that MLP for every
+        position, because the draft's output of layer `l` is not the full model's.
+        """
+        candidates = [2 * self.num_layers]
+        if self.attn:
+            candidates.append(2 * min(self.attn))
+        if self.mlp:
+            candidates.append(2 * min(self.mlp) + 1)
+        return min(candidates)
+
     def runs_attn(self, layer: int) -> bool:
         return layer not in self.attn
 

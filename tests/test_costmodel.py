@@ -19,7 +19,6 @@ from skipsearch.costmodel import (
     expected_tokens,
     optimal_gamma,
     predict,
-    reused_sublayers,
     speedup,
     speedup_curve,
     throughput_ratio,
@@ -264,14 +263,6 @@ def test_latency_weights_and_step_time() -> None:
 
 
 # -- calibrated model ----------------------------------------------------------------------------
-
-
-def test_reused_sublayers() -> None:
-    assert reused_sublayers(SkipMask.from_layers(4, [1])) == 2
-    assert reused_sublayers(SkipMask(4, attn={2}, mlp={3})) == 4
-    assert reused_sublayers(SkipMask(4, mlp={1})) == 3  # s1 = 2, yet verify reruns MLP 1
-    assert reused_sublayers(SkipMask(4)) == 8
-    assert reused_sublayers(SkipMask.from_layers(4, [0])) == 0
 
 
 def test_calibrated_round_time_by_hand() -> None:

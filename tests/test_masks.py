@@ -83,3 +83,11 @@ def test_evaluation_starts_at_the_first_skipped_sublayer_not_at_s1():
     assert mlp_first.first_divergent_layer == 6
     assert mlp_first.first_skipped_layer == 5
     assert SkipMask(10).first_skipped_layer == 10
+
+
+def test_reused_sublayers() -> None:
+    assert SkipMask.from_layers(4, [1]).reused_sublayers == 2
+    assert SkipMask(4, attn={2}, mlp={3}).reused_sublayers == 4
+    assert SkipMask(4, mlp={1}).reused_sublayers == 3  # s1 = 2, yet verify reruns MLP 1
+    assert SkipMask(4).reused_sublayers == 8
+    assert SkipMask.from_layers(4, [0]).reused_sublayers == 0

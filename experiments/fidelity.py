@@ -359,43 +359,27 @@ def phase_costs(
 # -- statistics, plot, report --------------------------------------------------------------------
 
 
+# (quantity, how the estimate was made, its column after `<mode>_`, the engine's column)
+PER_MODE = (
+    ("tokens/round", "", "tokens_per_round", "engine_tokens_per_round"),
+    ("tokens/round", ", engine end rule", "replay_tokens_per_round", "engine_tokens_per_round"),
+    ("tokens/round", ", started at first skip", "first_skip_tokens_per_round", "engine_tokens_per_round"),
+    ("acceptance", "", "acceptance", "engine_acceptance"),
+    ("acceptance", ", started at first skip", "first_skip_acceptance", "engine_acceptance"),
+)
+
+
 def error_table(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str, ErrorStats]]:
     """(quantity, prediction, stats) for every comparison the README reports."""
 
     def stats(predicted: str, measured: str) -> ErrorStats:
         return ErrorStats.of([r[predicted] for r in rows], [r[measured] for r in rows])
 
-    table = []
-    for mode in MODES:
-        table.append(
-            ("tokens/round", f"{mode}", stats(f"{mode}_tokens_per_round", "engine_tokens_per_round"))
-        )
-    for mode in MODES:
-        table.append(
-            (
-                "tokens/round",
-                f"{mode}, engine end rule",
-                stats(f"{mode}_replay_tokens_per_round", "engine_tokens_per_round"),
-            )
-        )
-    for mode in MODES:
-        table.append(
-            (
-                "tokens/round",
-                f"{mode}, started at first skip",
-                stats(f"{mode}_first_skip_tokens_per_round", "engine_tokens_per_round"),
-            )
-        )
-    for mode in MODES:
-        table.append(("acceptance", f"{mode}", stats(f"{mode}_acceptance", "engine_acceptance")))
-    for mode in MODES:
-        table.append(
-            (
-                "acceptance",
-                f"{mode}, started at first skip",
-                stats(f"{mode}_first_skip_acceptance", "engine_acceptance"),
-            )
-        )
+    table = [
+        (quantity, f"{mode}{variant}", stats(f"{mode}_{predicted}", measured))
+        for quantity, variant, predicted, measured in PER_MODE
+        for mode in MODES
+    ]
     for mode in MODES:
         for form in FORMS:
             table.append(("speedup", f"{mode} × {form}", stats(f"{mode}_speedup_{form}", "speedup_decode")))

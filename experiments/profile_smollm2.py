@@ -116,7 +116,7 @@ def save_plot(profile: LatencyProfile, digest: ProfileSummary, path: Path) -> No
     meta = profile.meta
     fig.suptitle(
         f"{meta['model']} on {meta['device']} ({meta['dtype']}, {meta['threads']} threads): "
-        f"medians of {meta['repeats']} interleaved samples"
+        f"{meta['repeats']} interleaved samples over {meta.get('processes', 1)} processes"
     )
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -143,7 +143,8 @@ def write_markdown(profile: LatencyProfile, digest: ProfileSummary, path: Path) 
         f"# Draft cost c vs E/L — {meta['model']} on {meta['device']} ({meta['dtype']})",
         "",
         f"Measured by `experiments/profile_smollm2.py`: torch {meta['torch']}, transformers "
-        f"{meta['transformers']}, {meta['threads']} threads, medians of {meta['repeats']} samples; "
+        f"{meta['transformers']}, {meta['threads']} threads, {meta['repeats']} samples per entry over "
+        f"{meta.get('processes', 1)} fresh processes (mean of their medians); "
         f"1-minute load average {meta['load_average']:.1f} at the end (the profiler's own threads "
         "count: more than that means other work shared the CPU).",
         "",

@@ -12,13 +12,11 @@ estimator and the engine:
   calibrated with `results/profile/profile.json` (DESIGN §5), each fed by either estimator mode
   and by the engine's own tokens per round (which isolates the cost model).
 
-It also re-runs both estimator modes from the first layer with any skipped sub-layer instead of
-`s1` (`first_skip_columns`): the shipped estimator drops a mask's first skip when it is an MLP.
-
 Writes `results/fidelity/`: `fidelity.csv` (one row per mask), `errors.csv`, `README.md` (error
 statistics, verdicts), `fidelity.png` (predicted vs measured, with y = x) and `measurements.json`.
-Run: `.venv/bin/python experiments/fidelity.py` (15–22 minutes on two cores shared with other jobs,
-one torch thread; `--threads N`); `--report-only` redraws everything from `measurements.json`.
+Run: `.venv/bin/python experiments/fidelity.py` (10.5 minutes on two idle cores, 15–22 shared with
+other jobs; one torch thread, `--threads N`); `--report-only` redraws everything from
+`measurements.json`.
 """
 
 from __future__ import annotations
@@ -65,7 +63,6 @@ from skipsearch.engine import (
     autoregressive_decode,
     speculative_decode,
 )
-from skipsearch.estimator import Estimator
 from skipsearch.masks import SkipMask
 from skipsearch.progress import progress_bar
 
@@ -229,35 +226,6 @@ def reference_continuations(setup: Setup, rows: Sequence[int]) -> list[tuple[int
     ]
 
 
-def first_skip_columns(
-    estimators: dict[str, Estimator], mask: SkipMask, latency: LatencyProfile, context: float
-) -> dict[str, float]:
-    """Both modes re-run from the first layer with *any* skipped sub-layer instead of `s1`.
-
-    `Estimator.evaluate` starts at `s1 = mask.first_divergent_layer` from the full model's hidden
-    state there; when the first skip is an MLP at layer `l`, `s1 = l + 1` and that input already
-    contains MLP `l`'s output, so the skip is silently dropped. Starting at `l` (attention `l`
-    still reads and writes exact K/V) measures the mask the engine runs.
-    """
-    start = min(sorted(mask.attn)[:1] + sorted(mask.mlp)[:1])
-    columns: dict[str, float] = {}
-    for mode, estimator in estimators.items():
-        logits = estimator.draft_logits(mask, start)
-        matches = (logits.argmax(-1) == estimator.target_tokens).tolist()
-        rows, begin = [], 0
-        for size in estimator.reference.row_sizes():
-            rows.append(tuple(matches[begin : begin + size]))
-            begin += size
-        profile = AcceptanceProfile(str(mask), tuple(rows), tuple(tuple(map(float, r)) for r in rows), 0.0)
-        prediction = predict(profile, mask, GAMMA_MAX, latency, context)
-        columns |= {
-            f"{mode}_first_skip_tokens_per_round": profile.tokens_per_round(GAMMA),
-            f"{mode}_first_skip_acceptance": round_stats([(GAMMA, n) for n in profile.rounds(GAMMA)])[1],
-            f"{mode}_first_skip_speedup_calibrated": prediction.calibrated[GAMMA - 1],
-        }
-    return columns
-
-
 # -- one row per mask ----------------------------------------------------------------------------
 
 
@@ -363,9 +331,7 @@ def phase_costs(
 PER_MODE = (
     ("tokens/round", "", "tokens_per_round", "engine_tokens_per_round"),
     ("tokens/round", ", engine end rule", "replay_tokens_per_round", "engine_tokens_per_round"),
-    ("tokens/round", ", started at first skip", "first_skip_tokens_per_round", "engine_tokens_per_round"),
     ("acceptance", "", "acceptance", "engine_acceptance"),
-    ("acceptance", ", started at first skip", "first_skip_acceptance", "engine_acceptance"),
 )
 
 
@@ -383,13 +349,6 @@ def error_table(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str, ErrorSta
     for mode in MODES:
         for form in FORMS:
             table.append(("speedup", f"{mode} × {form}", stats(f"{mode}_speedup_{form}", "speedup_decode")))
-    table.append(
-        (
-            "speedup",
-            "shared-kv, started at first skip × calibrated",
-            stats("shared-kv_first_skip_speedup_calibrated", "speedup_decode"),
-        )
-    )
     for form in FORMS:
         table.append(("speedup", f"engine E × {form}", stats(f"engineE_speedup_{form}", "speedup_decode")))
         table.append(("round cost", form, stats(f"round_cost_{form}", "round_cost_measured")))
@@ -426,17 +385,6 @@ def save_plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
             textcoords="offset points",
         )
         label.set_in_layout(False)
-    fixed = [r for r in rows if r["shared-kv_first_skip_tokens_per_round"] != r["shared-kv_tokens_per_round"]]
-    if fixed:
-        ax.scatter(
-            [r["engine_tokens_per_round"] for r in fixed],
-            [r["shared-kv_first_skip_tokens_per_round"] for r in fixed],
-            facecolors="none",
-            edgecolors=MODE_STYLE["shared-kv"][0],
-            s=60,
-            label="shared-kv, started at the first skipped sub-layer",
-            zorder=3,
-        )
     ax.set(
         xlabel="engine tokens / round (measured)",
         ylabel="estimator tokens / round (predicted)",
@@ -501,7 +449,6 @@ def report(
     default = min(MODES, key=lambda mode: (tpr[mode].mean_abs, mode != "shared-kv"))
     other = next(m for m in MODES if m != default)
     met = {mode: tpr[mode].max_abs <= TARGET for mode in MODES}
-    fixed = by["tokens/round", "shared-kv, started at first skip"]
     contiguous = [r for r in rows if r["kind"] == "contiguous"]
     sparse = [r for r in rows if r["kind"] != "contiguous"]
     depth = {
@@ -577,8 +524,7 @@ def report(
             f"{tpr[m].within_3}/{tpr[m].n} masks within)"
             for m in MODES
         )
-        + f"; `shared-kv` started at the first skipped sub-layer (see Why) max {fixed.max_abs:.1f}%, "
-        f"mean {fixed.mean_abs:.1f}%, {fixed.within_3}/{fixed.n} within.",
+        + ".",
         f"- Contiguous exits (both modes are the same computation there): max error "
         f"{max(abs(_pct(r, 'shared-kv_tokens_per_round')) for r in contiguous):.1f}%. Sparse / sub-layer "
         f"masks: mean disagreement with the engine on judged drafts by depth 1..{GAMMA}: "
@@ -639,9 +585,7 @@ def discussion(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[str
     contiguous = [r for r in rows if r["kind"] == "contiguous"]
     sparse = [r for r in rows if r["kind"] != "contiguous"]
     broken = [r for r in rows if r["shared-kv_disagree_depth1"] > 0]
-    fixed_key = "shared-kv_first_skip_tokens_per_round"
-    fixed = ErrorStats.of([r[fixed_key] for r in rows], [r["engine_tokens_per_round"] for r in rows])
-    over = [r for r in rows if abs(_pct(r, fixed_key)) > TARGET]
+    over = [r for r in rows if abs(_pct(r, "shared-kv_tokens_per_round")) > TARGET]
     replay_gap = [_pct(r, "shared-kv_replay_tokens_per_round") for r in sparse]
     contiguous_max = max(abs(_pct(r, "shared-kv_tokens_per_round")) for r in contiguous)
     contiguous_replay = max(abs(_pct(r, "shared-kv_replay_tokens_per_round")) for r in contiguous)
@@ -652,22 +596,19 @@ def discussion(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[str
         [r["engineE_speedup_calibrated"] for r in rows], [r["speedup_decode"] for r in rows]
     )
     worst = max(rows, key=lambda r: abs(r["round_cost_calibrated"] / r["round_cost_measured"] - 1))
-    depth1 = "- `shared-kv` is exact at depth 1 by construction, and the engine agrees on every depth-1 draft"
+    depth1 = (
+        "- `shared-kv` is exact at depth 1 by construction: it starts at the first layer with any skipped "
+        "sub-layer (`SkipMask.first_skipped_layer`), so a first skip that is an MLP counts too"
+    )
     if broken:
         depth1 += (
-            " except for "
+            "; yet the engine disagrees on depth-1 drafts for "
             + ", ".join(f"`{r['label']}` ({100 * r['shared-kv_disagree_depth1']:.1f}%)" for r in broken)
-            + ": an estimator bug, not a mode error. `Estimator.draft_logits` starts at `s1` from the full "
-            "model's hidden state there; when the first skip is an MLP at layer `l`, `s1 = l + 1` and that "
-            "state already includes MLP `l`, so the skip is dropped (a lone `m:5` scores α = 1). Started at "
-            "the first layer with any skipped sub-layer (`first_skip_columns`): "
-            + ", ".join(
-                f"`{r['label']}` {_pct(r, 'shared-kv_tokens_per_round'):+.1f}% → {_pct(r, fixed_key):+.1f}%"
-                for r in broken
-            )
-            + f"; over all masks mean {fixed.mean_abs:.1f}%, max {fixed.max_abs:.1f}%"
+            + ", which needs explaining"
         )
-    beyond = ", ".join(f"`{r['label']}` {_pct(r, fixed_key):+.1f}%" for r in over)
+    else:
+        depth1 += ", and the engine agrees on every depth-1 draft"
+    beyond = ", ".join(f"`{r['label']}` {_pct(r, 'shared-kv_tokens_per_round'):+.1f}%" for r in over)
     sparse_bias = statistics.fmean(_pct(r, "shared-kv_tokens_per_round") for r in sparse)
     return [
         "## Why",
@@ -684,7 +625,7 @@ def discussion(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[str
         "full model's K/V there. That is the better context, so `shared-kv` is optimistic "
         f"(bias {sparse_bias:+.1f}% on sparse masks, {min(replay_gap):+.1f}% to {max(replay_gap):+.1f}% with "
         "the engine's end rule)"
-        + (f"; beyond {TARGET:.0f}% even after the fix: {beyond}" if over else "")
+        + (f"; beyond {TARGET:.0f}%: {beyond}" if over else "")
         + ". `self` errs the other way and by more: its draft reads its own K/V at *every* earlier "
         "position, which the engine never does (verify rewrites layers ≥ s1 with the full model's K/V).",
         "- Closing the gap: a round-aware `shared-kv` — own K/V visible causally within each simulated "
@@ -727,7 +668,6 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
     context = statistics.fmean(len(p) for p in setup.prompts) + spec.new_tokens / 2
     rows = [
         mask_row(case, masks[case.label], runs, profiles[case.label], rows_index, setup, latency, context)
-        | first_skip_columns(modes, masks[case.label], latency, context)
         for case in CASES
     ]
     meta = {

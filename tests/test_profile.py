@@ -310,6 +310,19 @@ def test_cli_bad_arguments_are_one_line_errors(tiny_loader, capsys, args: list[s
     assert err.startswith("skipsearch: error:") and message in err and "\n" not in err
 
 
+def test_skip_existing_measures_nothing_when_a_profile_is_there(tiny_loader, capsys, tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    args = ["profile", "--model", "tiny", "--context-lengths", "8", "--repeats", "1", "--warmup", "0"]
+    args += ["--processes", "1", "--out", str(out), "--skip-existing"]
+    assert cli.main(args) == 0  # nothing there yet: measured
+    written = out.read_text()
+    assert cli.main([*args[:4], "16", *args[5:]]) == 0  # another context, but the file exists
+    assert out.read_text() == written
+    assert "not measured again" in " ".join(capsys.readouterr().out.split())  # rich wraps long paths
+    out.write_text("{not json")
+    assert cli.main(args) == 2  # a damaged profile is an error, not a silent skip
+
+
 def test_cli_out_must_not_be_a_directory(tiny_loader, capsys, tmp_path: Path) -> None:
     assert cli.main(["profile", "--model", "tiny", "--out", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err

@@ -61,6 +61,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="discarded rounds per process (default %(default)s)",
     )
     parser.add_argument("--out", help="profile.json to write (default: the cache `measure` reads)")
+    parser.add_argument(
+        "--skip-existing",
+        action="store_true",
+        help="measure nothing when the output already holds a profile (scripts that calibrate once)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -86,6 +91,10 @@ def output_path(args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> int:
     contexts = context_lengths(args.context_lengths)
     out = output_path(args)
+    if args.skip_existing and out.is_file():
+        LatencyProfile.load(out)  # a damaged file fails here, not in the run that reads it
+        Console().print(f"latency profile already in {out}: not measured again (drop --skip-existing to)")
+        return 0
     profile = profile_processes(
         args.model,
         args.device,

@@ -73,21 +73,24 @@ def open_context(config: RunConfig) -> RunContext:
     return RunContext(measurement, latency, provenance)
 
 
-def resolve_cost(config: RunConfig, context: RunContext, out: Path) -> RunConfig:
+def resolve_cost(config: RunConfig, context: RunContext) -> RunConfig:
     """`--cost auto` made concrete before `run.yaml` is written: the calibrated cost model when
     `skipsearch profile` has measured this model on this device, else the closed form.
 
-    A resumed run keeps the cost it started with, so a profile taken in between cannot change
-    how half of one study's trials are scored.
+    A resumed run reloads its `run.yaml` (`resumed_config`), where the cost is already concrete,
+    so a profile taken in between cannot change how half of one study's trials are scored.
     """
     from dataclasses import replace
 
     if config.cost != "auto":
         return config
-    stored = out / RUN_FILE
-    if stored.is_file():
-        return replace(config, cost=RunConfig.load(stored)[0].cost)
     return replace(config, cost="calibrated" if context.latency is not None else "closed-form")
+
+
+def resumed_config(out: Path, budget: int) -> RunConfig:
+    """The settings a run started with, from its `run.yaml`: only the budget may change on resume,
+    or one study would mix trials scored, measured or constrained in two ways."""
+    return RunConfig.load(out / RUN_FILE)[0].with_budget(budget)
 
 
 def cost_note(config: RunConfig, context: RunContext) -> str:
@@ -172,9 +175,11 @@ def run_compare(
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
     check_run_dir(out, resume)
+    if resume:
+        config = resumed_config(out, config.budget)
     load_space(config.space)
     context = open_context(config)
-    config = resolve_cost(config, context, out)
+    config = resolve_cost(config, context)
     console.print(cost_note(config, context))
     out.mkdir(parents=True, exist_ok=True)
     config.save(

@@ -1,9 +1,10 @@
-"""`--cost auto`: which cost model a run scores with, decided once and kept on resume."""
+"""`--cost auto`: which cost model a run scores with, decided once; a resume keeps the stored settings."""
 
 from pathlib import Path
 
 import pytest
 
+from skipsearch import pipeline
 from skipsearch.config import RunConfig
 from skipsearch.pipeline import RUN_FILE, RunContext, cost_note, resolve_cost
 
@@ -20,22 +21,30 @@ def context(profiled: bool) -> RunContext:
 
 
 @pytest.mark.parametrize(("profiled", "expected"), [(True, "calibrated"), (False, "closed-form")])
-def test_auto_is_calibrated_exactly_when_a_profile_exists(
-    tmp_path: Path, profiled: bool, expected: str
-) -> None:
-    resolved = resolve_cost(RunConfig(cost="auto"), context(profiled), tmp_path)
+def test_auto_is_calibrated_exactly_when_a_profile_exists(profiled: bool, expected: str) -> None:
+    resolved = resolve_cost(RunConfig(cost="auto"), context(profiled))
     assert resolved.cost == expected
     assert resolved.budget == RunConfig().budget  # nothing else changes
 
 
-def test_an_explicit_cost_is_kept(tmp_path: Path) -> None:
-    assert resolve_cost(RunConfig(cost="closed-form"), context(True), tmp_path).cost == "closed-form"
+def test_an_explicit_cost_is_kept() -> None:
+    assert resolve_cost(RunConfig(cost="closed-form"), context(True)).cost == "closed-form"
 
 
-def test_a_resumed_run_keeps_the_cost_it_started_with(tmp_path: Path) -> None:
-    """Profiled after the run started: the resumed study still scores in closed form."""
-    RunConfig(cost="closed-form").save(tmp_path / RUN_FILE, {})
-    assert resolve_cost(RunConfig(cost="auto"), context(True), tmp_path).cost == "closed-form"
+def test_a_resumed_comparison_keeps_its_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started in closed form for acceptance: a resume with other flags continues exactly that,
+    to the new budget (the model is never loaded: the test stops where it would be)."""
+    RunConfig(cost="closed-form", objective="acceptance", budget=5).save(tmp_path / RUN_FILE, {})
+    opened: list[RunConfig] = []
+
+    def stop(config: RunConfig) -> RunContext:
+        opened.append(config)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "open_context", stop)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_compare(RunConfig(cost="auto", budget=9), 1, tmp_path, resume=True, progress=print)
+    assert (opened[0].cost, opened[0].objective, opened[0].budget) == ("closed-form", "acceptance", 9)
 
 
 def test_the_note_names_the_profile_or_how_to_make_one() -> None:

@@ -86,8 +86,15 @@ def trial_progress(description: str, budget: int) -> tuple[object, object]:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from skipsearch.config import RunConfig
-    from skipsearch.pipeline import RUN_FILE, check_run_dir, cost_note, open_context, resolve_cost, search_one
+    from skipsearch.pipeline import (
+        RUN_FILE,
+        check_run_dir,
+        cost_note,
+        open_context,
+        resolve_cost,
+        resumed_config,
+        search_one,
+    )
     from skipsearch.progress import console as status
     from skipsearch.report import write_run_outputs
     from skipsearch.spaces import load_space
@@ -97,11 +104,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"results/{config.measure.model}-{config.space}-{config.strategy}-s{config.seed}")
     check_run_dir(out, args.resume)
     if args.resume:
-        stored, _ = RunConfig.load(out / RUN_FILE)
-        config = stored.with_budget(args.budget)
+        config = resumed_config(out, args.budget)
     load_space(config.space)  # a bad space file fails before the model loads
     context = open_context(config)
-    config = resolve_cost(config, context, out)
+    config = resolve_cost(config, context)
     status.print(cost_note(config, context))
     out.mkdir(parents=True, exist_ok=True)
     config.save(out / RUN_FILE, context.provenance)

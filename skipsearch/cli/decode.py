@@ -139,10 +139,7 @@ def run(args: argparse.Namespace) -> int:
         "exit_layer": mask.exit_layer,
         "gamma": gamma,
         "dynamic_gamma": args.dynamic_gamma,
-        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
-        "prompts": len(prompts),
-        "repeats": args.repeats,
-        "max_new_tokens": args.new_tokens,
+        **run_settings(args, len(prompts)),
         "summaries": {name: s.to_dict(summaries[HF], "hf") for name, s in summaries.items()},
         "estimators": estimates,
         "lossless": lossless,
@@ -160,6 +157,16 @@ def run(args: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
     return 0 if lossless else 1
+
+
+def run_settings(args: argparse.Namespace, prompts: int) -> dict[str, Any]:
+    """How the decodes ran, as `decode` and `decode-tiers` both report it in their JSON."""
+    return {
+        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
+        "prompts": prompts,
+        "repeats": args.repeats,
+        "max_new_tokens": args.new_tokens,
+    }
 
 
 # -- the decoders ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ AR, TIERS, SINGLE = "autoregressive", "ssd-tiers", "ssd-best-single"
 
 def run_tiers(args: argparse.Namespace) -> int:
     from skipsearch.cli.common import measure_config
-    from skipsearch.cli.decode import benchmark
+    from skipsearch.cli.decode import benchmark, run_settings
     from skipsearch.data import encode_prompts
     from skipsearch.engine import (
         GREEDY,
@@ -122,10 +122,7 @@ def run_tiers(args: argparse.Namespace) -> int:
         "gammas": list(gammas),
         "best_single": single,
         "mode": steps.mode,
-        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
-        "prompts": len(prompts),
-        "repeats": args.repeats,
-        "max_new_tokens": args.new_tokens,
+        **run_settings(args, len(prompts)),
         "summaries": {name: s.to_dict(summaries[AR], "autoregressive") for name, s in summaries.items()},
         "tier_share": [rounds.count(t) / len(rounds) if rounds else 0.0 for t in range(len(manifest.masks))],
         "predicted": dict(manifest.predicted),

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
+from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
+from skipsearch.acceptance.worker import Measurement, prepare
 from skipsearch.config import MeasureConfig
-from skipsearch.data import PromptSpec, encode_prompts
 from skipsearch.engine import DecodeResult
-from skipsearch.measurement import Measurement, prepare
 from skipsearch.models.loading import LoadedModel, load_model
 from skipsearch.models.runner import LayerwiseRunner
 

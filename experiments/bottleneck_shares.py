@@ -50,8 +50,8 @@ from _common import (
     write_csv,
 )
 
+from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.cli.decode import AR, SSD, benchmark, make_decoders
-from skipsearch.data import PromptSpec
 from skipsearch.engine import GREEDY, DecodeResult, GammaPolicy, RoundTiming, breakdown
 from skipsearch.engine.timing import PHASES, Bucket, PhaseStats
 from skipsearch.masks import SkipMask

@@ -24,7 +24,8 @@ from _common import fmt, markdown_table
 from compare_strategies import PROMPTS
 
 from skipsearch.cli import main as skipsearch
-from skipsearch.costmodel import Calibrated, LatencyProfile
+from skipsearch.cost.calibrated import Calibrated
+from skipsearch.cost.latency import LatencyProfile
 from skipsearch.masks import SkipMask
 from skipsearch.models.registry import REGISTRY, available_offline
 

@@ -40,8 +40,8 @@ from _common import (
     write_csv,
 )
 
+from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.cli.decode import AR, EARLY_EXIT, HF, SSD, Decoder, benchmark, make_decoders
-from skipsearch.data import PromptSpec
 from skipsearch.engine import GREEDY, DecodeResult, GammaPolicy, Summary
 from skipsearch.masks import SkipMask
 

@@ -52,10 +52,12 @@ from _common import (
     write_csv,
 )
 
-from skipsearch.acceptance import AcceptanceProfile
+from skipsearch.acceptance.prompts import PromptSpec
+from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.cli.decode import estimators
-from skipsearch.costmodel import Calibrated, LatencyProfile, SelfSpeculative, predict
-from skipsearch.data import PromptSpec
+from skipsearch.cost.calibrated import Calibrated, predict
+from skipsearch.cost.closed_forms import SelfSpeculative
+from skipsearch.cost.latency import LatencyProfile
 from skipsearch.engine import (
     DecodeResult,
     RoundTiming,

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 from _common import markdown_table
 
-from skipsearch.costmodel import LatencyProfile
+from skipsearch.cost.latency import LatencyProfile
 
 MODEL = "smollm2-135m"
 OUT = Path(__file__).resolve().parents[1] / "results" / "profile"

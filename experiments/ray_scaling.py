@@ -28,20 +28,13 @@ from pathlib import Path
 
 import torch
 
-from skipsearch.acceptance import AcceptanceProfile
+from skipsearch.acceptance.prompts import PromptSpec
+from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.config import MeasureConfig, RunConfig
-from skipsearch.data import PromptSpec
-from skipsearch.executors import (
-    Evaluator,
-    Executor,
-    LocalExecutor,
-    RayExecutor,
-    RayOptions,
-    local_executor,
-    measurement_executor,
-)
+from skipsearch.executors.base import Evaluator, Executor, LocalExecutor, local_executor
+from skipsearch.executors.ray import RayExecutor, RayOptions, measurement_executor
 from skipsearch.masks import SkipMask
-from skipsearch.pipeline import RunContext, open_context, search_one
+from skipsearch.run.pipeline import RunContext, open_context, search_one
 from skipsearch.search import load_study, study_trials_frame
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "ray"

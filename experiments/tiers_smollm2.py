@@ -28,12 +28,13 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from skipsearch.acceptance import AcceptanceProfile
+from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.cli import main as skipsearch
-from skipsearch.costmodel import LatencyProfile
+from skipsearch.cost.latency import LatencyProfile
 from skipsearch.masks import SkipMask
-from skipsearch.spaces import load_space
-from skipsearch.tier_search import (
+from skipsearch.search.space_files import load_space
+from skipsearch.store import TIERS_FILE
+from skipsearch.tiers.search import (
     SIZES,
     TierSetResult,
     candidate_pool,
@@ -41,7 +42,7 @@ from skipsearch.tier_search import (
     search_run_tiers,
     search_tier_sets,
 )
-from skipsearch.tiers import TIERS_FILE, CostModel, Tier, TierScorer, cost_model
+from skipsearch.tiers.simulation import CostModel, Tier, TierScorer, cost_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from skipsearch.data import PromptSpec
+from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.errors import ConfigError
 
 ESTIMATOR_MODES = ("shared-kv", "self")

@@ -6,26 +6,24 @@ import json
 
 import pytest
 
-from skipsearch.acceptance import AcceptanceProfile
-from skipsearch.costmodel import (
-    Calibrated,
+from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.cost.calibrated import Calibrated, predict
+from skipsearch.cost.closed_forms import (
     Contiguous,
-    LatencyProfile,
-    MemoryBudget,
     Optimum,
     SelfSpeculative,
     SeparateDraft,
     best_of,
     expected_tokens,
     optimal_gamma,
-    predict,
     speedup,
     speedup_curve,
-    throughput_ratio,
     tokens_per_round_by_depth,
     tokens_per_round_iid,
     verify_overhead,
 )
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.cost.memory import MemoryBudget, throughput_ratio
 from skipsearch.errors import ConfigError, InvalidMaskError
 from skipsearch.masks import SkipMask
 

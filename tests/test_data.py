@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from skipsearch.data import (
+from skipsearch.acceptance.prompts import (
     EncodedPrompt,
     PromptSpec,
     encode_prompts,
@@ -82,7 +82,7 @@ def test_selection_is_deterministic_per_seed(prompt_file: Path) -> None:
 
 
 def test_too_few_prompts_uses_all_with_warning(prompt_file: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="skipsearch.data"):
+    with caplog.at_level(logging.WARNING, logger="skipsearch.acceptance.prompts"):
         selected = select_prompts(PromptSpec(str(prompt_file), n_prompts=100))
     assert len(selected) == 20
     assert "fewer than n_prompts=100" in caplog.text
@@ -154,7 +154,7 @@ def test_turns_without_chat_template_encode_first_turn(tmp_path: Path) -> None:
 
 def test_zero_token_prompts_are_dropped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "###"}, {"prompt": "def f"}])
-    with caplog.at_level(logging.WARNING, logger="skipsearch.data"):
+    with caplog.at_level(logging.WARNING, logger="skipsearch.acceptance.prompts"):
         encoded = encode_prompts(PromptSpec(str(path), n_prompts=2), make_tokenizer())
     assert [e.id for e in encoded] == ["p.jsonl:2"]
     assert "dropped 1 prompts" in caplog.text

@@ -378,7 +378,7 @@ def test_decode_rejects_invalid_settings(options, capsys):
 
 
 def test_decode_rejects_a_mask_that_skips_everything(monkeypatch, capsys):
-    monkeypatch.setattr("skipsearch.measurement.prepare", lambda config: SimpleNamespace(num_layers=6))
+    monkeypatch.setattr("skipsearch.acceptance.worker.prepare", lambda config: SimpleNamespace(num_layers=6))
     assert main(["decode", "--skip", "0-5"]) == 2
     assert "skips every layer" in capsys.readouterr().err
 
@@ -400,7 +400,7 @@ def test_decode_reads_mask_and_gamma_from_a_run(tmp_path, capsys):
 # -- the real embedded model ----------------------------------------------------------------------
 @pytest.mark.integration
 def test_greedy_ssd_is_lossless_on_smollm2():
-    from skipsearch.data import PromptSpec, encode_prompts
+    from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
     from skipsearch.models.loading import load_model
 
     loaded = load_model("smollm2-135m")

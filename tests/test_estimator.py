@@ -4,8 +4,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from skipsearch.data import EncodedPrompt
-from skipsearch.estimator import Estimator, ReferenceCache, build_reference, sampling_acceptance
+from skipsearch.acceptance.estimator import Estimator, sampling_acceptance
+from skipsearch.acceptance.prompts import EncodedPrompt
+from skipsearch.acceptance.reference import ReferenceCache, build_reference
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import direct_matches, tiny_model

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from skipsearch.acceptance import AcceptanceProfile
-from skipsearch.executors import Executor, LocalExecutor
+from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.executors.base import Executor, LocalExecutor
 from skipsearch.masks import SkipMask
 
 MASK = SkipMask.from_layers(8, [3])

@@ -17,22 +17,24 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation import candidate_generator
 
-from skipsearch.acceptance import AcceptanceProfile
+from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.cli import main
 from skipsearch.cli.decode import read_from
 from skipsearch.config import RunConfig
 from skipsearch.engine import autoregressive_decode
 from skipsearch.errors import ConfigError
-from skipsearch.executors import LocalExecutor
-from skipsearch.export import FORMATS, Draft, ExportSource, export, load_source, write_hf
+from skipsearch.executors.base import LocalExecutor
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.report import write_run_outputs
+from skipsearch.run.export import FORMATS, Draft, ExportSource, export, load_source, write_hf
+from skipsearch.run.report import write_run_outputs
 from skipsearch.search import SearchConfig, make_strategy, run_search
 from skipsearch.search.objective import make_scorer
-from skipsearch.spaces import TierPolicy, TierSpace, parse_space
-from skipsearch.tier_search import search_space_tiers
-from skipsearch.tiers import TierManifest
+from skipsearch.search.space_files import parse_space
+from skipsearch.search.space_spec import TierSpace
+from skipsearch.tiers.manifest import TierManifest
+from skipsearch.tiers.policy import TierPolicy
+from skipsearch.tiers.search import search_space_tiers
 from tests.conftest import tiny_model
 
 LAYERS = 8
@@ -259,7 +261,7 @@ def test_hf_export_decodes_like_plain_greedy_on_a_tiny_llama(tmp_path, monkeypat
 
 @pytest.mark.integration
 def test_hf_export_decodes_like_plain_greedy_on_smollm2(tmp_path, monkeypatch):
-    from skipsearch.data import PromptSpec, encode_prompts
+    from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
     from skipsearch.models.loading import load_model
 
     loaded = load_model("smollm2-135m")

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
+from skipsearch.acceptance.estimator import Estimator
+from skipsearch.acceptance.prompts import PromptSpec
+from skipsearch.acceptance.worker import prepare
 from skipsearch.config import MeasureConfig
-from skipsearch.data import PromptSpec
-from skipsearch.estimator import Estimator
 from skipsearch.masks import SkipMask
-from skipsearch.measurement import prepare
 from tests.conftest import direct_matches
 
 pytestmark = pytest.mark.integration

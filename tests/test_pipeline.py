@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from skipsearch import pipeline
+from skipsearch.run import pipeline
 from skipsearch.config import RunConfig
-from skipsearch.pipeline import RUN_FILE, RunContext, cost_note, resolve_cost
+from skipsearch.run.pipeline import RunContext, cost_note, resolve_cost
+from skipsearch.store import RUN_FILE
 
 PROFILE = "/cache/profiles/smollm2-135m-cpu.json"
 

@@ -12,17 +12,13 @@ import pytest
 import torch
 
 from skipsearch import cli
-from skipsearch.costmodel import LatencyProfile
-from skipsearch.errors import ConfigError
-from skipsearch.models import loading
-from skipsearch.models.loading import LoadedModel
-from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.profile import (
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.cost.processes import profile_processes
+from skipsearch.cost.profiler import (
     ProcessTimings,
     Samples,
     _warn_if_noisy,
     combine,
-    default_profile_path,
     measure_latency,
     prefill_cache,
     round_bookkeeping,
@@ -30,7 +26,11 @@ from skipsearch.profile import (
     summary,
     time_pass,
 )
-from skipsearch.profile_processes import profile_processes
+from skipsearch.errors import ConfigError
+from skipsearch.models import loading
+from skipsearch.models.loading import LoadedModel
+from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.store import default_profile_path
 from tests.conftest import make_tokenizer, tiny_model
 
 CONTEXTS = (8, 24)
@@ -248,7 +248,7 @@ def test_default_profile_path_is_one_file_per_model_and_device(cache_in_tmp: Pat
 
 
 def test_profile_module_imports_without_torch() -> None:
-    code = "import sys, skipsearch.profile, skipsearch.cli.profile; assert 'torch' not in sys.modules"
+    code = "import sys, skipsearch.cost.profiler, skipsearch.cli.profile; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

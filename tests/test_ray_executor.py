@@ -27,13 +27,11 @@ import psutil
 import pytest
 import ray
 
-from skipsearch.acceptance import AcceptanceProfile
+from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.config import MeasureConfig
 from skipsearch.errors import ConfigError
-from skipsearch.executors import (
-    Evaluator,
-    Executor,
-    LocalExecutor,
+from skipsearch.executors.base import Evaluator, Executor, LocalExecutor
+from skipsearch.executors.ray import (
     MeasureWorker,
     RayExecutor,
     RayOptions,
@@ -55,7 +53,8 @@ class TinyModelWorker:
     reference: str
 
     def __call__(self) -> Evaluator:
-        from skipsearch.estimator import Estimator, ReferenceCache
+        from skipsearch.acceptance.estimator import Estimator
+        from skipsearch.acceptance.reference import ReferenceCache
         from skipsearch.models.runner import LayerwiseRunner
         from tests.conftest import tiny_model
 
@@ -168,8 +167,8 @@ class TestOnASharedRay:
     def test_two_workers_return_exactly_the_local_profiles(self, tmp_path: Path) -> None:
         import torch
 
-        from skipsearch.data import EncodedPrompt
-        from skipsearch.estimator import build_reference
+        from skipsearch.acceptance.prompts import EncodedPrompt
+        from skipsearch.acceptance.reference import build_reference
         from skipsearch.models.runner import LayerwiseRunner
         from tests.conftest import tiny_model
         from tests.test_estimator import MASKS, TOKENIZER
@@ -198,7 +197,7 @@ class TestOnASharedRay:
         from optuna.trial import TrialState
 
         from skipsearch.search import SearchConfig, load_study, make_strategy, run_search
-        from skipsearch.spaces import load_space
+        from skipsearch.search.space_files import load_space
         from tests.test_search import synthetic_score
 
         space = load_space("sparse").resolve(NUM_LAYERS)

@@ -22,9 +22,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from skipsearch.acceptance import AcceptanceProfile
+from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.errors import ConfigError
-from skipsearch.executors import Executor, LocalExecutor, Outcome
+from skipsearch.executors.base import Executor, LocalExecutor, Outcome
 from skipsearch.masks import SkipMask
 from skipsearch.search import (
     EvaluationCache,
@@ -40,7 +40,8 @@ from skipsearch.search import (
     run_search,
     study_trials_frame,
 )
-from skipsearch.spaces import ConcreteSpace, load_space
+from skipsearch.search.space_files import load_space
+from skipsearch.search.spaces import ConcreteSpace
 
 NUM_LAYERS = 12
 _DAMAGE = np.random.default_rng(123)

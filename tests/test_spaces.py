@@ -12,15 +12,9 @@ from optuna.trial import FixedTrial
 
 from skipsearch.errors import ConfigError, InvalidMaskError
 from skipsearch.masks import SkipMask
-from skipsearch.spaces import (
-    SPACES_DIR,
-    ConcreteSpace,
-    SpaceSpec,
-    TierSpec,
-    available_spaces,
-    load_space,
-    spread,
-)
+from skipsearch.search.space_files import SPACES_DIR, available_spaces, load_space
+from skipsearch.search.space_spec import SpaceSpec, TierSpec
+from skipsearch.search.spaces import ConcreteSpace, spread
 
 
 def write_space(tmp_path: Path, text: str, name: str = "space.yaml") -> Path:

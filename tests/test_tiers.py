@@ -10,28 +10,26 @@ import numpy as np
 import pytest
 import torch
 
-from skipsearch.acceptance import AcceptanceProfile
+from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.cli import main
-from skipsearch.costmodel import SelfSpeculative, predict
+from skipsearch.cost.calibrated import predict
+from skipsearch.cost.closed_forms import SelfSpeculative
 from skipsearch.engine import Sampling, autoregressive_decode
 from skipsearch.engine.graphs import GraphSteps, make_steps
 from skipsearch.engine.ssd import EagerSteps
-from skipsearch.engine.tiers import tiered_decode
+from skipsearch.engine.tiered import tiered_decode
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.spaces import TierPolicy
-from skipsearch.tier_search import TierSetResult, candidate_pool, drop_unused, search_tier_sets
-from skipsearch.tiers import (
+from skipsearch.tiers.manifest import TierManifest, is_tier_manifest
+from skipsearch.tiers.policy import TierController, TierPolicy, check_policy
+from skipsearch.tiers.search import TierSetResult, candidate_pool, drop_unused, search_tier_sets
+from skipsearch.tiers.simulation import (
     Single,
     Tier,
-    TierController,
-    TierManifest,
     TierScorer,
     Trajectories,
-    check_policy,
     closed_form,
-    is_tier_manifest,
     match_runs,
     simulate,
 )
@@ -287,7 +285,7 @@ def test_decode_command_runs_a_tier_manifest(runner, tmp_path, monkeypatch, caps
     loaded = LoadedModel(runner.model, None, "tiny", "memory")
     monkeypatch.setattr("skipsearch.models.loading.load_model", lambda *args: loaded)
     monkeypatch.setattr(
-        "skipsearch.data.encode_prompts", lambda spec, tokenizer: [SimpleNamespace(ids=PROMPT)]
+        "skipsearch.acceptance.prompts.encode_prompts", lambda spec, tokenizer: [SimpleNamespace(ids=PROMPT)]
     )
     out = tmp_path / "decode.json"
     options = ["--from", str(tmp_path / "tiers.json"), "--new-tokens", "16", "--repeats", "1"]

@@ -26,9 +26,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from skipsearch.cli.run import run_config
-    from skipsearch.pipeline import run_compare
     from skipsearch.progress import console
-    from skipsearch.report import write_compare_outputs
+    from skipsearch.run.pipeline import run_compare
+    from skipsearch.run.report import write_compare_outputs
 
     config = run_config(args, "learned")
     out = Path(args.out or f"results/compare-{config.measure.model}-{config.space}")

@@ -22,11 +22,11 @@ from skipsearch.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-    from skipsearch.acceptance import AcceptanceProfile
+    from skipsearch.acceptance.estimator import Estimator
+    from skipsearch.acceptance.rounds import AcceptanceProfile
+    from skipsearch.acceptance.worker import Measurement
     from skipsearch.engine import DecodeResult, GammaPolicy, Sampling, Summary
-    from skipsearch.estimator import Estimator
     from skipsearch.masks import SkipMask
-    from skipsearch.measurement import Measurement
     from skipsearch.models.loading import LoadedModel
     from skipsearch.models.runner import LayerwiseRunner
 
@@ -89,12 +89,12 @@ def read_from(path: Path) -> tuple[str, int | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from skipsearch.acceptance.prompts import encode_prompts
+    from skipsearch.acceptance.worker import prepare
     from skipsearch.cli.common import mask_from_args, measure_config
-    from skipsearch.data import encode_prompts
     from skipsearch.engine import GREEDY, GammaPolicy, Sampling, Summary, breakdown
     from skipsearch.masks import SkipMask
-    from skipsearch.measurement import prepare
-    from skipsearch.tiers import is_tier_manifest
+    from skipsearch.tiers.manifest import is_tier_manifest
 
     if args.from_path and is_tier_manifest(Path(args.from_path)):
         from skipsearch.cli.decode_tiers import run_tiers
@@ -311,7 +311,7 @@ def benchmark(
 def estimators(measurement: Measurement) -> list[Estimator]:
     """The configured estimator, plus `self` mode when that is `shared-kv`: its reference holds
     the K/V and serves both, so one run shows which mode predicts the engine (DESIGN §4)."""
-    from skipsearch.estimator import Estimator
+    from skipsearch.acceptance.estimator import Estimator
 
     configured = measurement.estimator
     if configured.mode == "self":
@@ -328,7 +328,7 @@ def estimator_dict(
     the i.i.d. closed form `E(γ)` at the mean `sum_x min(p, q)` — the estimator applies no
     top-k / top-p. A dynamic γ has no single prediction.
     """
-    from skipsearch.costmodel import tokens_per_round_iid
+    from skipsearch.cost.closed_forms import tokens_per_round_iid
 
     alpha = profile.alpha if sampling.greedy else profile.sampling_acceptance
     predicted = None

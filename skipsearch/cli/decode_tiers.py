@@ -19,9 +19,9 @@ AR, TIERS, SINGLE = "autoregressive", "ssd-tiers", "ssd-best-single"
 
 
 def run_tiers(args: argparse.Namespace) -> int:
+    from skipsearch.acceptance.prompts import encode_prompts
     from skipsearch.cli.common import measure_config
     from skipsearch.cli.decode import benchmark, run_settings
-    from skipsearch.data import encode_prompts
     from skipsearch.engine import (
         GREEDY,
         Sampling,
@@ -31,11 +31,11 @@ def run_tiers(args: argparse.Namespace) -> int:
         speculative_decode,
     )
     from skipsearch.engine.graphs import make_steps
-    from skipsearch.engine.tiers import TieredResult, tiered_decode
+    from skipsearch.engine.tiered import TieredResult, tiered_decode
     from skipsearch.masks import SkipMask
     from skipsearch.models.loading import load_model
     from skipsearch.models.runner import LayerwiseRunner
-    from skipsearch.tiers import TierManifest
+    from skipsearch.tiers.manifest import TierManifest
 
     manifest = TierManifest.load(Path(args.from_path))
     if args.dynamic_gamma or any(

@@ -7,17 +7,11 @@ from typing import TYPE_CHECKING
 
 from skipsearch.config import MeasureConfig
 from skipsearch.errors import ConfigError
-from skipsearch.executors import (
-    Executor,
-    ExecutorFactory,
-    RayOptions,
-    check_ray_address,
-    local_executor,
-    measurement_executor,
-)
+from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
+from skipsearch.executors.ray import RayOptions, check_ray_address, measurement_executor
 
 if TYPE_CHECKING:
-    from skipsearch.measurement import Measurement
+    from skipsearch.acceptance.worker import Measurement
 
 
 def add_executor_options(parser: argparse.ArgumentParser) -> None:

@@ -25,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.export import README, export, load_source
+    from skipsearch.run.export import export, load_source
+    from skipsearch.store import EXPORT_README
 
     source = load_source(Path(args.run))
     run_dir = source.run_dir or source.path.parent
@@ -33,5 +34,5 @@ def run(args: argparse.Namespace) -> int:
     for item in export(source, [args.format], out):
         what = f"mask {item.draft.mask} γ={item.draft.gamma}" if item.draft else "tier set"
         print(f"{item.format:<12} {item.path}  read back OK  ({what})")
-    print(f"what each engine can and cannot express: {out / README}")
+    print(f"what each engine can and cannot express: {out / EXPORT_README}")
     return 0

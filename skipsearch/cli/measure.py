@@ -33,11 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from skipsearch.acceptance.worker import prepare
     from skipsearch.cli.common import mask_from_args, measure_config
-    from skipsearch.costmodel import LatencyProfile, predict
+    from skipsearch.cost.calibrated import predict
+    from skipsearch.cost.latency import LatencyProfile
     from skipsearch.errors import ConfigError
-    from skipsearch.measurement import prepare
-    from skipsearch.profile import default_profile_path
+    from skipsearch.store import default_profile_path
 
     if args.temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")

@@ -15,18 +15,18 @@ from rich.console import Console
 from rich.table import Table
 
 from skipsearch.cli.common import add_model_options
-from skipsearch.costmodel import LatencyProfile
-from skipsearch.errors import ConfigError
-from skipsearch.profile import (
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.cost.processes import DEFAULT_PROCESSES, profile_processes
+from skipsearch.cost.profiler import (
     DEFAULT_CONTEXT_LENGTHS,
     DEFAULT_REPEATS,
     DEFAULT_WARMUP,
     ProfileSummary,
-    default_profile_path,
     save_profile,
     summary,
 )
-from skipsearch.profile_processes import DEFAULT_PROCESSES, profile_processes
+from skipsearch.errors import ConfigError
+from skipsearch.store import default_profile_path
 
 MS = 1e3
 

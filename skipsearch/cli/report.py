@@ -13,7 +13,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.report import write_run_outputs
+    from skipsearch.run.report import write_run_outputs
 
     run_dir = Path(args.run_dir)
     write_run_outputs(run_dir)

@@ -86,7 +86,8 @@ def trial_progress(description: str, budget: int) -> tuple[object, object]:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from skipsearch.pipeline import (
+    from skipsearch.progress import console as status
+    from skipsearch.run.pipeline import (
         RUN_FILE,
         check_run_dir,
         cost_note,
@@ -95,9 +96,8 @@ def run(args: argparse.Namespace) -> int:
         resumed_config,
         search_one,
     )
-    from skipsearch.progress import console as status
-    from skipsearch.report import write_run_outputs
-    from skipsearch.spaces import load_space
+    from skipsearch.run.report import write_run_outputs
+    from skipsearch.search.space_files import load_space
 
     config = run_config(args, args.strategy)
     make_executor = executor_factory(args)  # checks the executor options before the model loads

@@ -1,6 +1,6 @@
 """`skipsearch speedup`: closed-form speedup of speculative decoding for given acceptance and cost.
 
-A calculator over `skipsearch.costmodel` (reference 000 §3–§5, 001 §3.2): the separate-draft form
+A calculator over `skipsearch.cost` (reference 000 §3–§5, 001 §3.2): the separate-draft form
 with `--c`, self-speculative with `--r-draft` (`--r-reuse` defaults to it: contiguous prefix).
 """
 
@@ -10,7 +10,7 @@ import argparse
 import json
 from dataclasses import fields
 
-from skipsearch.costmodel import (
+from skipsearch.cost.closed_forms import (
     Acceptance,
     Contiguous,
     CostForm,

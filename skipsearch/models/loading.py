@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import shutil
 import socket
 import tempfile
@@ -18,16 +17,12 @@ from pathlib import Path
 
 from skipsearch.errors import ModelLoadError
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
+from skipsearch.store import cache_dir
 
 log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
-
-
-def cache_dir() -> Path:
-    """Where converted models and reference caches live (`SKIPSEARCH_CACHE` overrides)."""
-    return Path(os.environ.get("SKIPSEARCH_CACHE", Path.home() / ".cache" / "skipsearch"))
 
 
 def file_sha256(path: Path) -> str:

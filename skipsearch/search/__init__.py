@@ -3,9 +3,9 @@
 Example (a synthetic evaluator and scorer stand in for the model and the cost model)::
 
     from pathlib import Path
-    from skipsearch.executors import LocalExecutor
+    from skipsearch.executors.base import LocalExecutor
     from skipsearch.search import SearchConfig, make_strategy, run_search
-    from skipsearch.spaces import load_space
+    from skipsearch.search.space_files import load_space
 
     space = load_space("sparse").resolve(num_layers=30)
     with LocalExecutor(evaluate) as executor:
@@ -33,13 +33,7 @@ from skipsearch.search.strategies import (
     UniformStrategy,
     make_strategy,
 )
-from skipsearch.search.study import (
-    ProgressCallback,
-    SearchConfig,
-    SearchResult,
-    load_study,
-    run_search,
-)
+from skipsearch.search.study import ProgressCallback, SearchConfig, SearchResult, load_study, run_search
 
 __all__ = [
     "STRATEGIES",

@@ -14,14 +14,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from skipsearch.acceptance import AcceptanceProfile
+from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
+from skipsearch.store import CACHE_KEY_FILE, EVALUATIONS_FILE
 
 logger = logging.getLogger(__name__)
 
-CACHE_FILE = "evaluations.jsonl"
-KEY_FILE = "key.txt"
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class EvaluationCache:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._check_key(key)
-        self.path = self.directory / CACHE_FILE
+        self.path = self.directory / EVALUATIONS_FILE
         self._entries: dict[str, CachedEvaluation] = {}
         if self.path.exists():
             self._load()
@@ -45,7 +44,7 @@ class EvaluationCache:
     def _check_key(self, key: str | None) -> None:
         if key is None:
             return
-        key_path = self.directory / KEY_FILE
+        key_path = self.directory / CACHE_KEY_FILE
         if not key_path.exists():
             key_path.write_text(key)
         elif (stored := key_path.read_text()) != key:

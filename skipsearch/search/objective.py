@@ -6,8 +6,9 @@ itself without the model.
 
 from __future__ import annotations
 
-from skipsearch.acceptance import AcceptanceProfile
-from skipsearch.costmodel import LatencyProfile, predict
+from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.cost.calibrated import predict
+from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.search.score import Score, Scorer

@@ -19,7 +19,7 @@ import optuna
 
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
-from skipsearch.spaces import ENUMERATE_LIMIT, ConcreteSpace
+from skipsearch.search.spaces import ENUMERATE_LIMIT, ConcreteSpace
 
 
 @dataclass(frozen=True)

@@ -31,19 +31,19 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
-from skipsearch.acceptance import AcceptanceProfile
+from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.errors import ConfigError
-from skipsearch.executors import Executor, Outcome
+from skipsearch.executors.base import Executor, Outcome
 from skipsearch.masks import SkipMask, SublayerWeights
 from skipsearch.search.cache import EvaluationCache
 from skipsearch.search.results import DETAIL_PREFIX, TrialRecord, best_trial, pareto_front
 from skipsearch.search.score import Scorer
+from skipsearch.search.spaces import ConcreteSpace
 from skipsearch.search.strategies import PlanContext, Strategy
-from skipsearch.spaces import ConcreteSpace
+from skipsearch.store import JOURNAL_FILE
 
 logger = logging.getLogger(__name__)
 
-JOURNAL_FILE = "optuna.journal"
 CONSTRAINT = "infeasibility"
 # Trial attrs set when a trial is asked; the rest describe its score and are copied to repeats.
 _ASK_ATTRS = ("mask", "num_layers", "strategy", "seed", "origin")

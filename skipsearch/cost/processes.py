@@ -21,9 +21,8 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from skipsearch.costmodel import LatencyProfile
-from skipsearch.errors import ConfigError
-from skipsearch.profile import (
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.cost.profiler import (
     DEFAULT_CONTEXT_LENGTHS,
     DEFAULT_POSITIONS,
     DEFAULT_REPEATS,
@@ -34,6 +33,7 @@ from skipsearch.profile import (
     measure_samples,
     process_meta,
 )
+from skipsearch.errors import ConfigError
 
 DEFAULT_PROCESSES = 10
 

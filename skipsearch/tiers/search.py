@@ -18,19 +18,21 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from skipsearch.acceptance import AcceptanceProfile
+from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.config import RunConfig
-from skipsearch.costmodel import LatencyProfile, optimal_gamma
+from skipsearch.cost.closed_forms import optimal_gamma
+from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
-from skipsearch.runs import load_run, run_profiles
-from skipsearch.spaces import TierPolicy, TierSpace
-from skipsearch.tiers import (
-    TIERS_FILE,
+from skipsearch.search.space_spec import TierSpace
+from skipsearch.search.stored import load_run, run_profiles
+from skipsearch.store import TIER_TABLE_FILE, TIERS_FILE
+from skipsearch.tiers.manifest import TierManifest
+from skipsearch.tiers.policy import TierPolicy
+from skipsearch.tiers.simulation import (
     CostModel,
     Single,
     Tier,
-    TierManifest,
     TierScore,
     TierScorer,
     closed_form,
@@ -40,7 +42,6 @@ from skipsearch.tiers import (
 
 log = logging.getLogger(__name__)
 
-TABLE_FILE = "tier_sets.csv"
 SIZES = (2, 3, 4)
 # Threshold range the study samples: 0 and 1 are not acceptance levels a policy can act on.
 LEVELS = (0.02, 0.98)
@@ -284,7 +285,7 @@ class TierSearch:
         """`tiers.json` (the best set, the capture manifest) and `tier_sets.csv` (best per size)."""
         directory.mkdir(parents=True, exist_ok=True)
         self.manifest.save(directory / TIERS_FILE)
-        self.table().to_csv(directory / TABLE_FILE, index=False)
+        self.table().to_csv(directory / TIER_TABLE_FILE, index=False)
         return directory / TIERS_FILE
 
 

@@ -10,14 +10,12 @@ from pathlib import Path
 
 import optuna
 
-from skipsearch.acceptance import AcceptanceProfile
+from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.search import EvaluationCache, TrialRecord, load_study, trial_records
-from skipsearch.search.study import JOURNAL_FILE, journal_storage
-
-RUN_FILE = "run.yaml"
-CACHE_DIR = "cache"
+from skipsearch.search.study import journal_storage
+from skipsearch.store import CACHE_DIR, JOURNAL_FILE, RUN_FILE
 
 
 def load_run(run_dir: Path) -> tuple[RunConfig, dict]:

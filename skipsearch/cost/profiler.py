@@ -16,7 +16,7 @@ fresh processes (`profile_processes`) and keeps the mean of their medians (`comb
 statistic rescues a CPU that other processes keep busy — every parallel kernel then stalls — so
 such a run is flagged by its spread instead.
 
-Imports torch only inside the measuring functions: `measure` imports `default_profile_path`.
+Imports torch only inside the measuring functions.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ import itertools
 import logging
 import os
 import platform
-import re
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -38,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from skipsearch.costmodel import LatencyProfile
+from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
-from skipsearch.models.loading import cache_dir
 from skipsearch.progress import progress_bar
+from skipsearch.store import atomic_path
 
 if TYPE_CHECKING:
     import torch
@@ -64,29 +62,11 @@ Sync = Callable[[], None]
 # -- where profiles live -------------------------------------------------------------------------
 
 
-def slug(text: str) -> str:
-    """A file-name-safe form of a model id or device (`org/name` -> `org_name`, `cuda:0` -> `cuda_0`)."""
-    return re.sub(r"[^\w.-]+", "_", text).strip("_.") or "model"
-
-
-def default_profile_path(model_id: str, device: str) -> Path:
-    """Where `skipsearch profile` writes and `measure` looks by default: one per model and device."""
-    return cache_dir() / "profiles" / f"{slug(model_id)}-{slug(device)}.json"
-
-
 def save_profile(profile: LatencyProfile, path: str | Path) -> Path:
     """Write atomically: an interrupted run must not leave half a profile that `measure` would read."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
+    with atomic_path(path) as staging:
         profile.save(staging)
-        os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
-    return path
+    return Path(path)
 
 
 # -- measuring -----------------------------------------------------------------------------------

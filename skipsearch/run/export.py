@@ -27,13 +27,12 @@ from typing import Any
 from skipsearch import __version__
 from skipsearch.errors import ConfigError, SkipsearchError
 from skipsearch.masks import SkipMask
-from skipsearch.runs import RUN_FILE, load_run, run_trials
-from skipsearch.tiers import TIERS_FILE, TierManifest
+from skipsearch.search.stored import load_run, run_trials
+from skipsearch.store import BEST_FILE, EXPORT_README, RUN_FILE, TIERS_FILE
+from skipsearch.tiers.manifest import TierManifest
 
 log = logging.getLogger(__name__)
 
-BEST_FILE = "best.json"
-README = "README.md"
 EXPORT_VERSION = 1
 
 
@@ -462,7 +461,7 @@ def export(source: ExportSource, formats: Iterable[str], out: Path) -> list[Expo
     exported = [_write(source, FORMATS[name], draft, out) for name, draft in drafts.items()]
     if source.tiers is not None:
         exported.append(_write_tiers(source.tiers, out))
-    (out / README).write_text(readme(source, exported, skipped))
+    (out / EXPORT_README).write_text(readme(source, exported, skipped))
     for name, why in skipped.items():
         log.warning("format %s not written: %s", name, why)
     return exported

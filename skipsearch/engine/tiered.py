@@ -23,8 +23,7 @@ from skipsearch.engine.sampling import GREEDY, Sampling
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.spaces import TierPolicy
-from skipsearch.tiers import TierController, check_policy
+from skipsearch.tiers.policy import TierController, TierPolicy, check_policy
 
 
 @dataclass

@@ -15,11 +15,9 @@ from pathlib import Path
 
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
-from skipsearch.executors import Executor, ExecutorFactory, local_executor
+from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.progress import console
-from skipsearch.search.study import JOURNAL_FILE
-
-RUN_FILE = "run.yaml"
+from skipsearch.store import JOURNAL_FILE, RUN_FILE
 
 
 def check_run_dir(out: Path, resume: bool) -> None:
@@ -51,10 +49,10 @@ def open_context(config: RunConfig) -> RunContext:
     import torch
     import transformers
 
-    from skipsearch.costmodel import LatencyProfile
-    from skipsearch.measurement import prepare
-    from skipsearch.profile import default_profile_path
-    from skipsearch.spaces import load_space
+    from skipsearch.acceptance.worker import prepare
+    from skipsearch.cost.latency import LatencyProfile
+    from skipsearch.search.space_files import load_space
+    from skipsearch.store import default_profile_path
 
     space = load_space(config.space)
     # Infeasible constraints depend on the depth: check them before any run file is written.
@@ -120,7 +118,8 @@ def search_one(
 
     from skipsearch.search import SearchConfig, make_strategy, run_search
     from skipsearch.search.objective import make_scorer
-    from skipsearch.spaces import TierSpace, load_space
+    from skipsearch.search.space_files import load_space
+    from skipsearch.search.space_spec import TierSpace
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar reports trials
     measurement = context.measurement
@@ -147,7 +146,7 @@ def search_one(
             on_trial=on_trial,
         )
     if isinstance(resolved, TierSpace):  # tier sets over the masks the base search measured
-        from skipsearch.tier_search import search_space_tiers
+        from skipsearch.tiers.search import search_space_tiers
 
         search_space_tiers(out, resolved, config.cost, context.latency, seed=config.seed)
     return result
@@ -170,7 +169,7 @@ def run_compare(
     from dataclasses import replace
 
     from skipsearch.search import EvaluationCache
-    from skipsearch.spaces import load_space
+    from skipsearch.search.space_files import load_space
 
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")

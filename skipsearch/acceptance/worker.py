@@ -13,11 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
+from skipsearch.acceptance.estimator import Estimator
+from skipsearch.acceptance.prompts import encode_prompts, select_prompts
+from skipsearch.acceptance.reference import ReferenceCache, build_reference, reference_key
 from skipsearch.config import MeasureConfig
-from skipsearch.data import encode_prompts, select_prompts
-from skipsearch.estimator import Estimator, ReferenceCache, build_reference, reference_key
-from skipsearch.models.loading import LoadedModel, cache_dir, load_model
+from skipsearch.models.loading import LoadedModel, load_model
 from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.store import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.search import best_trial, load_study, pareto_front, study_trials_frame
 from skipsearch.search.results import TrialRecord
+from skipsearch.store import RUN_FILE
 
-RUN_FILE = "run.yaml"
 PAYS_OFF = 1.05  # below this predicted speedup, overheads the model ignores eat the gain
 
 

@@ -1,0 +1,162 @@
+"""ReferenceCache: what the target model does on the prompt set, computed once (DESIGN §4).
+
+Built once per (model, prompt set): the target's greedy continuation of every prompt and the
+full model's hidden state at the input of every layer (plus every layer's K/V for `shared-kv`),
+stored on disk so every mask evaluation, in this process or on a Ray worker, starts from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import DynamicCache
+
+from skipsearch.acceptance.prompts import EncodedPrompt
+from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.progress import progress_bar
+
+log = logging.getLogger(__name__)
+
+CACHE_FORMAT = 2
+GENERATE_BATCH = 8
+FORWARD_BATCH = 8
+
+
+@dataclass
+class ReferenceCache:
+    """Full-model teacher-forcing data for one prompt set.
+
+    `input_ids` is right-padded `[B, T]`; `hidden[l]` is the input of layer `l` (`hidden[L]`
+    the final pre-norm state) `[L + 1, B, T, d]`; `keys` / `values` are the post-RoPE K/V of
+    every layer `[L, B, H_kv, T, D]` (only for `shared-kv`).
+    """
+
+    input_ids: torch.Tensor
+    prompt_lengths: torch.Tensor
+    lengths: torch.Tensor
+    hidden: torch.Tensor
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return self.hidden.shape[0] - 1
+
+    def prediction_index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row, position) of every position whose next token is a continuation token."""
+        rows, cols = [], []
+        for row, (start, end) in enumerate(
+            zip(self.prompt_lengths.tolist(), self.lengths.tolist(), strict=True)
+        ):
+            cols.append(torch.arange(start - 1, end - 1))
+            rows.append(torch.full((end - start,), row))
+        return torch.cat(rows), torch.cat(cols)
+
+    def row_sizes(self) -> list[int]:
+        return (self.lengths - self.prompt_lengths).tolist()
+
+    def save(self, path: Path, meta: dict) -> None:
+        tensors = {
+            "input_ids": self.input_ids,
+            "prompt_lengths": self.prompt_lengths,
+            "lengths": self.lengths,
+            "hidden": self.hidden,
+        }
+        if self.keys is not None and self.values is not None:
+            tensors |= {"keys": self.keys, "values": self.values}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(".tmp")
+        save_file(
+            {k: v.contiguous() for k, v in tensors.items()}, str(staging), metadata={"meta": json.dumps(meta)}
+        )
+        staging.replace(path)
+
+    @classmethod
+    def load(cls, path: Path, device: torch.device) -> ReferenceCache:
+        tensors = load_file(str(path), device=str(device))
+        return cls(
+            **{name: tensors.get(name) for name in ("input_ids", "prompt_lengths", "lengths", "hidden")},
+            keys=tensors.get("keys"),
+            values=tensors.get("values"),
+        )
+
+
+def generate_continuations(
+    model: Any, tokenizer: Any, prompts: Sequence[EncodedPrompt], new_tokens: int
+) -> list[list[int]]:
+    """The target's greedy continuation of each prompt (stopping after EOS), batched with left padding."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+    continuations: list[list[int]] = []
+    with progress_bar("reference: greedy continuations", len(prompts)) as bar:
+        for start in range(0, len(prompts), GENERATE_BATCH):
+            chunk = prompts[start : start + GENERATE_BATCH]
+            width = max(len(p.ids) for p in chunk)
+            ids = torch.tensor([[pad] * (width - len(p.ids)) + list(p.ids) for p in chunk])
+            attention = torch.tensor([[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in chunk])
+            with torch.no_grad():
+                out = model.generate(
+                    input_ids=ids.to(model.device),
+                    attention_mask=attention.to(model.device),
+                    max_new_tokens=new_tokens,
+                    do_sample=False,
+                    pad_token_id=pad,
+                )
+            for row in out[:, width:].tolist():
+                cut = next((i + 1 for i, token in enumerate(row) if token in eos_ids), len(row))
+                continuations.append(row[:cut])
+            bar.advance(bar.task_ids[0], len(chunk))
+    return continuations
+
+
+@torch.no_grad()
+def build_reference(
+    runner: LayerwiseRunner, tokenizer: Any, prompts: Sequence[EncodedPrompt], new_tokens: int, with_kv: bool
+) -> ReferenceCache:
+    """Generate continuations, then one teacher-forced full forward collecting per-layer states."""
+    continuations = generate_continuations(runner.model, tokenizer, prompts, new_tokens)
+    # Rows sorted by length let each forward chunk trim its padding.
+    pairs = sorted(zip(prompts, continuations, strict=True), key=lambda pair: len(pair[0].ids) + len(pair[1]))
+    prompts = [p for p, _ in pairs]
+    sequences = [list(p.ids) + c for p, c in pairs]
+    width = max(len(s) for s in sequences)
+    input_ids = torch.tensor([s + [0] * (width - len(s)) for s in sequences], device=runner.device)
+    position_ids = torch.arange(width, device=runner.device)[None]
+    hidden_parts, key_parts, value_parts = [], [], []
+    with progress_bar("reference: full-model states", len(sequences)) as bar:
+        for start in range(0, len(sequences), FORWARD_BATCH):
+            chunk = input_ids[start : start + FORWARD_BATCH]
+            states: list[torch.Tensor] = []
+            cache = DynamicCache(config=runner.config) if with_kv else None
+            runner.run_layers(
+                runner.embed(chunk), 0, runner.num_layers, position_ids, cache=cache, collect=states
+            )
+            hidden_parts.append(torch.stack(states))
+            if cache is not None:
+                key_parts.append(torch.stack([layer.keys for layer in cache.layers]))
+                value_parts.append(torch.stack([layer.values for layer in cache.layers]))
+            bar.advance(bar.task_ids[0], len(chunk))
+    return ReferenceCache(
+        input_ids=input_ids,
+        prompt_lengths=torch.tensor([len(p.ids) for p in prompts], device=runner.device),
+        lengths=torch.tensor([len(s) for s in sequences], device=runner.device),
+        hidden=torch.cat(hidden_parts, dim=1),
+        keys=torch.cat(key_parts, dim=1) if with_kv else None,
+        values=torch.cat(value_parts, dim=1) if with_kv else None,
+    )
+
+
+def reference_key(model_source: str, dtype: str, prompt_key: str, with_kv: bool) -> str:
+    text = json.dumps([CACHE_FORMAT, model_source, dtype, prompt_key, with_kv])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+

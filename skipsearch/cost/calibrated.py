@@ -1,0 +1,143 @@
+"""The calibrated cost form and the one-mask prediction (DESIGN §5).
+
+A round priced with measured times instead of layer counts, and `predict()`: a mask's speedup
+curve from both the closed form and, given a profile, the calibrated form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.cost.closed_forms import (
+    Optimum,
+    SelfSpeculative,
+    best_of,
+    check_gamma,
+    expected_tokens,
+    speedup_curve,
+)
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.masks import SkipMask, SublayerWeights
+
+
+@dataclass(frozen=True)
+class RoundTime:
+    """Seconds of one speculative round, split the way the engine reports it (DESIGN §6)."""
+
+    draft: float
+    verify: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return self.draft + self.verify + self.overhead
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """One round priced with measured times instead of layer counts (DESIGN §5).
+
+    `γ` draft steps run embed, the draft's sub-layers and the head over one position each. Verify
+    runs over `γ + 1` positions every sub-layer from the first one the draft skipped (see
+    `SkipMask.reused_sublayers`), and the sub-layers before it, with the embedding, only for the last draft
+    token, which the draft never ran; then the head over `γ + 1` positions. Plus the measured
+    per-round overhead. `round_cost = round time / step time`, so `S = E(γ) × step / round`.
+    """
+
+    latency: LatencyProfile
+    mask: SkipMask
+    context: float = 512
+    name: str = field(default="calibrated", init=False)
+
+    def round_time(self, gamma: int) -> RoundTime:
+        check_gamma(gamma)
+        one = self.latency.weights(self.context, 1)
+        full = self.latency.weights(self.context, gamma + 1)
+        draft_step = one.total * self.mask.r_draft(one)
+        reused = self.mask.reused_sublayers
+        step_one, step_full = _in_order(one), _in_order(full)
+        verify = one.embed + sum(step_one[:reused]) + sum(step_full[reused:]) + full.head
+        return RoundTime(gamma * draft_step, verify, self.latency.overhead(gamma))
+
+    def round_cost(self, gamma: int) -> float:
+        return self.round_time(gamma).total / self.latency.step_time(self.context)
+
+
+def _in_order(weights: SublayerWeights) -> list[float]:
+    """Sub-layer times in execution order: `attn_0, mlp_0, attn_1, mlp_1, ...`."""
+    return [t for pair in zip(weights.attn, weights.mlp, strict=True) for t in pair]
+
+
+# -- scoring one mask ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted speedup of one mask for γ = 1..γ_max: closed form and, with a profile, calibrated.
+
+    Index `γ - 1` of each curve holds draft length `γ`. `r_reuse` is the sub-layer share verify
+    reuses (`SkipMask.reused_sublayers / 2L`), the one the closed form used.
+    """
+
+    mask: str
+    r_draft: float
+    r_reuse: float
+    context: float
+    tokens_per_round: tuple[float, ...]
+    closed_form: tuple[float, ...]
+    calibrated: tuple[float, ...] | None = None
+
+    @property
+    def best_closed_form(self) -> Optimum:
+        return best_of(self.closed_form)
+
+    @property
+    def best_calibrated(self) -> Optimum | None:
+        return None if self.calibrated is None else best_of(self.calibrated)
+
+    @property
+    def best(self) -> Optimum:
+        """The score DESIGN §5 asks for: calibrated when a profile was given, else the closed form."""
+        return self.best_calibrated or self.best_closed_form
+
+    def to_dict(self) -> dict:
+        def optimum(best: Optimum | None) -> dict | None:
+            return None if best is None else {"gamma": best.gamma, "speedup": best.speedup}
+
+        return {
+            "mask": self.mask,
+            "r_draft": self.r_draft,
+            "r_reuse": self.r_reuse,
+            "context": self.context,
+            "tokens_per_round": list(self.tokens_per_round),
+            "closed_form": list(self.closed_form),
+            "calibrated": None if self.calibrated is None else list(self.calibrated),
+            "best_closed_form": optimum(self.best_closed_form),
+            "best_calibrated": optimum(self.best_calibrated),
+        }
+
+
+def predict(
+    profile: AcceptanceProfile,
+    mask: SkipMask,
+    gamma_max: int = 8,
+    latency: LatencyProfile | None = None,
+    context: float = 512,
+    epsilon: float = 0.0,
+) -> Prediction:
+    """Score a mask from its measured acceptance: cheap enough to call for every search trial."""
+    closed = SelfSpeculative.from_mask(mask, epsilon)
+    return Prediction(
+        mask=str(mask),
+        r_draft=closed.r_draft,
+        r_reuse=closed.r_reuse,
+        context=context,
+        tokens_per_round=tuple(expected_tokens(profile, g) for g in range(1, gamma_max + 1)),
+        closed_form=speedup_curve(profile, closed, gamma_max),
+        calibrated=None
+        if latency is None
+        else speedup_curve(profile, Calibrated(latency, mask, context), gamma_max),
+    )
+
+

@@ -1,0 +1,217 @@
+"""Closed-form cost model: how much faster speculative decoding is than plain decoding (DESIGN §5).
+
+Pure arithmetic, no model. Every speedup here has the same shape,
+
+    S(γ) = E(γ) / round_cost(γ),
+
+tokens committed per round over the cost of one round in units of one autoregressive step. `E`
+comes from an acceptance rate, per-depth rates or a measured `AcceptanceProfile`; the round cost
+comes from a *cost form*: the closed forms of reference 000 §3–§5 (separate draft, self-speculative
+general and contiguous, each with the verify overhead `f(γ) = 1 + εγ`), or the calibrated form of
+`skipsearch.cost.calibrated`, which prices one round with a device-measured `LatencyProfile`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from numbers import Integral, Real
+from typing import Protocol
+
+import numpy as np
+
+from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.errors import ConfigError
+from skipsearch.masks import SkipMask
+
+Acceptance = float | Sequence[float] | AcceptanceProfile
+"""A per-token acceptance rate `α`, per-depth rates `α_1..α_n`, or a measured profile."""
+
+# -- validation ----------------------------------------------------------------------------------
+
+
+def check_gamma(gamma: int) -> None:
+    if isinstance(gamma, bool) or not isinstance(gamma, Integral) or gamma < 1:
+        raise ConfigError(f"draft length gamma must be an integer >= 1, got {gamma!r}")
+
+
+def _check_probability(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{name} must be in [0, 1] (it is an acceptance probability), got {value}")
+
+
+def _check_epsilon(epsilon: float) -> None:
+    if not (math.isfinite(epsilon) and epsilon >= 0.0):
+        raise ConfigError(f"verify overhead epsilon must be a finite number >= 0, got {epsilon}")
+
+
+# -- tokens per round ----------------------------------------------------------------------------
+
+
+def tokens_per_round_iid(alpha: float, gamma: int) -> float:
+    """`E(γ) = (1 - α^(γ+1)) / (1 - α)` (reference 000 §3.2): accepted drafts plus the target's token.
+
+    With i.i.d. acceptance, draft `j` survives with probability `α^j`, so `E = Σ_{j=0..γ} α^j`;
+    at `α = 1` every draft is accepted and `E = γ + 1`.
+    """
+    _check_probability("alpha", alpha)
+    check_gamma(gamma)
+    if alpha == 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def tokens_per_round_by_depth(alphas: Sequence[float], gamma: int) -> float:
+    """`E(γ) = 1 + Σ_{k=1..γ} Π_{j=1..k} α_j` (reference 000 §5.2): acceptance that varies by depth.
+
+    `α_j` is the probability that draft `j` is accepted given the first `j - 1` were, so the
+    round reaches depth `k` with probability `Π_{j≤k} α_j`.
+    """
+    check_gamma(gamma)
+    if len(alphas) < gamma:
+        raise ConfigError(
+            f"depth-wise acceptance needs alpha_1..alpha_{gamma} for gamma={gamma}, got {len(alphas)} "
+            "values: give more rates or a smaller gamma"
+        )
+    for depth, alpha in enumerate(alphas[:gamma], start=1):
+        _check_probability(f"alpha_{depth}", alpha)
+    return 1.0 + float(np.sum(np.cumprod(np.asarray(alphas[:gamma], dtype=float))))
+
+
+def expected_tokens(acceptance: Acceptance, gamma: int) -> float:
+    """Tokens committed per round: i.i.d. closed form, depth-wise product, or measured by simulation."""
+    if isinstance(acceptance, AcceptanceProfile):
+        check_gamma(gamma)
+        return acceptance.tokens_per_round(gamma)
+    if isinstance(acceptance, Real):
+        return tokens_per_round_iid(float(acceptance), gamma)
+    return tokens_per_round_by_depth(acceptance, gamma)
+
+
+# -- closed-form cost forms ----------------------------------------------------------------------
+
+
+def verify_overhead(gamma: int, epsilon: float) -> float:
+    """`f(γ) = 1 + εγ` (reference 000 §5.1): verifying `γ+1` positions costs more than one step."""
+    return 1.0 + epsilon * gamma
+
+
+class CostForm(Protocol):
+    """Cost of one speculative round of draft length `γ`, in units of one autoregressive step."""
+
+    name: str
+
+    def round_cost(self, gamma: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class SeparateDraft:
+    """Speculative decoding with a separate draft model of relative cost `c` (reference 000 §3.3).
+
+    One round is `γ` draft steps and one verify pass: `γc + f(γ)`, so `S = E(γ) / (γc + 1)` at ε = 0.
+    """
+
+    c: float
+    epsilon: float = 0.0
+    name: str = field(default="sd", init=False)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.c) and self.c > 0.0):
+            raise ConfigError(f"draft cost ratio c must be a finite number > 0, got {self.c}")
+        _check_epsilon(self.epsilon)
+
+    def round_cost(self, gamma: int) -> float:
+        check_gamma(gamma)
+        return gamma * self.c + verify_overhead(gamma, self.epsilon)
+
+
+@dataclass(frozen=True)
+class SelfSpeculative:
+    """Self-speculative decoding, any skip pattern (reference 000 §4.3).
+
+    The draft runs a share `r_draft` of the model; verify skips the share `r_reuse` whose KV the
+    draft wrote exactly: `γ r_draft + (1 - r_reuse) f(γ)`, so `S = E / (γ r_draft + 1 - r_reuse)` at
+    ε = 0. With `r_reuse = 0` this is `SeparateDraft(c=r_draft)`: no KV reuse, no SSD advantage.
+    """
+
+    r_draft: float
+    r_reuse: float
+    epsilon: float = 0.0
+    name: str = field(default="ssd", init=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.r_draft <= 1.0:
+            raise ConfigError(f"r_draft must be in (0, 1] (a share of the full forward), got {self.r_draft}")
+        if not 0.0 <= self.r_reuse <= self.r_draft:
+            raise ConfigError(
+                f"r_reuse must be in [0, r_draft={self.r_draft}] (verify can only reuse what the draft "
+                f"ran), got {self.r_reuse}"
+            )
+        _check_epsilon(self.epsilon)
+
+    @classmethod
+    def from_mask(cls, mask: SkipMask, epsilon: float = 0.0) -> SelfSpeculative:
+        """Shares by sub-layer count: `r_draft` from the mask, `r_reuse` = reused sub-layers / 2L."""
+        return cls(mask.r_draft(), mask.reused_sublayers / (2 * mask.num_layers), epsilon)
+
+    def round_cost(self, gamma: int) -> float:
+        check_gamma(gamma)
+        return gamma * self.r_draft + (1.0 - self.r_reuse) * verify_overhead(gamma, self.epsilon)
+
+
+@dataclass(frozen=True)
+class Contiguous:
+    """Contiguous-prefix SSD, draft = the first share `r` of the layers (reference 000 §4.4).
+
+    Written as the reference writes it, `1 + (γ - 1) r`; with verify overhead the convention is
+    `γ r + (1 - r) f(γ)`: only the `1 - r` layers verify computes pay the extra positions.
+    """
+
+    r: float
+    epsilon: float = 0.0
+    name: str = field(default="ssd_contiguous", init=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.r <= 1.0:
+            raise ConfigError(f"draft share r must be in (0, 1], got {self.r}")
+        _check_epsilon(self.epsilon)
+
+    def round_cost(self, gamma: int) -> float:
+        check_gamma(gamma)
+        return 1.0 + (gamma - 1) * self.r + (1.0 - self.r) * self.epsilon * gamma
+
+
+# -- speedup and the best draft length -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """The best draft length in `1..γ_max` and the speedup there."""
+
+    gamma: int
+    speedup: float
+
+
+def speedup(acceptance: Acceptance, form: CostForm, gamma: int) -> float:
+    """`S(γ) = E(γ) / round_cost(γ)`: tokens per round over the round's cost in plain-decoding steps."""
+    return expected_tokens(acceptance, gamma) / form.round_cost(gamma)
+
+
+def speedup_curve(acceptance: Acceptance, form: CostForm, gamma_max: int) -> tuple[float, ...]:
+    """`S(1), ..., S(γ_max)`."""
+    check_gamma(gamma_max)
+    return tuple(speedup(acceptance, form, gamma) for gamma in range(1, gamma_max + 1))
+
+
+def best_of(curve: Sequence[float]) -> Optimum:
+    """Argmax of a speedup curve indexed from γ = 1; ties go to the smaller γ (cheaper, less waste)."""
+    index = max(range(len(curve)), key=lambda i: (curve[i], -i))
+    return Optimum(index + 1, curve[index])
+
+
+def optimal_gamma(acceptance: Acceptance, form: CostForm, gamma_max: int = 8) -> Optimum:
+    """Grid search over integer γ: reference 000 §8 notes the optimum has no closed form."""
+    return best_of(speedup_curve(acceptance, form, gamma_max))
+
+

@@ -1,0 +1,218 @@
+"""LatencyProfile: the device-measured cost table that the calibrated cost model reads (DESIGN §5).
+
+Pure data and interpolation: the profiler (`skipsearch.cost.profiler`) fills it, the calibrated
+form prices rounds with it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from skipsearch.errors import ConfigError
+from skipsearch.masks import SublayerWeights
+
+
+def _bracket(xs: Sequence[float], x: float, extrapolate: bool) -> tuple[int, int, float]:
+    """Indices `i, j` and weight `t` so that `y(x) = (1 - t) y[i] + t y[j]` linearly interpolates.
+
+    Exact at measured points. Outside the range: clamp, or continue the end segment's line.
+    """
+    n = len(xs)
+    if n == 1:
+        return 0, 0, 0.0
+    j = int(np.searchsorted(xs, x, side="right"))
+    if not extrapolate and (j == 0 or j == n):
+        end = 0 if j == 0 else n - 1
+        return end, end, 0.0
+    j = min(max(j, 1), n - 1)
+    i = j - 1
+    return i, j, (x - xs[i]) / (xs[j] - xs[i])
+
+
+def _interpolate(table: np.ndarray, i: int, j: int, t: float, axis: int) -> np.ndarray:
+    return (1.0 - t) * np.take(table, i, axis=axis) + t * np.take(table, j, axis=axis)
+
+
+@dataclass(frozen=True)
+class LatencyProfile:
+    """Device-calibrated cost table, measured by `skipsearch profile` (DESIGN §5).
+
+    Median seconds of each part of one forward pass, by context length (`context_lengths`) and by
+    the number of positions in the pass (`positions`: 1 for a draft step, γ+1 for verify):
+    `embed[c][k]`, `head[c][k]` (final norm + LM head), `attn[layer][c][k]`, `mlp[layer][c][k]`.
+    `spread` holds the same four tables as interquartile ranges; `round_overhead[γ]` is the
+    per-round cost outside the forward passes (sampling, acceptance, cache crop).
+    """
+
+    meta: Mapping[str, Any]
+    context_lengths: tuple[int, ...]
+    positions: tuple[int, ...]
+    embed: tuple[tuple[float, ...], ...]
+    head: tuple[tuple[float, ...], ...]
+    attn: tuple[tuple[tuple[float, ...], ...], ...]
+    mlp: tuple[tuple[tuple[float, ...], ...], ...]
+    spread: Mapping[str, Any]
+    round_overhead: Mapping[int, float]
+    _weights: dict[tuple[float, float], SublayerWeights] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+
+    TABLES = ("embed", "head", "attn", "mlp")
+    VERSION = 1
+
+    def __post_init__(self) -> None:
+        for name in ("context_lengths", "positions"):
+            axis = getattr(self, name)
+            if not axis or any(b <= a for a, b in itertools.pairwise(axis)) or axis[0] < 1:
+                raise ConfigError(f"{name} must be a non-empty increasing list of integers >= 1, got {axis}")
+        if not self.attn or len(self.mlp) != len(self.attn):
+            raise ConfigError(
+                f"attn and mlp must cover the same layers, got {len(self.attn)} and {len(self.mlp)}"
+            )
+        if self.meta.get("num_layers", self.num_layers) != self.num_layers:
+            raise ConfigError(
+                f"meta.num_layers is {self.meta['num_layers']} but the tables cover {self.num_layers}"
+            )
+        for table in self.TABLES:
+            self._check_table(table, getattr(self, table))
+            self._check_table(f"spread.{table}", self.spread.get(table))
+        if not self.round_overhead or min(self.round_overhead) < 1:
+            raise ConfigError(f"round_overhead needs entries for gamma >= 1, got {dict(self.round_overhead)}")
+        if any(not (math.isfinite(s) and s >= 0.0) for s in self.round_overhead.values()):
+            raise ConfigError("round_overhead seconds must be finite and >= 0")
+
+    def _check_table(self, name: str, table: Any) -> None:
+        layers = () if name.endswith(("embed", "head")) else (self.num_layers,)
+        shape = (*layers, len(self.context_lengths), len(self.positions))
+        try:
+            values = np.asarray(table, dtype=float)
+        except (TypeError, ValueError):
+            values = np.empty(0)
+        if values.shape != shape or not np.all(np.isfinite(values)) or np.any(values < 0):
+            raise ConfigError(
+                f"latency table {name} must hold finite seconds >= 0 with shape {list(shape)} "
+                "(layers x context lengths x positions); re-run `skipsearch profile`"
+            )
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.attn)
+
+    # -- lookups ------------------------------------------------------------------------------
+    def _at(self, table: Any, context: float, positions: float) -> np.ndarray:
+        """Linear in context length (clamped to the measured range), then in positions (extrapolated)."""
+        values = np.asarray(table, dtype=float)
+        i, j, t = _bracket(self.context_lengths, context, extrapolate=False)
+        values = _interpolate(values, i, j, t, axis=-2)
+        i, j, t = _bracket(self.positions, positions, extrapolate=True)
+        return np.maximum(_interpolate(values, i, j, t, axis=-1), 0.0)
+
+    def embed_time(self, context: float, positions: float = 1) -> float:
+        return float(self._at(self.embed, context, positions))
+
+    def head_time(self, context: float, positions: float = 1) -> float:
+        return float(self._at(self.head, context, positions))
+
+    def attn_time(self, layer: int, context: float, positions: float = 1) -> float:
+        return float(self._at(self.attn[layer], context, positions))
+
+    def mlp_time(self, layer: int, context: float, positions: float = 1) -> float:
+        return float(self._at(self.mlp[layer], context, positions))
+
+    def weights(self, context: float, positions: float = 1) -> SublayerWeights:
+        """Seconds of every part of one pass over `positions` positions (cached: the search asks often)."""
+        key = (float(context), float(positions))
+        if key not in self._weights:
+            self._weights[key] = SublayerWeights(
+                embed=self.embed_time(context, positions),
+                attn=tuple(self._at(self.attn, context, positions).tolist()),
+                mlp=tuple(self._at(self.mlp, context, positions).tolist()),
+                head=self.head_time(context, positions),
+            )
+        return self._weights[key]
+
+    def step_time(self, context: float) -> float:
+        """One autoregressive step: a full forward over one position."""
+        return self.weights(context).total
+
+    def overhead(self, gamma: int) -> float:
+        """Per-round overhead, linear in γ between (and beyond) the measured draft lengths."""
+        gammas = sorted(self.round_overhead)
+        i, j, t = _bracket(gammas, gamma, extrapolate=True)
+        value = (1.0 - t) * self.round_overhead[gammas[i]] + t * self.round_overhead[gammas[j]]
+        return max(value, 0.0)
+
+    # -- serialisation ------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "version": self.VERSION,
+            "meta": dict(self.meta),
+            "context_lengths": list(self.context_lengths),
+            "positions": list(self.positions),
+            **{name: np.asarray(getattr(self, name)).tolist() for name in self.TABLES},
+            "spread": {name: np.asarray(self.spread[name]).tolist() for name in self.TABLES},
+            "round_overhead": {str(g): s for g, s in sorted(self.round_overhead.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LatencyProfile:
+        if data.get("version", cls.VERSION) != cls.VERSION:
+            raise ConfigError(
+                f"latency profile version {data['version']} is not {cls.VERSION}: re-run profile"
+            )
+        try:
+            return cls(
+                meta=dict(data["meta"]),
+                context_lengths=tuple(int(c) for c in data["context_lengths"]),
+                positions=tuple(int(k) for k in data["positions"]),
+                **{name: _tuples(data[name]) for name in cls.TABLES},
+                spread={name: _tuples(data["spread"][name]) for name in cls.TABLES},
+                round_overhead={int(g): float(s) for g, s in data["round_overhead"].items()},
+            )
+        except KeyError as missing:
+            raise ConfigError(
+                f"latency profile lacks the field {missing}: re-run `skipsearch profile`"
+            ) from None
+        except (TypeError, ValueError, AttributeError) as error:
+            raise ConfigError(
+                f"latency profile is malformed ({error}): re-run `skipsearch profile`"
+            ) from None
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path, model: str | None = None) -> LatencyProfile:
+        """Read a profile; a missing file says how to make one."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(
+                f"no latency profile at {path}: run "
+                f"`skipsearch profile --model {model or 'MODEL'}` on this device"
+            )
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"latency profile {path} is not valid JSON ({error}): re-run profile") from None
+        try:
+            return cls.from_dict(data)
+        except ConfigError as error:
+            raise ConfigError(f"{path}: {error}") from None
+
+
+def _tuples(nested: Any) -> Any:
+    """Nested lists of numbers as nested tuples of floats (immutable, comparable)."""
+    if isinstance(nested, list | tuple):
+        return tuple(_tuples(item) for item in nested)
+    return float(nested)
+

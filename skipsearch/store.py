@@ -1,0 +1,84 @@
+"""Where skipsearch keeps things on disk, and how it writes them so a kill never leaves half a file.
+
+Every file name of a run directory and every cache path is defined here once; every writer of a
+file that a later command reads goes through `atomic_path` (write a staging file next to the
+target, then rename it over the target: a rename is atomic on one file system, so a reader sees
+the old file or the new one, never a torn one).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+# -- a run directory ------------------------------------------------------------------------------
+RUN_FILE = "run.yaml"
+BEST_FILE = "best.json"
+TIERS_FILE = "tiers.json"
+TIER_TABLE_FILE = "tier_sets.csv"
+JOURNAL_FILE = "optuna.journal"
+CACHE_DIR = "cache"
+EVALUATIONS_FILE = "evaluations.jsonl"
+CACHE_KEY_FILE = "key.txt"
+EXPORT_README = "README.md"
+
+
+# -- caches shared by runs ------------------------------------------------------------------------
+def cache_dir() -> Path:
+    """Where converted models, reference caches and profiles live (`SKIPSEARCH_CACHE` overrides)."""
+    return Path(os.environ.get("SKIPSEARCH_CACHE", Path.home() / ".cache" / "skipsearch"))
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a model id or device (`org/name` -> `org_name`, `cuda:0` -> `cuda_0`)."""
+    return re.sub(r"[^\w.-]+", "_", text).strip("_.") or "model"
+
+
+def default_profile_path(model_id: str, device: str) -> Path:
+    """Where `skipsearch profile` writes and `measure` looks by default: one per model and device."""
+    return cache_dir() / "profiles" / f"{slug(model_id)}-{slug(device)}.json"
+
+
+# -- atomic writes --------------------------------------------------------------------------------
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a staging path next to `path`; on success rename it over `path`, on error remove it.
+
+    The staging file shares the target's folder, so the rename never crosses file systems. A
+    directory works too: create it at the staging path and it replaces `path` whole.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    staging = Path(name)
+    staging.unlink()
+    try:
+        yield staging
+        if staging.is_dir() and path.is_dir():
+            shutil.rmtree(path)
+        os.replace(staging, path)
+    except BaseException:
+        if staging.is_dir():
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            staging.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` to `path` so that a reader never sees a partial file."""
+    with atomic_path(path) as staging:
+        staging.write_text(text)
+    return Path(path)
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    with atomic_path(path) as staging:
+        staging.write_bytes(data)
+    return Path(path)

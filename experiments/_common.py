@@ -24,7 +24,7 @@ from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.acceptance.worker import Measurement, prepare
 from skipsearch.config import MeasureConfig
 from skipsearch.engine import DecodeResult
-from skipsearch.models.loading import LoadedModel, load_model
+from skipsearch.models.loading import LoadedModel, eos_ids, load_model
 from skipsearch.models.runner import LayerwiseRunner
 
 MODEL = "smollm2-135m"
@@ -80,12 +80,6 @@ def load(spec: PromptSpec, mode: str = "shared-kv", reference: bool = True) -> S
 def encode(setup: Setup, spec: PromptSpec) -> list[tuple[int, ...]]:
     """More prompts for an already loaded model (no reference cache is built for them)."""
     return [p.ids for p in encode_prompts(spec, setup.loaded.tokenizer)]
-
-
-def eos_ids(model: Any) -> frozenset[int]:
-    """The generation config's end-of-sequence ids — the stopping rule every decoder shares."""
-    eos = model.generation_config.eos_token_id
-    return frozenset(eos if isinstance(eos, list) else [eos]) - {None}
 
 
 def decode_seconds(result: DecodeResult, prefill: float) -> float:

@@ -51,8 +51,8 @@ from _common import (
 )
 
 from skipsearch.acceptance.prompts import PromptSpec
-from skipsearch.cli.decode import AR, SSD, benchmark, make_decoders
 from skipsearch.engine import GREEDY, DecodeResult, GammaPolicy, RoundTiming, breakdown
+from skipsearch.engine.bench import AR, SSD, benchmark, make_decoders
 from skipsearch.engine.timing import PHASES, Bucket, PhaseStats
 from skipsearch.masks import SkipMask
 

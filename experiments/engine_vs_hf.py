@@ -41,8 +41,8 @@ from _common import (
 )
 
 from skipsearch.acceptance.prompts import PromptSpec
-from skipsearch.cli.decode import AR, EARLY_EXIT, HF, SSD, Decoder, benchmark, make_decoders
 from skipsearch.engine import GREEDY, DecodeResult, GammaPolicy, Summary
+from skipsearch.engine.bench import AR, EARLY_EXIT, HF, SSD, Decoder, benchmark, make_decoders
 from skipsearch.masks import SkipMask
 
 OUT = RESULTS / "engine"

@@ -54,7 +54,6 @@ from _common import (
 
 from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.acceptance.rounds import AcceptanceProfile
-from skipsearch.cli.decode import estimators
 from skipsearch.cost.calibrated import Calibrated, predict
 from skipsearch.cost.closed_forms import SelfSpeculative
 from skipsearch.cost.latency import LatencyProfile
@@ -65,6 +64,7 @@ from skipsearch.engine import (
     autoregressive_decode,
     speculative_decode,
 )
+from skipsearch.engine.bench import estimators
 from skipsearch.masks import SkipMask
 from skipsearch.progress import progress_bar
 

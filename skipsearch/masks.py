@@ -171,6 +171,14 @@ class SkipMask:
             candidates.append(2 * min(self.mlp) + 1)
         return min(candidates)
 
+    def check_fits(self, num_layers: int) -> None:
+        """Refuse a mask made for another depth: its indices would name the wrong layers."""
+        if self.num_layers != num_layers:
+            raise InvalidMaskError(
+                f"mask {self} is for {self.num_layers} layers but the model has {num_layers}: "
+                "use a mask made for this model (--model)"
+            )
+
     def runs_attn(self, layer: int) -> bool:
         return layer not in self.attn
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from skipsearch.run import pipeline
 from skipsearch.config import RunConfig
+from skipsearch.run import pipeline
 from skipsearch.run.pipeline import RunContext, cost_note, resolve_cost
 from skipsearch.store import RUN_FILE
 

@@ -18,7 +18,7 @@ from skipsearch.engine import Sampling, autoregressive_decode
 from skipsearch.engine.graphs import GraphSteps, make_steps
 from skipsearch.engine.ssd import EagerSteps
 from skipsearch.engine.tiered import tiered_decode
-from skipsearch.errors import ConfigError
+from skipsearch.errors import ConfigError, InvalidMaskError
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.tiers.manifest import TierManifest, is_tier_manifest
@@ -259,7 +259,7 @@ def test_without_cuda_the_steps_run_eagerly_and_say_so(runner, caplog):
 
 
 def test_tiers_for_another_depth_are_rejected(runner):
-    with pytest.raises(ConfigError, match="8 layers"):
+    with pytest.raises(InvalidMaskError, match="8 layers"):
         tiered_decode(runner, PROMPT, (RICH, CHEAP), (1, 2), TierPolicy(2, (0.5,)), 8)
 
 

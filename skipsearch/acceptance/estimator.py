@@ -125,10 +125,7 @@ class Estimator:
 
     @torch.no_grad()
     def evaluate(self, mask: SkipMask, temperature: float = 1.0) -> AcceptanceProfile:
-        if mask.num_layers != self.runner.num_layers:
-            raise ConfigError(
-                f"mask is for {mask.num_layers} layers but the model has {self.runner.num_layers}"
-            )
+        mask.check_fits(self.runner.num_layers)
         logits = self.draft_logits(mask)
         matches = (logits.argmax(-1) == self.target_tokens).tolist()
         accept = sampling_acceptance(self.target_logits, logits, temperature).tolist()

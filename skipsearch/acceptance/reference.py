@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
 from skipsearch.acceptance.prompts import EncodedPrompt
+from skipsearch.models.loading import eos_ids
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.progress import progress_bar
 
@@ -94,8 +95,7 @@ def generate_continuations(
 ) -> list[list[int]]:
     """The target's greedy continuation of each prompt (stopping after EOS), batched with left padding."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+    stop = eos_ids(model)
     continuations: list[list[int]] = []
     with progress_bar("reference: greedy continuations", len(prompts)) as bar:
         for start in range(0, len(prompts), GENERATE_BATCH):
@@ -112,7 +112,7 @@ def generate_continuations(
                     pad_token_id=pad,
                 )
             for row in out[:, width:].tolist():
-                cut = next((i + 1 for i, token in enumerate(row) if token in eos_ids), len(row))
+                cut = next((i + 1 for i, token in enumerate(row) if token in stop), len(row))
                 continuations.append(row[:cut])
             bar.advance(bar.task_ids[0], len(chunk))
     return continuations
@@ -158,5 +158,3 @@ def build_reference(
 def reference_key(model_source: str, dtype: str, prompt_key: str, with_kv: bool) -> str:
     text = json.dumps([CACHE_FORMAT, model_source, dtype, prompt_key, with_kv])
     return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-

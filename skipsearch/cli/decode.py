@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,18 +18,9 @@ from skipsearch.cli.common import add_mask_options, add_model_options, add_promp
 from skipsearch.errors import ConfigError
 
 if TYPE_CHECKING:
-    import torch
-
-    from skipsearch.acceptance.estimator import Estimator
-    from skipsearch.acceptance.rounds import AcceptanceProfile
-    from skipsearch.acceptance.worker import Measurement
-    from skipsearch.engine import DecodeResult, GammaPolicy, Sampling, Summary
-    from skipsearch.masks import SkipMask
-    from skipsearch.models.loading import LoadedModel
-    from skipsearch.models.runner import LayerwiseRunner
+    pass
 
 DEFAULT_GAMMA = 3
-AR, HF, SSD, EARLY_EXIT = "autoregressive", "hf-generate", "ssd", "hf-early-exit"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -92,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.acceptance.prompts import encode_prompts
     from skipsearch.acceptance.worker import prepare
     from skipsearch.cli.common import mask_from_args, measure_config
+    from skipsearch.cli.decode_tables import run_settings
     from skipsearch.engine import GREEDY, GammaPolicy, Sampling, Summary, breakdown
+    from skipsearch.engine.bench import AR, HF, SSD, benchmark, estimator_dict, estimators, make_decoders
     from skipsearch.masks import SkipMask
     from skipsearch.tiers.manifest import is_tier_manifest
 
@@ -159,197 +150,11 @@ def run(args: argparse.Namespace) -> int:
     return 0 if lossless else 1
 
 
-def run_settings(args: argparse.Namespace, prompts: int) -> dict[str, Any]:
-    """How the decodes ran, as `decode` and `decode-tiers` both report it in their JSON."""
-    return {
-        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
-        "prompts": prompts,
-        "repeats": args.repeats,
-        "max_new_tokens": args.new_tokens,
-    }
-
-
-# -- the decoders ---------------------------------------------------------------------------------
-Decoder = Callable[[tuple[int, ...], "torch.Generator | None"], "DecodeResult"]
-
-
-def make_decoders(
-    runner: LayerwiseRunner,
-    loaded: LoadedModel,
-    mask: SkipMask,
-    policy: GammaPolicy,
-    sampling: Sampling,
-    max_new_tokens: int,
-) -> dict[str, Decoder]:
-    """Each configuration as `decode(prompt, generator) -> DecodeResult`, same stopping rule."""
-    from skipsearch.engine import autoregressive_decode, speculative_decode
-
-    model: Any = loaded.model
-    tokenizer: Any = loaded.tokenizer
-    eos = model.generation_config.eos_token_id
-    eos_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids, default=0)
-
-    def generate(prompt: tuple[int, ...], generator: torch.Generator | None, **assist: Any) -> DecodeResult:
-        return hf_generate(model, prompt, max_new_tokens, sampling, generator, pad, **assist)
-
-    decoders: dict[str, Decoder] = {
-        AR: lambda prompt, generator: autoregressive_decode(
-            runner, prompt, max_new_tokens, sampling, generator, eos_ids
-        ),
-        HF: generate,
-        SSD: lambda prompt, generator: speculative_decode(
-            runner, prompt, mask, max_new_tokens, policy, sampling, generator, eos_ids
-        ),
-    }
-    if mask.exit_layer is not None:
-
-        def early_exit(prompt: tuple[int, ...], generator: torch.Generator | None) -> DecodeResult:
-            with assistant_settings(model, policy):
-                return generate(prompt, generator, assistant_early_exit=mask.exit_layer)
-
-        decoders[EARLY_EXIT] = early_exit
-    return decoders
-
-
-def hf_generate(
-    model: Any,
-    prompt: tuple[int, ...],
-    max_new_tokens: int,
-    sampling: Sampling,
-    generator: torch.Generator | None,
-    pad: int,
-    **extra: Any,
-) -> DecodeResult:
-    """`model.generate` timed end to end; its sampler draws from the global RNG, seeded here."""
-    import time
-
-    import torch
-
-    from skipsearch.engine import DecodeResult
-
-    if generator is not None:
-        torch.manual_seed(generator.initial_seed())
-    ids = torch.tensor([prompt], device=model.device)
-    options = (
-        {"do_sample": False}
-        if sampling.greedy
-        else {
-            "do_sample": True,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k or 0,  # None would leave generate's default of 50
-        }
-    )
-    began = time.perf_counter()
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_new_tokens,
-        pad_token_id=pad,
-        **options,
-        **extra,
-    )
-    tokens = tuple(out[0, len(prompt) :].tolist())
-    return DecodeResult(len(prompt), tokens, time.perf_counter() - began)
-
-
-@contextmanager
-def assistant_settings(model: Any, policy: GammaPolicy) -> Iterator[None]:
-    """Make HF's early-exit drafts γ long, as ours are.
-
-    In transformers 5.24 the assistant — here the model itself — reads `num_assistant_tokens`,
-    its schedule and `assistant_confidence_threshold` from its own `generation_config`; the same
-    keywords passed to `generate()` are ignored (default 20 tokens, and a 0.4 confidence cut that
-    ends most drafts after one token). They are set there for the call and restored after.
-    """
-    config = model.generation_config
-    names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-    saved = {name: getattr(config, name, None) for name in names}
-    config.num_assistant_tokens = policy.initial
-    config.num_assistant_tokens_schedule = "constant" if policy.is_fixed else "heuristic_transient"
-    config.assistant_confidence_threshold = 0.0
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(config, name, value)
-
-
-def benchmark(
-    decoders: dict[str, Decoder],
-    prompts: list[tuple[int, ...]],
-    repeats: int,
-    seed: int,
-    device: torch.device,
-) -> dict[str, list[DecodeResult]]:
-    """Every decoder on every prompt, `repeats` times, interleaved so drift hits all alike.
-
-    One untimed warm-up per decoder first; the decoder order rotates from prompt to prompt.
-    Results are in (repeat, prompt) order, so index `k` is the same prompt for every decoder.
-    """
-    import torch
-
-    from skipsearch.progress import progress_bar
-
-    names = list(decoders)
-    for name in names:
-        decoders[name](prompts[0], torch.Generator(device=device).manual_seed(seed))
-    runs: dict[str, list[DecodeResult]] = {name: [] for name in names}
-    with progress_bar("decode: interleaved runs", repeats * len(prompts)) as bar:
-        for repeat in range(repeats):
-            for index, prompt in enumerate(prompts):
-                turn = repeat * len(prompts) + index
-                for name in names[turn % len(names) :] + names[: turn % len(names)]:
-                    generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + turn)
-                    runs[name].append(decoders[name](prompt, generator))
-                bar.advance(bar.task_ids[0])
-    return runs
-
-
-# -- reporting ------------------------------------------------------------------------------------
-def estimators(measurement: Measurement) -> list[Estimator]:
-    """The configured estimator, plus `self` mode when that is `shared-kv`: its reference holds
-    the K/V and serves both, so one run shows which mode predicts the engine (DESIGN §4)."""
-    from skipsearch.acceptance.estimator import Estimator
-
-    configured = measurement.estimator
-    if configured.mode == "self":
-        return [configured]
-    return [configured, Estimator(configured.runner, configured.reference, "self")]
-
-
-def estimator_dict(
-    profile: AcceptanceProfile, mode: str, policy: GammaPolicy, sampling: Sampling, measured: Summary
-) -> dict[str, Any]:
-    """The estimator's acceptance and tokens per round for the engine's γ, and the relative error.
-
-    Greedy: the exact round simulation over the teacher-forced match vector (DESIGN §4). Sampling:
-    the i.i.d. closed form `E(γ)` at the mean `sum_x min(p, q)` — the estimator applies no
-    top-k / top-p. A dynamic γ has no single prediction.
-    """
-    from skipsearch.cost.closed_forms import tokens_per_round_iid
-
-    alpha = profile.alpha if sampling.greedy else profile.sampling_acceptance
-    predicted = None
-    if policy.is_fixed:
-        gamma = policy.initial
-        predicted = profile.tokens_per_round(gamma) if sampling.greedy else tokens_per_round_iid(alpha, gamma)
-    actual = measured.tokens_per_round
-    return {
-        "mode": mode,
-        "alpha": alpha,
-        "measured_acceptance": measured.acceptance,
-        "tokens_per_round": predicted,
-        "measured_tokens_per_round": actual,
-        "relative_error": (predicted - actual) / actual if predicted is not None and actual else None,
-    }
-
-
 def print_result(result: dict[str, Any]) -> None:
     from rich.console import Console
 
     from skipsearch.cli.decode_tables import fmt, print_breakdown, summary_table
+    from skipsearch.engine.bench import EARLY_EXIT
 
     console = Console()
     decoding = "greedy" if result["sampling"]["temperature"] == 0 else f"sampling {result['sampling']}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -53,3 +54,13 @@ def print_breakdown(console: Console, buckets: list[dict[str, Any]]) -> None:
 
 def _cell(stats: dict[str, float]) -> str:
     return f"{stats['p50'] * 1e3:.1f} / {stats['p95'] * 1e3:.1f} ({stats['share']:.0%})"
+
+
+def run_settings(args: argparse.Namespace, prompts: int) -> dict[str, Any]:
+    """How the decodes ran, as `decode` and `decode-tiers` both report it in their JSON."""
+    return {
+        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
+        "prompts": prompts,
+        "repeats": args.repeats,
+        "max_new_tokens": args.new_tokens,
+    }

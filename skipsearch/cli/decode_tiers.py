@@ -21,7 +21,7 @@ AR, TIERS, SINGLE = "autoregressive", "ssd-tiers", "ssd-best-single"
 def run_tiers(args: argparse.Namespace) -> int:
     from skipsearch.acceptance.prompts import encode_prompts
     from skipsearch.cli.common import measure_config
-    from skipsearch.cli.decode import benchmark, run_settings
+    from skipsearch.cli.decode_tables import run_settings
     from skipsearch.engine import (
         GREEDY,
         Sampling,
@@ -30,10 +30,11 @@ def run_tiers(args: argparse.Namespace) -> int:
         breakdown,
         speculative_decode,
     )
+    from skipsearch.engine.bench import benchmark
     from skipsearch.engine.graphs import make_steps
     from skipsearch.engine.tiered import TieredResult, tiered_decode
     from skipsearch.masks import SkipMask
-    from skipsearch.models.loading import load_model
+    from skipsearch.models.loading import eos_ids, load_model
     from skipsearch.models.runner import LayerwiseRunner
     from skipsearch.tiers.manifest import TierManifest
 
@@ -61,8 +62,7 @@ def run_tiers(args: argparse.Namespace) -> int:
         )
     prompts = [p.ids for p in encode_prompts(config.prompts, loaded.tokenizer)]
     model: Any = loaded.model
-    eos = model.generation_config.eos_token_id
-    eos_ids = frozenset(eos if isinstance(eos, list) else [eos]) - {None}
+    stop = eos_ids(model)
     max_len = max(len(p) for p in prompts) + args.new_tokens + max(gammas) + 2
     steps = make_steps(runner, manifest.masks, gammas, max_len, manifest.buckets[0])
     predicted = manifest.predicted
@@ -83,14 +83,14 @@ def run_tiers(args: argparse.Namespace) -> int:
                 args.new_tokens,
                 sampling,
                 generator,
-                eos_ids,
+                stop,
                 steps,
             )
             tiered.append(out)
             return out.result
 
         return {
-            AR: lambda p, g: autoregressive_decode(runner, p, args.new_tokens, sampling, g, eos_ids),
+            AR: lambda p, g: autoregressive_decode(runner, p, args.new_tokens, sampling, g, stop),
             TIERS: tiers,
             SINGLE: lambda p, g: speculative_decode(
                 runner,
@@ -100,7 +100,7 @@ def run_tiers(args: argparse.Namespace) -> int:
                 int(single.get("gamma", gammas[0])),
                 sampling,
                 g,
-                eos_ids,
+                stop,
             ),
         }
 

@@ -139,5 +139,3 @@ def predict(
         if latency is None
         else speedup_curve(profile, Calibrated(latency, mask, context), gamma_max),
     )
-
-

@@ -213,5 +213,3 @@ def best_of(curve: Sequence[float]) -> Optimum:
 def optimal_gamma(acceptance: Acceptance, form: CostForm, gamma_max: int = 8) -> Optimum:
     """Grid search over integer γ: reference 000 §8 notes the optimum has no closed form."""
     return best_of(speedup_curve(acceptance, form, gamma_max))
-
-

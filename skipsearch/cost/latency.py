@@ -215,4 +215,3 @@ def _tuples(nested: Any) -> Any:
     if isinstance(nested, list | tuple):
         return tuple(_tuples(item) for item in nested)
     return float(nested)
-

@@ -289,8 +289,7 @@ def speculative_decode(
     follows the target's distribution under `sampling`. `gamma` is a fixed draft length or a
     dynamic policy.
     """
-    if mask.num_layers != runner.num_layers:
-        raise ConfigError(f"mask is for {mask.num_layers} layers but the model has {runner.num_layers}")
+    mask.check_fits(runner.num_layers)
     policy = gamma if isinstance(gamma, GammaPolicy) else GammaPolicy.fixed(gamma)
     schedule = OneMask(GammaController(policy))
     steps = EagerSteps(runner, [mask])

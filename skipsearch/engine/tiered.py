@@ -59,12 +59,8 @@ def check_tiers(
     check_policy(policy, len(masks))
     if len(gammas) != len(masks) or min(gammas) < 1:
         raise ConfigError(f"need one draft length >= 1 per tier, got {list(gammas)} for {len(masks)} tiers")
-    wrong = next((m for m in masks if m.num_layers != runner.num_layers), None)
-    if wrong is not None:
-        raise ConfigError(
-            f"tier mask {wrong} is for {wrong.num_layers} layers but the model has {runner.num_layers}: "
-            "decode with the model the tiers were searched on (--model)"
-        )
+    for mask in masks:
+        mask.check_fits(runner.num_layers)
 
 
 @torch.no_grad()

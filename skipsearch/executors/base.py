@@ -22,9 +22,7 @@ from skipsearch.config import MeasureConfig
 from skipsearch.masks import SkipMask
 
 if TYPE_CHECKING:
-
     from skipsearch.acceptance.worker import Measurement
-
 
 
 log = logging.getLogger(__name__)
@@ -129,4 +127,3 @@ driver has already prepared `measurement` (so its ReferenceCache is on disk) bef
 def local_executor(measure: MeasureConfig, temperature: float, measurement: Measurement) -> Executor:
     """Evaluate in this process with the model the driver already loaded."""
     return LocalExecutor(partial(measurement.estimator.evaluate, temperature=temperature))
-

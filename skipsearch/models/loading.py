@@ -14,6 +14,7 @@ import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from skipsearch.errors import ModelLoadError
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
@@ -45,6 +46,12 @@ class LoadedModel:
     @property
     def num_layers(self) -> int:
         return int(self.model.config.num_hidden_layers)
+
+
+def eos_ids(model: Any) -> frozenset[int]:
+    """The generation config's end-of-sequence ids: the stopping rule every decoder shares."""
+    eos = model.generation_config.eos_token_id
+    return frozenset(eos if isinstance(eos, list) else [eos]) - {None}
 
 
 def check_architecture(config: object) -> None:

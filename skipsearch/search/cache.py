@@ -22,7 +22,6 @@ from skipsearch.store import CACHE_KEY_FILE, EVALUATIONS_FILE
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class CachedEvaluation:
     profile: AcceptanceProfile

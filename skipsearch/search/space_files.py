@@ -7,7 +7,6 @@ The shipped files live in the package (`skipsearch/search/builtin_spaces/`, foun
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -17,7 +16,7 @@ import yaml
 
 from skipsearch.errors import ConfigError
 from skipsearch.search.space_spec import LayerRef, SpaceSpec, TierSpec, space_error
-from skipsearch.tiers.policy import TierPolicy
+from skipsearch.tiers.policy import TierPolicy, check_policy
 
 KINDS = ("contiguous", "sparse", "sublayer", "tiers")
 SPACES_DIR = Path(str(resources.files("skipsearch.search") / "builtin_spaces"))
@@ -192,25 +191,26 @@ def _parse_tiers(reader: _Reader, name: str, base_dir: Path) -> TierSpec:
     num_tiers = reader.integer("num_tiers", 3, 2, 4)
     policy = reader.mapping("policy", _POLICY_KEYS)
     thresholds = policy.data.get("thresholds")
-    want = f"{num_tiers - 1} increasing acceptance levels in (0, 1), one per tier after the first"
-    if (
-        not isinstance(thresholds, list)
-        or len(thresholds) != num_tiers - 1
-        or not all(isinstance(t, float | int) and not isinstance(t, bool) and 0 < t < 1 for t in thresholds)
-        or any(a >= b for a, b in itertools.pairwise(thresholds))
-    ):
-        raise policy.error(
-            "thresholds", f"expected {want}, got {thresholds!r}", f"write e.g. {_example(num_tiers)}"
-        )
+    numbers = isinstance(thresholds, list) and all(
+        isinstance(t, float | int) and not isinstance(t, bool) for t in thresholds
+    )
+    tier_policy = TierPolicy(
+        window=policy.integer("window", 8, 1),
+        thresholds=tuple(float(t) for t in thresholds) if numbers else (),
+    )
+    try:
+        if not numbers:
+            raise ConfigError(f"expected a list of numbers, got {thresholds!r}")
+        check_policy(tier_policy, num_tiers)
+    except ConfigError as error:
+        raise policy.error("thresholds", str(error), f"write e.g. {_example(num_tiers)}") from None
     return TierSpec(
         name=reader.text("name", name),
         source=reader.source,
         description=reader.text("description", ""),
         base=base,
         num_tiers=num_tiers,
-        policy=TierPolicy(
-            window=policy.integer("window", 8, 1), thresholds=tuple(float(t) for t in thresholds)
-        ),
+        policy=tier_policy,
     )
 
 

@@ -24,7 +24,6 @@ LayerRef = int | float
 """A layer index (negative counts from the end) or a fraction of depth in [0, 1]."""
 
 
-
 # -- specs (what a file says) ------------------------------------------------------------------
 @dataclass(frozen=True)
 class SpaceSpec:
@@ -153,5 +152,3 @@ class TierSpec:
                 "lower num_tiers or widen the base space",
             )
         return TierSpace(self.name, base, self.num_tiers, self.policy)
-
-

@@ -317,5 +317,3 @@ def spread(values: Sequence[int], n: int | None) -> list[int]:
     if n == 1:
         return [values[len(values) // 2]]
     return [values[int(i)] for i in np.rint(np.linspace(0, len(values) - 1, n))]
-
-

@@ -22,8 +22,6 @@ class TierPolicy:
     thresholds: tuple[float, ...]
 
 
-
-
 def check_policy(policy: TierPolicy, num_tiers: int) -> None:
     """The rules the tiers YAML enforces, for policies that come from elsewhere (a manifest, a search)."""
     if not 2 <= num_tiers <= 4:
@@ -71,5 +69,3 @@ class TierController:
             if len(self._rates) == self.policy.window:
                 self.tier = sum(self.acceptance >= t for t in self.policy.thresholds)
         return self.tier
-
-

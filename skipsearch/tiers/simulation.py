@@ -52,6 +52,7 @@ def cost_model(name: str, latency: LatencyProfile | None = None, context: float 
         raise ConfigError("calibrated tier costs need a latency profile: run `skipsearch profile --model M`")
     return calibrated(latency, context)
 
+
 # -- simulation ------------------------------------------------------------------------------------
 def match_runs(matches: Sequence[bool]) -> np.ndarray:
     """`runs[k]`: consecutive matches from position `k` (0 at a mismatch), so a round is O(1)."""
@@ -242,5 +243,3 @@ class TierScorer:
             raise ConfigError(f"need one draft length in 1..{self.gamma_max} per tier, got {list(gammas)}")
         costs = [self.costs[g][t] for t, g in enumerate(gammas)]
         return TierScore(simulate(self.trajectories, costs, policy, gammas), self.singles)
-
-

@@ -1,8 +1,13 @@
-"""SkipMask: which attention and MLP sub-layers the self-speculative draft skips (DESIGN §3).
+"""SkipMask and Draft: what the self-speculative draft skips, and which tokens it can propose.
 
-A skipped sub-layer passes its residual stream through unchanged. The mask also answers the two
-cost questions the cost model needs: how much of a full forward the draft runs (`r_draft`) and how
-many leading layers keep exactly the full model's KV, so that verify can reuse it (`r_reuse`).
+A SkipMask says which attention and MLP sub-layers the draft skips (DESIGN §3); a skipped
+sub-layer passes its residual stream through unchanged. The mask also answers the two cost
+questions the cost model needs: how much of a full forward the draft runs (`r_draft`) and how many
+leading layers keep exactly the full model's KV, so that verify can reuse it (`r_reuse`).
+
+A Draft is a mask plus a draft vocabulary (DESIGN §8): `full`, or the top-`k` ids of a frequency
+ranking, so that each draft step multiplies only `k` rows of the LM head. Verify always uses the
+full head, so the output stays lossless.
 """
 
 from __future__ import annotations
@@ -31,6 +36,25 @@ def parse_layer_list(text: str) -> list[int]:
                 f"cannot read layer list {text!r}: use comma-separated indices or ranges, e.g. 4,14,20-23"
             ) from None
     return layers
+
+
+FULL_VOCAB = "full"
+VOCAB_KEY = "v"
+
+
+def parse_draft_vocab(text: str | int | None) -> int | None:
+    """`full` (or None) -> None, `"8192"` / 8192 -> 8192: the draft vocabulary size `k`."""
+    if text is None or (isinstance(text, str) and text.strip().lower() == FULL_VOCAB):
+        return None
+    try:
+        size = int(text) if not isinstance(text, bool) else None
+    except ValueError:
+        size = None
+    if size is None or size < 1:
+        raise InvalidMaskError(
+            f"draft vocabulary {text!r} is not a size: give a positive integer k (top-k ids) or 'full'"
+        )
+    return size
 
 
 def _format_layers(layers: Iterable[int]) -> str:
@@ -223,3 +247,47 @@ class SublayerWeights:
             )
         skipped = sum(self.attn[i] for i in mask.attn) + sum(self.mlp[i] for i in mask.mlp)
         return (self.total - skipped) / self.total
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A search candidate: a SkipMask plus a draft vocabulary of `vocab` ids (None = the full vocabulary).
+
+    The string form extends the mask's: `a:4,14|m:4,14,20|v:8192`; a plain mask string means the
+    full vocabulary, so every mask string written before drafts existed still reads the same.
+    """
+
+    mask: SkipMask
+    vocab: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.vocab is not None and (isinstance(self.vocab, bool) or int(self.vocab) < 1):
+            raise InvalidMaskError(
+                f"draft vocabulary must be a positive size or None (full), got {self.vocab!r}"
+            )
+
+    @classmethod
+    def parse(cls, text: str, num_layers: int) -> Draft:
+        """Read `a:..|m:..|v:K` (or any mask form without `v:`, meaning the full vocabulary)."""
+        parts = [part for part in text.strip().split("|") if part.strip()]
+        vocab_parts = [p for p in parts if p.strip().startswith(f"{VOCAB_KEY}:")]
+        if len(vocab_parts) > 1:
+            raise InvalidMaskError(f"cannot read draft {text!r}: give the vocabulary once, e.g. |v:8192")
+        vocab = parse_draft_vocab(vocab_parts[0].split(":", 1)[1]) if vocab_parts else None
+        mask_text = "|".join(p for p in parts if p not in vocab_parts)
+        return cls(SkipMask.parse(mask_text, num_layers), vocab)
+
+    def __str__(self) -> str:
+        return str(self.mask) if self.vocab is None else f"{self.mask}|{VOCAB_KEY}:{self.vocab}"
+
+    @property
+    def vocab_label(self) -> str:
+        """`full` or the size, as `best.json`, `trials.csv` and `--draft-vocab` write it."""
+        return FULL_VOCAB if self.vocab is None else str(self.vocab)
+
+    def to_dict(self) -> dict:
+        return {**self.mask.to_dict(), "draft_vocab": self.vocab_label}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Draft:
+        return cls(SkipMask.from_dict(data), parse_draft_vocab(data.get("draft_vocab")))

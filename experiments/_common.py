@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.acceptance.worker import Measurement, prepare
-from skipsearch.config import MeasureConfig
 from skipsearch.engine import DecodeResult
 from skipsearch.models.loading import LoadedModel, eos_ids, load_model
 from skipsearch.models.runner import LayerwiseRunner

@@ -317,7 +317,7 @@ def report(rows: Sequence[BucketCeiling], meta: dict[str, Any]) -> str:
         f"γ = {meta['gamma']} (from {meta['source']}; r_draft {meta['r_draft']:.2f} by sub-layer count, "
         f"s1 = {meta['s1']}). {meta['prompts']} prompts in three length groups, {meta['new_tokens']} new "
         "tokens each, greedy; SSD and our autoregressive decode interleaved prompt by prompt "
-        "(`skipsearch.cli.decode.benchmark`, one warm-up each). "
+        "(`skipsearch.engine.bench.benchmark`, one warm-up each). "
         f"Lossless: {'yes' if meta['lossless'] else '**NO**'}. {stamp_line(meta)}",
         "",
         "## Per phase: P50 / P95 ms per round (share of round time), by context tercile",

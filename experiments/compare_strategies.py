@@ -18,7 +18,8 @@ import argparse
 import shutil
 from pathlib import Path
 
-from skipsearch.cli import main as skipsearch
+from _cli import skipsearch
+
 from skipsearch.models.registry import REGISTRY, available_offline
 from skipsearch.search import load_study, study_trials_frame
 

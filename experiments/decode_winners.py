@@ -20,10 +20,10 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from _cli import skipsearch
 from _common import fmt, markdown_table
 from compare_strategies import PROMPTS
 
-from skipsearch.cli import main as skipsearch
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.masks import SkipMask

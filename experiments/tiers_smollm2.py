@@ -27,14 +27,13 @@ from typing import Any
 
 import optuna
 import pandas as pd
+from _cli import skipsearch
 
 from skipsearch.acceptance.rounds import AcceptanceProfile
-from skipsearch.cli import main as skipsearch
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.masks import SkipMask
 from skipsearch.search.space_files import load_space
-from skipsearch.store import TIERS_FILE
-from skipsearch.tiers.search import (
+from skipsearch.search.tier_sets import (
     SIZES,
     TierSetResult,
     candidate_pool,
@@ -42,6 +41,7 @@ from skipsearch.tiers.search import (
     search_run_tiers,
     search_tier_sets,
 )
+from skipsearch.store import TIERS_FILE
 from skipsearch.tiers.simulation import CostModel, Tier, TierScorer, cost_model
 
 ROOT = Path(__file__).resolve().parents[1]

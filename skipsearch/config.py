@@ -1,4 +1,4 @@
-"""Run configuration: what to measure (model, prompts, estimator) and how to search.
+"""Run configuration: what to measure (a MeasureConfig) and how to search.
 
 Import-light on purpose (no torch): the CLI validates a whole configuration before it loads a
 model, and `run.yaml` in every run directory is this dataclass written out.
@@ -11,34 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from skipsearch.acceptance.prompts import PromptSpec
+from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.errors import ConfigError
-
-ESTIMATOR_MODES = ("shared-kv", "self")
-
-
-@dataclass(frozen=True)
-class MeasureConfig:
-    """What defines a measurement: the model, the prompts and the estimator mode."""
-
-    model: str = "smollm2-135m"
-    prompts: PromptSpec = field(default_factory=PromptSpec)
-    mode: str = "shared-kv"
-    device: str = "cpu"
-    dtype: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.mode not in ESTIMATOR_MODES:
-            raise ConfigError(
-                f"unknown estimator mode {self.mode!r}: use one of {', '.join(ESTIMATOR_MODES)}"
-            )
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> MeasureConfig:
-        return cls(**{**data, "prompts": PromptSpec.from_dict(data["prompts"])})
 
 
 @dataclass(frozen=True)

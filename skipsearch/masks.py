@@ -57,6 +57,11 @@ def parse_draft_vocab(text: str | int | None) -> int | None:
     return size
 
 
+def vocab_label(draft_vocab: int | None) -> str:
+    """`full` or the size: how reports, `best.json`, `trials.csv` and `--draft-vocab` name it."""
+    return FULL_VOCAB if draft_vocab is None else str(draft_vocab)
+
+
 def _format_layers(layers: Iterable[int]) -> str:
     return ",".join(str(i) for i in sorted(layers))
 
@@ -280,13 +285,8 @@ class Draft:
     def __str__(self) -> str:
         return str(self.mask) if self.vocab is None else f"{self.mask}|{VOCAB_KEY}:{self.vocab}"
 
-    @property
-    def vocab_label(self) -> str:
-        """`full` or the size, as `best.json`, `trials.csv` and `--draft-vocab` write it."""
-        return FULL_VOCAB if self.vocab is None else str(self.vocab)
-
     def to_dict(self) -> dict:
-        return {**self.mask.to_dict(), "draft_vocab": self.vocab_label}
+        return {**self.mask.to_dict(), "draft_vocab": vocab_label(self.vocab)}
 
     @classmethod
     def from_dict(cls, data: dict) -> Draft:

@@ -223,7 +223,7 @@ def _accept_many(p: torch.Tensor, q: torch.Tensor, draws: int) -> tuple[torch.Te
     counts = torch.zeros(len(p))
     accepted_total = 0
     for token in drafts:
-        accepted, extra = sample_accept([token], q[None], torch.stack([p, p]), generator)
+        accepted, extra = sample_accept(torch.tensor([token]), q[None], torch.stack([p, p]), generator)
         counts[token if accepted else extra] += 1
         accepted_total += accepted
     return counts, accepted_total / draws
@@ -263,7 +263,7 @@ def test_rejection_of_a_token_the_target_never_picks():
 def test_all_accepted_takes_a_bonus_token_from_the_last_target_distribution():
     q = torch.tensor([[0.0, 1.0], [0.0, 1.0]])
     p = torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0]])
-    assert sample_accept([1, 1], q, p, torch.Generator().manual_seed(0)) == (2, 0)
+    assert sample_accept(torch.tensor([1, 1]), q, p, torch.Generator().manual_seed(0)) == (2, 0)
 
 
 @pytest.mark.parametrize(

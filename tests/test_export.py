@@ -32,9 +32,9 @@ from skipsearch.search import SearchConfig, make_strategy, run_search
 from skipsearch.search.objective import make_scorer
 from skipsearch.search.space_files import parse_space
 from skipsearch.search.space_spec import TierSpace
+from skipsearch.search.tier_sets import search_space_tiers
 from skipsearch.tiers.manifest import TierManifest
 from skipsearch.tiers.policy import TierPolicy
-from skipsearch.tiers.search import search_space_tiers
 from tests.conftest import tiny_model
 
 LAYERS = 8

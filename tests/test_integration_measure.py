@@ -8,9 +8,9 @@ import time
 import pytest
 
 from skipsearch.acceptance.estimator import Estimator
+from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.acceptance.worker import prepare
-from skipsearch.config import MeasureConfig
 from skipsearch.masks import SkipMask
 from tests.conftest import direct_matches
 

@@ -27,8 +27,8 @@ import psutil
 import pytest
 import ray
 
+from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.rounds import AcceptanceProfile
-from skipsearch.config import MeasureConfig
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Evaluator, Executor, LocalExecutor
 from skipsearch.executors.ray import (

@@ -21,9 +21,9 @@ from skipsearch.engine.tiered import tiered_decode
 from skipsearch.errors import ConfigError, InvalidMaskError
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.search.tier_sets import TierSetResult, candidate_pool, drop_unused, search_tier_sets
 from skipsearch.tiers.manifest import TierManifest, is_tier_manifest
 from skipsearch.tiers.policy import TierController, TierPolicy, check_policy
-from skipsearch.tiers.search import TierSetResult, candidate_pool, drop_unused, search_tier_sets
 from skipsearch.tiers.simulation import (
     Single,
     Tier,

@@ -6,17 +6,23 @@ layers before it are identical to the full model, so a mask whose first skip is 
 
 Prompts of different lengths share one right-padded batch: with a causal mask a real position
 never attends to padding that follows it, so no padding mask is needed and results are exact.
+
+A draft vocabulary (DESIGN §8) changes only the head: the draft proposes the argmax over the
+subset, and samples from `q` renormalised over it. Both follow exactly from the draft's full
+logits, so one forward measures the mask at every vocabulary size (`evaluate(.., vocabs)`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from skipsearch.acceptance.measure_config import ESTIMATOR_MODES
 from skipsearch.acceptance.reference import FORWARD_BATCH, ReferenceCache
 from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.errors import ConfigError
@@ -24,8 +30,6 @@ from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 
 log = logging.getLogger(__name__)
-
-MODES = ("self", "shared-kv")
 
 
 class SharedKV:
@@ -61,17 +65,46 @@ def sampling_acceptance(
     return torch.minimum(p, q).sum(-1)
 
 
-class Estimator:
-    """Evaluates skip masks against one ReferenceCache."""
+def subset_acceptance(
+    target_logits: torch.Tensor, draft_logits: torch.Tensor, ids: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy match and `sum_x min(p(x), q(x))` per position of a draft restricted to `ids`.
 
-    def __init__(self, runner: LayerwiseRunner, reference: ReferenceCache, mode: str = "self") -> None:
-        if mode not in MODES:
-            raise ConfigError(f"unknown estimator mode {mode!r}: use one of {', '.join(MODES)}")
+    The draft proposes only ids of the subset: greedy, the argmax over the subset's logits; sampling,
+    `q` = softmax over the subset, zero outside it, so `min(p, q)` sums over the subset alone.
+    """
+    subset = draft_logits[..., ids]
+    match = ids[subset.argmax(-1)] == target_logits.argmax(-1)
+    if temperature == 0:
+        return match, match.float()
+    p = torch.softmax(target_logits.float() / temperature, dim=-1)[..., ids]
+    q = torch.softmax(subset.float() / temperature, dim=-1)
+    return match, torch.minimum(p, q).sum(-1)
+
+
+VocabIds = Callable[[int], Sequence[int]]
+"""The `k` ids of a draft vocabulary of size `k` (the top of the run's frequency ranking)."""
+
+
+class Estimator:
+    """Evaluates skip masks (at any draft-vocabulary sizes) against one ReferenceCache."""
+
+    def __init__(
+        self,
+        runner: LayerwiseRunner,
+        reference: ReferenceCache,
+        mode: str = "self",
+        vocab_ids: VocabIds | None = None,
+    ) -> None:
+        if mode not in ESTIMATOR_MODES:
+            raise ConfigError(f"unknown estimator mode {mode!r}: use one of {', '.join(ESTIMATOR_MODES)}")
         if mode == "shared-kv" and reference.keys is None:
             raise ConfigError("the reference cache holds no K/V: build it with shared-kv mode")
         self.runner = runner
         self.reference = reference
         self.mode = mode
+        self.vocab_ids = vocab_ids
+        self._subsets: dict[int, torch.Tensor] = {}
         self.rows, self.cols = reference.prediction_index()
         final = reference.hidden[-1][self.rows, self.cols]
         self.target_logits = runner.head(final)
@@ -124,17 +157,53 @@ class Estimator:
         return hidden[valid]
 
     @torch.no_grad()
-    def evaluate(self, mask: SkipMask, temperature: float = 1.0) -> AcceptanceProfile:
+    def evaluate(
+        self, mask: SkipMask, temperature: float = 1.0, vocabs: Sequence[int] = ()
+    ) -> AcceptanceProfile:
+        """The mask's profile with the full vocabulary, and in `by_vocab` one per size in `vocabs`."""
         mask.check_fits(self.runner.num_layers)
         logits = self.draft_logits(mask)
-        matches = (logits.argmax(-1) == self.target_tokens).tolist()
-        accept = sampling_acceptance(self.target_logits, logits, temperature).tolist()
+        matches = logits.argmax(-1) == self.target_tokens
+        full = self._profile(
+            mask, matches, sampling_acceptance(self.target_logits, logits, temperature), temperature
+        )
+        variants = tuple(
+            self._profile(
+                mask,
+                *subset_acceptance(self.target_logits, logits, self.subset(k), temperature),
+                temperature,
+                k,
+            )
+            for k in sorted(set(vocabs), reverse=True)
+        )
+        return replace(full, by_vocab=variants)
+
+    def subset(self, size: int) -> torch.Tensor:
+        """The ids of the draft vocabulary of `size`, on the model's device (built once per size)."""
+        if self.vocab_ids is None:
+            raise ConfigError(
+                "a draft vocabulary needs a frequency ranking, and this estimator was built without one: "
+                "measure through `skipsearch.acceptance.worker.prepare`, which builds it"
+            )
+        if size not in self._subsets:
+            self._subsets[size] = torch.as_tensor(list(self.vocab_ids(size)), device=self.runner.device)
+        return self._subsets[size]
+
+    def _profile(
+        self,
+        mask: SkipMask,
+        matches: torch.Tensor,
+        accept: torch.Tensor,
+        temperature: float,
+        draft_vocab: int | None = None,
+    ) -> AcceptanceProfile:
         sizes = self.reference.row_sizes()
         return AcceptanceProfile(
             mask=str(mask),
-            greedy_match=tuple(tuple(r) for r in _split(matches, sizes)),
-            sampling_accept=tuple(tuple(r) for r in _split(accept, sizes)),
+            greedy_match=tuple(tuple(r) for r in _split(matches.tolist(), sizes)),
+            sampling_accept=tuple(tuple(r) for r in _split(accept.tolist(), sizes)),
             temperature=temperature,
+            draft_vocab=draft_vocab,
         )
 
     def time_full_forward(self) -> float:

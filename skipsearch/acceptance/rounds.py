@@ -10,10 +10,12 @@ target's correction or bonus), jump past it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from skipsearch.masks import SkipMask, vocab_label
 
 
 def simulate_rounds(matches: Sequence[bool], gamma: int) -> list[int]:
@@ -42,13 +44,34 @@ def simulate_rounds(matches: Sequence[bool], gamma: int) -> list[int]:
 
 @dataclass(frozen=True)
 class AcceptanceProfile:
-    """Per-position acceptance of one mask on one prompt set (one row per prompt)."""
+    """Per-position acceptance of one mask on one prompt set (one row per prompt).
+
+    `draft_vocab` is the draft vocabulary the draft proposed from (None: the full vocabulary).
+    `by_vocab` holds the same mask measured with smaller draft vocabularies: one model forward
+    gives the draft's logits, and every subset's acceptance follows from them exactly, so a search
+    scores each mask at every vocabulary size of its space for the price of one evaluation.
+    """
 
     mask: str
     greedy_match: tuple[tuple[bool, ...], ...]
     sampling_accept: tuple[tuple[float, ...], ...]
     temperature: float
+    draft_vocab: int | None = None
+    by_vocab: tuple[AcceptanceProfile, ...] = ()
     _rounds: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def variants(self) -> tuple[AcceptanceProfile, ...]:
+        """This profile and every draft-vocabulary variant of it."""
+        return (self, *self.by_vocab)
+
+    def for_vocab(self, draft_vocab: int | None) -> AcceptanceProfile:
+        """The variant measured with `draft_vocab` (None: full), or a KeyError naming what exists."""
+        for variant in self.variants:
+            if variant.draft_vocab == draft_vocab:
+                return variant
+        have = ", ".join(vocab_label(v.draft_vocab) for v in self.variants)
+        raise KeyError(f"no profile for draft vocabulary {vocab_label(draft_vocab)} (measured: {have})")
 
     @property
     def n_positions(self) -> int:
@@ -90,6 +113,7 @@ class AcceptanceProfile:
         """JSON-ready numbers: alpha, sampling acceptance, tokens per round per gamma, alpha_j."""
         return {
             "mask": self.mask,
+            "draft_vocab": vocab_label(self.draft_vocab),
             "alpha": self.alpha,
             "sampling_acceptance": self.sampling_acceptance,
             "temperature": self.temperature,
@@ -99,18 +123,31 @@ class AcceptanceProfile:
         }
 
     def to_dict(self) -> dict:
-        return {
+        data: dict = {
             "mask": self.mask,
             "temperature": self.temperature,
             "greedy_match": [[int(m) for m in row] for row in self.greedy_match],
             "sampling_accept": [[round(float(a), 6) for a in row] for row in self.sampling_accept],
         }
+        if self.draft_vocab is not None:
+            data["draft_vocab"] = self.draft_vocab
+        if self.by_vocab:
+            data["by_vocab"] = [variant.to_dict() for variant in self.by_vocab]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> AcceptanceProfile:
+        """Reads profiles written before draft vocabularies existed too (full vocabulary, no variants)."""
         return cls(
             mask=data["mask"],
             greedy_match=tuple(tuple(bool(m) for m in row) for row in data["greedy_match"]),
             sampling_accept=tuple(tuple(float(a) for a in row) for row in data["sampling_accept"]),
             temperature=float(data["temperature"]),
+            draft_vocab=data.get("draft_vocab"),
+            by_vocab=tuple(cls.from_dict(variant) for variant in data.get("by_vocab", ())),
         )
+
+
+Evaluator = Callable[[SkipMask], AcceptanceProfile]
+"""Measures one mask on the prompt set (the only expensive step of a search): its full-vocabulary
+profile, with one variant per draft-vocabulary size the measurement asks for."""

@@ -8,15 +8,18 @@ The local executor calls it once per run; a Ray actor calls it once per worker.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property, partial
 
 import torch
 
 from skipsearch.acceptance.estimator import Estimator
-from skipsearch.acceptance.prompts import encode_prompts, select_prompts
+from skipsearch.acceptance.measure_config import MeasureConfig
+from skipsearch.acceptance.prompts import PromptSpec, encode_prompts, select_prompts
 from skipsearch.acceptance.reference import ReferenceCache, build_reference, reference_key
-from skipsearch.config import MeasureConfig
+from skipsearch.acceptance.rounds import Evaluator
+from skipsearch.acceptance.vocab import VocabRanking, ranking_for
 from skipsearch.models.loading import LoadedModel, load_model
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.store import cache_dir
@@ -26,14 +29,30 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Measurement:
+    """A loaded model with its estimator; the draft-vocabulary ranking is counted on first use."""
+
     loaded: LoadedModel
     runner: LayerwiseRunner
     estimator: Estimator
     reference_path: str
+    prompts: PromptSpec
 
     @property
     def num_layers(self) -> int:
         return self.runner.num_layers
+
+    @cached_property
+    def ranking(self) -> VocabRanking:
+        """Token ids by frequency on text disjoint from the measured prompts (`acceptance.vocab`)."""
+        return ranking_for(self.loaded, self.prompts)
+
+    def vocab_ids(self, size: int) -> tuple[int, ...]:
+        """The draft vocabulary of `size`: the ranking's top `size` ids."""
+        return self.ranking.top(size)
+
+    def evaluator(self, temperature: float, vocabs: Sequence[int] = ()) -> Evaluator:
+        """Measures one mask at `temperature`, with the full vocabulary and each size in `vocabs`."""
+        return partial(self.estimator.evaluate, temperature=temperature, vocabs=tuple(vocabs))
 
 
 def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None) -> Measurement:
@@ -65,4 +84,8 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
             path, {"model": config.model, "source": loaded.source, "prompts": config.prompts.to_dict()}
         )
         log.info("reference cache saved to %s", path)
-    return Measurement(loaded, runner, Estimator(runner, reference, config.mode), str(path))
+    measurement = Measurement(
+        loaded, runner, Estimator(runner, reference, config.mode), str(path), config.prompts
+    )
+    measurement.estimator.vocab_ids = measurement.vocab_ids
+    return measurement

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, resolve_source
-from skipsearch.config import MeasureConfig
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask, parse_layer_list
 from skipsearch.models.registry import DEFAULT_MODEL

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from skipsearch.config import MeasureConfig
+from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.executors.ray import RayOptions, check_ray_address, measurement_executor
@@ -59,7 +59,8 @@ def executor_factory(args: argparse.Namespace, workers: int | None = None) -> Ex
     def ray_executor(measure: MeasureConfig, temperature: float, measurement: Measurement) -> Executor:
         from skipsearch.progress import console
 
-        executor = measurement_executor(measure, temperature, measurement.reference_path, options)
+        ranking = measurement.ranking if measure.draft_vocabs else None
+        executor = measurement_executor(measure, temperature, measurement.reference_path, options, ranking)
         console.print(f"Ray: {executor.plan.describe()}")
         return executor
 

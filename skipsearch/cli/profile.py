@@ -2,7 +2,7 @@
 
 Writes profile.json (by default where `measure` looks for it) and prints what it found: the
 per-sub-layer medians, the real draft cost `c` of a contiguous draft next to the naive `E / L`
-(reference 001 §5.1), and the verify cost `f(γ)`.
+(docs/theory.md, Calibrated cost), and the verify cost `f(γ)`.
 """
 
 from __future__ import annotations

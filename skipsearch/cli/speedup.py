@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print JSON to stdout")
     parser.add_argument(
-        "--table", action="store_true", help="print an alpha x gamma grid (reference 001 §3.2)"
+        "--table", action="store_true", help="print an alpha x gamma grid (docs/theory.md, Speedup)"
     )
     parser.add_argument(
         "--table-alphas", default="0.6,0.7,0.8,0.9", help="grid columns (default %(default)s)"

@@ -251,18 +251,23 @@ def _warn_if_noisy(samples: Samples) -> None:
 
 
 def round_bookkeeping(draft_logits: Sequence[torch.Tensor], verify_logits: torch.Tensor, cache: Any) -> int:
-    """The work of one round outside the forward passes; returns the accepted draft count.
+    """The engine's own work of one greedy round outside the forward passes; returns the accepted count.
 
-    One softmax + argmax per draft step (`[1, V]` each) and over the `γ + 1` verify positions, the
-    acceptance comparison (leading matches, read back to the host), and the crop of the rejected
-    positions. The crop removes all `γ`: slicing costs the same whatever the count.
+    The draft's argmax per step (`[1, V]` each), then the engine's `greedy_accept` over the `γ + 1`
+    verify positions, its `crop` of the rejected positions and its cache-length check — the same
+    functions `engine.ssd.settle` runs, so the profile prices what the engine does. The crop
+    removes all `γ`: slicing costs the same whatever the count.
     """
     import torch
 
-    drafted = torch.cat([torch.softmax(logits, dim=-1).argmax(dim=-1) for logits in draft_logits])
-    target = torch.softmax(verify_logits, dim=-1).argmax(dim=-1)
-    accepted = int((drafted == target[:-1]).cumprod(dim=0).sum())
-    cache.crop(-len(draft_logits))
+    from skipsearch.engine.cache import check_lengths, crop
+    from skipsearch.engine.sampling import greedy_accept
+
+    drafted = torch.cat([logits.argmax(dim=-1) for logits in draft_logits])
+    accepted, _ = greedy_accept(drafted, verify_logits)
+    length = cache.get_seq_length() - len(draft_logits)
+    crop(cache, length)
+    check_lengths(cache, length)
     return accepted
 
 

@@ -84,46 +84,61 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.clamp(p - q, min=0.0)
 
 
+def resample(p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """The token after a rejection: a sample from `norm(max(0, p - q))` (1-D distributions).
+
+    That residual is all zero only when `p == q` up to rounding (so a rejection had probability
+    ~0); `p` itself is then the exact fallback.
+    """
+    weights = residual(p, q)
+    if not bool((weights > 0).any()):
+        weights = p
+    return int(sample(weights, generator))
+
+
 def accept_or_resample(
     p: torch.Tensor, q: torch.Tensor, token: int, generator: torch.Generator | None = None
 ) -> tuple[bool, int]:
     """Rejection-sampling step for one draft token `token ~ q` against the target `p` (1-D).
 
     Accept with probability `min(1, p(x) / q(x))`; otherwise sample from `norm(max(0, p - q))`.
-    That residual is all zero only when `p == q` up to rounding (so a rejection had probability
-    ~0); `p` itself is then the exact fallback.
     """
     u = torch.rand((), generator=generator, device=p.device)
     if u * q[token] < p[token]:  # u < p/q without dividing by q
         return True, token
-    weights = residual(p, q)
-    if not bool((weights > 0).any()):
-        weights = p
-    return False, int(sample(weights, generator))
+    return False, resample(p, q, generator)
 
 
 def sample_accept(
-    draft: list[int], q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+    draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
 ) -> tuple[int, int]:
     """One round of rejection sampling: (accepted draft tokens `n`, the round's extra token).
 
-    `q` holds the draft's distributions `[γ, V]`, `p` the target's `[γ + 1, V]`. The extra token
-    is the resampled one at the first rejection, or a bonus sample from `p[γ]` when all `γ` pass.
+    `draft` `[γ]` holds the draft tokens, `q` the draft's distributions `[γ, V]`, `p` the target's
+    `[γ + 1, V]`. All γ tests `u_j q_j(x_j) < p_j(x_j)` run at once and the first failure is read
+    back in one host sync (gpt-fast's `generate.py` does the same); the tokens after it were never
+    accepted, so their draws do not matter. The extra token is the resampled one at the first
+    rejection, or a bonus sample from `p[γ]` when all `γ` pass.
     """
-    for j, token in enumerate(draft):
-        accepted, chosen = accept_or_resample(p[j], q[j], token, generator)
-        if not accepted:
-            return j, chosen
-    return len(draft), int(sample(p[len(draft)], generator))
+    gamma = len(draft)
+    rows = torch.arange(gamma, device=p.device)
+    u = torch.rand(gamma, generator=generator, device=p.device)
+    rejected = u * q[rows, draft] >= p[rows, draft]
+    first = int(torch.cat([rejected, rejected.new_ones(1)]).int().argmax())
+    if first == gamma:
+        return gamma, int(sample(p[gamma], generator))
+    return first, resample(p[first], q[first], generator)
 
 
 def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
     """Greedy round: accept the longest prefix of `draft` `[γ]` equal to the target's argmax.
 
     `target_logits` `[γ + 1, V]`; the extra token is the target's argmax right after the accepted
-    prefix — its correction at the first mismatch, or the bonus token when all `γ` match.
+    prefix — its correction at the first mismatch, or the bonus token when all `γ` match. One
+    comparison over all drafts and one host sync per round.
     """
     target = target_logits.argmax(dim=-1)
     matches = (draft == target[: len(draft)]).int()
-    accepted = int(matches.cumprod(dim=0).sum())
-    return accepted, int(target[accepted])
+    accepted = matches.cumprod(dim=0).sum()
+    accepted_count, extra = torch.stack([accepted, target[accepted]]).tolist()
+    return accepted_count, extra

@@ -40,6 +40,7 @@ from skipsearch.engine.sampling import GREEDY, Sampling, greedy_accept, sample, 
 from skipsearch.engine.timing import RoundClock, RoundTiming
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
+from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.runner import LayerwiseRunner
 
 
@@ -70,8 +71,14 @@ def draft(
     gamma: int,
     sampling: Sampling,
     generator: torch.Generator | None,
+    head: DraftHead | None = None,
 ) -> Proposal:
-    """γ steps of the masked model from `pending` `[1, 1]` at position `start`."""
+    """γ steps of the masked model from `pending` `[1, 1]` at position `start`.
+
+    With a draft `head` (a draft vocabulary) each step multiplies only the subset's rows: greedy
+    proposes the subset's argmax; sampling draws from `q` over the subset, recorded over the full
+    vocabulary with zeros outside it, so the residual `max(0, p - q)` covers every other token.
+    """
     s1, device = mask.first_divergent_layer, runner.device
     tokens = torch.empty(gamma, dtype=torch.long, device=device)
     probs = None if sampling.greedy else torch.empty(gamma, runner.config.vocab_size, device=device)
@@ -81,12 +88,15 @@ def draft(
         position = positions(start + step, 1, device)
         hidden = runner.run_layers(runner.embed(token), 0, s1, position, mask, cache)
         exact.append(hidden)
-        logits = runner.head(runner.run_layers(hidden, s1, runner.num_layers, position, mask, cache))[0, -1]
+        last = runner.run_layers(hidden, s1, runner.num_layers, position, mask, cache)
+        logits = (runner.head if head is None else head)(last)[0, -1]
         if probs is None:
-            tokens[step] = logits.argmax()
+            choice = logits.argmax()
         else:
-            probs[step] = sampling.probs(logits)
-            tokens[step] = sample(probs[step], generator)[0]
+            q = sampling.probs(logits)
+            choice = sample(q, generator)[0]
+            probs[step] = q if head is None else head.scatter(q)
+        tokens[step] = choice if head is None else head.token(choice)
         token = tokens[step].view(1, 1)
     return Proposal(tokens, probs, exact)
 
@@ -136,7 +146,7 @@ def settle(
             n, extra = greedy_accept(proposal.tokens, logits)
         else:
             p = sampling.probs(logits)
-            n, extra = sample_accept(proposal.tokens.tolist(), proposal.probs, p, generator)
+            n, extra = sample_accept(proposal.tokens, proposal.probs, p, generator)
     committed = [*proposal.tokens[:n].tolist(), extra]
     tokens += committed
     with clock.phase("cache"):
@@ -174,19 +184,27 @@ class RoundSteps(Protocol):
 
 
 class EagerSteps:
-    """`draft` and `verify` with the round's mask over a DynamicCache: the reference path."""
+    """`draft` and `verify` with the round's mask over a DynamicCache: the reference path.
+
+    `heads[i]` is mask `i`'s draft head (None: the full LM head)."""
 
     mode = "eager"
 
-    def __init__(self, runner: LayerwiseRunner, masks: Sequence[SkipMask]) -> None:
+    def __init__(
+        self,
+        runner: LayerwiseRunner,
+        masks: Sequence[SkipMask],
+        heads: Sequence[DraftHead | None] | None = None,
+    ) -> None:
         self.runner, self.masks = runner, tuple(masks)
+        self.heads = tuple(heads) if heads is not None else (None,) * len(self.masks)
 
     def prefill(self, prompt: Sequence[int]) -> Any:
         return prefilled_cache(self.runner, prompt)
 
     def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
-        mask = self.masks[at.tier]
-        return draft(self.runner, mask, at.cache, at.pending, at.start, at.gamma, sampling, generator)
+        mask, head = self.masks[at.tier], self.heads[at.tier]
+        return draft(self.runner, mask, at.cache, at.pending, at.start, at.gamma, sampling, generator, head)
 
     def verify(self, at: Round, proposal: Proposal) -> torch.Tensor:
         return verify(self.runner, self.masks[at.tier], at.cache, proposal, at.pending, at.start)
@@ -282,16 +300,17 @@ def speculative_decode(
     sampling: Sampling = GREEDY,
     generator: torch.Generator | None = None,
     eos_ids: Collection[int] = (),
+    head: DraftHead | None = None,
 ) -> DecodeResult:
     """Decode up to `max_new_tokens` after `prompt` with the draft `mask` (see module docstring).
 
     Lossless: greedy output equals `autoregressive_decode`'s token for token; sampled output
     follows the target's distribution under `sampling`. `gamma` is a fixed draft length or a
-    dynamic policy.
+    dynamic policy; `head`, a draft vocabulary's head for the draft steps (verify keeps the full one).
     """
     mask.check_fits(runner.num_layers)
     policy = gamma if isinstance(gamma, GammaPolicy) else GammaPolicy.fixed(gamma)
     schedule = OneMask(GammaController(policy))
-    steps = EagerSteps(runner, [mask])
+    steps = EagerSteps(runner, [mask], [head])
     result, _ = run_rounds(runner, prompt, max_new_tokens, steps, schedule, sampling, generator, eos_ids)
     return result

@@ -13,12 +13,11 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
-from skipsearch.config import MeasureConfig
+from skipsearch.acceptance.measure_config import MeasureConfig
+from skipsearch.acceptance.rounds import AcceptanceProfile, Evaluator
 from skipsearch.masks import SkipMask
 
 if TYPE_CHECKING:
@@ -26,9 +25,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-
-Evaluator = Callable[[SkipMask], AcceptanceProfile]
-"""Measures one mask on the prompt set: the only expensive step of a search."""
 
 
 @dataclass(frozen=True)
@@ -126,4 +122,4 @@ driver has already prepared `measurement` (so its ReferenceCache is on disk) bef
 
 def local_executor(measure: MeasureConfig, temperature: float, measurement: Measurement) -> Executor:
     """Evaluate in this process with the model the driver already loaded."""
-    return LocalExecutor(partial(measurement.estimator.evaluate, temperature=temperature))
+    return LocalExecutor(measurement.evaluator(temperature, measure.draft_vocabs))

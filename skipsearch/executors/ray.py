@@ -15,19 +15,21 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import cache, partial
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
-from skipsearch.config import MeasureConfig
+from skipsearch.acceptance.measure_config import MeasureConfig
+from skipsearch.acceptance.rounds import AcceptanceProfile, Evaluator
 from skipsearch.errors import ConfigError
-from skipsearch.executors.base import Evaluator, Executor, Outcome
+from skipsearch.executors.base import Executor, Outcome
 from skipsearch.masks import SkipMask
 
 if TYPE_CHECKING:
     from ray import ObjectRef
     from ray.actor import ActorHandle
+
+    from skipsearch.acceptance.vocab import VocabRanking
 
 
 log = logging.getLogger(__name__)
@@ -219,6 +221,7 @@ class MeasureWorker:
     temperature: float
     reference_path: str
     reference_blob: ObjectRef | None = None
+    ranking: VocabRanking | None = None
 
     def __call__(self) -> Evaluator:
         from skipsearch.acceptance.worker import prepare
@@ -232,7 +235,9 @@ class MeasureWorker:
                 measurement.reference_path,
                 self.reference_path,
             )
-        return partial(measurement.estimator.evaluate, temperature=self.temperature)
+        if self.ranking is not None:
+            measurement.ranking = self.ranking
+        return measurement.evaluator(self.temperature, self.measure.draft_vocabs)
 
     def _place_reference(self) -> None:
         import ray
@@ -468,9 +473,16 @@ def _cause(exc: Exception) -> Exception:
 
 
 def measurement_executor(
-    measure: MeasureConfig, temperature: float, reference_path: str, options: RayOptions
+    measure: MeasureConfig,
+    temperature: float,
+    reference_path: str,
+    options: RayOptions,
+    ranking: VocabRanking | None = None,
 ) -> RayExecutor:
-    """Ray workers that each load `measure`'s model and the driver's ReferenceCache once."""
+    """Ray workers that each load `measure`'s model and the driver's ReferenceCache once.
+
+    `ranking`, the driver's draft-vocabulary ranking, travels with the spec, so a worker on another
+    node (another Python, another stdlib to count) drafts from exactly the driver's ids."""
     import ray
 
     connection = RayConnection.open(options.address)
@@ -478,7 +490,7 @@ def measurement_executor(
         path = Path(reference_path).resolve()
         blob = ray.put(path.read_bytes()) if connection.ships_files() else None
         worker = replace(measure, device=worker_device(measure.device))
-        spec = MeasureWorker(worker, temperature, str(path), blob)
+        spec = MeasureWorker(worker, temperature, str(path), blob, ranking)
         return RayExecutor(spec, options, device=measure.device, connection=connection)
     except BaseException:
         connection.close()

@@ -12,12 +12,19 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.progress import console
 from skipsearch.store import JOURNAL_FILE, RUN_FILE
+
+if TYPE_CHECKING:  # heavy (torch) or Optuna types: imported where they are used
+    from skipsearch.acceptance.worker import Measurement
+    from skipsearch.cost.latency import LatencyProfile
+    from skipsearch.search import EvaluationCache
+    from skipsearch.search.study import SearchResult
 
 
 def check_run_dir(out: Path, resume: bool) -> None:
@@ -35,8 +42,8 @@ def check_run_dir(out: Path, resume: bool) -> None:
 class RunContext:
     """A measured model plus everything the search needs, shared by the strategies of a compare."""
 
-    measurement: object  # skipsearch.measurement.Measurement
-    latency: object | None  # skipsearch.costmodel.LatencyProfile
+    measurement: Measurement
+    latency: LatencyProfile | None
     provenance: dict
 
 
@@ -107,10 +114,10 @@ def search_one(
     out: Path,
     resume: bool,
     study_name: str | None = None,
-    cache: object | None = None,
+    cache: EvaluationCache | None = None,
     on_trial: Callable[[int, int, float | None], None] | None = None,
     executor: Executor | None = None,
-) -> object:
+) -> SearchResult:
     """Run one strategy's study in `out` (validated constraints first, then the journal).
 
     Masks are evaluated on `executor` (the caller closes it), by default in this process."""
@@ -146,7 +153,7 @@ def search_one(
             on_trial=on_trial,
         )
     if isinstance(resolved, TierSpace):  # tier sets over the masks the base search measured
-        from skipsearch.tiers.search import search_space_tiers
+        from skipsearch.search.tier_sets import search_space_tiers
 
         search_space_tiers(out, resolved, config.cost, context.latency, seed=config.seed)
     return result

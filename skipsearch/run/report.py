@@ -114,7 +114,7 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
         lines.append(
             f"SSD does not pay off here: the best predicted speedup is {best_speed:.2f}x, below {PAYS_OFF}x, "
             "so the overheads the cost model leaves out (sampling, cache bookkeeping) would eat the gain. "
-            "Skipping layers loses too much acceptance for this model (reference 001 §5.1)."
+            'Why, and what to try: docs/theory.md, section "When SSD does not pay".'
         )
     lines.append("")
     return "\n".join(lines)

@@ -1,1 +1,2 @@
-"""Tier sets (DESIGN §3): the runtime policy, its simulation, the manifest and the tier-set search."""
+"""Tier sets (DESIGN §3): the runtime policy, its simulation over calibration trajectories and the
+manifest. The tier-set *search* lives with the other searches, in `search/tier_sets.py`."""

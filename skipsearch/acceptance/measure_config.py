@@ -1,0 +1,54 @@
+"""What defines one acceptance measurement: the model, the prompts and the estimator mode.
+
+Import-light on purpose (no torch): the CLI validates a configuration before it loads a model,
+and a Ray worker rebuilds its measurement from this picklable record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from skipsearch.acceptance.prompts import PromptSpec
+from skipsearch.errors import ConfigError
+
+ESTIMATOR_MODES = ("shared-kv", "self")
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """What defines a measurement: the model, the prompts and the estimator mode.
+
+    `draft_vocabs` are the draft-vocabulary sizes measured besides the full vocabulary: one model
+    forward per mask serves them all (DESIGN §8), so a search scores each mask at every size.
+    """
+
+    model: str = "smollm2-135m"
+    prompts: PromptSpec = field(default_factory=PromptSpec)
+    mode: str = "shared-kv"
+    device: str = "cpu"
+    dtype: str = "auto"
+    draft_vocabs: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.mode not in ESTIMATOR_MODES:
+            raise ConfigError(
+                f"unknown estimator mode {self.mode!r}: use one of {', '.join(ESTIMATOR_MODES)}"
+            )
+        sizes = tuple(sorted({int(k) for k in self.draft_vocabs}, reverse=True))
+        if any(k < 1 for k in sizes):
+            raise ConfigError(f"draft vocabulary sizes must be >= 1, got {list(self.draft_vocabs)}")
+        object.__setattr__(self, "draft_vocabs", sizes)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "draft_vocabs": list(self.draft_vocabs)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MeasureConfig:
+        """Reads run.yaml files written before draft vocabularies existed too (no sizes)."""
+        return cls(
+            **{
+                **data,
+                "prompts": PromptSpec.from_dict(data["prompts"]),
+                "draft_vocabs": tuple(data.get("draft_vocabs", ())),
+            }
+        )

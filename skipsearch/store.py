@@ -26,6 +26,7 @@ CACHE_DIR = "cache"
 EVALUATIONS_FILE = "evaluations.jsonl"
 CACHE_KEY_FILE = "key.txt"
 EXPORT_README = "README.md"
+DRAFT_VOCAB_FILE = "draft_vocab.json"
 
 
 # -- caches shared by runs ------------------------------------------------------------------------
@@ -42,6 +43,11 @@ def slug(text: str) -> str:
 def default_profile_path(model_id: str, device: str) -> Path:
     """Where `skipsearch profile` writes and `measure` looks by default: one per model and device."""
     return cache_dir() / "profiles" / f"{slug(model_id)}-{slug(device)}.json"
+
+
+def draft_vocab_cache_path(model_id: str, corpus_hash: str) -> Path:
+    """Where a draft vocabulary ranking is kept: one per model and counting corpus, counted once."""
+    return cache_dir() / "draft_vocab" / f"{slug(model_id)}-{corpus_hash[:16]}.json"
 
 
 # -- atomic writes --------------------------------------------------------------------------------

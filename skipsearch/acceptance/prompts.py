@@ -132,11 +132,16 @@ def source_files(source: str) -> list[Path]:
     if source == HUMANEVAL:
         return [_humaneval_file()]
     if source == STDLIB:
-        return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+        return sorted(stdlib_dir().glob("*.py"))
     path = Path(source)
     if not path.is_file():
         raise PromptError(f"prompt file {path} not found: {_SOURCE_HELP}")
     return [path]
+
+
+def stdlib_dir() -> Path:
+    """The running Python's standard library: source code present wherever skipsearch runs."""
+    return Path(sysconfig.get_paths()["stdlib"])
 
 
 def load_prompts(source: str) -> list[Prompt]:

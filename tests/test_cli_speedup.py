@@ -49,6 +49,18 @@ def test_self_speculative_forms(capsys) -> None:
     assert forms["forms"]["ssd"]["speedup"] == pytest.approx(forms["forms"]["sd"]["speedup"])
 
 
+def test_head_share_prices_a_smaller_draft_head(capsys) -> None:
+    args = ["--alpha", "0.8", "--gamma", "2", "--r-draft", "0.5", "--head-share", "0.2"]
+    forms = speedup_json(capsys, *args, "--draft-vocab-share", "0.25")["forms"]
+    # Each draft step saves 0.2 x (1 - 0.25) = 0.15: round cost 1 + 0.5 - 2 x 0.15 = 1.2.
+    assert forms["ssd_contiguous"]["params"]["head_saving"] == pytest.approx(0.15)
+    assert forms["ssd_contiguous"]["speedup"] == pytest.approx(2.44 / 1.2)
+    forms = speedup_json(capsys, *args, "--draft-vocab-share", "0.25", "--r-reuse", "0.25")["forms"]
+    assert forms["ssd"]["speedup"] == pytest.approx(2.44 / (2 * 0.35 + 0.75))
+    full = speedup_json(capsys, *args, "--draft-vocab-share", "1")["forms"]["ssd_contiguous"]
+    assert full["speedup"] == pytest.approx(2.44 / 1.5)
+
+
 def test_epsilon(capsys) -> None:
     sd = speedup_json(capsys, "--alpha", "0.8", "--gamma", "3", "--c", "0.3", "--epsilon", "0.1")["forms"][
         "sd"
@@ -100,6 +112,18 @@ def test_human_output(capsys) -> None:
         (["--alpha", "0.8", "--c", "0.3", "--epsilon", "-1"], "epsilon must be"),
         (["--alphas", "0.9,x", "--c", "0.3"], "cannot read --alphas"),
         (["--alphas", "0.9,0.8", "--gamma-max", "4", "--c", "0.3"], "alpha_1..alpha_"),
+        (["--alpha", "0.8", "--r-draft", "0.5", "--head-share", "0.2"], "go together"),
+        (["--alpha", "0.8", "--r-draft", "0.5", "--draft-vocab-share", "0.2"], "go together"),
+        (
+            ["--alpha", "0.8", "--c", "0.5", "--head-share", "0.2", "--draft-vocab-share", "0.2"],
+            "give --r-draft",
+        ),
+        (
+            ["--alpha", "0.8", "--r-draft", "0.5", "--head-share", "1", "--draft-vocab-share", "0.2"],
+            "head share",
+        ),
+        (["--alpha", "0.8", "--r-draft", "0.5", "--head-share", "0.2", "--draft-vocab-share", "0"], "k/V"),
+        (["--alpha", "0.8", "--r-draft", "0.5", "--head-share", "0.2", "--draft-vocab-share", "1.5"], "k/V"),
     ],
 )
 def test_invalid_arguments_exit_2_with_one_line(capsys, args: list[str], message: str) -> None:

@@ -15,6 +15,7 @@ from skipsearch.cost.closed_forms import (
     SeparateDraft,
     best_of,
     expected_tokens,
+    head_share_from_config,
     optimal_gamma,
     speedup,
     speedup_curve,
@@ -326,3 +327,160 @@ def test_predict_closed_form_and_calibrated() -> None:
 def test_predict_uses_sublayer_reuse_for_mlp_first_masks() -> None:
     prediction = predict(_profile("1101"), SkipMask(4, mlp={3}), gamma_max=2, epsilon=0.1)
     assert (prediction.r_draft, prediction.r_reuse) == (7 / 8, 7 / 8)
+
+
+# -- the draft's head with k rows ----------------------------------------------------------------
+
+
+def _with_head_table(rows: list[int], seconds: list[float]) -> LatencyProfile:
+    """`_latency()` (full head 2 at one position) plus a draft-head table."""
+    return LatencyProfile.from_dict({**_latency().to_dict(), "head_rows": rows, "head_by_rows": seconds})
+
+
+def test_draft_head_time_interpolates_the_measured_ratio() -> None:
+    profile = _with_head_table([2, 4, 8], [1.0, 1.5, 4.0])  # V = 8; full head 2 at context 100
+    assert profile.vocab_size == 8
+    assert profile.draft_head_time(None, 100) == profile.head_time(100) == 2.0
+    assert profile.draft_head_time(8, 100) == 2.0
+    assert profile.draft_head_time(9, 100) == 2.0  # k >= V: the full head
+    assert profile.draft_head_time(4, 100) == exact(2.0 * 1.5 / 4.0)  # measured
+    assert profile.draft_head_time(3, 100) == exact(2.0 * 1.25 / 4.0)  # between 2 and 4 rows
+    assert profile.draft_head_time(6, 100) == exact(2.0 * 2.75 / 4.0)  # between 4 and 8 rows
+    assert profile.draft_head_time(1, 100) == exact(2.0 * 1.0 / 4.0)  # held at the fewest measured
+    with pytest.raises(ConfigError, match="integer >= 1 or full, got 0"):
+        profile.draft_head_time(0, 100)
+    with pytest.raises(ConfigError, match="vocabulary of 8 ids, the model has 9"):
+        profile.draft_head_time(4, 100, vocab_size=9)
+
+
+def test_head_table_round_trips_and_is_validated(tmp_path) -> None:
+    profile = _with_head_table([2, 4, 8], [1.0, 1.5, 4.0])
+    profile.save(tmp_path / "p.json")
+    assert LatencyProfile.load(tmp_path / "p.json") == profile
+    for rows, seconds, message in [
+        ([4, 2], [1.0, 1.0], "increasing row counts"),
+        ([2, 4], [1.0], "one per head_by_rows entry"),
+        ([2, 4], [1.0, 0.0], "finite and > 0"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            _with_head_table(rows, seconds)
+    data = {**_with_head_table([2, 4], [1.0, 2.0]).to_dict(), "meta": {"num_layers": 2, "vocab_size": 8}}
+    with pytest.raises(ConfigError, match="end at the vocabulary size 8, got 4"):
+        LatencyProfile.from_dict(data)
+
+
+def test_an_old_profile_scales_the_full_head_by_rows_and_says_so_once(caplog) -> None:
+    old = _latency().to_dict()
+    del old["head_rows"], old["head_by_rows"]
+    profile = LatencyProfile.from_dict(old)
+    assert profile.head_rows == () and profile.vocab_size is None
+    with pytest.raises(ConfigError, match="predates draft-head timing"):
+        profile.draft_head_time(4, 100)
+    assert profile.draft_head_time(4, 100, vocab_size=8) == exact(2.0 * 4 / 8)
+    assert profile.draft_head_time(2, 300, vocab_size=8) == exact(2.0 * 2 / 8)
+    assert caplog.text.count("priced as k/V") == 1
+    recorded = LatencyProfile.from_dict({**old, "meta": {"num_layers": 2, "vocab_size": 8}})
+    assert recorded.draft_head_time(4, 100) == exact(1.0)
+
+
+def test_calibrated_draft_step_pays_its_own_head_and_verify_the_full_one() -> None:
+    latency = _with_head_table([2, 4, 8], [1.0, 1.5, 4.0])
+    mask = SkipMask.from_layers(2, [1])
+    full = Calibrated(latency, mask, context=100)
+    subset = Calibrated(latency, mask, context=100, draft_vocab=4)
+    # Draft step: embed 1 + attn0 1 + mlp0 2 + a head of 4 rows (2 x 1.5 / 4 = 0.75) instead of 2.
+    assert subset.round_time(1).draft == exact(4.75)
+    assert subset.round_time(3).draft == exact(3 * 4.75)
+    assert subset.round_time(3).verify == full.round_time(3).verify == exact(15)
+    assert full.round_time(1) == Calibrated(_latency(), mask, context=100).round_time(1)
+    assert Calibrated(latency, mask, 100, draft_vocab=8).round_time(2) == full.round_time(2)
+    old = Calibrated(_latency(), mask, context=100, draft_vocab=4, vocab_size=8)
+    assert old.round_time(1).draft == exact(4 + 2 * 4 / 8)  # no table: k/V of the full head
+
+
+def test_closed_form_unchanged_at_full_vocabulary() -> None:
+    mask = SkipMask.from_layers(4, [1, 2])
+    plain = SelfSpeculative.from_mask(mask, 0.1)
+    assert SelfSpeculative.from_mask(mask, 0.1, None, head_share=0.2, vocab_size=8) == plain
+    assert SelfSpeculative.from_mask(mask, 0.1, 8, head_share=0.2, vocab_size=8) == plain
+    assert plain.draft_step == plain.r_draft == 0.5
+
+
+def test_closed_form_subtracts_the_head_saving_from_each_draft_step() -> None:
+    mask = SkipMask.from_layers(4, [1, 2])  # r_draft 0.5, r_reuse 0.25
+    form = SelfSpeculative.from_mask(mask, draft_vocab=2, head_share=0.2, vocab_size=8)
+    assert form.head_saving == exact(0.2 * (1 - 2 / 8))
+    assert form.draft_step == exact(0.5 - 0.15)
+    assert form.round_cost(3) == exact(3 * 0.35 + 0.75)
+    # A draft smaller than the head cannot save the whole head: r_draft x (1 - k/V) at most.
+    tiny = SelfSpeculative.from_mask(SkipMask.prefix(10, 1), draft_vocab=2, head_share=0.2, vocab_size=8)
+    assert tiny.draft_step == exact(0.1 * 2 / 8)
+    contiguous = Contiguous(0.5, 0.1, head_saving=0.15)
+    assert contiguous.round_cost(3) == exact(Contiguous(0.5, 0.1).round_cost(3) - 3 * 0.15)
+    assert contiguous.round_cost(3) == exact(SelfSpeculative(0.5, 0.5, 0.1, 0.15).round_cost(3))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"draft_vocab": 2, "head_share": 0.2}, "needs the model's vocabulary size"),
+        ({"draft_vocab": 9, "head_share": 0.2, "vocab_size": 8}, "between 1 and 8, or full"),
+        ({"draft_vocab": 0, "head_share": 0.2, "vocab_size": 8}, "between 1 and 8, or full"),
+        ({"draft_vocab": 2, "head_share": 1.0, "vocab_size": 8}, "head share must be in"),
+    ],
+)
+def test_closed_form_draft_vocabulary_errors(options: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SelfSpeculative.from_mask(SkipMask.from_layers(4, [1]), **options)
+
+
+def test_head_saving_cannot_reach_the_draft_step() -> None:
+    with pytest.raises(ConfigError, match=r"head saving must be in \[0, r_draft=0.3\)"):
+        SelfSpeculative(0.3, 0.3, head_saving=0.3)
+    with pytest.raises(ConfigError, match="head saving"):
+        Contiguous(0.3, head_saving=-0.1)
+
+
+def test_predict_with_a_draft_vocabulary() -> None:
+    profile = _profile("1101001110", "0111011")
+    mask = SkipMask.from_layers(2, [1])
+    latency = _with_head_table([2, 4, 8], [1.0, 1.5, 4.0])
+    full = predict(profile, mask, gamma_max=3, latency=latency, context=100)
+    assert full == predict(profile, mask, gamma_max=3, latency=_latency(), context=100)
+    assert full.to_dict()["draft_vocab"] == "full"
+    subset = predict(profile, mask, gamma_max=3, latency=latency, context=100, draft_vocab=4)
+    assert subset.draft_vocab == 4 and subset.to_dict()["draft_vocab"] == 4
+    calibrated = Calibrated(latency, mask, 100, draft_vocab=4)
+    assert subset.calibrated == exact(speedup_curve(profile, calibrated, 3))
+    # Closed form: the profile's head share 2 / 9 of a step, half the rows kept.
+    assert subset.r_draft == exact(0.5 - 2 / 9 * (1 - 4 / 8))
+    assert subset.closed_form > full.closed_form
+    without_profile = predict(profile, mask, gamma_max=3, draft_vocab=4, vocab_size=8, head_share=0.2)
+    assert without_profile.r_draft == exact(0.5 - 0.2 * 0.5) and without_profile.calibrated is None
+
+
+def test_head_share_from_config_smollm2_and_qwen() -> None:
+    smollm2 = {
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "intermediate_size": 1536,
+    }
+    # Head 49152 x 576; a layer: q, o 576 x 576, k, v 576 x 192, MLP 3 x 576 x 1536.
+    head, layer = 49152 * 576, 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536
+    assert head_share_from_config(smollm2) == exact(head / (head + 30 * layer))
+    assert head_share_from_config(smollm2) == exact(0.2105, abs=5e-4)
+    qwen = {
+        "vocab_size": 151936,
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+    }
+    assert head_share_from_config(qwen) == exact(0.2756, abs=5e-4)
+    with pytest.raises(ConfigError, match="lacks 'intermediate_size'"):
+        head_share_from_config({k: v for k, v in qwen.items() if k != "intermediate_size"})

@@ -19,6 +19,7 @@ from skipsearch.cost.profiler import (
     Samples,
     _warn_if_noisy,
     combine,
+    head_row_counts,
     measure_latency,
     prefill_cache,
     round_bookkeeping,
@@ -76,6 +77,17 @@ def test_profile_has_the_right_shapes_and_positive_times(measured: LatencyProfil
     assert measured.meta["num_layers"] == 4
     assert (measured.meta["device"], measured.meta["model"], measured.meta["repeats"]) == ("cpu", "tiny", 3)
     assert measured.meta["processes"] == 1
+
+
+def test_draft_heads_are_timed_for_each_row_count_below_the_vocabulary() -> None:
+    runner = LayerwiseRunner(tiny_model("llama", layers=2, vocab_size=2500))
+    profile = measure_latency(runner, (8,), (1, 2), repeats=2, warmup=0, head_rows=(4096, 1024, 2048))
+    assert profile.head_rows == (1024, 2048, 2500)
+    assert len(profile.head_by_rows) == 3 and min(profile.head_by_rows) > 0
+    assert profile.meta["vocab_size"] == profile.vocab_size == 2500
+    assert head_row_counts(61) == (61,)
+    with pytest.raises(ConfigError, match="head rows"):
+        head_row_counts(100, (0, 8))
 
 
 def test_json_round_trip(measured: LatencyProfile, tmp_path: Path) -> None:
@@ -152,7 +164,7 @@ def _measurement(attn: list[float], overhead: list[float]) -> ProcessTimings:
     samples = Samples.empty(layers=1, contexts=1, positions=1, repeats=len(attn))
     for table in (samples.embed, samples.head, samples.attn, samples.mlp):
         table[...] = attn
-    return ProcessTimings(samples, {1: np.asarray(overhead)})
+    return ProcessTimings(samples, {1: np.asarray(overhead)}, (4, 8), np.asarray([attn, attn]) / 2)
 
 
 def test_processes_are_combined_by_the_mean_of_their_medians() -> None:
@@ -167,6 +179,8 @@ def test_processes_are_combined_by_the_mean_of_their_medians() -> None:
     assert (profile.meta["processes"], profile.meta["repeats"], profile.meta["model"]) == (2, 6, "m")
     # A pass is embed + head + attn + mlp: 4 x 1 ms in the fast process, 4 x 3 ms in the slow one.
     assert profile.meta["process_pass_ms"] == [4000.0, 12000.0]
+    # The draft head took half of `attn` in each process: medians 0.5 and 1.5.
+    assert (profile.head_rows, profile.head_by_rows) == ((4, 8), (pytest.approx(1.0), pytest.approx(1.0)))
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +242,13 @@ def test_summary_exact_numbers() -> None:
     assert digest.verify_cost == ((pytest.approx(12 / 9), pytest.approx(15 / 9)),)
 
 
+def test_summary_head_ratio() -> None:
+    data = {**_handmade().to_dict(), "head_rows": [2, 8], "head_by_rows": [0.5, 2.0]}
+    digest = summary(LatencyProfile.from_dict(data))
+    assert (digest.head_rows, digest.head_ratio) == ((2, 8), (0.25, 1.0))
+    assert summary(_handmade()).head_rows == ()
+
+
 def test_summary_of_a_measured_profile(measured: LatencyProfile) -> None:
     digest = summary(measured)
     assert digest.gammas == tuple(range(1, 9))
@@ -271,6 +292,7 @@ def test_cli_writes_the_profile_and_prints_the_summary(tiny_loader, capsys, tmp_
     assert cli.main([*args, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "Draft cost c" in printed and "E/L" in printed and "f(γ)" in printed and str(out) in printed
+    assert "Draft head of k rows" in printed and "ratio to full" in printed
     profile = LatencyProfile.load(out)
     assert (profile.context_lengths, profile.meta["model"]) == ((8, 16), "tiny")
 

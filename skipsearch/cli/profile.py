@@ -2,7 +2,8 @@
 
 Writes profile.json (by default where `measure` looks for it) and prints what it found: the
 per-sub-layer medians, the real draft cost `c` of a contiguous draft next to the naive `E / L`
-(docs/theory.md, Calibrated cost), and the verify cost `f(γ)`.
+(docs/theory.md, Calibrated cost), the verify cost `f(γ)`, and the draft head by row count next to
+the `k / V` it would cost if time were proportional to rows.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ def render(profile: LatencyProfile, digest: ProfileSummary) -> None:
     console.print(sublayer_table(profile))
     console.print(draft_cost_table(digest))
     console.print(verify_cost_table(digest))
+    if digest.head_rows:
+        console.print(draft_head_table(profile, digest))
 
 
 def _ms(seconds: float) -> str:
@@ -173,4 +176,14 @@ def verify_cost_table(digest: ProfileSummary) -> Table:
         table.add_column(f"f @ {context}", justify="right")
     for index, gamma in enumerate(digest.gammas):
         table.add_row(str(gamma), *(f"{row[index]:.3f}" for row in digest.verify_cost))
+    return table
+
+
+def draft_head_table(profile: LatencyProfile, digest: ProfileSummary) -> Table:
+    table = Table(title="Draft head of k rows (1 position): time ∝ rows would give ratio = k/V")
+    for column in ("k", "k/V", "ms", "ratio to full"):
+        table.add_column(column, justify="right")
+    vocab = digest.head_rows[-1]
+    for rows, seconds, ratio in zip(digest.head_rows, profile.head_by_rows, digest.head_ratio, strict=True):
+        table.add_row(str(rows), f"{rows / vocab:.3f}", _ms(seconds), f"{ratio:.3f}")
     return table

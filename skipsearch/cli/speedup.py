@@ -2,6 +2,8 @@
 
 A calculator over `skipsearch.cost` (reference 000 §3–§5, 001 §3.2): the separate-draft form
 with `--c`, self-speculative with `--r-draft` (`--r-reuse` defaults to it: contiguous prefix).
+`--head-share H --draft-vocab-share S` price a self-speculative draft whose head keeps the share
+`S = k/V` of the LM head's rows (`skipsearch.cost.closed_forms.draft_head_saving`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from skipsearch.cost.closed_forms import (
     CostForm,
     SelfSpeculative,
     SeparateDraft,
+    draft_head_saving,
     expected_tokens,
     optimal_gamma,
     speedup,
@@ -50,6 +53,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--epsilon", type=float, default=0.0, help="verify overhead f(gamma) = 1 + epsilon gamma"
     )
+    parser.add_argument(
+        "--head-share",
+        type=float,
+        help="self-speculative: the LM head's share of one step, in [0, 1) (e.g. 0.17 on SmolLM2)",
+    )
+    parser.add_argument(
+        "--draft-vocab-share",
+        type=float,
+        help="self-speculative: share k/V of the head's rows the draft keeps, in (0, 1] (needs --head-share)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON to stdout")
     parser.add_argument(
         "--table", action="store_true", help="print an alpha x gamma grid (docs/theory.md, Speedup)"
@@ -83,16 +96,28 @@ def _gamma(text: str) -> int | None:
         raise ConfigError(f"--gamma must be a positive integer or 'best', got {text!r}") from None
 
 
+def _head_saving(args: argparse.Namespace) -> float:
+    """What the draft's smaller head saves per draft step, 0 without the head options."""
+    if args.head_share is None and args.draft_vocab_share is None:
+        return 0.0
+    if args.head_share is None or args.draft_vocab_share is None:
+        raise ConfigError("--head-share and --draft-vocab-share go together: give both, e.g. 0.17 and 0.17")
+    if args.r_draft is None:
+        raise ConfigError("--head-share prices a self-speculative draft: give --r-draft too")
+    return draft_head_saving(args.r_draft, args.head_share, args.draft_vocab_share)
+
+
 def _forms(args: argparse.Namespace) -> list[CostForm]:
     forms: list[CostForm] = []
+    head_saving = _head_saving(args)
     if args.c is not None:
         forms.append(SeparateDraft(args.c, args.epsilon))
     if args.r_draft is not None:
         r_reuse = args.r_draft if args.r_reuse is None else args.r_reuse
         if r_reuse == args.r_draft:
-            forms.append(Contiguous(args.r_draft, args.epsilon))
+            forms.append(Contiguous(args.r_draft, args.epsilon, head_saving))
         else:
-            forms.append(SelfSpeculative(args.r_draft, r_reuse, args.epsilon))
+            forms.append(SelfSpeculative(args.r_draft, r_reuse, args.epsilon, head_saving))
     elif args.r_reuse is not None:
         raise ConfigError("--r-reuse needs --r-draft: give the share the draft runs too")
     if not forms:

@@ -18,7 +18,7 @@ from skipsearch.cost.closed_forms import (
     speedup_curve,
 )
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.masks import SkipMask, SublayerWeights
+from skipsearch.masks import FULL_VOCAB, SkipMask, SublayerWeights
 
 
 @dataclass(frozen=True)
@@ -38,23 +38,28 @@ class RoundTime:
 class Calibrated:
     """One round priced with measured times instead of layer counts (DESIGN §5).
 
-    `γ` draft steps run embed, the draft's sub-layers and the head over one position each. Verify
-    runs over `γ + 1` positions every sub-layer from the first one the draft skipped (see
+    `γ` draft steps run embed, the draft's sub-layers and the head over one position each: the
+    draft's own head of `draft_vocab` rows (None: the full head; `LatencyProfile.draft_head_time`,
+    `vocab_size` only for a profile that records no vocabulary size). Verify runs over `γ + 1`
+    positions every sub-layer from the first one the draft skipped (see
     `SkipMask.reused_sublayers`), and the sub-layers before it, with the embedding, only for the last draft
-    token, which the draft never ran; then the head over `γ + 1` positions. Plus the measured
+    token, which the draft never ran; then the full head over `γ + 1` positions. Plus the measured
     per-round overhead. `round_cost = round time / step time`, so `S = E(γ) × step / round`.
     """
 
     latency: LatencyProfile
     mask: SkipMask
     context: float = 512
+    draft_vocab: int | None = None
+    vocab_size: int | None = None
     name: str = field(default="calibrated", init=False)
 
     def round_time(self, gamma: int) -> RoundTime:
         check_gamma(gamma)
         one = self.latency.weights(self.context, 1)
         full = self.latency.weights(self.context, gamma + 1)
-        draft_step = one.total * self.mask.r_draft(one)
+        head = self.latency.draft_head_time(self.draft_vocab, self.context, self.vocab_size)
+        draft_step = one.total * self.mask.r_draft(one) - (one.head - head)
         reused = self.mask.reused_sublayers
         step_one, step_full = _in_order(one), _in_order(full)
         verify = one.embed + sum(step_one[:reused]) + sum(step_full[reused:]) + full.head
@@ -76,8 +81,9 @@ def _in_order(weights: SublayerWeights) -> list[float]:
 class Prediction:
     """Predicted speedup of one mask for γ = 1..γ_max: closed form and, with a profile, calibrated.
 
-    Index `γ - 1` of each curve holds draft length `γ`. `r_reuse` is the sub-layer share verify
-    reuses (`SkipMask.reused_sublayers / 2L`), the one the closed form used.
+    Index `γ - 1` of each curve holds draft length `γ`. `r_draft` and `r_reuse` are the shares the
+    closed form used: the draft step (less its smaller head's saving, with a `draft_vocab`) and the
+    sub-layers verify reuses (`SkipMask.reused_sublayers / 2L`).
     """
 
     mask: str
@@ -87,6 +93,7 @@ class Prediction:
     tokens_per_round: tuple[float, ...]
     closed_form: tuple[float, ...]
     calibrated: tuple[float, ...] | None = None
+    draft_vocab: int | None = None
 
     @property
     def best_closed_form(self) -> Optimum:
@@ -107,6 +114,7 @@ class Prediction:
 
         return {
             "mask": self.mask,
+            "draft_vocab": FULL_VOCAB if self.draft_vocab is None else self.draft_vocab,
             "r_draft": self.r_draft,
             "r_reuse": self.r_reuse,
             "context": self.context,
@@ -125,17 +133,32 @@ def predict(
     latency: LatencyProfile | None = None,
     context: float = 512,
     epsilon: float = 0.0,
+    draft_vocab: int | None = None,
+    vocab_size: int | None = None,
+    head_share: float | None = None,
 ) -> Prediction:
-    """Score a mask from its measured acceptance: cheap enough to call for every search trial."""
-    closed = SelfSpeculative.from_mask(mask, epsilon)
+    """Score a mask from its measured acceptance: cheap enough to call for every search trial.
+
+    `profile` was measured with a draft head of `draft_vocab` rows (None: the full head), and each
+    draft step is priced with that head. The closed form takes the LM head's share of a step from
+    `head_share` (e.g. `head_share_from_config`), else from the latency profile, else 0 (no saving
+    priced). `vocab_size`, the model's `V`, is needed with a draft vocabulary unless the latency
+    profile records it.
+    """
+    if latency is not None:
+        vocab_size = vocab_size or latency.vocab_size
+        if head_share is None:
+            head_share = latency.head_time(context) / latency.step_time(context)
+    closed = SelfSpeculative.from_mask(mask, epsilon, draft_vocab, head_share or 0.0, vocab_size)
     return Prediction(
         mask=str(mask),
-        r_draft=closed.r_draft,
+        r_draft=closed.draft_step,
         r_reuse=closed.r_reuse,
         context=context,
         tokens_per_round=tuple(expected_tokens(profile, g) for g in range(1, gamma_max + 1)),
         closed_form=speedup_curve(profile, closed, gamma_max),
         calibrated=None
         if latency is None
-        else speedup_curve(profile, Calibrated(latency, mask, context), gamma_max),
+        else speedup_curve(profile, Calibrated(latency, mask, context, draft_vocab, vocab_size), gamma_max),
+        draft_vocab=draft_vocab,
     )

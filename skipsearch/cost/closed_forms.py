@@ -14,10 +14,10 @@ general and contiguous, each with the verify overhead `f(γ) = 1 + εγ`), or th
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral, Real
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -44,6 +44,14 @@ def _check_probability(name: str, value: float) -> None:
 def _check_epsilon(epsilon: float) -> None:
     if not (math.isfinite(epsilon) and epsilon >= 0.0):
         raise ConfigError(f"verify overhead epsilon must be a finite number >= 0, got {epsilon}")
+
+
+def _check_head_saving(saving: float, r_draft: float) -> None:
+    if not 0.0 <= saving < r_draft:
+        raise ConfigError(
+            f"head saving must be in [0, r_draft={r_draft}) (a smaller head cannot save the whole draft "
+            f"step), got {saving}"
+        )
 
 
 # -- tokens per round ----------------------------------------------------------------------------
@@ -133,11 +141,14 @@ class SelfSpeculative:
     The draft runs a share `r_draft` of the model; verify skips the share `r_reuse` whose KV the
     draft wrote exactly: `γ r_draft + (1 - r_reuse) f(γ)`, so `S = E / (γ r_draft + 1 - r_reuse)` at
     ε = 0. With `r_reuse = 0` this is `SeparateDraft(c=r_draft)`: no KV reuse, no SSD advantage.
+    A draft head with fewer rows makes each draft step `head_saving` cheaper (`draft_head_saving`):
+    the draft step costs `draft_step = r_draft - head_saving`.
     """
 
     r_draft: float
     r_reuse: float
     epsilon: float = 0.0
+    head_saving: float = 0.0
     name: str = field(default="ssd", init=False)
 
     def __post_init__(self) -> None:
@@ -149,15 +160,33 @@ class SelfSpeculative:
                 f"ran), got {self.r_reuse}"
             )
         _check_epsilon(self.epsilon)
+        _check_head_saving(self.head_saving, self.r_draft)
 
     @classmethod
-    def from_mask(cls, mask: SkipMask, epsilon: float = 0.0) -> SelfSpeculative:
-        """Shares by sub-layer count: `r_draft` from the mask, `r_reuse` = reused sub-layers / 2L."""
-        return cls(mask.r_draft(), mask.reused_sublayers / (2 * mask.num_layers), epsilon)
+    def from_mask(
+        cls,
+        mask: SkipMask,
+        epsilon: float = 0.0,
+        draft_vocab: int | None = None,
+        head_share: float = 0.0,
+        vocab_size: int | None = None,
+    ) -> SelfSpeculative:
+        """Shares by sub-layer count: `r_draft` from the mask, `r_reuse` = reused sub-layers / 2L.
+
+        A draft vocabulary of `draft_vocab` of the `vocab_size` ids saves `head_share × (1 − k/V)`
+        per draft step; at the full vocabulary (None) every number is as without it.
+        """
+        r_draft = mask.r_draft()
+        saving = draft_head_saving(r_draft, head_share, vocab_share(draft_vocab, vocab_size))
+        return cls(r_draft, mask.reused_sublayers / (2 * mask.num_layers), epsilon, saving)
+
+    @property
+    def draft_step(self) -> float:
+        return self.r_draft - self.head_saving
 
     def round_cost(self, gamma: int) -> float:
         check_gamma(gamma)
-        return gamma * self.r_draft + (1.0 - self.r_reuse) * verify_overhead(gamma, self.epsilon)
+        return gamma * self.draft_step + (1.0 - self.r_reuse) * verify_overhead(gamma, self.epsilon)
 
 
 @dataclass(frozen=True)
@@ -165,21 +194,84 @@ class Contiguous:
     """Contiguous-prefix SSD, draft = the first share `r` of the layers (reference 000 §4.4).
 
     Written as the reference writes it, `1 + (γ - 1) r`; with verify overhead the convention is
-    `γ r + (1 - r) f(γ)`: only the `1 - r` layers verify computes pay the extra positions.
+    `γ r + (1 - r) f(γ)`: only the `1 - r` layers verify computes pay the extra positions. A
+    smaller draft head takes `head_saving` off each of the `γ` draft steps.
     """
 
     r: float
     epsilon: float = 0.0
+    head_saving: float = 0.0
     name: str = field(default="ssd_contiguous", init=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.r <= 1.0:
             raise ConfigError(f"draft share r must be in (0, 1], got {self.r}")
         _check_epsilon(self.epsilon)
+        _check_head_saving(self.head_saving, self.r)
 
     def round_cost(self, gamma: int) -> float:
         check_gamma(gamma)
-        return 1.0 + (gamma - 1) * self.r + (1.0 - self.r) * self.epsilon * gamma
+        return 1.0 + (gamma - 1) * self.r + (1.0 - self.r) * self.epsilon * gamma - gamma * self.head_saving
+
+
+# -- the draft's head ----------------------------------------------------------------------------
+
+
+def vocab_share(draft_vocab: int | None, vocab_size: int | None) -> float:
+    """`k / V`, the share of the LM head's rows a draft vocabulary keeps (1 for the full one)."""
+    if draft_vocab is None:
+        return 1.0
+    if vocab_size is None:
+        raise ConfigError(
+            f"a draft vocabulary of {draft_vocab} ids needs the model's vocabulary size to price"
+        )
+    if (
+        isinstance(draft_vocab, bool)
+        or not isinstance(draft_vocab, Integral)
+        or not 1 <= draft_vocab <= vocab_size
+    ):
+        raise ConfigError(
+            f"draft vocabulary {draft_vocab!r} does not fit a vocabulary of {vocab_size} ids: "
+            f"use --draft-vocab between 1 and {vocab_size}, or full"
+        )
+    return draft_vocab / vocab_size
+
+
+def draft_head_saving(r_draft: float, head_share: float, vocab_share: float) -> float:
+    """What a draft head with the share `vocab_share = k/V` of the rows saves per draft step.
+
+    `head_share × (1 − k/V)` of a full step, time ∝ rows (the closed forms' assumption). The closed
+    form has no head term, so the saving comes out of the draft's sub-layer share `r_draft`, which
+    cannot hold a head larger than itself: a draft sharing less than `head_share` saves
+    `r_draft × (1 − k/V)`, and its step never costs less than `k/V` of what it did.
+    """
+    if not (math.isfinite(head_share) and 0.0 <= head_share < 1.0):
+        raise ConfigError(f"head share must be in [0, 1) (the LM head's share of a step), got {head_share}")
+    if not (math.isfinite(vocab_share) and 0.0 < vocab_share <= 1.0):
+        raise ConfigError(f"draft vocabulary share k/V must be in (0, 1], got {vocab_share}")
+    return min(head_share, r_draft) * (1.0 - vocab_share)
+
+
+def head_share_from_config(config: Mapping[str, Any]) -> float:
+    """The LM head's share of the weights one decode step reads, from a model's `config.json`.
+
+    `V d / (V d + L (attention + MLP))`: without a profile, a memory-bound step costs what it reads.
+    Attention is `q, k, v, o` with grouped K/V heads; the MLP is gated (gate, up, down), as in every
+    supported family. The embedding reads one row per token, norms and biases are negligible.
+    """
+    try:
+        vocab, hidden, layers = (int(config[k]) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
+        heads, ffn = int(config["num_attention_heads"]), int(config["intermediate_size"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or hidden // heads)
+    except KeyError as missing:
+        raise ConfigError(f"model config lacks {missing}: cannot price its LM head") from None
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"model config is malformed ({error}): cannot price its LM head") from None
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    mlp = 3 * hidden * ffn
+    head = vocab * hidden
+    return head / (head + layers * (attention + mlp))
 
 
 # -- speedup and the best draft length -----------------------------------------------------------

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ import numpy as np
 
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SublayerWeights
+
+log = logging.getLogger(__name__)
 
 
 def _bracket(xs: Sequence[float], x: float, extrapolate: bool) -> tuple[int, int, float]:
@@ -50,6 +54,11 @@ class LatencyProfile:
     `embed[c][k]`, `head[c][k]` (final norm + LM head), `attn[layer][c][k]`, `mlp[layer][c][k]`.
     `spread` holds the same four tables as interquartile ranges; `round_overhead[γ]` is the
     per-round cost outside the forward passes (sampling, acceptance, cache crop).
+
+    `head_by_rows[i]` is a draft head with only `head_rows[i]` rows of the LM head (final norm +
+    the product with a gathered contiguous matrix) at one position; the last row count is the
+    whole vocabulary. It does not depend on context. Profiles from before draft vocabularies lack
+    the table and stay readable (see `draft_head_time`).
     """
 
     meta: Mapping[str, Any]
@@ -61,9 +70,12 @@ class LatencyProfile:
     mlp: tuple[tuple[tuple[float, ...], ...], ...]
     spread: Mapping[str, Any]
     round_overhead: Mapping[int, float]
+    head_rows: tuple[int, ...] = ()
+    head_by_rows: tuple[float, ...] = ()
     _weights: dict[tuple[float, float], SublayerWeights] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
+    _warned: set[str] = field(default_factory=set, init=False, compare=False, repr=False)
 
     TABLES = ("embed", "head", "attn", "mlp")
     VERSION = 1
@@ -88,6 +100,24 @@ class LatencyProfile:
             raise ConfigError(f"round_overhead needs entries for gamma >= 1, got {dict(self.round_overhead)}")
         if any(not (math.isfinite(s) and s >= 0.0) for s in self.round_overhead.values()):
             raise ConfigError("round_overhead seconds must be finite and >= 0")
+        self._check_head_rows()
+
+    def _check_head_rows(self) -> None:
+        rows, times = self.head_rows, self.head_by_rows
+        if (
+            len(rows) != len(times)
+            or any(b <= a for a, b in itertools.pairwise(rows))
+            or min(rows, default=1) < 1
+        ):
+            raise ConfigError(
+                f"head_rows must be increasing row counts >= 1, one per head_by_rows entry, got {list(rows)} "
+                f"and {len(times)} times; re-run `skipsearch profile`"
+            )
+        if any(not (math.isfinite(t) and t > 0.0) for t in times):
+            raise ConfigError("head_by_rows seconds must be finite and > 0; re-run `skipsearch profile`")
+        recorded = self.meta.get("vocab_size")
+        if rows and recorded is not None and rows[-1] != recorded:
+            raise ConfigError(f"head_rows must end at the vocabulary size {recorded}, got {rows[-1]}")
 
     def _check_table(self, name: str, table: Any) -> None:
         layers = () if name.endswith(("embed", "head")) else (self.num_layers,)
@@ -139,6 +169,57 @@ class LatencyProfile:
             )
         return self._weights[key]
 
+    @property
+    def vocab_size(self) -> int | None:
+        """Rows of the full LM head: the head table's last row count, else what meta records."""
+        return self.head_rows[-1] if self.head_rows else self.meta.get("vocab_size")
+
+    def draft_head_time(self, k: int | None, context: float, vocab_size: int | None = None) -> float:
+        """Seconds of a draft head with the top `k` rows at one position (None: the full head).
+
+        The full head at `context` times the measured ratio `t(k) / t(V)`, `t` piecewise linear in
+        `k` between the measured row counts and held at the fewest below them (fixed costs do not
+        shrink with rows, and nothing says how they behave there); `k >= V` is the full head. A
+        profile without the table scales by `k / V` — time ∝ rows assumed, not measured — and
+        says so once. `vocab_size` is needed only when the profile records no `V`.
+        """
+        full = self.head_time(context, 1)
+        if k is None:
+            return full
+        vocab = self._draft_vocab_size(k, vocab_size)
+        if k >= vocab:
+            return full
+        if not self.head_rows:
+            if "scaled head" not in self._warned:
+                self._warned.add("scaled head")
+                log.warning(
+                    "latency profile of %s has no draft-head timings: a head of k rows is priced as k/V of "
+                    "the full head; re-run `skipsearch profile` to measure it",
+                    self.meta.get("model", "this model"),
+                )
+            return full * k / vocab
+        i, j, t = _bracket(self.head_rows, k, extrapolate=False)
+        at_k = (1.0 - t) * self.head_by_rows[i] + t * self.head_by_rows[j]
+        return full * at_k / self.head_by_rows[-1]
+
+    def _draft_vocab_size(self, k: int, vocab_size: int | None) -> int:
+        """`V` for a draft head of `k` rows, checked against the profile's own and against `k`."""
+        if isinstance(k, bool) or not isinstance(k, Integral) or k < 1:
+            raise ConfigError(f"draft vocabulary must be an integer >= 1 or full, got {k!r}")
+        own = self.vocab_size
+        if own is not None and vocab_size is not None and own != vocab_size:
+            raise ConfigError(
+                f"the latency profile is for a vocabulary of {own} ids, the model has {vocab_size}: "
+                "profile the model you score"
+            )
+        vocab = own if own is not None else vocab_size
+        if vocab is None:
+            raise ConfigError(
+                "this latency profile predates draft-head timing and does not record the vocabulary "
+                "size: re-run `skipsearch profile`, or give the vocabulary size"
+            )
+        return int(vocab)
+
     def step_time(self, context: float) -> float:
         """One autoregressive step: a full forward over one position."""
         return self.weights(context).total
@@ -160,6 +241,8 @@ class LatencyProfile:
             **{name: np.asarray(getattr(self, name)).tolist() for name in self.TABLES},
             "spread": {name: np.asarray(self.spread[name]).tolist() for name in self.TABLES},
             "round_overhead": {str(g): s for g, s in sorted(self.round_overhead.items())},
+            "head_rows": list(self.head_rows),
+            "head_by_rows": list(self.head_by_rows),
         }
 
     @classmethod
@@ -176,6 +259,8 @@ class LatencyProfile:
                 **{name: _tuples(data[name]) for name in cls.TABLES},
                 spread={name: _tuples(data["spread"][name]) for name in cls.TABLES},
                 round_overhead={int(g): float(s) for g, s in data["round_overhead"].items()},
+                head_rows=tuple(int(k) for k in data.get("head_rows", ())),
+                head_by_rows=tuple(float(t) for t in data.get("head_by_rows", ())),
             )
         except KeyError as missing:
             raise ConfigError(

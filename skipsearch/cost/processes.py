@@ -24,6 +24,7 @@ from typing import Any
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.profiler import (
     DEFAULT_CONTEXT_LENGTHS,
+    DEFAULT_HEAD_ROWS,
     DEFAULT_POSITIONS,
     DEFAULT_REPEATS,
     DEFAULT_WARMUP,
@@ -48,6 +49,7 @@ def _measure_in_this_process(
     warmup: int,
     seed: int,
     label: str,
+    head_rows: tuple[int, ...],
 ) -> tuple[ProcessTimings, dict[str, Any]]:
     """The body of one fresh process: load the model, take its samples, say what it ran on."""
     from skipsearch.models.loading import load_model
@@ -55,7 +57,7 @@ def _measure_in_this_process(
 
     loaded = load_model(model, device, dtype)
     runner = LayerwiseRunner(loaded.model)
-    measured = measure_samples(runner, contexts, positions, repeats, warmup, seed, label)
+    measured = measure_samples(runner, contexts, positions, repeats, warmup, seed, label, head_rows)
     return measured, process_meta(runner, loaded.model_id)
 
 
@@ -69,6 +71,7 @@ def profile_processes(
     warmup: int = DEFAULT_WARMUP,
     processes: int = DEFAULT_PROCESSES,
     seed: int = 0,
+    head_rows: Iterable[int] = DEFAULT_HEAD_ROWS,
 ) -> LatencyProfile:
     """Measure `model`'s LatencyProfile over `processes` fresh interpreters, `repeats` samples in all.
 
@@ -79,6 +82,7 @@ def profile_processes(
     from skipsearch.models.loading import resolve_model_dir
 
     contexts, steps = check_axes(context_lengths, positions)
+    head_rows = tuple(head_rows)
     if processes < 1:
         raise ConfigError(f"processes must be >= 1, got {processes}")
     if repeats < processes:
@@ -90,7 +94,7 @@ def profile_processes(
     meta: dict[str, Any] = {}
     for index in range(processes):
         label = f"profile: process {index + 1}/{processes}"
-        settings = (contexts, steps, share, warmup, seed + index, label)
+        settings = (contexts, steps, share, warmup, seed + index, label, head_rows)
         measured, meta = _run(processes > 1, model, device, dtype, *settings)
         measurements.append(measured)
     return combine(measurements, {**meta, "warmup": warmup}, contexts, steps)

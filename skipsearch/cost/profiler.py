@@ -53,6 +53,9 @@ DEFAULT_CONTEXT_LENGTHS = (128, 512, 2048)
 DEFAULT_POSITIONS = tuple(range(1, 10))
 DEFAULT_REPEATS = 40  # over DEFAULT_PROCESSES processes: see results/profile/stability.md
 DEFAULT_WARMUP = 2
+# Draft-head sizes timed (those below the vocabulary, plus the full one): the draft vocabularies
+# a search space offers, from 1k to 32k ids.
+DEFAULT_HEAD_ROWS = (1024, 2048, 4096, 8192, 16384, 32768)
 SUMMARY_GAMMAS = tuple(range(1, 9))
 NOISY = 1.0  # typical IQR / median of a sub-layer above which the device was busy
 
@@ -304,6 +307,50 @@ def _time_round_overhead(
     return {gamma: np.asarray(times) for gamma, times in samples.items()}
 
 
+def _draft_head(runner: LayerwiseRunner, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """A draft step's head over a gathered contiguous matrix of `k` rows: final norm, `hidden @ rows.T`."""
+    import torch
+
+    return torch.nn.functional.linear(runner.decoder.norm(hidden), rows)
+
+
+def _time_draft_heads(
+    runner: LayerwiseRunner,
+    cache: Any,
+    rows: Sequence[int],
+    repeats: int,
+    warmup: int,
+    sync: Sync,
+    generator: torch.Generator,
+) -> np.ndarray:
+    """Seconds of `_draft_head` with the first `k` rows of the LM head, `[len(rows), repeats]`.
+
+    Each sample follows an untimed full pass at one position, so the head's rows are as cold as
+    after a draft's layers: timed back to back, a small head would sit in the CPU caches and look
+    cheaper than it is in decoding. Row counts are shuffled within each repeat.
+    """
+    import torch
+
+    weight = runner.model.lm_head.weight
+    heads = [weight[:k].contiguous() for k in rows]
+    hidden = torch.randn(1, 1, weight.shape[1], generator=generator).to(weight)
+    samples = np.zeros((len(rows), repeats))
+    order = np.random.default_rng(int(generator.initial_seed()))
+    with torch.no_grad():
+        for repeat in range(-warmup, repeats):
+            for index in order.permutation(len(rows)).tolist():
+                time_pass(runner, cache, _random_ids(runner, 1, generator), sync)
+                _, seconds = _timed(sync, _draft_head, runner, hidden, heads[index])
+                if repeat >= 0:
+                    samples[index, repeat] = seconds
+    return samples
+
+
+def head_row_counts(vocab_size: int, rows: Iterable[int] = DEFAULT_HEAD_ROWS) -> tuple[int, ...]:
+    """The draft-head sizes to time: those of `rows` below the vocabulary size, and the vocabulary."""
+    return tuple(sorted({k for k in _axis("head rows", rows) if k < vocab_size} | {vocab_size}))
+
+
 def _axis(name: str, values: Iterable[int]) -> tuple[int, ...]:
     """Sorted, de-duplicated integers >= 1, or a ConfigError naming the bad value."""
     values = list(values)
@@ -343,16 +390,20 @@ def process_meta(runner: LayerwiseRunner, model: str) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "model": model,
         "num_layers": runner.num_layers,
+        "vocab_size": int(runner.model.lm_head.weight.shape[0]),
         "threads": torch.get_num_threads(),
     }
 
 
 @dataclass(frozen=True)
 class ProcessTimings:
-    """Every sample one process took: the forward-pass tables and the round overhead per γ."""
+    """Every sample one process took: the forward-pass tables, the round overhead per γ, and the
+    draft head with `head_rows[i]` rows in `draft_head[i]`."""
 
     samples: Samples
     overhead: dict[int, np.ndarray]
+    head_rows: tuple[int, ...]
+    draft_head: np.ndarray
 
 
 def check_axes(
@@ -370,17 +421,20 @@ def measure_samples(
     warmup: int = DEFAULT_WARMUP,
     seed: int = 0,
     label: str = "profile: timing forward passes",
+    head_rows: Iterable[int] = DEFAULT_HEAD_ROWS,
 ) -> ProcessTimings:
-    """Time every part of a forward pass on `runner`'s device, and the per-round overhead.
+    """Time every part of a forward pass on `runner`'s device, the per-round overhead and draft heads.
 
     For each context length and each number of new positions `k`: embedding (+ rotary and mask),
     each attention and MLP sub-layer, and norm + head, `repeats` samples after `warmup` discarded
-    rounds. Round overhead is sampled for every γ with `γ + 1 <= max(positions)`.
+    rounds. Round overhead is sampled for every γ with `γ + 1 <= max(positions)`; the draft head
+    for each of `head_rows` below the vocabulary size and for the full vocabulary.
     """
     import torch
 
     contexts, steps = check_axes(context_lengths, positions)
     _check_settings(runner, contexts, steps, repeats, warmup)
+    rows = head_row_counts(int(runner.model.lm_head.weight.shape[0]), head_rows)
     sync = _synchronizer(runner.device)
     generator = torch.Generator().manual_seed(seed)
     started = time.perf_counter()
@@ -389,8 +443,9 @@ def measure_samples(
         samples = _time_passes(runner, caches, steps, repeats, warmup, sync, generator, label)
         gammas = range(1, steps[-1])
         overhead = _time_round_overhead(runner, caches[0], gammas, repeats, warmup, sync, generator)
+        draft_head = _time_draft_heads(runner, caches[0], rows, repeats, warmup, sync, generator)
     log.info("timed %d layers in %.1f s", runner.num_layers, time.perf_counter() - started)
-    return ProcessTimings(samples, overhead)
+    return ProcessTimings(samples, overhead, rows, draft_head)
 
 
 def _pooled(measurements: Sequence[ProcessTimings]) -> Samples:
@@ -431,6 +486,7 @@ def combine(
         gamma: float(np.mean([np.median(m.overhead[gamma]) for m in measurements]))
         for gamma in measurements[0].overhead
     }
+    head_by_rows = np.mean([_median(m.draft_head) for m in measurements], axis=0)
     meta = {
         **meta,
         "repeats": pooled.embed.shape[-1],
@@ -448,6 +504,8 @@ def combine(
             **tables,
             "spread": pooled.reduce(_iqr),
             "round_overhead": overhead,
+            "head_rows": measurements[0].head_rows,
+            "head_by_rows": head_by_rows.tolist(),
         }
     )
 
@@ -460,10 +518,11 @@ def measure_latency(
     warmup: int = DEFAULT_WARMUP,
     model: str = "",
     seed: int = 0,
+    head_rows: Iterable[int] = DEFAULT_HEAD_ROWS,
 ) -> LatencyProfile:
     """A LatencyProfile measured in this process (`profile_processes` spreads one over several)."""
     contexts, steps = check_axes(context_lengths, positions)
-    measured = measure_samples(runner, contexts, steps, repeats, warmup, seed)
+    measured = measure_samples(runner, contexts, steps, repeats, warmup, seed, head_rows=head_rows)
     meta = {**process_meta(runner, model), "warmup": warmup}
     return combine([measured], meta, contexts, steps)
 
@@ -478,6 +537,8 @@ class ProfileSummary:
     `draft_cost[i][E - 1]` is `c` of the contiguous draft `[0, E)` at `context_lengths[i]`: its
     one-position step, embedding and head included, over a full step; the closed forms assume
     `E / L`. `verify_cost[i][γ - 1]` is `f(γ)`: a full pass over `γ + 1` positions over one step.
+    `head_ratio[i]` is the draft head with `head_rows[i]` rows over the full head: `k / V` if time
+    were proportional to rows (empty for a profile without the table).
     """
 
     context_lengths: tuple[int, ...]
@@ -485,6 +546,8 @@ class ProfileSummary:
     draft_cost: tuple[tuple[float, ...], ...]
     gammas: tuple[int, ...]
     verify_cost: tuple[tuple[float, ...], ...]
+    head_rows: tuple[int, ...] = ()
+    head_ratio: tuple[float, ...] = ()
 
     @property
     def exits(self) -> range:
@@ -514,4 +577,6 @@ def summary(profile: LatencyProfile, gammas: Iterable[int] = SUMMARY_GAMMAS) -> 
         draft_cost=tuple(draft_costs(c) for c in profile.context_lengths),
         gammas=gammas,
         verify_cost=tuple(verify_costs(c) for c in profile.context_lengths),
+        head_rows=profile.head_rows,
+        head_ratio=tuple(t / profile.head_by_rows[-1] for t in profile.head_by_rows),
     )

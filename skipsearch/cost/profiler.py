@@ -5,7 +5,8 @@ The closed forms price a contiguous draft `[0, E)` at `c = E / L` of a full step
 draft step whatever the exit layer, and small passes do not shrink in proportion to their work. So
 we time every part of a real forward pass separately — embedding, each layer's attention and MLP
 sub-layer, norm + head — for `k` new positions (1 for a draft step, γ+1 for verify) against a KV
-cache pre-filled to each context length, plus the per-round work outside the forward passes.
+cache pre-filled to each context length, plus the per-round work outside the forward passes and
+the head of a draft vocabulary: norm + `k` gathered rows of the LM head, for several `k` (DESIGN §8).
 
 Noise control, since two runs must agree: every sample is one whole forward in execution order, so
 each sub-layer's weights are as cold in the CPU caches as in real decoding; the (context, positions)

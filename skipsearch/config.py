@@ -13,11 +13,16 @@ import yaml
 
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.errors import ConfigError
+from skipsearch.masks import parse_draft_vocab, vocab_label
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One search run; `budget` is the number of distinct masks measured."""
+    """One search run; `budget` is the number of distinct masks measured.
+
+    `draft_vocab`: the draft vocabularies each mask is scored with (None in it: the full one);
+    None until the run resolves it from the space file or `--draft-vocab` (`run.pipeline`).
+    """
 
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     space: str = "sparse"
@@ -31,6 +36,7 @@ class RunConfig:
     pareto: bool = False
     warm_start: bool = False
     temperature: float = 1.0
+    draft_vocab: tuple[int | None, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.budget <= 0:
@@ -44,11 +50,20 @@ class RunConfig:
         return replace(self, budget=budget)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        labels = None if self.draft_vocab is None else [vocab_label(k) for k in self.draft_vocab]
+        return {**asdict(self), "measure": self.measure.to_dict(), "draft_vocab": labels}
 
     @classmethod
     def from_dict(cls, data: dict) -> RunConfig:
-        return cls(**{**data, "measure": MeasureConfig.from_dict(data["measure"])})
+        """Reads run.yaml files written before draft vocabularies existed too (`draft_vocab` absent)."""
+        labels = data.get("draft_vocab")
+        return cls(
+            **{
+                **data,
+                "measure": MeasureConfig.from_dict(data["measure"]),
+                "draft_vocab": None if labels is None else tuple(parse_draft_vocab(k) for k in labels),
+            }
+        )
 
     def save(self, path: Path, provenance: dict) -> None:
         path.write_text(yaml.safe_dump({"config": self.to_dict(), "provenance": provenance}, sort_keys=False))

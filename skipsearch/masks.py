@@ -57,9 +57,10 @@ def parse_draft_vocab(text: str | int | None) -> int | None:
     return size
 
 
-def vocab_label(draft_vocab: int | None) -> str:
-    """`full` or the size: how reports, `best.json`, `trials.csv` and `--draft-vocab` name it."""
-    return FULL_VOCAB if draft_vocab is None else str(draft_vocab)
+def vocab_label(draft_vocab: int | None) -> int | str:
+    """`"full"` or the size `k`: how JSON files, `trials.csv` and reports name a draft vocabulary
+    (`parse_draft_vocab` reads it back)."""
+    return FULL_VOCAB if draft_vocab is None else draft_vocab
 
 
 def _format_layers(layers: Iterable[int]) -> str:
@@ -254,6 +255,16 @@ class SublayerWeights:
         return (self.total - skipped) / self.total
 
 
+def split_draft(text: str) -> tuple[str, int | None]:
+    """`a:4|m:4|v:8192` -> (`a:4|m:4`, 8192); without `v:` the vocabulary is None (full)."""
+    parts = [part for part in text.strip().split("|") if part.strip()]
+    vocab_parts = [p for p in parts if p.strip().startswith(f"{VOCAB_KEY}:")]
+    if len(vocab_parts) > 1:
+        raise InvalidMaskError(f"cannot read draft {text!r}: give the vocabulary once, e.g. |v:8192")
+    vocab = parse_draft_vocab(vocab_parts[0].split(":", 1)[1]) if vocab_parts else None
+    return "|".join(p for p in parts if p not in vocab_parts), vocab
+
+
 @dataclass(frozen=True)
 class Draft:
     """A search candidate: a SkipMask plus a draft vocabulary of `vocab` ids (None = the full vocabulary).
@@ -274,12 +285,7 @@ class Draft:
     @classmethod
     def parse(cls, text: str, num_layers: int) -> Draft:
         """Read `a:..|m:..|v:K` (or any mask form without `v:`, meaning the full vocabulary)."""
-        parts = [part for part in text.strip().split("|") if part.strip()]
-        vocab_parts = [p for p in parts if p.strip().startswith(f"{VOCAB_KEY}:")]
-        if len(vocab_parts) > 1:
-            raise InvalidMaskError(f"cannot read draft {text!r}: give the vocabulary once, e.g. |v:8192")
-        vocab = parse_draft_vocab(vocab_parts[0].split(":", 1)[1]) if vocab_parts else None
-        mask_text = "|".join(p for p in parts if p not in vocab_parts)
+        mask_text, vocab = split_draft(text)
         return cls(SkipMask.parse(mask_text, num_layers), vocab)
 
     def __str__(self) -> str:

@@ -70,7 +70,7 @@ class AcceptanceProfile:
         for variant in self.variants:
             if variant.draft_vocab == draft_vocab:
                 return variant
-        have = ", ".join(vocab_label(v.draft_vocab) for v in self.variants)
+        have = ", ".join(str(vocab_label(v.draft_vocab)) for v in self.variants)
         raise KeyError(f"no profile for draft vocabulary {vocab_label(draft_vocab)} (measured: {have})")
 
     @property

@@ -20,6 +20,7 @@ from skipsearch.acceptance.prompts import PromptSpec, encode_prompts, select_pro
 from skipsearch.acceptance.reference import ReferenceCache, build_reference, reference_key
 from skipsearch.acceptance.rounds import Evaluator
 from skipsearch.acceptance.vocab import VocabRanking, ranking_for
+from skipsearch.errors import ConfigError
 from skipsearch.models.loading import LoadedModel, load_model
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.store import cache_dir
@@ -65,6 +66,13 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
     select_prompts(config.prompts)  # fail on a bad prompt file before the slow model load
     loaded = load_model(config.model, device=config.device, dtype=config.dtype)
     runner = LayerwiseRunner(loaded.model)
+    vocab_size = int(loaded.model.config.vocab_size)
+    too_large = [k for k in config.draft_vocabs if k > vocab_size]
+    if too_large:
+        raise ConfigError(
+            f"draft vocabulary {too_large[0]} is larger than {config.model}'s vocabulary of {vocab_size} "
+            f"ids: use at most {vocab_size}, or full"
+        )
     if check is not None:
         check(runner.num_layers)
     with_kv = config.mode == "shared-kv"

@@ -7,7 +7,7 @@ import argparse
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, resolve_source
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask, parse_layer_list
+from skipsearch.masks import SkipMask, parse_draft_vocab, parse_layer_list
 from skipsearch.models.registry import DEFAULT_MODEL
 
 
@@ -45,6 +45,20 @@ def add_prompt_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_draft_vocab_option(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument(
+        "--draft-vocab",
+        metavar="K|full",
+        help=f"{help_text}: the K most frequent token ids (counted on text disjoint from the prompts), "
+        "or full",
+    )
+
+
+def draft_vocab_from_args(args: argparse.Namespace) -> int | None:
+    """`--draft-vocab`: None (full) or the size, a one-line error for anything else."""
+    return parse_draft_vocab(getattr(args, "draft_vocab", None))
+
+
 def add_mask_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("mask (layer indices from 0; ranges like 20-23 allowed)")
     group.add_argument("--skip", help="layers to skip entirely, e.g. 4,14 ('' = empty mask)")
@@ -67,8 +81,15 @@ def prompt_spec(args: argparse.Namespace) -> PromptSpec:
 
 
 def measure_config(args: argparse.Namespace) -> MeasureConfig:
+    """The measurement the command asks for; with `--draft-vocab K`, K is measured too."""
+    size = draft_vocab_from_args(args)
     return MeasureConfig(
-        model=args.model, prompts=prompt_spec(args), mode=args.mode, device=args.device, dtype=args.dtype
+        model=args.model,
+        prompts=prompt_spec(args),
+        mode=args.mode,
+        device=args.device,
+        dtype=args.dtype,
+        draft_vocabs=() if size is None else (size,),
     )
 
 

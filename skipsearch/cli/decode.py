@@ -11,11 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from skipsearch.cli.common import add_mask_options, add_model_options, add_prompt_options
+from skipsearch.cli.common import (
+    add_draft_vocab_option,
+    add_mask_options,
+    add_model_options,
+    add_prompt_options,
+)
 from skipsearch.errors import ConfigError
+from skipsearch.masks import parse_draft_vocab
 
 if TYPE_CHECKING:
     pass
@@ -55,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="adapt gamma to recent acceptance (starts at --gamma, range 2..8, switches off below 0.4)",
     )
+    add_draft_vocab_option(parser, "draft from a draft vocabulary (default: from --from, else full)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
     parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
@@ -64,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def read_from(path: Path) -> tuple[str, int | None]:
-    """The `mask` string and optional `gamma` (or a search run's `gamma_best`) of a JSON file."""
+    """The draft of a JSON file — its `mask` string, plus `|v:K` when it names a `draft_vocab` — and
+    its optional `gamma` (or a search run's `gamma_best`)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
@@ -74,17 +83,19 @@ def read_from(path: Path) -> tuple[str, int | None]:
     gamma = data.get("gamma", data.get("gamma_best"))
     if gamma is not None and not isinstance(gamma, int):
         raise ConfigError(f"{path}: gamma must be an integer, got {gamma!r}")
-    return data["mask"], gamma
+    vocab = parse_draft_vocab(data.get("draft_vocab"))
+    return data["mask"] + ("" if vocab is None else f"|v:{vocab}"), gamma
 
 
 def run(args: argparse.Namespace) -> int:
     from skipsearch.acceptance.prompts import encode_prompts
     from skipsearch.acceptance.worker import prepare
-    from skipsearch.cli.common import mask_from_args, measure_config
+    from skipsearch.cli.common import draft_vocab_from_args, mask_from_args, measure_config
     from skipsearch.cli.decode_tables import run_settings
     from skipsearch.engine import GREEDY, GammaPolicy, Sampling, Summary, breakdown
     from skipsearch.engine.bench import AR, HF, SSD, benchmark, estimator_dict, estimators, make_decoders
-    from skipsearch.masks import SkipMask
+    from skipsearch.masks import Draft, split_draft, vocab_label
+    from skipsearch.models.draft_head import DraftHead
     from skipsearch.tiers.manifest import is_tier_manifest
 
     if args.from_path and is_tier_manifest(Path(args.from_path)):
@@ -105,28 +116,42 @@ def run(args: argparse.Namespace) -> int:
     policy = GammaPolicy(initial=gamma) if args.dynamic_gamma else GammaPolicy.fixed(gamma)
 
     config = measure_config(args)
+    file_vocab = None if mask_text is None else split_draft(mask_text)[1]
+    if file_vocab is not None and args.draft_vocab is None:  # the file's draft vocabulary
+        config = replace(config, draft_vocabs=(file_vocab,))
     measurement = prepare(config)
     num_layers = measurement.num_layers
-    mask = SkipMask.parse(mask_text, num_layers) if mask_text else mask_from_args(args, num_layers)
+    draft = Draft.parse(mask_text, num_layers) if mask_text else Draft(mask_from_args(args, num_layers))
+    if args.draft_vocab is not None:
+        draft = Draft(draft.mask, draft_vocab_from_args(args))
+    mask, vocab = draft.mask, draft.vocab
     runner, loaded = measurement.runner, measurement.loaded
+    head = None if vocab is None else DraftHead.gather(runner, measurement.vocab_ids(vocab))
     prompts = [p.ids for p in encode_prompts(config.prompts, loaded.tokenizer)]
-    decoders = make_decoders(runner, loaded, mask, policy, sampling, args.new_tokens)
+    decoders = make_decoders(runner, loaded, mask, policy, sampling, args.new_tokens, head)
     runs = benchmark(decoders, prompts, args.repeats, args.seed, runner.device)
 
     if sampling.greedy:
         checked = runs
     else:  # sampled runs differ by chance: check losslessness on greedy reruns
-        greedy = make_decoders(runner, loaded, mask, policy, GREEDY, args.new_tokens)
+        greedy = make_decoders(runner, loaded, mask, policy, GREEDY, args.new_tokens, head)
         checked = {name: [greedy[name](p, None) for p in prompts] for name in (AR, SSD)}
     lossless = all(s.tokens == a.tokens for s, a in zip(checked[SSD], checked[AR], strict=True))
     summaries = {name: Summary.of(results) for name, results in runs.items()}
     estimates = [
-        estimator_dict(e.evaluate(mask, args.temperature), e.mode, policy, sampling, summaries[SSD])
+        estimator_dict(
+            e.evaluate(mask, args.temperature, config.draft_vocabs).for_vocab(vocab),
+            e.mode,
+            policy,
+            sampling,
+            summaries[SSD],
+        )
         for e in estimators(measurement)
     ]
     result: dict[str, Any] = {
         "model": args.model,
         "mask": str(mask),
+        "draft_vocab": vocab_label(vocab),
         "exit_layer": mask.exit_layer,
         "gamma": gamma,
         "dynamic_gamma": args.dynamic_gamma,

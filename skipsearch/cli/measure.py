@@ -6,7 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from skipsearch.cli.common import add_mask_options, add_model_options, add_prompt_options
+from skipsearch.cli.common import (
+    add_draft_vocab_option,
+    add_mask_options,
+    add_model_options,
+    add_prompt_options,
+)
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
 
 GAMMAS = range(1, 9)
@@ -25,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--temperature", type=float, default=1.0, help="for sampling acceptance (default 1.0)"
     )
+    add_draft_vocab_option(parser, "the draft proposes from a draft vocabulary")
     parser.add_argument(
         "--latency-profile", help="profile.json for the calibrated speedup (default: cached one)"
     )
@@ -34,10 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from skipsearch.acceptance.worker import prepare
-    from skipsearch.cli.common import mask_from_args, measure_config
+    from skipsearch.cli.common import draft_vocab_from_args, mask_from_args, measure_config
     from skipsearch.cost.calibrated import predict
+    from skipsearch.cost.closed_forms import head_share_from_config
     from skipsearch.cost.latency import LatencyProfile
     from skipsearch.errors import ConfigError
+    from skipsearch.masks import vocab_label
     from skipsearch.store import default_profile_path
 
     if args.temperature < 0:
@@ -51,13 +59,25 @@ def run(args: argparse.Namespace) -> int:
     )
     latency = LatencyProfile.load(latency_path) if args.latency_profile or latency_path.is_file() else None
 
+    draft_vocab = draft_vocab_from_args(args)
     with make_executor(config, args.temperature, measurement) as executor:
-        profile, eval_seconds = executor.measure_one(mask)
+        measured, eval_seconds = executor.measure_one(mask)
+    profile = measured.for_vocab(draft_vocab)
     full_seconds = measurement.estimator.time_full_forward()
-    prediction = predict(profile, mask, gamma_max=max(GAMMAS), latency=latency)
+    model_config = measurement.runner.config
+    prediction = predict(
+        profile,
+        mask,
+        gamma_max=max(GAMMAS),
+        latency=latency,
+        draft_vocab=draft_vocab,
+        vocab_size=int(model_config.vocab_size),
+        head_share=None if latency else head_share_from_config(model_config.to_dict()),
+    )
     result = {
         "model": args.model,
         "mask": str(mask),
+        "draft_vocab": vocab_label(draft_vocab),
         "mode": config.mode,
         "r_draft": mask.r_draft(),
         "r_reuse": mask.r_reuse,
@@ -86,7 +106,8 @@ def print_result(result: dict, prediction: object) -> None:
 
     console = Console()
     console.print(
-        f"[bold]{result['model']}[/]  mask [cyan]{result['mask']}[/]  ({result['mode']} estimator, "
+        f"[bold]{result['model']}[/]  mask [cyan]{result['mask']}[/]  draft vocabulary "
+        f"{result['draft_vocab']}  ({result['mode']} estimator, "
         f"{result['n_positions']} positions)"
     )
     console.print(

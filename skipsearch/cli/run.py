@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from skipsearch.cli.common import add_model_options, add_prompt_options
+from skipsearch.cli.common import add_draft_vocab_option, add_model_options, add_prompt_options
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
 
 
@@ -29,6 +29,7 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--temperature", type=float, default=1.0, help="for sampling acceptance (default 1.0)"
     )
+    add_draft_vocab_option(parser, "score every mask with this draft vocabulary only (overrides the space)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_config(args: argparse.Namespace, strategy: str) -> object:
-    from skipsearch.cli.common import measure_config
+    from skipsearch.cli.common import draft_vocab_from_args, measure_config
     from skipsearch.config import RunConfig
 
     return RunConfig(
@@ -62,6 +63,7 @@ def run_config(args: argparse.Namespace, strategy: str) -> object:
         pareto=args.pareto,
         warm_start=args.warm_start,
         temperature=args.temperature,
+        draft_vocab=None if args.draft_vocab is None else (draft_vocab_from_args(args),),
     )
 
 
@@ -88,12 +90,13 @@ def run(args: argparse.Namespace) -> int:
 
     from skipsearch.progress import console as status
     from skipsearch.run.pipeline import (
-        RUN_FILE,
         check_run_dir,
         cost_note,
         open_context,
         resolve_cost,
+        resolve_draft_vocab,
         resumed_config,
+        save_run,
         search_one,
     )
     from skipsearch.run.report import write_run_outputs
@@ -106,11 +109,11 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         config = resumed_config(out, args.budget)
     load_space(config.space)  # a bad space file fails before the model loads
+    config = resolve_draft_vocab(config)
     context = open_context(config)
     config = resolve_cost(config, context)
     status.print(cost_note(config, context))
-    out.mkdir(parents=True, exist_ok=True)
-    config.save(out / RUN_FILE, context.provenance)
+    save_run(config, context, out)
     executor = make_executor(config.measure, config.temperature, context.measurement)
     bar_context, start = trial_progress(f"{config.strategy} search", config.budget)
     try:

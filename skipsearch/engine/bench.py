@@ -27,6 +27,7 @@ from skipsearch.engine.result import DecodeResult, Summary
 from skipsearch.engine.sampling import Sampling
 from skipsearch.engine.ssd import speculative_decode
 from skipsearch.masks import SkipMask
+from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.loading import LoadedModel, eos_ids
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.progress import progress_bar
@@ -44,8 +45,11 @@ def make_decoders(
     policy: GammaPolicy,
     sampling: Sampling,
     max_new_tokens: int,
+    head: DraftHead | None = None,
 ) -> dict[str, Decoder]:
-    """Each configuration as `decode(prompt, generator) -> DecodeResult`, same stopping rule."""
+    """Each configuration as `decode(prompt, generator) -> DecodeResult`, same stopping rule.
+
+    `head`: the SSD draft's head over a draft vocabulary (HF's early exit has no such option)."""
     model: Any = loaded.model
     tokenizer: Any = loaded.tokenizer
     stop = eos_ids(model)
@@ -60,7 +64,7 @@ def make_decoders(
         ),
         HF: generate,
         SSD: lambda prompt, generator: speculative_decode(
-            runner, prompt, mask, max_new_tokens, policy, sampling, generator, stop
+            runner, prompt, mask, max_new_tokens, policy, sampling, generator, stop, head
         ),
     }
     if mask.exit_layer is not None:
@@ -165,7 +169,7 @@ def estimators(measurement: Measurement) -> list[Estimator]:
     configured = measurement.estimator
     if configured.mode == "self":
         return [configured]
-    return [configured, Estimator(configured.runner, configured.reference, "self")]
+    return [configured, Estimator(configured.runner, configured.reference, "self", configured.vocab_ids)]
 
 
 def estimator_dict(

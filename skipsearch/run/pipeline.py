@@ -18,7 +18,7 @@ from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.progress import console
-from skipsearch.store import JOURNAL_FILE, RUN_FILE
+from skipsearch.store import DRAFT_VOCAB_FILE, JOURNAL_FILE, RUN_FILE
 
 if TYPE_CHECKING:  # heavy (torch) or Optuna types: imported where they are used
     from skipsearch.acceptance.worker import Measurement
@@ -92,6 +92,31 @@ def resolve_cost(config: RunConfig, context: RunContext) -> RunConfig:
     return replace(config, cost="calibrated" if context.latency is not None else "closed-form")
 
 
+def resolve_draft_vocab(config: RunConfig) -> RunConfig:
+    """The draft vocabularies the run scores every mask with, made concrete before `run.yaml`:
+    `--draft-vocab` when given, else the space file's `draft_vocab:` (full only for a tiers space,
+    whose masks are captured with the full head). The measurement measures every size given."""
+    from dataclasses import replace
+
+    from skipsearch.search.space_files import load_space
+    from skipsearch.search.space_spec import SpaceSpec
+
+    choices = config.draft_vocab
+    if choices is None:
+        spec = load_space(config.space)
+        choices = spec.draft_vocab if isinstance(spec, SpaceSpec) else (None,)
+    sizes = tuple(k for k in choices if k is not None)
+    return replace(config, draft_vocab=tuple(choices), measure=replace(config.measure, draft_vocabs=sizes))
+
+
+def save_run(config: RunConfig, context: RunContext, out: Path, extra: dict | None = None) -> None:
+    """`run.yaml` with its provenance, and the draft-vocabulary ranking the run drafts from."""
+    out.mkdir(parents=True, exist_ok=True)
+    config.save(out / RUN_FILE, {**context.provenance, **(extra or {})})
+    if config.measure.draft_vocabs:
+        context.measurement.ranking.save(out / DRAFT_VOCAB_FILE)
+
+
 def resumed_config(out: Path, budget: int) -> RunConfig:
     """The settings a run started with, from its `run.yaml`: only the budget may change on resume,
     or one study would mix trials scored, measured or constrained in two ways."""
@@ -123,6 +148,7 @@ def search_one(
     Masks are evaluated on `executor` (the caller closes it), by default in this process."""
     import optuna
 
+    from skipsearch.cost.closed_forms import head_share_from_config
     from skipsearch.search import SearchConfig, make_strategy, run_search
     from skipsearch.search.objective import make_scorer
     from skipsearch.search.space_files import load_space
@@ -136,7 +162,16 @@ def search_one(
         {"algorithm": config.sampler, "warm_start": config.warm_start} if config.strategy == "learned" else {}
     )
     strategy = make_strategy(config.strategy, **options)
-    scorer = make_scorer(config.objective, config.cost, context.latency, config.gamma_max)
+    model_config = measurement.runner.config
+    scorer = make_scorer(
+        config.objective,
+        config.cost,
+        context.latency,
+        config.gamma_max,
+        draft_vocab=config.draft_vocab or (None,),
+        vocab_size=int(model_config.vocab_size),
+        head_share=None if context.latency else head_share_from_config(model_config.to_dict()),
+    )
     search = SearchConfig(budget=config.budget, seed=config.seed, pareto=config.pareto)
     owned = local_executor(config.measure, config.temperature, measurement) if executor is None else None
     with owned or nullcontext(executor) as evaluating:
@@ -184,13 +219,11 @@ def run_compare(
     if resume:
         config = resumed_config(out, config.budget)
     load_space(config.space)
+    config = resolve_draft_vocab(config)
     context = open_context(config)
     config = resolve_cost(config, context)
     console.print(cost_note(config, context))
-    out.mkdir(parents=True, exist_ok=True)
-    config.save(
-        out / RUN_FILE, {**context.provenance, "seeds": seeds, "strategies": list(COMPARED_STRATEGIES)}
-    )
+    save_run(config, context, out, {"seeds": seeds, "strategies": list(COMPARED_STRATEGIES)})
     cache = EvaluationCache(out / "cache")
     studies = []
     with executor_factory(config.measure, config.temperature, context.measurement) as executor:

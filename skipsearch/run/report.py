@@ -18,9 +18,10 @@ import pandas as pd
 
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
+from skipsearch.masks import FULL_VOCAB
 from skipsearch.search import best_trial, load_study, pareto_front, study_trials_frame
 from skipsearch.search.results import TrialRecord
-from skipsearch.store import RUN_FILE
+from skipsearch.store import DRAFT_VOCAB_FILE, RUN_FILE
 
 PAYS_OFF = 1.05  # below this predicted speedup, overheads the model ignores eat the gain
 
@@ -51,6 +52,8 @@ def best_summary(best: TrialRecord, config: RunConfig, provenance: dict) -> dict
     return {
         "model": config.measure.model,
         "mask": best.mask,
+        "draft_vocab": details.get("draft_vocab", FULL_VOCAB),
+        "score_by_draft_vocab": details.get("score_by_draft_vocab"),
         "num_layers": best.num_layers,
         "skipped_attn": details.get("skipped_attn"),
         "skipped_mlp": details.get("skipped_mlp"),
@@ -92,7 +95,12 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
         f"# skipsearch run: {summary['model']}",
         "",
         f"Best mask `{summary['mask']}` (attention skipped at {summary['skipped_attn']}, MLP at "
-        f"{summary['skipped_mlp']}) with draft length γ = {summary['gamma_best']}.",
+        f"{summary['skipped_mlp']}) with draft length γ = {summary['gamma_best']}"
+        + (
+            "."
+            if summary["draft_vocab"] == FULL_VOCAB
+            else f", drafting from the {summary['draft_vocab']} most frequent token ids ({DRAFT_VOCAB_FILE})."
+        ),
         "",
         f"- predicted speedup: {speed['closed_form']:.3f}x closed form"
         + (f", {speed['calibrated']:.3f}x calibrated on this device" if speed["calibrated"] else ""),

@@ -1,16 +1,21 @@
 """The default scorers: predicted speedup (closed form or calibrated) or acceptance (DESIGN §5).
 
 A Score stores every number the trials table and best.json report, so a run directory explains
-itself without the model.
+itself without the model. A mask measured at several draft-vocabulary sizes (DESIGN §8) is scored
+at each of them and keeps the best, as it keeps the best γ: both are exact optima per mask, found
+by arithmetic on one measurement.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
 
 from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.cost.calibrated import predict
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask
+from skipsearch.masks import SkipMask, vocab_label
 from skipsearch.search.score import Score, Scorer
 
 OBJECTIVES = ("speedup", "acceptance")
@@ -23,9 +28,15 @@ def make_scorer(
     latency: LatencyProfile | None = None,
     gamma_max: int = 8,
     context: int = 512,
+    draft_vocab: Sequence[int | None] = (None,),
+    vocab_size: int | None = None,
+    head_share: float | None = None,
 ) -> Scorer:
     """Scorer maximising the best-γ predicted speedup, or greedy acceptance (SWIFT-style, with the
-    r_draft budget set by the search space)."""
+    r_draft budget set by the search space), over the draft vocabularies `draft_vocab` allows.
+
+    `vocab_size` and `head_share` (the LM head's share of a step, for the closed form without a
+    profile: `cost.closed_forms.head_share_from_config`) price a draft vocabulary's smaller head."""
     if objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
     if cost not in COSTS:
@@ -34,13 +45,24 @@ def make_scorer(
         raise ConfigError(
             "--cost calibrated needs a latency profile: run `skipsearch profile --model M` first"
         )
+    allowed = tuple(draft_vocab)
 
-    def score(mask: SkipMask, profile: AcceptanceProfile) -> Score:
-        prediction = predict(profile, mask, gamma_max=gamma_max, latency=latency, context=context)
+    def score_variant(mask: SkipMask, profile: AcceptanceProfile) -> Score:
+        prediction = predict(
+            profile,
+            mask,
+            gamma_max=gamma_max,
+            latency=latency,
+            context=context,
+            draft_vocab=profile.draft_vocab,
+            vocab_size=vocab_size,
+            head_share=head_share,
+        )
         curve = prediction.calibrated if cost == "calibrated" else prediction.closed_form
         best = prediction.best_calibrated if cost == "calibrated" else prediction.best_closed_form
         per_gamma = {g: s for g, s in enumerate(curve, start=1)}
         details = {
+            "draft_vocab": vocab_label(profile.draft_vocab),
             "alpha": profile.alpha,
             "sampling_acceptance": profile.sampling_acceptance,
             "r_reuse": mask.r_reuse,
@@ -57,5 +79,14 @@ def make_scorer(
             }
         value = best.speedup if objective == "speedup" else profile.alpha
         return Score(value=value, gamma_best=best.gamma, per_gamma=per_gamma, details=details)
+
+    def score(mask: SkipMask, profile: AcceptanceProfile) -> Score:
+        variants = [v for v in profile.variants if v.draft_vocab in allowed] or [profile]
+        scores = [score_variant(mask, variant) for variant in variants]
+        best = max(scores, key=lambda s: s.value)
+        if len(scores) == 1:
+            return best
+        by_vocab = {str(s.details["draft_vocab"]): s.value for s in scores}
+        return replace(best, details={**best.details, "score_by_draft_vocab": by_vocab})
 
     return score

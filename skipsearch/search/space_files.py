@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from skipsearch.errors import ConfigError
+from skipsearch.errors import ConfigError, InvalidMaskError
+from skipsearch.masks import FULL_VOCAB, parse_draft_vocab
 from skipsearch.search.space_spec import LayerRef, SpaceSpec, TierSpec, space_error
 from skipsearch.tiers.policy import TierPolicy, check_policy
 
@@ -34,6 +35,7 @@ _MASK_KEYS = (
     "max_skipped",
     "gamma_min",
     "gamma_max",
+    "draft_vocab",
 )
 _TIER_KEYS = ("name", "kind", "description", "base", "num_tiers", "policy")
 _POLICY_KEYS = ("window", "thresholds")
@@ -159,6 +161,7 @@ def _parse_mask_space(reader: _Reader, kind: str, name: str) -> SpaceSpec:
         max_skipped=reader.count("max_skipped", None),
         gamma_min=reader.integer("gamma_min", 1, 1),
         gamma_max=reader.integer("gamma_max", 8, 1),
+        draft_vocab=_draft_vocab(reader),
     )
     for low, high in (
         ("r_draft_min", "r_draft_max"),
@@ -171,6 +174,22 @@ def _parse_mask_space(reader: _Reader, kind: str, name: str) -> SpaceSpec:
                 low, f"{low}={low_value} is above {high}={high_value}", f"lower {low} or raise {high}"
             )
     return spec
+
+
+def _draft_vocab(reader: _Reader) -> tuple[int | None, ...]:
+    """`draft_vocab: [full, 16384, 8192]`: the draft vocabularies every mask is scored with."""
+    raw = reader.data.get("draft_vocab", [FULL_VOCAB])
+    if not isinstance(raw, list) or not raw:
+        raise reader.error(
+            "draft_vocab", f"expected a non-empty list, got {raw!r}", "write e.g. [full, 8192]"
+        )
+    try:
+        sizes = tuple(parse_draft_vocab(value) for value in raw)
+    except InvalidMaskError as error:
+        raise reader.error("draft_vocab", str(error), "write e.g. [full, 16384, 8192]") from None
+    if len(set(sizes)) != len(sizes):
+        raise reader.error("draft_vocab", f"{raw} names a size twice", "list each size once")
+    return sizes
 
 
 def _parse_tiers(reader: _Reader, name: str, base_dir: Path) -> TierSpec:

@@ -40,6 +40,7 @@ class SpaceSpec:
     max_skipped: LayerRef | None
     gamma_min: int
     gamma_max: int
+    draft_vocab: tuple[int | None, ...] = (None,)
 
     def _layer(self, ref: LayerRef, num_layers: int) -> int:
         if isinstance(ref, float):

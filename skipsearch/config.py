@@ -15,6 +15,7 @@ from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.errors import ConfigError
 
 ESTIMATOR_MODES = ("shared-kv", "self")
+IMPORTANCE_SOURCES = ("proxy", "measured")
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,12 @@ class MeasureConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One search run; `budget` is the number of distinct masks measured."""
+    """One search run; `budget` is the number of distinct masks measured.
+
+    `context`: the context length the calibrated cost model scores at (None: its default);
+    `importance`: what ranks sub-layers for the ranking and knapsack strategies (`proxy`, from the
+    reference cache, or `measured`, one single-unit mask per free unit, counted in the budget).
+    """
 
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     space: str = "sparse"
@@ -57,6 +63,9 @@ class RunConfig:
     pareto: bool = False
     warm_start: bool = False
     temperature: float = 1.0
+    context: int | None = None
+    extrapolate_context: bool = False
+    importance: str = "proxy"
 
     def __post_init__(self) -> None:
         if self.budget <= 0:
@@ -65,6 +74,12 @@ class RunConfig:
             raise ConfigError(f"--gamma-max must be >= 1, got {self.gamma_max}")
         if self.temperature < 0:
             raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.context is not None and self.context < 1:
+            raise ConfigError(f"--context must be a positive number of tokens, got {self.context}")
+        if self.importance not in IMPORTANCE_SOURCES:
+            raise ConfigError(
+                f"unknown importance {self.importance!r}: use one of {', '.join(IMPORTANCE_SOURCES)}"
+            )
 
     def with_budget(self, budget: int) -> RunConfig:
         return replace(self, budget=budget)

@@ -26,6 +26,8 @@ CACHE_DIR = "cache"
 EVALUATIONS_FILE = "evaluations.jsonl"
 CACHE_KEY_FILE = "key.txt"
 EXPORT_README = "README.md"
+IMPORTANCE_FILE = "importance.json"
+IMPORTANCE_PLOT = "importance.png"
 
 
 # -- caches shared by runs ------------------------------------------------------------------------

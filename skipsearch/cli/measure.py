@@ -8,6 +8,7 @@ from pathlib import Path
 
 from skipsearch.cli.common import add_mask_options, add_model_options, add_prompt_options
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
+from skipsearch.cli.run import add_context_options
 
 GAMMAS = range(1, 9)
 
@@ -28,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--latency-profile", help="profile.json for the calibrated speedup (default: cached one)"
     )
+    add_context_options(parser)
     parser.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     parser.set_defaults(handler=run)
 
@@ -38,23 +40,27 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.cost.calibrated import predict
     from skipsearch.cost.latency import LatencyProfile
     from skipsearch.errors import ConfigError
+    from skipsearch.search.objective import DEFAULT_CONTEXT, scoring_latency
     from skipsearch.store import default_profile_path
 
     if args.temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     config = measure_config(args)
     make_executor = executor_factory(args, workers=1)  # checks the executor options before the model loads
-    measurement = prepare(config, check=lambda num_layers: mask_from_args(args, num_layers))
-    mask = mask_from_args(args, measurement.num_layers)
     latency_path = (
         Path(args.latency_profile) if args.latency_profile else default_profile_path(args.model, args.device)
     )
     latency = LatencyProfile.load(latency_path) if args.latency_profile or latency_path.is_file() else None
+    cost = "calibrated" if latency is not None else "closed-form"
+    latency = scoring_latency(cost, latency, args.context, args.extrapolate_context)
+    context = DEFAULT_CONTEXT if args.context is None else args.context
+    measurement = prepare(config, check=lambda num_layers: mask_from_args(args, num_layers))
+    mask = mask_from_args(args, measurement.num_layers)
 
     with make_executor(config, args.temperature, measurement) as executor:
         profile, eval_seconds = executor.measure_one(mask)
     full_seconds = measurement.estimator.time_full_forward()
-    prediction = predict(profile, mask, gamma_max=max(GAMMAS), latency=latency)
+    prediction = predict(profile, mask, gamma_max=max(GAMMAS), latency=latency, context=context)
     result = {
         "model": args.model,
         "mask": str(mask),
@@ -68,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         "alpha_by_depth": profile.alpha_by_depth(max(GAMMAS)),
         "predicted": prediction.to_dict(),
         "latency_profile": str(latency_path) if latency else None,
+        "context": context,
         "eval_seconds": eval_seconds,
         "full_forward_seconds": full_seconds,
         "n_positions": profile.n_positions,

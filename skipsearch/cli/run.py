@@ -29,6 +29,29 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--temperature", type=float, default=1.0, help="for sampling acceptance (default 1.0)"
     )
+    add_context_options(parser)
+    parser.add_argument(
+        "--importance",
+        choices=("proxy", "measured"),
+        default="proxy",
+        help="what ranks sub-layers for ranking/knapsack: the stream-cosine proxy from the reference "
+        "cache (no mask measured), or each single-unit mask measured, taken from the budget "
+        "(default %(default)s)",
+    )
+
+
+def add_context_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--context",
+        type=int,
+        help="score with the latency profile at this context length (tokens; interpolated between "
+        "profiled lengths; default 512)",
+    )
+    parser.add_argument(
+        "--extrapolate-context",
+        action="store_true",
+        help="allow a --context outside the profiled range (extends the end segments linearly)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,7 +61,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_search_options(parser)
     add_executor_options(parser)
     parser.add_argument(
-        "--strategy", choices=("learned", "random", "uniform", "exhaustive"), default="learned"
+        "--strategy",
+        choices=("learned", "random", "uniform", "exhaustive", "ranking", "knapsack", "knapsack+tpe"),
+        default="learned",
+        help="knapsack+tpe: knapsack candidates for a third of the budget, then TPE (default %(default)s)",
     )
     parser.add_argument("--out", help="run directory (default results/<model>-<space>-<strategy>-s<seed>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out to its budget")
@@ -62,6 +88,9 @@ def run_config(args: argparse.Namespace, strategy: str) -> object:
         pareto=args.pareto,
         warm_start=args.warm_start,
         temperature=args.temperature,
+        context=args.context,
+        extrapolate_context=args.extrapolate_context,
+        importance=args.importance,
     )
 
 

@@ -10,7 +10,7 @@ import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,10 @@ class LatencyProfile:
     `embed[c][k]`, `head[c][k]` (final norm + LM head), `attn[layer][c][k]`, `mlp[layer][c][k]`.
     `spread` holds the same four tables as interquartile ranges; `round_overhead[γ]` is the
     per-round cost outside the forward passes (sampling, acceptance, cache crop).
+
+    Between measured context lengths the tables are interpolated linearly; outside them they are
+    clamped to the nearest end, unless `extrapolate_context` (see `for_context`) continues the end
+    segment's line, as attention time grows linearly with context (KnapSpec's `t_attn = c2·ctx + c3`).
     """
 
     meta: Mapping[str, Any]
@@ -61,6 +65,7 @@ class LatencyProfile:
     mlp: tuple[tuple[tuple[float, ...], ...], ...]
     spread: Mapping[str, Any]
     round_overhead: Mapping[int, float]
+    extrapolate_context: bool = field(default=False, compare=False)
     _weights: dict[tuple[float, float], SublayerWeights] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
@@ -106,11 +111,29 @@ class LatencyProfile:
     def num_layers(self) -> int:
         return len(self.attn)
 
+    def for_context(self, context: float, extrapolate: bool = False) -> LatencyProfile:
+        """This profile, checked to price `context`: a context outside the measured range is an
+        error unless `extrapolate`, which returns a copy that extends the end segments' lines.
+
+        Clamping silently would score a 32k-token context like the longest one measured, so the
+        caller must ask for extrapolation (or re-profile with that context) knowingly.
+        """
+        low, high = self.context_lengths[0], self.context_lengths[-1]
+        if extrapolate:
+            return replace(self, extrapolate_context=True)
+        if not low <= context <= high:
+            raise ConfigError(
+                f"context {context:g} is outside the profiled range {low}..{high}: pass a context in that "
+                "range, re-profile with --context-lengths covering it, or pass --extrapolate-context"
+            )
+        return self
+
     # -- lookups ------------------------------------------------------------------------------
     def _at(self, table: Any, context: float, positions: float) -> np.ndarray:
-        """Linear in context length (clamped to the measured range), then in positions (extrapolated)."""
+        """Linear in context length (clamped to the measured range unless `extrapolate_context`),
+        then in positions (extrapolated)."""
         values = np.asarray(table, dtype=float)
-        i, j, t = _bracket(self.context_lengths, context, extrapolate=False)
+        i, j, t = _bracket(self.context_lengths, context, extrapolate=self.extrapolate_context)
         values = _interpolate(values, i, j, t, axis=-2)
         i, j, t = _bracket(self.positions, positions, extrapolate=True)
         return np.maximum(_interpolate(values, i, j, t, axis=-1), 0.0)

@@ -15,6 +15,26 @@ from skipsearch.search.score import Score, Scorer
 
 OBJECTIVES = ("speedup", "acceptance")
 COSTS = ("closed-form", "calibrated")
+DEFAULT_CONTEXT = 512
+
+
+def scoring_latency(
+    cost: str, latency: LatencyProfile | None, context: int | None, extrapolate: bool = False
+) -> LatencyProfile | None:
+    """The profile that prices candidates at an explicit `--context` (checked against its measured
+    range), or `latency` unchanged when no context was asked for.
+
+    Only the calibrated cost model reads context (the closed form counts sub-layers), so asking
+    for one without it is an error rather than a flag that silently does nothing.
+    """
+    if context is None:
+        return latency
+    if cost != "calibrated" or latency is None:
+        raise ConfigError(
+            f"--context {context} prices attention by context length, which only the calibrated cost "
+            "model does: run `skipsearch profile --model M` and use --cost calibrated (or auto)"
+        )
+    return latency.for_context(context, extrapolate)
 
 
 def make_scorer(
@@ -22,10 +42,12 @@ def make_scorer(
     cost: str = "closed-form",
     latency: LatencyProfile | None = None,
     gamma_max: int = 8,
-    context: int = 512,
+    context: int | None = None,
+    extrapolate_context: bool = False,
 ) -> Scorer:
     """Scorer maximising the best-γ predicted speedup, or greedy acceptance (SWIFT-style, with the
-    r_draft budget set by the search space)."""
+    r_draft budget set by the search space); the calibrated form prices rounds at `context`
+    tokens (default `DEFAULT_CONTEXT`, see `scoring_latency` for an explicit one)."""
     if objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
     if cost not in COSTS:
@@ -34,9 +56,11 @@ def make_scorer(
         raise ConfigError(
             "--cost calibrated needs a latency profile: run `skipsearch profile --model M` first"
         )
+    latency = scoring_latency(cost, latency, context, extrapolate_context)
+    at = DEFAULT_CONTEXT if context is None else context
 
     def score(mask: SkipMask, profile: AcceptanceProfile) -> Score:
-        prediction = predict(profile, mask, gamma_max=gamma_max, latency=latency, context=context)
+        prediction = predict(profile, mask, gamma_max=gamma_max, latency=latency, context=at)
         curve = prediction.calibrated if cost == "calibrated" else prediction.closed_form
         best = prediction.best_calibrated if cost == "calibrated" else prediction.best_closed_form
         per_gamma = {g: s for g, s in enumerate(curve, start=1)}

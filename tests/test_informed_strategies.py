@@ -174,3 +174,18 @@ def test_measure_refuses_an_out_of_range_context_in_one_line(tmp_path: Path) -> 
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--extrapolate-context" in lines[0]
+
+
+def test_the_run_checks_informed_strategies_before_the_reference_is_built() -> None:
+    """`check_search` runs between the model load and the reference build, before any file."""
+    from skipsearch.config import RunConfig
+    from skipsearch.run.pipeline import check_search
+
+    with pytest.raises(ConfigError, match="use --strategy exhaustive"):
+        check_search(RunConfig(strategy="knapsack"), ["knapsack"], load_space("contiguous"), NUM_LAYERS)
+    measured = RunConfig(strategy="ranking", importance="measured", budget=10)
+    with pytest.raises(ConfigError, match=r"evaluates 10 single-unit masks .* raise --budget above 10"):
+        check_search(measured, ["ranking"], load_space("sparse"), NUM_LAYERS)
+    check_search(measured, ["random"], load_space("sparse"), NUM_LAYERS)  # only informed ones measure
+    check_search(RunConfig(strategy="ranking", importance="measured", budget=11), ["ranking"],
+                 load_space("sparse"), NUM_LAYERS)  # fmt: skip

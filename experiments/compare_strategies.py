@@ -18,7 +18,7 @@ two CPU cores, so run it on an idle machine:
     .venv/bin/python experiments/compare_strategies.py --budget 100 --seeds 3 --qwen-budget 40
 
 A smoke run (minutes): `--budget 6 --seeds 1 --skip-qwen --out-name smoke` (writes
-`results/compare/smoke/<model>/`, delete it after).
+`results/smoke/<model>/` and `runs/smoke/`; about 12 minutes on two shared cores; delete them after).
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def plot_importance(known: dict[str, SublayerImportance], path: Path) -> None:
             ax.bar(layers + offset, heights, width=0.27, label=label)
         ylabel = "1 − cos(stream before, after)" if source == "proxy" else "1 − α of the single skip"
         ax.set(xlabel="layer", ylabel=ylabel, title=f"Importance ({source})")
-        ax.legend()
+        ax.legend(loc="upper center")
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     with atomic_path(path) as staging:

@@ -1,15 +1,24 @@
-"""Random vs uniform vs learned at equal budget on the embedded model (issue 4, DESIGN §3).
+"""Six strategies at equal budget, plus random at 5x the budget (issues 4 and 13, DESIGN §3, §9).
 
-Runs `skipsearch compare` (sparse space, budget 100, 3 seeds, one shared evaluation cache) and,
-when `make qwen` has installed it, the same on qwen2.5-coder-0.5b with a smaller budget. Writes
-`results/compare/<model>/`: comparison.csv, comparison.md, convergence.png, trials of every
-study (`<strategy>-s<seed>.csv`) and run.yaml. The Optuna journal and the evaluation cache stay in
+Runs `skipsearch compare` (sparse space, 3 seeds, one shared evaluation cache) with random,
+uniform, ranking, knapsack, learned (TPE) and knapsack+tpe at budget 100 on the embedded model
+and, when `make qwen` has installed it, at budget 40 on qwen2.5-coder-0.5b; each also gets random
+search at 5x the budget (`random@5x`), the reference the learned strategies should beat. Writes
+`results/compare/<model>/`: comparison.csv, comparison.md (best score, masks to reach 95% of the
+final, model seconds), convergence.png (mean ± range over seeds), importance.json / .png, trials
+of every study (`<study>.csv`) and run.yaml. The Optuna journal and the evaluation cache stay in
 `runs/compare/<model>/` (large, not committed); rerunning with `--resume` continues them.
 
-Prompt options are smaller than the CLI defaults (8 HumanEval prompts, 48 new tokens) so that
-900 evaluations fit in well under an hour on two CPU cores; the settings are in run.yaml.
+Cost model: the calibrated one when a latency profile of the model is cached on this device
+(`skipsearch profile`), else the closed form; run.yaml records which (`cost`). Prompt options are
+smaller than the CLI defaults (8 HumanEval prompts, 48 new tokens); the settings are in run.yaml.
+The full benchmark is about 6 x 100 + 500 distinct masks per seed before cache sharing: hours on
+two CPU cores, so run it on an idle machine:
 
-Run: `.venv/bin/python experiments/compare_strategies.py [--budget 100 --seeds 3] [--resume]`.
+    .venv/bin/python experiments/compare_strategies.py --budget 100 --seeds 3 --qwen-budget 40
+
+A smoke run (minutes): `--budget 6 --seeds 1 --skip-qwen --out-name smoke` (writes
+`results/smoke/<model>/` and `runs/smoke/`; about 12 minutes on two shared cores; delete them after).
 """
 
 from __future__ import annotations
@@ -18,33 +27,45 @@ import argparse
 import shutil
 from pathlib import Path
 
+import optuna
+import yaml
 from _cli import skipsearch
 
 from skipsearch.models.registry import REGISTRY, available_offline
 from skipsearch.search import load_study, study_trials_frame
+from skipsearch.search.study import journal_storage
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["--n-prompts", "8", "--new-tokens", "48", "--max-prompt-tokens", "192"]
-COST = ["--cost", "closed-form"]  # not auto: the results must not depend on a profile being cached
-COPIED = ("comparison.csv", "comparison.md", "convergence.png", "run.yaml")
+STRATEGIES = "random,uniform,ranking,knapsack,learned,knapsack+tpe"
+RANDOM_MULTIPLE = 5
+COPIED = (
+    "comparison.csv",
+    "comparison.md",
+    "convergence.png",
+    "run.yaml",
+    "importance.json",
+    "importance.png",
+)
 
 
-def compare(model: str, budget: int, seeds: int, resume: bool) -> None:
-    work = ROOT / "runs" / "compare" / model
+def compare(model: str, budget: int, seeds: int, resume: bool, out_name: str) -> None:
+    work = ROOT / "runs" / out_name / model
     args = ["compare", "--model", model, "--space", "sparse", "--budget", str(budget), "--seeds", str(seeds)]
-    args += [*PROMPTS, *COST, "--out", str(work)]
+    args += [*PROMPTS, "--cost", "auto", "--strategies", STRATEGIES]
+    args += ["--random-multiple", str(RANDOM_MULTIPLE), "--out", str(work)]
     if resume and work.exists():
         args.append("--resume")
     if skipsearch(args) != 0:
         raise SystemExit(f"compare on {model} failed")
-    out = ROOT / "results" / "compare" / model
+    out = ROOT / "results" / out_name / model
     out.mkdir(parents=True, exist_ok=True)
     for name in COPIED:
         shutil.copy(work / name, out / name)
-    for strategy in ("random", "uniform", "learned"):
-        for seed in range(seeds):
-            name = f"{strategy}-s{seed}"
-            study_trials_frame(load_study(work, name)).to_csv(out / f"{name}.csv", index=False)
+    for name in optuna.study.get_all_study_names(journal_storage(work)):
+        study_trials_frame(load_study(work, name)).to_csv(out / f"{name}.csv", index=False)
+    cost = yaml.safe_load((work / "run.yaml").read_text())["config"]["cost"]
+    print(f"{model}: scored with the {cost} cost model; results in {out}")
 
 
 def main() -> None:
@@ -54,11 +75,13 @@ def main() -> None:
     parser.add_argument("--qwen-budget", type=int, default=40, help="budget on qwen2.5-coder-0.5b")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--skip-smollm2", action="store_true", help="only the qwen comparison")
+    parser.add_argument("--skip-qwen", action="store_true", help="only the smollm2 comparison")
+    parser.add_argument("--out-name", default="compare", help="results/<name>/<model> (default compare)")
     args = parser.parse_args()
     if not args.skip_smollm2:
-        compare("smollm2-135m", args.budget, args.seeds, args.resume)
-    if available_offline(REGISTRY["qwen2.5-coder-0.5b"]):
-        compare("qwen2.5-coder-0.5b", args.qwen_budget, args.seeds, args.resume)
+        compare("smollm2-135m", args.budget, args.seeds, args.resume, args.out_name)
+    if not args.skip_qwen and available_offline(REGISTRY["qwen2.5-coder-0.5b"]):
+        compare("qwen2.5-coder-0.5b", args.qwen_budget, args.seeds, args.resume, args.out_name)
 
 
 if __name__ == "__main__":

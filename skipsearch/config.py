@@ -15,6 +15,8 @@ from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.errors import ConfigError
 from skipsearch.masks import parse_draft_vocab, vocab_label
 
+IMPORTANCE_SOURCES = ("proxy", "measured")
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -22,6 +24,9 @@ class RunConfig:
 
     `draft_vocab`: the draft vocabularies each mask is scored with (None in it: the full one);
     None until the run resolves it from the space file or `--draft-vocab` (`run.pipeline`).
+    `context`: the context length the calibrated cost model scores at (None: its default);
+    `importance`: what ranks sub-layers for the ranking and knapsack strategies (`proxy`, from the
+    reference cache, or `measured`, one single-unit mask per free unit, counted in the budget).
     """
 
     measure: MeasureConfig = field(default_factory=MeasureConfig)
@@ -37,6 +42,9 @@ class RunConfig:
     warm_start: bool = False
     temperature: float = 1.0
     draft_vocab: tuple[int | None, ...] | None = None
+    context: int | None = None
+    extrapolate_context: bool = False
+    importance: str = "proxy"
 
     def __post_init__(self) -> None:
         if self.budget <= 0:
@@ -45,6 +53,12 @@ class RunConfig:
             raise ConfigError(f"--gamma-max must be >= 1, got {self.gamma_max}")
         if self.temperature < 0:
             raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.context is not None and self.context < 1:
+            raise ConfigError(f"--context must be a positive number of tokens, got {self.context}")
+        if self.importance not in IMPORTANCE_SOURCES:
+            raise ConfigError(
+                f"unknown importance {self.importance!r}: use one of {', '.join(IMPORTANCE_SOURCES)}"
+            )
 
     def with_budget(self, budget: int) -> RunConfig:
         return replace(self, budget=budget)

@@ -27,6 +27,8 @@ EVALUATIONS_FILE = "evaluations.jsonl"
 CACHE_KEY_FILE = "key.txt"
 EXPORT_README = "README.md"
 DRAFT_VOCAB_FILE = "draft_vocab.json"
+IMPORTANCE_FILE = "importance.json"
+IMPORTANCE_PLOT = "importance.png"
 
 
 # -- caches shared by runs ------------------------------------------------------------------------

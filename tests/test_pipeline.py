@@ -38,7 +38,7 @@ def test_a_resumed_comparison_keeps_its_settings(tmp_path: Path, monkeypatch: py
     RunConfig(cost="closed-form", objective="acceptance", budget=5).save(tmp_path / RUN_FILE, {})
     opened: list[RunConfig] = []
 
-    def stop(config: RunConfig) -> RunContext:
+    def stop(config: RunConfig, strategies: object = None) -> RunContext:
         opened.append(config)
         raise KeyboardInterrupt
 

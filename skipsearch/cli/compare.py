@@ -8,15 +8,28 @@ from pathlib import Path
 from skipsearch.cli.common import add_model_options, add_prompt_options
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
 from skipsearch.cli.run import add_search_options
+from skipsearch.run.pipeline import COMPARED_STRATEGIES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("compare", help="random vs uniform vs learned at equal budget")
+    parser = subparsers.add_parser("compare", help="search strategies side by side at equal budget")
     add_model_options(parser)
     add_prompt_options(parser)
     add_search_options(parser)
     add_executor_options(parser)
     parser.add_argument("--seeds", type=int, default=3, help="seeds per strategy (default %(default)s)")
+    parser.add_argument(
+        "--strategies",
+        default=",".join(COMPARED_STRATEGIES),
+        help="comma-separated strategies to compare (default %(default)s)",
+    )
+    parser.add_argument(
+        "--random-multiple",
+        type=int,
+        default=0,
+        metavar="M",
+        help="also run random search at M times the budget, the reference to beat (default: none)",
+    )
     parser.add_argument("--out", help="directory (default results/compare-<model>-<space>)")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted compare")
     parser.set_defaults(handler=run)
@@ -41,7 +54,17 @@ def run(args: argparse.Namespace) -> int:
 
         return on_trial
 
-    studies = run_compare(config, args.seeds, out, args.resume, progress, executor_factory(args))
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    studies = run_compare(
+        config,
+        args.seeds,
+        out,
+        args.resume,
+        progress,
+        executor_factory(args),
+        strategies=strategies,
+        random_multiple=args.random_multiple,
+    )
     write_compare_outputs(out, studies)
     Console().print((out / "comparison.md").read_text())
     Console().print(f"comparison.csv, comparison.md and convergence.png in {out}")

@@ -13,6 +13,7 @@ from skipsearch.cli.common import (
     add_prompt_options,
 )
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
+from skipsearch.cli.run import add_context_options
 
 GAMMAS = range(1, 9)
 
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--latency-profile", help="profile.json for the calibrated speedup (default: cached one)"
     )
+    add_context_options(parser)
     parser.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     parser.set_defaults(handler=run)
 
@@ -46,18 +48,22 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.cost.latency import LatencyProfile
     from skipsearch.errors import ConfigError
     from skipsearch.masks import vocab_label
+    from skipsearch.search.objective import DEFAULT_CONTEXT, scoring_latency
     from skipsearch.store import default_profile_path
 
     if args.temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     config = measure_config(args)
     make_executor = executor_factory(args, workers=1)  # checks the executor options before the model loads
-    measurement = prepare(config, check=lambda num_layers: mask_from_args(args, num_layers))
-    mask = mask_from_args(args, measurement.num_layers)
     latency_path = (
         Path(args.latency_profile) if args.latency_profile else default_profile_path(args.model, args.device)
     )
     latency = LatencyProfile.load(latency_path) if args.latency_profile or latency_path.is_file() else None
+    cost = "calibrated" if latency is not None else "closed-form"
+    latency = scoring_latency(cost, latency, args.context, args.extrapolate_context)
+    context = DEFAULT_CONTEXT if args.context is None else args.context
+    measurement = prepare(config, check=lambda num_layers: mask_from_args(args, num_layers))
+    mask = mask_from_args(args, measurement.num_layers)
 
     draft_vocab = draft_vocab_from_args(args)
     with make_executor(config, args.temperature, measurement) as executor:
@@ -70,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         mask,
         gamma_max=max(GAMMAS),
         latency=latency,
+        context=context,
         draft_vocab=draft_vocab,
         vocab_size=int(model_config.vocab_size),
         head_share=None if latency else head_share_from_config(model_config.to_dict()),
@@ -88,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         "alpha_by_depth": profile.alpha_by_depth(max(GAMMAS)),
         "predicted": prediction.to_dict(),
         "latency_profile": str(latency_path) if latency else None,
+        "context": context,
         "eval_seconds": eval_seconds,
         "full_forward_seconds": full_seconds,
         "n_positions": profile.n_positions,

@@ -30,6 +30,29 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
         "--temperature", type=float, default=1.0, help="for sampling acceptance (default 1.0)"
     )
     add_draft_vocab_option(parser, "score every mask with this draft vocabulary only (overrides the space)")
+    add_context_options(parser)
+    parser.add_argument(
+        "--importance",
+        choices=("proxy", "measured"),
+        default="proxy",
+        help="what ranks sub-layers for ranking/knapsack: the stream-cosine proxy from the reference "
+        "cache (no mask measured), or each single-unit mask measured, taken from the budget "
+        "(default %(default)s)",
+    )
+
+
+def add_context_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--context",
+        type=int,
+        help="score with the latency profile at this context length (tokens; interpolated between "
+        "profiled lengths; default 512)",
+    )
+    parser.add_argument(
+        "--extrapolate-context",
+        action="store_true",
+        help="allow a --context outside the profiled range (extends the end segments linearly)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,7 +62,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_search_options(parser)
     add_executor_options(parser)
     parser.add_argument(
-        "--strategy", choices=("learned", "random", "uniform", "exhaustive"), default="learned"
+        "--strategy",
+        choices=("learned", "random", "uniform", "exhaustive", "ranking", "knapsack", "knapsack+tpe"),
+        default="learned",
+        help="knapsack+tpe: knapsack candidates for a third of the budget, then TPE (default %(default)s)",
     )
     parser.add_argument("--out", help="run directory (default results/<model>-<space>-<strategy>-s<seed>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out to its budget")
@@ -64,6 +90,9 @@ def run_config(args: argparse.Namespace, strategy: str) -> object:
         warm_start=args.warm_start,
         temperature=args.temperature,
         draft_vocab=None if args.draft_vocab is None else (draft_vocab_from_args(args),),
+        context=args.context,
+        extrapolate_context=args.extrapolate_context,
+        importance=args.importance,
     )
 
 

@@ -11,7 +11,7 @@ import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from numbers import Integral
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,10 @@ class LatencyProfile:
     the product with a gathered contiguous matrix) at one position; the last row count is the
     whole vocabulary. It does not depend on context. Profiles from before draft vocabularies lack
     the table and stay readable (see `draft_head_time`).
+
+    Between measured context lengths the tables are interpolated linearly; outside them they are
+    clamped to the nearest end, unless `extrapolate_context` (see `for_context`) continues the end
+    segment's line, as attention time grows linearly with context (KnapSpec's `t_attn = c2·ctx + c3`).
     """
 
     meta: Mapping[str, Any]
@@ -72,6 +76,7 @@ class LatencyProfile:
     round_overhead: Mapping[int, float]
     head_rows: tuple[int, ...] = ()
     head_by_rows: tuple[float, ...] = ()
+    extrapolate_context: bool = field(default=False, compare=False)
     _weights: dict[tuple[float, float], SublayerWeights] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
@@ -136,11 +141,29 @@ class LatencyProfile:
     def num_layers(self) -> int:
         return len(self.attn)
 
+    def for_context(self, context: float, extrapolate: bool = False) -> LatencyProfile:
+        """This profile, checked to price `context`: a context outside the measured range is an
+        error unless `extrapolate`, which returns a copy that extends the end segments' lines.
+
+        Clamping silently would score a 32k-token context like the longest one measured, so the
+        caller must ask for extrapolation (or re-profile with that context) knowingly.
+        """
+        low, high = self.context_lengths[0], self.context_lengths[-1]
+        if extrapolate:
+            return replace(self, extrapolate_context=True)
+        if not low <= context <= high:
+            raise ConfigError(
+                f"context {context:g} is outside the profiled range {low}..{high}: pass a context in that "
+                "range, re-profile with --context-lengths covering it, or pass --extrapolate-context"
+            )
+        return self
+
     # -- lookups ------------------------------------------------------------------------------
     def _at(self, table: Any, context: float, positions: float) -> np.ndarray:
-        """Linear in context length (clamped to the measured range), then in positions (extrapolated)."""
+        """Linear in context length (clamped to the measured range unless `extrapolate_context`),
+        then in positions (extrapolated)."""
         values = np.asarray(table, dtype=float)
-        i, j, t = _bracket(self.context_lengths, context, extrapolate=False)
+        i, j, t = _bracket(self.context_lengths, context, extrapolate=self.extrapolate_context)
         values = _interpolate(values, i, j, t, axis=-2)
         i, j, t = _bracket(self.positions, positions, extrapolate=True)
         return np.maximum(_interpolate(values, i, j, t, axis=-1), 0.0)

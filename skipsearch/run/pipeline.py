@@ -8,7 +8,7 @@ nothing that `--resume` cannot rebuild.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +18,7 @@ from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.progress import console
-from skipsearch.store import DRAFT_VOCAB_FILE, JOURNAL_FILE, RUN_FILE
+from skipsearch.store import CACHE_DIR, DRAFT_VOCAB_FILE, JOURNAL_FILE, RUN_FILE
 
 if TYPE_CHECKING:  # heavy (torch) or Optuna types: imported where they are used
     from skipsearch.acceptance.worker import Measurement
@@ -47,25 +47,29 @@ class RunContext:
     provenance: dict
 
 
-def open_context(config: RunConfig) -> RunContext:
+def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> RunContext:
     """Load the model and ReferenceCache; find the latency profile for the calibrated cost.
 
-    The search space is resolved against the model's depth first, so infeasible constraints
-    fail before the reference build and before anything is written.
+    The scoring context is checked against the profile before the model loads, and the search
+    space is resolved against the model's depth (with the strategy's needs) before the reference
+    build, so bad input fails before anything is written.
     """
     import torch
     import transformers
 
     from skipsearch.acceptance.worker import prepare
     from skipsearch.cost.latency import LatencyProfile
+    from skipsearch.search.objective import scoring_latency
     from skipsearch.search.space_files import load_space
     from skipsearch.store import default_profile_path
 
     space = load_space(config.space)
-    # Infeasible constraints depend on the depth: check them before any run file is written.
-    measurement = prepare(config.measure, check=space.resolve)
     latency_path = default_profile_path(config.measure.model, config.measure.device)
     latency = LatencyProfile.load(latency_path) if latency_path.is_file() else None
+    scoring_latency(_concrete_cost(config.cost, latency), latency, config.context, config.extrapolate_context)
+    # Infeasible constraints depend on the depth: check them before any run file is written.
+    chosen = strategies or (config.strategy,)
+    measurement = prepare(config.measure, check=lambda layers: check_search(config, chosen, space, layers))
     provenance = {
         "model_source": measurement.loaded.source,
         "num_layers": measurement.num_layers,
@@ -87,9 +91,30 @@ def resolve_cost(config: RunConfig, context: RunContext) -> RunConfig:
     """
     from dataclasses import replace
 
-    if config.cost != "auto":
-        return config
-    return replace(config, cost="calibrated" if context.latency is not None else "closed-form")
+    return replace(config, cost=_concrete_cost(config.cost, context.latency))
+
+
+def _concrete_cost(cost: str, latency: object | None) -> str:
+    if cost != "auto":
+        return cost
+    return "calibrated" if latency is not None else "closed-form"
+
+
+def check_search(config: RunConfig, strategies: Sequence[str], space_file: object, num_layers: int) -> None:
+    """What depends on the model's depth: the space's constraints and, for the informed strategies,
+    a sparse or sublayer space with budget left after a measured importance."""
+    from skipsearch.search.space_spec import TierSpace
+    from skipsearch.search.strategies import INFORMED, informed_space, measured_units_budget
+
+    resolved = space_file.resolve(num_layers)  # type: ignore[attr-defined]
+    space = resolved.base if isinstance(resolved, TierSpace) else resolved
+    for strategy in (s for s in strategies if s in INFORMED):
+        spent = measured_units_budget(informed_space(strategy, space), config.importance)
+        if config.budget <= spent:
+            raise ConfigError(
+                f"--importance measured evaluates {spent} single-unit masks of space {space.name!r} "
+                f"from the budget of {config.budget}: raise --budget above {spent} or use --importance proxy"
+            )
 
 
 def resolve_draft_vocab(config: RunConfig) -> RunConfig:
@@ -149,7 +174,7 @@ def search_one(
     import optuna
 
     from skipsearch.cost.closed_forms import head_share_from_config
-    from skipsearch.search import SearchConfig, make_strategy, run_search
+    from skipsearch.search import EvaluationCache, SearchConfig, run_search
     from skipsearch.search.objective import make_scorer
     from skipsearch.search.space_files import load_space
     from skipsearch.search.space_spec import TierSpace
@@ -158,23 +183,23 @@ def search_one(
     measurement = context.measurement
     resolved = load_space(config.space).resolve(measurement.num_layers)
     space = resolved.base if isinstance(resolved, TierSpace) else resolved
-    options = (
-        {"algorithm": config.sampler, "warm_start": config.warm_start} if config.strategy == "learned" else {}
-    )
-    strategy = make_strategy(config.strategy, **options)
     model_config = measurement.runner.config
     scorer = make_scorer(
         config.objective,
         config.cost,
         context.latency,
         config.gamma_max,
+        config.context,
+        config.extrapolate_context,
         draft_vocab=config.draft_vocab or (None,),
         vocab_size=int(model_config.vocab_size),
         head_share=None if context.latency else head_share_from_config(model_config.to_dict()),
     )
-    search = SearchConfig(budget=config.budget, seed=config.seed, pareto=config.pareto)
+    cache = cache if cache is not None else EvaluationCache(out / CACHE_DIR)
     owned = local_executor(config.measure, config.temperature, measurement) if executor is None else None
     with owned or nullcontext(executor) as evaluating:
+        strategy, budget = _strategy(config, context, space, out, evaluating, cache)
+        search = SearchConfig(budget=budget, seed=config.seed, pareto=config.pareto)
         result = run_search(
             space,
             strategy,
@@ -194,7 +219,35 @@ def search_one(
     return result
 
 
-COMPARED_STRATEGIES = ("random", "uniform", "learned")
+def _strategy(
+    config: RunConfig, context: RunContext, space: object, out: Path, executor: Executor, cache: object
+) -> tuple[object, int]:
+    """The strategy with its options and inputs, and the study's budget: an informed strategy
+    gets the run's importance (measuring it first takes the single-unit masks from the budget) and,
+    with the calibrated cost, each sub-layer's time at the scoring context."""
+    from skipsearch.run.importance import run_importance
+    from skipsearch.search.objective import DEFAULT_CONTEXT, scoring_latency
+    from skipsearch.search.strategies import (
+        INFORMED,
+        informed_space,
+        make_strategy,
+        measured_units_budget,
+    )
+
+    if config.strategy == "learned":
+        return make_strategy("learned", algorithm=config.sampler, warm_start=config.warm_start), config.budget
+    if config.strategy not in INFORMED:
+        return make_strategy(config.strategy), config.budget
+    subset = informed_space(config.strategy, space)  # type: ignore[arg-type]
+    importance = run_importance(out, config.importance, context.measurement, subset, executor, cache)  # type: ignore[arg-type]
+    latency = scoring_latency(config.cost, context.latency, config.context, config.extrapolate_context)
+    at = DEFAULT_CONTEXT if config.context is None else config.context
+    weights = latency.weights(at) if config.cost == "calibrated" and latency is not None else None  # type: ignore[attr-defined]
+    strategy = make_strategy(config.strategy, importance=importance, weights=weights)
+    return strategy, config.budget - measured_units_budget(subset, config.importance)
+
+
+COMPARED_STRATEGIES = ("random", "uniform", "ranking", "knapsack", "learned", "knapsack+tpe")
 
 
 def run_compare(
@@ -204,33 +257,46 @@ def run_compare(
     resume: bool,
     progress: Callable[[str], object],
     executor_factory: ExecutorFactory = local_executor,
+    strategies: Sequence[str] = COMPARED_STRATEGIES,
+    random_multiple: int = 0,
 ) -> list[tuple[str, int, str]]:
     """Every strategy × seed with the same budget in one journal, sharing one evaluation cache
     (a mask measured for one strategy is free for the others) and one executor, whose workers
-    load the model once for all studies. Returns (strategy, seed, study)."""
+    load the model once for all studies. `random_multiple` > 1 adds random search at that multiple
+    of the budget (label `random@<m>x`), the reference a learned strategy should beat.
+    Returns (label, seed, study)."""
     from dataclasses import replace
 
     from skipsearch.search import EvaluationCache
     from skipsearch.search.space_files import load_space
+    from skipsearch.search.strategies import STRATEGIES
 
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown or not strategies:
+        raise ConfigError(f"unknown strategies {unknown or strategies}: use some of {', '.join(STRATEGIES)}")
+    if random_multiple < 0 or random_multiple == 1:
+        raise ConfigError(f"--random-multiple must be 0 (none) or >= 2, got {random_multiple}")
     check_run_dir(out, resume)
     if resume:
         config = resumed_config(out, config.budget)
     load_space(config.space)
     config = resolve_draft_vocab(config)
-    context = open_context(config)
+    context = open_context(config, strategies)
     config = resolve_cost(config, context)
     console.print(cost_note(config, context))
-    save_run(config, context, out, {"seeds": seeds, "strategies": list(COMPARED_STRATEGIES)})
-    cache = EvaluationCache(out / "cache")
+    studies_of = [(s, s, config.budget) for s in strategies]
+    if random_multiple:
+        studies_of.append((f"random@{random_multiple}x", "random", config.budget * random_multiple))
+    save_run(config, context, out, {"seeds": seeds, "strategies": [label for label, _, _ in studies_of]})
+    cache = EvaluationCache(out / CACHE_DIR)
     studies = []
     with executor_factory(config.measure, config.temperature, context.measurement) as executor:
         for seed in range(config.seed, config.seed + seeds):
-            for strategy in COMPARED_STRATEGIES:
-                name = f"{strategy}-s{seed}"
-                one = replace(config, strategy=strategy, seed=seed)
+            for label, strategy, budget in studies_of:
+                name = f"{label.replace('@', '-')}-s{seed}"
+                one = replace(config, strategy=strategy, seed=seed, budget=budget)
                 has_study = resume and name in _study_names(out)
                 search_one(
                     one,
@@ -242,7 +308,7 @@ def run_compare(
                     on_trial=progress(name),
                     executor=executor,
                 )
-                studies.append((strategy, seed, name))
+                studies.append((label, seed, name))
     return studies
 
 

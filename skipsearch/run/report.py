@@ -199,7 +199,11 @@ def plot_speedup_vs_gamma(best: TrialRecord, path: Path) -> None:
 
 def write_compare_outputs(run_dir: Path, studies: list[tuple[str, int, str]]) -> pd.DataFrame:
     """comparison.csv / .md (best score and α per strategy, mean ± std over seeds, trials to
-    reach 95% of the final best) and convergence.png (best-so-far bands per strategy)."""
+    reach 95% of the final best, model seconds) and convergence.png (best-so-far bands per strategy).
+
+    Model seconds sum each distinct mask's measured evaluation time, including masks another study
+    measured first (the shared cache stores their seconds): the time the strategy alone would take.
+    """
     rows, curves = [], {}
     for strategy, seed, name in studies:
         frame = study_trials_frame(load_study(run_dir, name))
@@ -217,6 +221,7 @@ def write_compare_outputs(run_dir: Path, studies: list[tuple[str, int, str]]) ->
                 "gamma_best": best_row["gamma_best"],
                 "trials_to_95pct": int(np.argmax(best_so_far >= 0.95 * final)) + 1,
                 "trials": len(unique),
+                "model_seconds": float(unique["eval_seconds"].sum()),
             }
         )
         curves.setdefault(strategy, []).append(best_so_far)
@@ -228,16 +233,17 @@ def write_compare_outputs(run_dir: Path, studies: list[tuple[str, int, str]]) ->
         best_max=("best_score", "max"),
         alpha_mean=("best_alpha", "mean"),
         trials_to_95pct=("trials_to_95pct", "mean"),
+        model_seconds=("model_seconds", "mean"),
     )
     lines = [
-        "| strategy | best speedup (mean ± std) | best max | α of best (mean) | trials to 95% |",
-        "|---|---|---|---|---|",
+        "| strategy | best speedup (mean ± std) | best max | α of best (mean) | trials to 95% | model s |",
+        "|---|---|---|---|---|---|",
     ]
     for strategy, r in summary.iterrows():
         std = 0.0 if np.isnan(r.best_std) else r.best_std
         lines.append(
             f"| {strategy} | {r.best_mean:.3f} ± {std:.3f} | {r.best_max:.3f} | {r.alpha_mean:.3f} | "
-            f"{r.trials_to_95pct:.1f} |"
+            f"{r.trials_to_95pct:.1f} | {r.model_seconds:.0f} |"
         )
     (run_dir / "comparison.md").write_text("\n".join(lines) + "\n")
     plot_strategy_convergence(curves, run_dir / "convergence.png")

@@ -20,6 +20,26 @@ from skipsearch.search.score import Score, Scorer
 
 OBJECTIVES = ("speedup", "acceptance")
 COSTS = ("closed-form", "calibrated")
+DEFAULT_CONTEXT = 512
+
+
+def scoring_latency(
+    cost: str, latency: LatencyProfile | None, context: int | None, extrapolate: bool = False
+) -> LatencyProfile | None:
+    """The profile that prices candidates at an explicit `--context` (checked against its measured
+    range), or `latency` unchanged when no context was asked for.
+
+    Only the calibrated cost model reads context (the closed form counts sub-layers), so asking
+    for one without it is an error rather than a flag that silently does nothing.
+    """
+    if context is None:
+        return latency
+    if cost != "calibrated" or latency is None:
+        raise ConfigError(
+            f"--context {context} prices attention by context length, which only the calibrated cost "
+            "model does: run `skipsearch profile --model M` and use --cost calibrated (or auto)"
+        )
+    return latency.for_context(context, extrapolate)
 
 
 def make_scorer(
@@ -27,13 +47,16 @@ def make_scorer(
     cost: str = "closed-form",
     latency: LatencyProfile | None = None,
     gamma_max: int = 8,
-    context: int = 512,
+    context: int | None = None,
+    extrapolate_context: bool = False,
     draft_vocab: Sequence[int | None] = (None,),
     vocab_size: int | None = None,
     head_share: float | None = None,
 ) -> Scorer:
     """Scorer maximising the best-γ predicted speedup, or greedy acceptance (SWIFT-style, with the
-    r_draft budget set by the search space), over the draft vocabularies `draft_vocab` allows.
+    r_draft budget set by the search space), over the draft vocabularies `draft_vocab` allows; the
+    calibrated form prices rounds at `context` tokens (default `DEFAULT_CONTEXT`, see
+    `scoring_latency` for an explicit one).
 
     `vocab_size` and `head_share` (the LM head's share of a step, for the closed form without a
     profile: `cost.closed_forms.head_share_from_config`) price a draft vocabulary's smaller head."""
@@ -45,6 +68,8 @@ def make_scorer(
         raise ConfigError(
             "--cost calibrated needs a latency profile: run `skipsearch profile --model M` first"
         )
+    latency = scoring_latency(cost, latency, context, extrapolate_context)
+    at = DEFAULT_CONTEXT if context is None else context
     allowed = tuple(draft_vocab)
 
     def score_variant(mask: SkipMask, profile: AcceptanceProfile) -> Score:
@@ -53,7 +78,7 @@ def make_scorer(
             mask,
             gamma_max=gamma_max,
             latency=latency,
-            context=context,
+            context=at,
             draft_vocab=profile.draft_vocab,
             vocab_size=vocab_size,
             head_share=head_share,

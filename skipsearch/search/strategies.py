@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import importlib.util
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 import optuna
 
+from skipsearch.acceptance.importance import SublayerImportance
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask
-from skipsearch.search.spaces import ENUMERATE_LIMIT, ConcreteSpace
+from skipsearch.masks import SkipMask, SublayerWeights
+from skipsearch.search.knapsack import knapsack_frontier
+from skipsearch.search.spaces import ENUMERATE_LIMIT, ConcreteSpace, SubsetSpace, Unit, spread
 
 
 @dataclass(frozen=True)
@@ -160,13 +162,152 @@ class LearnedStrategy(Strategy):
         )
 
 
+@dataclass(frozen=True)
+class InformedStrategy(Strategy):
+    """Shared by the strategies that order units by importance: the units of a sparse or sublayer
+    space, their importance and their cost.
+
+    A `measured` importance was computed before the search from the single-unit masks, whose
+    evaluations the pipeline took from the study's budget (`measured_units_budget`).
+    """
+
+    importance: SublayerImportance | None = None
+    weights: SublayerWeights | None = None
+
+    def options(self) -> dict[str, Any]:
+        """The importance and cost tables are data from the run directory, not settings."""
+        source = None if self.importance is None else self.importance.source
+        return {"strategy": self.name, "importance": source, "weighted": self.weights is not None}
+
+    def units(self, space: ConcreteSpace) -> tuple[Unit, ...]:
+        space = informed_space(self.name, space)
+        if self.importance is None:
+            raise ConfigError(
+                f"strategy {self.name!r} needs sub-layer importance: run it through `skipsearch run`, "
+                "which computes it from the reference cache"
+            )
+        self.importance.check_fits(space.num_layers)
+        return space.units
+
+    def value(self, unit: Unit) -> float:
+        assert self.importance is not None
+        return self.importance.of(unit.layer, unit.attn, unit.mlp)
+
+    def cost(self, unit: Unit) -> float:
+        """Draft time the unit saves (profile seconds at the scoring context), else sub-layer count."""
+        if self.weights is None:
+            return float(unit.attn + unit.mlp)
+        return self.weights.attn[unit.layer] * unit.attn + self.weights.mlp[unit.layer] * unit.mlp
+
+
+def informed_space(strategy: str, space: ConcreteSpace) -> SubsetSpace:
+    """`space`, when an informed strategy can choose units in it (not a contiguous one)."""
+    if not isinstance(space, SubsetSpace):
+        raise ConfigError(
+            f"strategy {strategy!r} chooses among the free layers of a sparse or sublayer space, but "
+            f"space {space.name!r} is {space.kind}: use --strategy exhaustive for it"
+        )
+    return space
+
+
+def measured_units_budget(space: SubsetSpace, importance: str | None) -> int:
+    """Evaluations a `measured` importance takes from the budget: one per free unit of the space."""
+    return len(space.units) if importance == "measured" else 0
+
+
+def unit_masks(space: SubsetSpace) -> list[SkipMask]:
+    """The single-unit masks of a space: what `--importance measured` evaluates."""
+    return [_skip(space.num_layers, [unit]) for unit in space.units]
+
+
+def _skip(num_layers: int, chosen: Sequence[Unit]) -> SkipMask:
+    """The mask that skips exactly the `chosen` units."""
+    return SkipMask(
+        num_layers,
+        frozenset(u.layer for u in chosen if u.attn),
+        frozenset(u.layer for u in chosen if u.mlp),
+    )
+
+
+@dataclass(frozen=True)
+class RankingStrategy(InformedStrategy):
+    """Skip the `k` least important units, one mask per skip count the space allows (spread evenly
+    when the budget is short): `uniform` with the layers chosen by importance instead of spacing.
+
+    It has at most one candidate per count, so it may stop below the budget.
+    """
+
+    name: ClassVar[str] = "ranking"
+
+    def plan(self, ctx: PlanContext) -> Iterator[SkipMask]:
+        ranked = sorted(self.units(ctx.space), key=self.value)
+        counts = spread(ctx.space.skip_counts, ctx.budget)
+        return iter([_skip(ctx.space.num_layers, ranked[:k]) for k in counts])
+
+
+@dataclass(frozen=True)
+class KnapsackStrategy(InformedStrategy):
+    """KnapSpec-style DP: for every level of draft cost saved, the least important feasible set of
+    units that saves it (`knapsack_frontier`); `candidates` of these (default: the budget), spread
+    evenly over the savings, are measured and the best by the real score wins.
+
+    Counted in sub-layers, the frontier has at most one set per skip count, so like `uniform` it
+    may stop below the budget; measured times give many more levels.
+    """
+
+    name: ClassVar[str] = "knapsack"
+    candidates: int | None = None
+
+    def options(self) -> dict[str, Any]:
+        return {**super().options(), "candidates": self.candidates}
+
+    def planned(self, ctx: PlanContext) -> int:
+        return ctx.budget if self.candidates is None else min(self.candidates, ctx.budget)
+
+    def plan(self, ctx: PlanContext) -> Iterator[SkipMask]:
+        units = self.units(ctx.space)
+        frontier = knapsack_frontier(
+            [self.value(u) for u in units], [self.cost(u) for u in units], ctx.space.skip_counts
+        )
+        chosen = [frontier[i] for i in spread(range(len(frontier)), self.planned(ctx))]
+        return iter([_skip(ctx.space.num_layers, [units[i] for i in items]) for items in chosen])
+
+
+@dataclass(frozen=True)
+class KnapsackTPEStrategy(KnapsackStrategy):
+    """The knapsack candidates first (default: a third of the budget), then multivariate TPE
+    warm-started with them: they are trials of the same study, so TPE models them from its first
+    ask, the way `learned --warm-start` starts from the baselines."""
+
+    name: ClassVar[str] = "knapsack+tpe"
+
+    def planned(self, ctx: PlanContext) -> int:
+        if self.candidates is None:
+            return max(1, ctx.budget // 3)
+        return super().planned(ctx)
+
+    def sampler(self, seed: int, pareto: bool) -> optuna.samplers.BaseSampler:
+        return LearnedStrategy().sampler(seed, pareto)
+
+
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (RandomStrategy, UniformStrategy, LearnedStrategy, ExhaustiveStrategy)
+    cls.name: cls
+    for cls in (
+        RandomStrategy,
+        UniformStrategy,
+        LearnedStrategy,
+        ExhaustiveStrategy,
+        RankingStrategy,
+        KnapsackStrategy,
+        KnapsackTPEStrategy,
+    )
 }
+INFORMED = tuple(name for name, cls in STRATEGIES.items() if issubclass(cls, InformedStrategy))
 
 
 def make_strategy(name: str, **options: Any) -> Strategy:
-    """A strategy by name (`random`, `uniform`, `learned`, `exhaustive`) with its options."""
+    """A strategy by name (`random`, `uniform`, `learned`, `exhaustive`, `ranking`, `knapsack`,
+    `knapsack+tpe`) with its options."""
     if name not in STRATEGIES:
         raise ConfigError(f"unknown strategy {name!r}: use one of {', '.join(STRATEGIES)}")
     try:

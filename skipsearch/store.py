@@ -19,6 +19,7 @@ from pathlib import Path
 # -- a run directory ------------------------------------------------------------------------------
 RUN_FILE = "run.yaml"
 BEST_FILE = "best.json"
+SUMMARY_FILE = "summary.md"
 TIERS_FILE = "tiers.json"
 TIER_TABLE_FILE = "tier_sets.csv"
 JOURNAL_FILE = "optuna.journal"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from skipsearch.cli.common import add_mask_options, add_model_options, add_prompt_options
 from skipsearch.errors import ConfigError
+from skipsearch.store import write_text_atomic
 
 if TYPE_CHECKING:
     pass
@@ -144,9 +145,7 @@ def run(args: argparse.Namespace) -> int:
     }
     print_result(result)
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
+        write_text_atomic(Path(args.json), json.dumps(result, indent=2))
     return 0 if lossless else 1
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from skipsearch.errors import ConfigError
+from skipsearch.store import write_text_atomic
 
 AR, TIERS, SINGLE = "autoregressive", "ssd-tiers", "ssd-best-single"
 
@@ -133,9 +134,7 @@ def run_tiers(args: argparse.Namespace) -> int:
     }
     print_tiers(result)
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
+        write_text_atomic(Path(args.json), json.dumps(result, indent=2))
     return 0 if lossless else 1
 
 

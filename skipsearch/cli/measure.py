@@ -8,6 +8,7 @@ from pathlib import Path
 
 from skipsearch.cli.common import add_mask_options, add_model_options, add_prompt_options
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
+from skipsearch.store import write_text_atomic
 
 GAMMAS = range(1, 9)
 
@@ -74,9 +75,7 @@ def run(args: argparse.Namespace) -> int:
     }
     print_result(result, prediction)
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
+        write_text_atomic(Path(args.json), json.dumps(result, indent=2))
     return 0
 
 

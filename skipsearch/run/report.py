@@ -20,7 +20,7 @@ from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.search import best_trial, load_study, pareto_front, study_trials_frame
 from skipsearch.search.results import TrialRecord
-from skipsearch.store import RUN_FILE
+from skipsearch.store import BEST_FILE, RUN_FILE, SUMMARY_FILE, atomic_path, write_text_atomic
 
 PAYS_OFF = 1.05  # below this predicted speedup, overheads the model ignores eat the gain
 
@@ -34,11 +34,11 @@ def write_run_outputs(run_dir: Path) -> dict:
     if best is None or frame.empty:
         raise ConfigError(f"{run_dir} has no finished trial yet: run or --resume it first")
     frame.insert(0, "seed", config.seed)
-    frame.to_csv(run_dir / "trials.csv", index=False)
+    write_text_atomic(run_dir / "trials.csv", frame.to_csv(index=False))
     front = pareto_front(study)
     summary = best_summary(best, config, provenance)
-    (run_dir / "best.json").write_text(json.dumps(summary, indent=2))
-    (run_dir / "summary.md").write_text(verdict(summary, frame, front))
+    write_text_atomic(run_dir / BEST_FILE, json.dumps(summary, indent=2))
+    write_text_atomic(run_dir / SUMMARY_FILE, verdict(summary, frame, front))
     plot_convergence(frame, run_dir / "convergence.png")
     plot_alpha_vs_r_draft(frame, front, run_dir / "alpha_vs_r_draft.png")
     plot_skip_frequency(frame, best.num_layers, run_dir / "skip_frequency.png")
@@ -120,6 +120,14 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
     return "\n".join(lines)
 
 
+def save_figure(fig: plt.Figure, path: Path) -> None:
+    """Lay out, write atomically (a reader never sees half a PNG) and free the figure."""
+    fig.tight_layout()
+    with atomic_path(path) as staging:
+        fig.savefig(staging, format="png", dpi=120)
+    plt.close(fig)
+
+
 def plot_convergence(frame: pd.DataFrame, path: Path) -> None:
     unique = frame[~frame["repeat"]]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -127,9 +135,7 @@ def plot_convergence(frame: pd.DataFrame, path: Path) -> None:
     ax.scatter(np.arange(1, len(unique) + 1), unique["score"], s=8, alpha=0.4)
     ax.set(xlabel="distinct masks evaluated", ylabel="score (best so far)", title="Convergence")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_alpha_vs_r_draft(frame: pd.DataFrame, front: list[TrialRecord], path: Path) -> None:
@@ -149,9 +155,7 @@ def plot_alpha_vs_r_draft(frame: pd.DataFrame, front: list[TrialRecord], path: P
     ax.set(xlabel="r_draft", ylabel="α (greedy)", title="Acceptance vs draft cost")
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_skip_frequency(frame: pd.DataFrame, num_layers: int, path: Path) -> None:
@@ -172,9 +176,7 @@ def plot_skip_frequency(frame: pd.DataFrame, num_layers: int, path: Path) -> Non
         title=f"Skip frequency, top {len(top)} trials",
     )
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_speedup_vs_gamma(best: TrialRecord, path: Path) -> None:
@@ -184,9 +186,7 @@ def plot_speedup_vs_gamma(best: TrialRecord, path: Path) -> None:
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(xlabel="γ (draft length)", ylabel="predicted speedup", title=f"Best mask {best.mask}")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_compare_outputs(run_dir: Path, studies: list[tuple[str, int, str]]) -> pd.DataFrame:
@@ -213,7 +213,7 @@ def write_compare_outputs(run_dir: Path, studies: list[tuple[str, int, str]]) ->
         )
         curves.setdefault(strategy, []).append(best_so_far)
     table = pd.DataFrame(rows)
-    table.to_csv(run_dir / "comparison.csv", index=False)
+    write_text_atomic(run_dir / "comparison.csv", table.to_csv(index=False))
     summary = table.groupby("strategy", sort=False).agg(
         best_mean=("best_score", "mean"),
         best_std=("best_score", "std"),
@@ -231,7 +231,7 @@ def write_compare_outputs(run_dir: Path, studies: list[tuple[str, int, str]]) ->
             f"| {strategy} | {r.best_mean:.3f} ± {std:.3f} | {r.best_max:.3f} | {r.alpha_mean:.3f} | "
             f"{r.trials_to_95pct:.1f} |"
         )
-    (run_dir / "comparison.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(run_dir / "comparison.md", "\n".join(lines) + "\n")
     plot_strategy_convergence(curves, run_dir / "convergence.png")
     return table
 
@@ -247,6 +247,4 @@ def plot_strategy_convergence(curves: dict[str, list[np.ndarray]], path: Path) -
     ax.set(xlabel="distinct masks evaluated", ylabel="best score so far", title="Strategies at equal budget")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -36,6 +36,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, Outcome
 from skipsearch.masks import SkipMask, SublayerWeights
 from skipsearch.search.cache import EvaluationCache
+from skipsearch.search.journal import repair_journal
 from skipsearch.search.results import DETAIL_PREFIX, TrialRecord, best_trial, pareto_front
 from skipsearch.search.score import Scorer
 from skipsearch.search.spaces import ConcreteSpace
@@ -93,7 +94,10 @@ class SearchResult:
 
 
 def journal_storage(run_dir: Path) -> JournalStorage:
+    """The run's journal, repaired first if a killed writer tore its last record (so nothing is
+    ever appended after a torn line)."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    repair_journal(run_dir / JOURNAL_FILE)
     return JournalStorage(JournalFileBackend(str(run_dir / JOURNAL_FILE)))
 
 

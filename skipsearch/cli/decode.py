@@ -60,6 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
     parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts (default 3)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
     parser.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     parser.set_defaults(handler=run)
 
@@ -79,13 +80,12 @@ def read_from(path: Path) -> tuple[str, int | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.acceptance.prompts import encode_prompts
-    from skipsearch.acceptance.worker import prepare
-    from skipsearch.cli.common import mask_from_args, measure_config
+    from skipsearch.cli.common import check_mask_args, mask_from_args, measure_config
     from skipsearch.cli.decode_tables import run_settings
+    from skipsearch.config import check_device
     from skipsearch.engine import GREEDY, GammaPolicy, Sampling, Summary, breakdown
-    from skipsearch.engine.bench import AR, HF, SSD, benchmark, estimator_dict, estimators, make_decoders
     from skipsearch.masks import SkipMask
+    from skipsearch.run.preflight import known_depth
     from skipsearch.tiers.manifest import is_tier_manifest
 
     if args.from_path and is_tier_manifest(Path(args.from_path)):
@@ -106,6 +106,17 @@ def run(args: argparse.Namespace) -> int:
     policy = GammaPolicy(initial=gamma) if args.dynamic_gamma else GammaPolicy.fixed(gamma)
 
     config = measure_config(args)
+    depth = known_depth(args.model)
+    if mask_text is None:
+        check_mask_args(args, depth)
+    elif depth is not None:
+        SkipMask.parse(mask_text, depth)
+    check_device(args.device)  # the first check that imports torch
+
+    from skipsearch.acceptance.prompts import encode_prompts
+    from skipsearch.acceptance.worker import prepare
+    from skipsearch.engine.bench import AR, HF, SSD, benchmark, estimator_dict, estimators, make_decoders
+
     measurement = prepare(config)
     num_layers = measurement.num_layers
     mask = SkipMask.parse(mask_text, num_layers) if mask_text else mask_from_args(args, num_layers)
@@ -152,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
 def print_result(result: dict[str, Any]) -> None:
     from rich.console import Console
 
-    from skipsearch.cli.decode_tables import fmt, print_breakdown, summary_table
+    from skipsearch.cli.decode_tables import fmt, print_breakdown, print_caveats, summary_table
     from skipsearch.engine.bench import EARLY_EXIT
 
     console = Console()
@@ -167,6 +178,7 @@ def print_result(result: dict[str, Any]) -> None:
         return f"{name} E={result['exit_layer']}" if name == EARLY_EXIT else name
 
     console.print(summary_table(result["summaries"], "hf", "HF", label))
+    print_caveats(console, result)
     for est in result["estimators"]:
         line = f"estimator {est['mode']}: alpha {est['alpha']:.3f} (engine {fmt(est['measured_acceptance'])})"
         if est["tokens_per_round"] is not None:

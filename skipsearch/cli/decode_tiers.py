@@ -141,7 +141,7 @@ def run_tiers(args: argparse.Namespace) -> int:
 def print_tiers(result: dict[str, Any]) -> None:
     from rich.console import Console
 
-    from skipsearch.cli.decode_tables import fmt, print_breakdown, summary_table
+    from skipsearch.cli.decode_tables import fmt, print_breakdown, print_caveats, summary_table
 
     console = Console()
     console.print(
@@ -155,6 +155,7 @@ def print_tiers(result: dict[str, Any]) -> None:
     for index, (mask, gamma, share) in enumerate(tiers):
         console.print(f"  tier {index}: {mask}  gamma {gamma}  drafted {share:.0%} of rounds")
     console.print(summary_table(result["summaries"], "autoregressive", "AR"))
+    print_caveats(console, result)
     predicted = result["predicted"]
     if predicted:
         console.print(

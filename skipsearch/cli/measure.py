@@ -34,17 +34,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.acceptance.worker import prepare
-    from skipsearch.cli.common import mask_from_args, measure_config
-    from skipsearch.cost.calibrated import predict
-    from skipsearch.cost.latency import LatencyProfile
+    from skipsearch.cli.common import check_mask_args, mask_from_args, measure_config
+    from skipsearch.config import check_device
     from skipsearch.errors import ConfigError
-    from skipsearch.store import default_profile_path
+    from skipsearch.run.preflight import known_depth
 
     if args.temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     config = measure_config(args)
     make_executor = executor_factory(args, workers=1)  # checks the executor options before the model loads
+    check_mask_args(args, known_depth(args.model))
+    check_device(args.device)  # the first check that imports torch
+
+    from skipsearch.acceptance.worker import prepare
+    from skipsearch.cost.calibrated import predict
+    from skipsearch.cost.latency import LatencyProfile
+    from skipsearch.store import default_profile_path
+
     measurement = prepare(config, check=lambda num_layers: mask_from_args(args, num_layers))
     mask = mask_from_args(args, measurement.num_layers)
     latency_path = (

@@ -1,23 +1,29 @@
 """`skipsearch run` and `compare` end to end: validate, measure, search, write the run directory.
 
-Order matters for "nothing half-written": every input is validated (space file, budget, run
-directory, constraints against the model's depth) before `run.yaml` or the study journal is
-created, and the report files are rewritten from the journal at the end, so a killed run loses
-nothing that `--resume` cannot rebuild.
+Order matters for "nothing half-written": everything that needs no model is checked first
+(`preflight`), the depth-dependent checks run right after the model loads and before the slow
+reference build, and only then are `run.yaml` and the study journal written. A new run that still
+fails before its first trial (a Ray cluster that does not start, an interrupt while loading)
+removes what it created, so the rerun is not told to `--resume` a run that never ran. The report
+files are rewritten from the journal at the end, so a killed run loses nothing that `--resume`
+cannot rebuild.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import nullcontext
-from dataclasses import dataclass
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.progress import console
-from skipsearch.store import JOURNAL_FILE, RUN_FILE
+from skipsearch.run.preflight import build_search, check_searches, preflight, resumed_config
+from skipsearch.search.study import ProgressCallback, SearchResult
+from skipsearch.store import CACHE_DIR, JOURNAL_FILE, RUN_FILE
 
 
 def check_run_dir(out: Path, resume: bool) -> None:
@@ -31,32 +37,42 @@ def check_run_dir(out: Path, resume: bool) -> None:
         raise ConfigError(f"--out {out} is a file: pass a directory")
 
 
+def prepare_config(
+    config: RunConfig, out: Path, resume: bool, typed: Mapping[str, str], strategies: tuple[str, ...]
+) -> RunConfig:
+    """The config a run will use, with every model-free check done: the run directory, the stored
+    settings of a resumed run (`typed` as in `resumed_config`), the cost model, the search of each
+    of `strategies`, the device."""
+    check_run_dir(out, resume)
+    if resume:
+        config = resumed_config(out, config, typed)
+    return preflight(config, strategies)
+
+
 @dataclass
 class RunContext:
     """A measured model plus everything the search needs, shared by the strategies of a compare."""
 
-    measurement: object  # skipsearch.measurement.Measurement
-    latency: object | None  # skipsearch.costmodel.LatencyProfile
+    measurement: object  # skipsearch.acceptance.worker.Measurement
+    latency: object | None  # skipsearch.cost.latency.LatencyProfile
     provenance: dict
 
 
-def open_context(config: RunConfig) -> RunContext:
+def open_context(config: RunConfig, strategies: tuple[str, ...]) -> RunContext:
     """Load the model and ReferenceCache; find the latency profile for the calibrated cost.
 
-    The search space is resolved against the model's depth first, so infeasible constraints
-    fail before the reference build and before anything is written.
+    The search is built against the model's depth as soon as it is known, so infeasible
+    constraints or an exhaustive space beyond the budget fail before the reference build and
+    before anything is written.
     """
     import torch
     import transformers
 
     from skipsearch.acceptance.worker import prepare
     from skipsearch.cost.latency import LatencyProfile
-    from skipsearch.search.space_files import load_space
     from skipsearch.store import default_profile_path
 
-    space = load_space(config.space)
-    # Infeasible constraints depend on the depth: check them before any run file is written.
-    measurement = prepare(config.measure, check=space.resolve)
+    measurement = prepare(config.measure, check=lambda depth: check_searches(config, depth, strategies))
     latency_path = default_profile_path(config.measure.model, config.measure.device)
     latency = LatencyProfile.load(latency_path) if latency_path.is_file() else None
     provenance = {
@@ -71,24 +87,61 @@ def open_context(config: RunConfig) -> RunContext:
     return RunContext(measurement, latency, provenance)
 
 
-def resolve_cost(config: RunConfig, context: RunContext) -> RunConfig:
-    """`--cost auto` made concrete before `run.yaml` is written: the calibrated cost model when
-    `skipsearch profile` has measured this model on this device, else the closed form.
+def _has_trials(out: Path) -> bool:
+    """Whether any study in `out` finished a trial: then the run is worth a `--resume`."""
+    if not (out / JOURNAL_FILE).is_file():
+        return False
+    import optuna
+    from optuna.trial import TrialState
 
-    A resumed run reloads its `run.yaml` (`resumed_config`), where the cost is already concrete,
-    so a profile taken in between cannot change how half of one study's trials are scored.
-    """
-    from dataclasses import replace
+    from skipsearch.search.study import journal_storage
 
-    if config.cost != "auto":
-        return config
-    return replace(config, cost="calibrated" if context.latency is not None else "closed-form")
+    storage = journal_storage(out)
+    return any(
+        optuna.load_study(study_name=name, storage=storage).get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE,)
+        )
+        for name in optuna.study.get_all_study_names(storage)
+    )
 
 
-def resumed_config(out: Path, budget: int) -> RunConfig:
-    """The settings a run started with, from its `run.yaml`: only the budget may change on resume,
-    or one study would mix trials scored, measured or constrained in two ways."""
-    return RunConfig.load(out / RUN_FILE)[0].with_budget(budget)
+@contextmanager
+def removed_if_unused(out: Path, resume: bool) -> Iterator[None]:
+    """A new run that fails before its first trial removes what it created in `out` (the
+    directory itself when it made it); a resumed run, or one with a finished trial, is kept."""
+    before = set(out.iterdir()) if out.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        if not resume and out.is_dir() and not _has_trials(out):
+            created = [out] if before is None else sorted(set(out.iterdir()) - before)
+            for path in created:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+        raise
+
+
+def start_run(
+    config: RunConfig,
+    out: Path,
+    resume: bool,
+    typed: Mapping[str, str],
+    make_executor: ExecutorFactory,
+    on_start: Callable[[RunConfig], ProgressCallback | None],
+) -> SearchResult:
+    """`skipsearch run`: check, load, write `run.yaml`, search to the budget in `out`.
+
+    `on_start(config)` is called once the model is loaded (with the run's final config) and
+    returns the per-trial progress callback."""
+    config = prepare_config(config, out, resume, typed, (config.strategy,))
+    with removed_if_unused(out, resume):
+        context = open_context(config, (config.strategy,))
+        console.print(cost_note(config, context))
+        config.save(out / RUN_FILE, context.provenance)
+        with make_executor(config.measure, config.temperature, context.measurement) as executor:
+            return search_one(config, context, out, resume, on_trial=on_start(config), executor=executor)
 
 
 def cost_note(config: RunConfig, context: RunContext) -> str:
@@ -108,34 +161,29 @@ def search_one(
     resume: bool,
     study_name: str | None = None,
     cache: object | None = None,
-    on_trial: Callable[[int, int, float | None], None] | None = None,
+    on_trial: ProgressCallback | None = None,
     executor: Executor | None = None,
-) -> object:
+) -> SearchResult:
     """Run one strategy's study in `out` (validated constraints first, then the journal).
 
     Masks are evaluated on `executor` (the caller closes it), by default in this process."""
     import optuna
 
-    from skipsearch.search import SearchConfig, make_strategy, run_search
+    from skipsearch.search import SearchConfig, run_search
     from skipsearch.search.objective import make_scorer
-    from skipsearch.search.space_files import load_space
     from skipsearch.search.space_spec import TierSpace
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar reports trials
     measurement = context.measurement
-    resolved = load_space(config.space).resolve(measurement.num_layers)
-    space = resolved.base if isinstance(resolved, TierSpace) else resolved
-    options = (
-        {"algorithm": config.sampler, "warm_start": config.warm_start} if config.strategy == "learned" else {}
-    )
-    strategy = make_strategy(config.strategy, **options)
+    setup = build_search(config, measurement.num_layers)
+    resolved = setup.resolved
     scorer = make_scorer(config.objective, config.cost, context.latency, config.gamma_max)
     search = SearchConfig(budget=config.budget, seed=config.seed, pareto=config.pareto)
     owned = local_executor(config.measure, config.temperature, measurement) if executor is None else None
     with owned or nullcontext(executor) as evaluating:
         result = run_search(
-            space,
-            strategy,
+            setup.space,
+            setup.strategy,
             evaluating,
             scorer,
             out,
@@ -160,31 +208,36 @@ def run_compare(
     seeds: int,
     out: Path,
     resume: bool,
-    progress: Callable[[str], object],
+    progress: Callable[[str], ProgressCallback],
     executor_factory: ExecutorFactory = local_executor,
+    typed: Mapping[str, str] | None = None,
 ) -> list[tuple[str, int, str]]:
     """Every strategy × seed with the same budget in one journal, sharing one evaluation cache
     (a mask measured for one strategy is free for the others) and one executor, whose workers
     load the model once for all studies. Returns (strategy, seed, study)."""
-    from dataclasses import replace
-
-    from skipsearch.search import EvaluationCache
-    from skipsearch.search.space_files import load_space
-
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
-    check_run_dir(out, resume)
-    if resume:
-        config = resumed_config(out, config.budget)
-    load_space(config.space)
-    context = open_context(config)
-    config = resolve_cost(config, context)
+    config = prepare_config(config, out, resume, typed or {}, COMPARED_STRATEGIES)
+    with removed_if_unused(out, resume):
+        return _compare(config, seeds, out, resume, progress, executor_factory)
+
+
+def _compare(
+    config: RunConfig,
+    seeds: int,
+    out: Path,
+    resume: bool,
+    progress: Callable[[str], ProgressCallback],
+    executor_factory: ExecutorFactory,
+) -> list[tuple[str, int, str]]:
+    from skipsearch.search import EvaluationCache
+
+    context = open_context(config, COMPARED_STRATEGIES)
     console.print(cost_note(config, context))
-    out.mkdir(parents=True, exist_ok=True)
     config.save(
         out / RUN_FILE, {**context.provenance, "seeds": seeds, "strategies": list(COMPARED_STRATEGIES)}
     )
-    cache = EvaluationCache(out / "cache")
+    cache = EvaluationCache(out / CACHE_DIR)
     studies = []
     with executor_factory(config.measure, config.temperature, context.measurement) as executor:
         for seed in range(config.seed, config.seed + seeds):

@@ -132,8 +132,6 @@ def trial_progress(
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from skipsearch.run.pipeline import start_run
     from skipsearch.run.report import write_run_outputs
     from skipsearch.store import SUMMARY_FILE
@@ -147,9 +145,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         close_bar()
     summary = write_run_outputs(out)
-    console = Console()
-    console.print((out / SUMMARY_FILE).read_text())
-    console.print(
+    print((out / SUMMARY_FILE).read_text())  # plain: a console would wrap the mask line mid-token
+    print(
         f"{result.budget_used} masks scored, {result.model_evaluations} measured in this session; "
         f"files in {out}"
     )

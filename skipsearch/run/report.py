@@ -82,20 +82,44 @@ def best_summary(best: TrialRecord, config: RunConfig, provenance: dict) -> dict
     }
 
 
-def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str:
-    """A plain-words verdict: the best configuration, and whether SSD pays off at all."""
+COST_LABELS = {"closed-form": "closed form", "calibrated": "calibrated on this device"}
+
+
+def predicted_speedups(summary: dict) -> str:
+    """Both predictions, each labelled, the one the run ranked by first and marked so."""
     speed = summary["predicted_speedup"]
-    best_speed = speed["calibrated"] or speed["closed_form"]
+    ranked = summary["cost"]
+    labelled = {cost: speed[cost.replace("-", "_")] for cost in COST_LABELS}
+    order = [ranked, *(c for c in labelled if c != ranked)]
+    parts = [
+        f"{labelled[c]:.3f}x {COST_LABELS[c]}"
+        + (" (the cost model this run ranked by)" if c == ranked else "")
+        for c in order
+        if labelled[c] is not None
+    ]
+    return ", ".join(parts)
+
+
+def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str:
+    """A plain-words verdict: the best configuration, and whether SSD pays off at all, by the cost
+    model the run ranked with (the one the progress bar showed), named."""
+    cost = summary["cost"]
+    best_speed = summary["predicted_speedup"][cost.replace("-", "_")]
+    by = {
+        "closed-form": "by the closed-form cost model",
+        "calibrated": "by the cost model calibrated on this device",
+    }[cost]
     pays = best_speed >= PAYS_OFF
     acceptance = summary["acceptance"]
     lines = [
         f"# skipsearch run: {summary['model']}",
         "",
-        f"Best mask `{summary['mask']}` (attention skipped at {summary['skipped_attn']}, MLP at "
-        f"{summary['skipped_mlp']}) with draft length γ = {summary['gamma_best']}.",
+        f"Best mask, with draft length γ = {summary['gamma_best']} (attention skipped at "
+        f"{summary['skipped_attn']}, MLP at {summary['skipped_mlp']}):",
         "",
-        f"- predicted speedup: {speed['closed_form']:.3f}x closed form"
-        + (f", {speed['calibrated']:.3f}x calibrated on this device" if speed["calibrated"] else ""),
+        f"    {summary['mask']}",
+        "",
+        f"- predicted speedup: {predicted_speedups(summary)}",
         f"- acceptance α = {acceptance['alpha']:.3f} (greedy), "
         f"{acceptance['sampling_acceptance']:.3f} sampling at T = {acceptance['temperature']}",
         f"- draft cost r_draft = {summary['r_draft']:.3f}, KV reuse r_reuse = {summary['r_reuse']:.3f}",
@@ -107,12 +131,13 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
     ]
     if pays:
         lines.append(
-            f"SSD pays off for this model on these prompts: about {best_speed:.2f}x predicted "
+            f"SSD pays off for this model on these prompts: about {best_speed:.2f}x predicted {by} "
             "with the mask above."
         )
     else:
         lines.append(
-            f"SSD does not pay off here: the best predicted speedup is {best_speed:.2f}x, below {PAYS_OFF}x, "
+            f"SSD does not pay off here: the best speedup predicted {by} is {best_speed:.2f}x, below "
+            f"{PAYS_OFF}x, "
             "so the overheads the cost model leaves out (sampling, cache bookkeeping) would eat the gain. "
             "Skipping layers loses too much acceptance for this model (reference 001 §5.1)."
         )

@@ -6,8 +6,8 @@ import argparse
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from rich.console import Console
 from rich import box
+from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:

@@ -5,8 +5,9 @@ Formats, each one file, read back after writing to prove it says what was meant:
   acceptance, provenance; `skipsearch decode --from` reads it.
 - `hf`: `generation_config.json` for transformers' assisted generation with
   `assistant_early_exit` (a contiguous prefix only).
-- `skip-layers`: `skip_layers.json`, `{"attention": [...], "mlp": [...]}`, the schema of
-  Draft & Verify and SWIFT (any mask).
+- `skip-layers`: `skip_layers.json`, `{KEY: {"attention": [...], "mlp": [...]}}` keyed the way
+  Draft & Verify (`skip_layers[model_name]`) and SWIFT (`f"{model_name}_{task_name}"`) index it
+  (any mask); `--export-key` names the one key instead.
 - `layerskip`: `layerskip.json`, the flags of LayerSkip's `generate.py` (a contiguous prefix only).
 - and `tiers.json`, the CUDA-graph capture manifest, when the run has a tier set.
 
@@ -27,8 +28,10 @@ from typing import Any
 from skipsearch import __version__
 from skipsearch.errors import ConfigError, SkipsearchError
 from skipsearch.masks import SkipMask
+from skipsearch.run.report import study_dir, write_run_outputs
+from skipsearch.search import load_study
 from skipsearch.search.stored import load_run, run_trials
-from skipsearch.store import BEST_FILE, EXPORT_README, RUN_FILE, TIERS_FILE
+from skipsearch.store import BEST_FILE, EXPORT_README, JOURNAL_FILE, RUN_FILE, TIERS_FILE
 from skipsearch.tiers.manifest import TierManifest
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,7 @@ class ExportSource:
     contiguous: Draft | None
     tiers: TierManifest | None
     study: str | None
+    export_key: str | None = None
 
     @property
     def num_layers(self) -> int:
@@ -78,8 +82,11 @@ class Exported:
 
 
 # -- reading the run ------------------------------------------------------------------------------
-def load_source(path: Path) -> ExportSource:
-    """A run directory or its best.json -> the best draft, a contiguous fallback, tiers if any."""
+def load_source(path: Path, study: str | None = None, export_key: str | None = None) -> ExportSource:
+    """A run directory or its best.json -> the best draft, a contiguous fallback, tiers if any.
+
+    `study` picks one study of a `compare` directory (its report is written first when missing);
+    `export_key` is the one key of `skip_layers.json`."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(
@@ -88,6 +95,13 @@ def load_source(path: Path) -> ExportSource:
     run_dir = path if path.is_dir() else path.parent
     best_path = path / BEST_FILE if path.is_dir() else path
     has_run = (run_dir / RUN_FILE).is_file()
+    if study is not None:
+        if not path.is_dir() or not has_run:
+            raise ConfigError(f"--study needs a run or compare directory, not {path}")
+        best_path = study_dir(run_dir, study) / BEST_FILE
+        write_run_outputs(run_dir, study)  # lists the studies when `study` is not one of them
+    elif has_run and not best_path.is_file() and (run_dir / JOURNAL_FILE).is_file():
+        load_study(run_dir, load_run(run_dir)[0].strategy)  # a compare directory: names its studies
     if path.is_dir() and not has_run and not best_path.is_file():
         raise ConfigError(
             f"{path} is not a run directory (no run.yaml): pass the --out directory of `skipsearch run`"
@@ -112,7 +126,8 @@ def load_source(path: Path) -> ExportSource:
         best=best,
         contiguous=best if _is_prefix(best.mask) else (_best_contiguous(run_dir) if has_run else None),
         tiers=TierManifest.load(tiers_path) if tiers_path.is_file() else None,
-        study=_study_name(run_dir) if has_run else None,
+        study=study or (_study_name(run_dir) if has_run else None),
+        export_key=export_key,
     )
 
 
@@ -317,19 +332,47 @@ def notes_hf(source: ExportSource, draft: Draft) -> list[str]:
 
 
 # skip-layers -------------------------------------------------------------------------------------
+def model_name(model: str) -> str:
+    """The name research code keys a model by: the last part of a hub id or path, no `.gguf`."""
+    name = Path(model.rstrip("/")).name
+    return name.removesuffix(".gguf") or model
+
+
+def skip_layer_keys(source: ExportSource) -> tuple[str, ...]:
+    """`--export-key`, else Draft & Verify's `model_name` and SWIFT's `model_name_task_name`
+    (the task: the run's prompt source, e.g. `humaneval`)."""
+    if source.export_key is not None:
+        return (source.export_key,)
+    name = model_name(source.model)
+    task = str(source.best_json.get("prompt_set") or "task").rsplit("-", 1)[0]
+    return (name, f"{name}_{task}")
+
+
 def write_skip_layers(source: ExportSource, draft: Draft, path: Path) -> None:
-    _dump(path, {"attention": sorted(draft.mask.attn), "mlp": sorted(draft.mask.mlp)})
+    entry = {"attention": sorted(draft.mask.attn), "mlp": sorted(draft.mask.mlp)}
+    _dump(path, {key: entry for key in skip_layer_keys(source)})
+
+
+def _is_skip_entry(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and set(entry) == {"attention", "mlp"}
+        and all(isinstance(v, list) and all(type(i) is int for i in v) for v in entry.values())
+    )
 
 
 def read_skip_layers(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
+    """Every key's mask; they must agree (one draft under several names)."""
     data = _load(path)
-    if (
-        not isinstance(data, dict)
-        or set(data) != {"attention", "mlp"}
-        or not all(isinstance(v, list) and all(type(i) is int for i in v) for v in data.values())
-    ):
-        raise ConfigError(f'{path}: expected exactly {{"attention": [ints], "mlp": [ints]}}: export it again')
-    return SkipMask(num_layers, data["attention"], data["mlp"]), None
+    if not isinstance(data, dict) or not data or not all(_is_skip_entry(e) for e in data.values()):
+        raise ConfigError(
+            f'{path}: expected {{KEY: {{"attention": [ints], "mlp": [ints]}}}} keyed by model name: '
+            "export it again"
+        )
+    masks = {SkipMask(num_layers, e["attention"], e["mlp"]) for e in data.values()}
+    if len(masks) != 1:
+        raise ConfigError(f"{path}: its keys hold different masks: export it again")
+    return masks.pop(), None
 
 
 def notes_skip_layers(source: ExportSource, draft: Draft) -> list[str]:

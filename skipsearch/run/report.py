@@ -7,6 +7,7 @@ Pure read of the run directory (no model), so a copied run can be reported anywh
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib
@@ -20,19 +21,33 @@ from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.search import best_trial, load_study, pareto_front, study_trials_frame
 from skipsearch.search.results import TrialRecord
-from skipsearch.store import BEST_FILE, RUN_FILE, SUMMARY_FILE, atomic_path, write_text_atomic
+from skipsearch.store import BEST_FILE, RUN_FILE, STUDIES_DIR, SUMMARY_FILE, atomic_path, write_text_atomic
 
 PAYS_OFF = 1.05  # below this predicted speedup, overheads the model ignores eat the gain
 
 
-def write_run_outputs(run_dir: Path) -> dict:
-    """Rewrite every report file of `run_dir`; return best.json's content."""
+def study_dir(run_dir: Path, study_name: str | None) -> Path:
+    """Where the report of one study goes: the run directory itself for a run's own study, or
+    `studies/<name>/` for one study of a `compare` directory."""
+    return run_dir if study_name is None else run_dir / STUDIES_DIR / study_name
+
+
+def write_run_outputs(run_dir: Path, study_name: str | None = None) -> dict:
+    """Rewrite every report file of `run_dir` (of its study `study_name` in `study_dir`, for a
+    `compare` directory); return best.json's content."""
     config, provenance = RunConfig.load(run_dir / RUN_FILE)
-    study = load_study(run_dir, config.strategy)
+    study = load_study(run_dir, study_name or config.strategy)
+    if study_name is not None:  # a compare study ran with its own strategy and seed
+        settings = study.user_attrs.get("settings", {})
+        config = replace(
+            config, strategy=settings.get("strategy", config.strategy), seed=settings.get("seed", config.seed)
+        )
     frame = study_trials_frame(study)
     best = best_trial(study)
     if best is None or frame.empty:
         raise ConfigError(f"{run_dir} has no finished trial yet: run or --resume it first")
+    run_dir = study_dir(run_dir, study_name)
+    run_dir.mkdir(parents=True, exist_ok=True)
     frame.insert(0, "seed", config.seed)
     write_text_atomic(run_dir / "trials.csv", frame.to_csv(index=False))
     front = pareto_front(study)

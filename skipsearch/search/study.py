@@ -108,7 +108,10 @@ def load_study(run_dir: Path, study_name: str) -> optuna.Study:
     storage = journal_storage(run_dir)
     names = optuna.study.get_all_study_names(storage)
     if study_name not in names:
-        raise ConfigError(f"{run_dir} has no study {study_name!r}: it has {', '.join(names) or 'none'}")
+        raise ConfigError(
+            f"{run_dir} has no study {study_name!r}: it has {', '.join(names) or 'none'} "
+            "(pick one with --study NAME)"
+        )
     return optuna.load_study(study_name=study_name, storage=storage)
 
 

@@ -22,6 +22,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from skipsearch.tiers.manifest import TierManifest
 log = logging.getLogger(__name__)
 
 EXPORT_VERSION = 1
+NOTES_FILE = "export_notes.md"  # the prose of every note, per format
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,56 @@ def _study_name(run_dir: Path) -> str:
     return load_run(run_dir)[0].strategy
 
 
+# -- the notes ------------------------------------------------------------------------------------
+def parse_notes(text: str) -> dict[str, tuple[str, ...]]:
+    """`## section` -> its bullets (continuation lines indented by two spaces joined on)."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            current = sections.setdefault(line[3:].strip(), [])
+        elif current is not None and line.startswith("- "):
+            current.append(line[2:].strip())
+        elif current and line.startswith("  ") and line.strip():
+            current[-1] += " " + line.strip()
+    return {name: tuple(bullets) for name, bullets in sections.items()}
+
+
+NOTES = parse_notes(resources.files(__package__).joinpath(NOTES_FILE).read_text(encoding="utf-8"))
+
+
+def note_values(source: ExportSource, draft: Draft) -> dict[str, Any]:
+    """What the notes' `{placeholders}` stand for."""
+    exit_layer = draft.mask.exit_layer
+    best = source.best
+    return {
+        "model": source.model,
+        "gamma": draft.gamma,
+        "s1": draft.mask.first_divergent_layer,
+        "exit_layer": exit_layer,
+        "last_draft_layer": None if exit_layer is None else exit_layer - 1,
+        "n_tiers": 0 if source.tiers is None else len(source.tiers.masks),
+        "tiers_file": TIERS_FILE,
+        "keys": _key_list(skip_layer_keys(source)),
+        "best_mask": best.mask,
+        "trial": draft.trial,
+        "speed": f", {draft.speedup:.3f}x predicted" if draft.speedup is not None else "",
+        "best_speed": f"{best.speedup:.3f}x" if best.speedup is not None else "its score",
+    }
+
+
+def _key_list(keys: tuple[str, ...]) -> str:
+    quoted = [f"`{key}`" for key in keys]
+    return (
+        f"the key {quoted[0]}" if len(quoted) == 1 else f"the keys {', '.join(quoted[:-1])} and {quoted[-1]}"
+    )
+
+
+def notes(section: str, source: ExportSource, draft: Draft) -> list[str]:
+    values = note_values(source, draft)
+    return [note.format(**values) for note in NOTES[section]]
+
+
 # -- the formats ----------------------------------------------------------------------------------
 Reader = Callable[[Path, int], tuple[SkipMask, int | None]]
 
@@ -264,18 +316,8 @@ def read_skipsearch(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 
 
 def notes_skipsearch(source: ExportSource, draft: Draft) -> list[str]:
-    notes = [
-        "Canonical record: any skip mask, down to single attention / MLP sub-layers.",
-        "`skipsearch decode --from skipsearch.json` runs it (keys `mask` and `gamma`) in the skipsearch "
-        "engine: one KV cache shared by draft and verify, the draft's exact KV below the first skipped "
-        f"layer (s1 = {draft.mask.first_divergent_layer}) reused by verify, as the predicted speedup "
-        "assumes.",
-    ]
-    if source.tiers is not None:
-        notes.append(
-            f"`tiers` holds the run's tier set ({len(source.tiers.masks)} masks), also in {TIERS_FILE}."
-        )
-    return notes
+    tiers = [] if source.tiers is None else notes("skipsearch-tiers", source, draft)
+    return [*notes("skipsearch", source, draft), *tiers]
 
 
 # hf ----------------------------------------------------------------------------------------------
@@ -310,25 +352,7 @@ def read_hf(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 
 
 def notes_hf(source: ExportSource, draft: Draft) -> list[str]:
-    return [
-        *_fallback_note(source, draft),
-        "transformers assisted generation, self-speculative: the draft is layers "
-        f"0..{draft.mask.exit_layer - 1} "
-        "plus the model's own norm and LM head (`assistant_early_exit`). Only such a prefix can be "
-        "expressed: "
-        "no sparse or sub-layer skips.",
-        "Draft and verify share the weights but not the KV cache: the early-exit assistant keeps its own "
-        "cache and verify recomputes every layer for the drafted tokens, so the KV reuse (r_reuse) the "
-        "skipsearch cost model credits does not happen; expect less than the predicted speedup.",
-        "transformers 5.24 reads num_assistant_tokens and assistant_confidence_threshold from the "
-        "model's own "
-        "generation_config: load this file with `model.generation_config = GenerationConfig.from_pretrained"
-        "(DIR)` (or merge it into the model's generation_config.json); passing it only as "
-        "`generate(generation_config=...)` leaves the draft at the default 20 tokens.",
-        f"num_assistant_tokens = γ = {draft.gamma} with a constant schedule, and "
-        "assistant_confidence_threshold "
-        "= 0 so drafts are not cut short by HF's confidence stop. Assisted generation runs batch size 1.",
-    ]
+    return [*_fallback_note(source, draft), *notes("hf", source, draft)]
 
 
 # skip-layers -------------------------------------------------------------------------------------
@@ -376,17 +400,7 @@ def read_skip_layers(path: Path, num_layers: int) -> tuple[SkipMask, int | None]
 
 
 def notes_skip_layers(source: ExportSource, draft: Draft) -> list[str]:
-    return [
-        "Draft & Verify / SWIFT schema: the attention and MLP sub-layers the draft skips (0-based). Any mask "
-        "fits, sparse and sub-layer ones included.",
-        "No mainstream engine (transformers, vLLM, TensorRT-LLM, llama.cpp) runs a sparse skip mask "
-        "natively: "
-        "this file is for research code that patches the model's forward, such as Draft & Verify and SWIFT.",
-        "It carries no draft length: those engines stop drafts adaptively; the search's γ was "
-        f"{draft.gamma}. "
-        "The predicted speedup assumes verify reuses the draft's KV below the first skipped layer; an engine "
-        "that keeps the draft's cache apart gains less.",
-    ]
+    return notes("skip-layers", source, draft)
 
 
 # layerskip ---------------------------------------------------------------------------------------
@@ -428,30 +442,11 @@ def read_layerskip(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 
 
 def notes_layerskip(source: ExportSource, draft: Draft) -> list[str]:
-    return [
-        *_fallback_note(source, draft),
-        "LayerSkip (facebookresearch/LayerSkip) `generate.py`: self-speculative decoding exiting at "
-        f"--exit_layer {draft.mask.exit_layer} through the model's LM head, --num_speculations γ = "
-        f"{draft.gamma}; "
-        "pass your checkpoint as --model. Only an early exit can be expressed: no sparse or sub-layer skips.",
-        "LayerSkip reuses the draft's KV of the first exit_layer layers in verify, as the cost model "
-        "assumes. Its "
-        "checkpoints are trained with layer dropout and an early-exit loss; the acceptance measured "
-        "here is for "
-        f"{source.model} as it is.",
-    ]
+    return [*_fallback_note(source, draft), *notes("layerskip", source, draft)]
 
 
 def _fallback_note(source: ExportSource, draft: Draft) -> list[str]:
-    if draft.mask == source.best.mask:
-        return []
-    speed = f", {draft.speedup:.3f}x predicted" if draft.speedup is not None else ""
-    best = f"{source.best.speedup:.3f}x" if source.best.speedup is not None else "its score"
-    return [
-        f"The run's best mask {source.best.mask} is sparse, which this engine cannot run: exported the run's "
-        f"best early exit instead, E = {draft.mask.exit_layer} (trial {draft.trial}{speed}; best mask "
-        f"{best})."
-    ]
+    return [] if draft.mask == source.best.mask else notes("fallback", source, draft)
 
 
 FORMATS: dict[str, Format] = {
@@ -524,16 +519,13 @@ def _write_tiers(manifest: TierManifest, out: Path) -> Exported:
     manifest.save(path)
     if TierManifest.load(path) != manifest:
         raise SkipsearchError(f"{path} does not read back as the run's tier set")
-    notes = (
-        f"Capture manifest of {len(manifest.masks)} tiers: the masks, their draft lengths "
-        f"{list(manifest.gammas)}, the policy (window {manifest.policy.window}, thresholds "
-        f"{[round(t, 3) for t in manifest.policy.thresholds]}), the batch-size buckets and the graphs "
-        "to pre-capture: one draft graph per tier and bucket, one verify graph per tier, draft length "
-        "and bucket.",
-        "`skipsearch decode --from tiers.json` runs it (CUDA graphs on a GPU, eagerly otherwise). No "
-        "other engine switches draft masks at run time.",
-    )
-    return Exported("tiers", path, None, notes)
+    values = {
+        "n_tiers": len(manifest.masks),
+        "gammas": list(manifest.gammas),
+        "window": manifest.policy.window,
+        "thresholds": [round(t, 3) for t in manifest.policy.thresholds],
+    }
+    return Exported("tiers", path, None, tuple(note.format(**values) for note in NOTES["tiers"]))
 
 
 def readme(source: ExportSource, exported: list[Exported], skipped: Mapping[str, str]) -> str:

@@ -58,10 +58,11 @@ class RunContext:
     provenance: dict
 
 
-def open_context(config: RunConfig, strategies: tuple[str, ...]) -> RunContext:
+def open_context(config: RunConfig, strategies: tuple[str, ...] | None = None) -> RunContext:
     """Load the model and ReferenceCache; find the latency profile for the calibrated cost.
 
-    The search is built against the model's depth as soon as it is known, so infeasible
+    The search of each of `strategies` (default: the config's own) is built against the model's
+    depth as soon as it is known, so infeasible
     constraints or an exhaustive space beyond the budget fail before the reference build and
     before anything is written.
     """
@@ -72,7 +73,8 @@ def open_context(config: RunConfig, strategies: tuple[str, ...]) -> RunContext:
     from skipsearch.cost.latency import LatencyProfile
     from skipsearch.store import default_profile_path
 
-    measurement = prepare(config.measure, check=lambda depth: check_searches(config, depth, strategies))
+    searched = strategies or (config.strategy,)
+    measurement = prepare(config.measure, check=lambda depth: check_searches(config, depth, searched))
     latency_path = default_profile_path(config.measure.model, config.measure.device)
     latency = LatencyProfile.load(latency_path) if latency_path.is_file() else None
     provenance = {
@@ -137,7 +139,7 @@ def start_run(
     returns the per-trial progress callback."""
     config = prepare_config(config, out, resume, typed, (config.strategy,))
     with removed_if_unused(out, resume):
-        context = open_context(config, (config.strategy,))
+        context = open_context(config)
         console.print(cost_note(config, context))
         config.save(out / RUN_FILE, context.provenance)
         with make_executor(config.measure, config.temperature, context.measurement) as executor:

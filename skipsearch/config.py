@@ -14,6 +14,7 @@ import yaml
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.errors import ConfigError
 from skipsearch.masks import parse_draft_vocab, vocab_label
+from skipsearch.store import write_text_atomic
 
 IMPORTANCE_SOURCES = ("proxy", "measured")
 
@@ -80,11 +81,24 @@ class RunConfig:
         )
 
     def save(self, path: Path, provenance: dict) -> None:
-        path.write_text(yaml.safe_dump({"config": self.to_dict(), "provenance": provenance}, sort_keys=False))
+        """Written atomically: a kill leaves the old `run.yaml` or the new one, never half of one."""
+        write_text_atomic(
+            path, yaml.safe_dump({"config": self.to_dict(), "provenance": provenance}, sort_keys=False)
+        )
 
     @classmethod
     def load(cls, path: Path) -> tuple[RunConfig, dict]:
+        """The config and provenance of `path`; a damaged file is one `ConfigError` naming it."""
         if not path.is_file():
             raise ConfigError(f"{path} not found: pass the directory of a `skipsearch run`")
-        data = yaml.safe_load(path.read_text())
-        return cls.from_dict(data["config"]), data.get("provenance", {})
+        try:
+            data = yaml.safe_load(path.read_text())
+            return cls.from_dict(data["config"]), dict(data.get("provenance") or {})
+        except ConfigError as error:
+            raise ConfigError(f"{path}: {error}") from None
+        except (yaml.YAMLError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise ConfigError(
+                f"{path} is damaged or not a skipsearch run file ({reason}): restore it, or start a new "
+                "run in another --out"
+            ) from None

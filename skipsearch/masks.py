@@ -20,7 +20,10 @@ from skipsearch.errors import InvalidMaskError
 
 
 def parse_layer_list(text: str) -> list[int]:
-    """Parse `"4,14,20-23"` into `[4, 14, 20, 21, 22, 23]`; an empty string is no layers."""
+    """Parse `"4,14,20-23"` into `[4, 14, 20, 21, 22, 23]`; an empty string is no layers.
+
+    A backwards range (`20-10`) is an error, not the empty range it would be in Python: taken
+    silently, it measured the empty mask."""
     layers: list[int] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
@@ -35,6 +38,10 @@ def parse_layer_list(text: str) -> list[int]:
             raise InvalidMaskError(
                 f"cannot read layer list {text!r}: use comma-separated indices or ranges, e.g. 4,14,20-23"
             ) from None
+        if "-" in part and end < start:
+            raise InvalidMaskError(
+                f"layer range {part!r} in {text!r} runs backwards: write it low-high, e.g. {end}-{start}"
+            )
     return layers
 
 

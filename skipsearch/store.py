@@ -19,10 +19,12 @@ from pathlib import Path
 # -- a run directory ------------------------------------------------------------------------------
 RUN_FILE = "run.yaml"
 BEST_FILE = "best.json"
+SUMMARY_FILE = "summary.md"
 TIERS_FILE = "tiers.json"
 TIER_TABLE_FILE = "tier_sets.csv"
 JOURNAL_FILE = "optuna.journal"
 CACHE_DIR = "cache"
+STUDIES_DIR = "studies"  # a compare directory's per-study reports (`report --study`)
 EVALUATIONS_FILE = "evaluations.jsonl"
 CACHE_KEY_FILE = "key.txt"
 EXPORT_README = "README.md"

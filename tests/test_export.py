@@ -98,9 +98,10 @@ def test_contiguous_run_exports_all_four_formats_that_read_back(runs, tmp_path):
     for name in FORMATS:
         mask, gamma = read_back(tmp_path, name)
         assert mask == best.mask and gamma in (None, best.gamma)
+    entry = {"attention": sorted(best.mask.attn), "mlp": sorted(best.mask.mlp)}
     assert json.loads((tmp_path / "skip_layers.json").read_text()) == {
-        "attention": sorted(best.mask.attn),
-        "mlp": sorted(best.mask.mlp),
+        "smollm2-135m": entry,
+        "smollm2-135m_synthetic": entry,
     }
     layerskip = json.loads((tmp_path / "layerskip.json").read_text())
     assert layerskip["argv"][-4:] == [
@@ -175,8 +176,39 @@ def test_reading_back_rejects_tampered_files(runs, tmp_path):
     with pytest.raises(ConfigError, match="argv disagrees"):
         read_back(tmp_path, "layerskip")
     (tmp_path / "skip_layers.json").write_text(json.dumps({"attention": [1], "mlp": [1], "gamma": 3}))
-    with pytest.raises(ConfigError, match="exactly"):
+    with pytest.raises(ConfigError, match="keyed by model name"):
         read_back(tmp_path, "skip-layers")
+    entry = {"attention": [1], "mlp": [1]}
+    (tmp_path / "skip_layers.json").write_text(json.dumps({"a": entry, "b": {**entry, "mlp": [2]}}))
+    with pytest.raises(ConfigError, match="different masks"):
+        read_back(tmp_path, "skip-layers")
+
+
+def draft_and_verify_layers(path: Path, model_name: str) -> tuple[list[int], list[int]]:
+    """How Draft & Verify's code reads the file: `skip_layers[model_name]["attention"]` / `["mlp"]`."""
+    with open(path) as f:
+        skip_layers = json.load(f)
+    return skip_layers[model_name]["attention"], skip_layers[model_name]["mlp"]
+
+
+def swift_layers(path: Path, model_name: str, task_name: str) -> tuple[list[int], list[int]]:
+    """How SWIFT's code reads it: the entry under `f"{model_name}_{task_name}"`."""
+    with open(path) as f:
+        skip_layers = json.load(f)
+    entry = skip_layers[f"{model_name}_{task_name}"]
+    return entry["attention"], entry["mlp"]
+
+
+def test_skip_layers_load_the_way_draft_and_verify_and_swift_read_them(runs, tmp_path):
+    best = load_source(runs["sparse"]).best.mask
+    expected = (sorted(best.attn), sorted(best.mlp))
+    assert main(["export", str(runs["sparse"]), "--format", "skip-layers", "--out", str(tmp_path)]) == 0
+    assert draft_and_verify_layers(tmp_path / "skip_layers.json", "smollm2-135m") == expected
+    assert swift_layers(tmp_path / "skip_layers.json", "smollm2-135m", "synthetic") == expected
+    options = ["--format", "skip-layers", "--out", str(tmp_path / "k"), "--export-key", "llama-2-13b"]
+    assert main(["export", str(runs["sparse"]), *options]) == 0
+    assert draft_and_verify_layers(tmp_path / "k" / "skip_layers.json", "llama-2-13b") == expected
+    assert list(json.loads((tmp_path / "k" / "skip_layers.json").read_text())) == ["llama-2-13b"]
 
 
 # -- the CLI ----------------------------------------------------------------------------------------

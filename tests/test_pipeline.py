@@ -5,9 +5,11 @@ from pathlib import Path
 import pytest
 
 from skipsearch.config import RunConfig
+from skipsearch.errors import ConfigError
 from skipsearch.run import pipeline
-from skipsearch.run.pipeline import RunContext, cost_note, resolve_cost
-from skipsearch.store import RUN_FILE
+from skipsearch.run.pipeline import RunContext, cost_note
+from skipsearch.run.preflight import resolve_cost
+from skipsearch.store import RUN_FILE, default_profile_path
 
 PROFILE = "/cache/profiles/smollm2-135m-cpu.json"
 
@@ -21,24 +23,49 @@ def context(profiled: bool) -> RunContext:
     )
 
 
+@pytest.fixture
+def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def write_profile() -> None:
+    """Only the file's existence decides `auto` (the model is never touched)."""
+    path = default_profile_path("smollm2-135m", "cpu")
+    path.parent.mkdir(parents=True)
+    path.write_text("{}")
+
+
 @pytest.mark.parametrize(("profiled", "expected"), [(True, "calibrated"), (False, "closed-form")])
-def test_auto_is_calibrated_exactly_when_a_profile_exists(profiled: bool, expected: str) -> None:
-    resolved = resolve_cost(RunConfig(cost="auto"), context(profiled))
+def test_auto_is_calibrated_exactly_when_a_profile_exists(
+    cache_in_tmp: Path, profiled: bool, expected: str
+) -> None:
+    if profiled:
+        write_profile()
+    resolved = resolve_cost(RunConfig(cost="auto"))
     assert resolved.cost == expected
     assert resolved.budget == RunConfig().budget  # nothing else changes
 
 
-def test_an_explicit_cost_is_kept() -> None:
-    assert resolve_cost(RunConfig(cost="closed-form"), context(True)).cost == "closed-form"
+def test_an_explicit_cost_is_kept(cache_in_tmp: Path) -> None:
+    write_profile()
+    assert resolve_cost(RunConfig(cost="closed-form")).cost == "closed-form"
 
 
-def test_a_resumed_comparison_keeps_its_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Started in closed form for acceptance: a resume with other flags continues exactly that,
+def test_calibrated_without_a_profile_is_refused_naming_the_command(cache_in_tmp: Path) -> None:
+    with pytest.raises(ConfigError, match="skipsearch profile --model smollm2-135m --device cpu"):
+        resolve_cost(RunConfig(cost="calibrated"))
+
+
+def test_a_resumed_comparison_keeps_its_settings(
+    tmp_path: Path, cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started in closed form for acceptance: a resume that types neither continues exactly that,
     to the new budget (the model is never loaded: the test stops where it would be)."""
     RunConfig(cost="closed-form", objective="acceptance", budget=5).save(tmp_path / RUN_FILE, {})
     opened: list[RunConfig] = []
 
-    def stop(config: RunConfig, strategies: object = None) -> RunContext:
+    def stop(config: RunConfig, strategies: tuple[str, ...]) -> RunContext:
         opened.append(config)
         raise KeyboardInterrupt
 
@@ -46,6 +73,14 @@ def test_a_resumed_comparison_keeps_its_settings(tmp_path: Path, monkeypatch: py
     with pytest.raises(KeyboardInterrupt):
         pipeline.run_compare(RunConfig(cost="auto", budget=9), 1, tmp_path, resume=True, progress=print)
     assert (opened[0].cost, opened[0].objective, opened[0].budget) == ("closed-form", "acceptance", 9)
+    assert (tmp_path / RUN_FILE).is_file()  # a resumed run is never removed
+
+
+def test_a_resume_refuses_a_typed_setting_it_would_ignore(tmp_path: Path, cache_in_tmp: Path) -> None:
+    RunConfig(objective="acceptance", budget=5).save(tmp_path / RUN_FILE, {})
+    typed = {"objective": "--objective"}
+    with pytest.raises(ConfigError, match=r"--objective speedup would be ignored.*objective='acceptance'"):
+        pipeline.run_compare(RunConfig(budget=9), 1, tmp_path, resume=True, progress=print, typed=typed)
 
 
 def test_the_note_names_the_profile_or_how_to_make_one() -> None:

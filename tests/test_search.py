@@ -231,6 +231,15 @@ def test_nsga2_sampler_runs(tmp_path: Path) -> None:
     assert result.budget_used == 6
 
 
+@pytest.mark.parametrize("algorithm", ["gp", "cmaes"])
+def test_gp_and_cmaes_samplers_run_past_their_startup_trials(tmp_path: Path, algorithm: str) -> None:
+    """scipy and cmaes are pinned dependencies: the samplers offered are the samplers installed."""
+    strategy = LearnedStrategy(algorithm=algorithm, n_startup_trials=3)
+    result = search(tmp_path, strategy, CountingEvaluator(), budget=8)
+    frame = study_trials_frame(load_study(tmp_path, "learned"))
+    assert result.budget_used == 8 and (frame["origin"] == "sampler").sum() >= 5
+
+
 # -- cache, repeats, guard ---------------------------------------------------------------------
 class StuckSampler(optuna.samplers.BaseSampler):
     """Proposes the highest value of every param, always: one mask, over and over."""

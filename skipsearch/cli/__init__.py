@@ -16,7 +16,10 @@ from skipsearch.errors import SkipsearchError
 COMMANDS = ("models", "measure", "speedup", "profile", "decode", "run", "compare", "report", "export")
 
 
-def build_parser() -> argparse.ArgumentParser:
+_NOT_TYPED = object()
+
+
+def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="skipsearch", description="Find which layers a self-speculative draft should skip."
     )
@@ -24,11 +27,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"skipsearch.cli.{name}").register(sub)
-    return parser
+    return parser, sub.choices
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return _build()[0]
+
+
+def typed_options(argv: list[str], args: argparse.Namespace) -> frozenset[str]:
+    """The options the user typed, as opposed to left at their default (even when typed equal
+    to it): `run --resume` refuses a typed setting its stored run would ignore. Found by parsing
+    `argv` again with every default of the command replaced by a marker."""
+    parser, commands = _build()
+    options = [dest for dest in vars(args) if dest != "handler"]
+    commands[args.command].set_defaults(**dict.fromkeys(options, _NOT_TYPED))
+    again = vars(parser.parse_args(argv))
+    return frozenset(dest for dest in options if again[dest] is not _NOT_TYPED)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    args.typed = typed_options(argv, args)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

@@ -36,7 +36,13 @@ def add_prompt_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-prompt-tokens", type=int, default=256, help="keep the last N prompt tokens")
     parser.add_argument("--new-tokens", type=int, default=64, help="continuation length per prompt")
-    parser.add_argument("--seed", type=int, default=0, help="prompt selection seed (default %(default)s)")
+    parser.add_argument(
+        "--prompt-seed",
+        type=int,
+        default=0,
+        help="which prompts are drawn (default %(default)s); apart from --seed, so searches with "
+        "different seeds measure the same prompts",
+    )
     parser.add_argument(
         "--mode",
         choices=("shared-kv", "self"),
@@ -76,7 +82,7 @@ def prompt_spec(args: argparse.Namespace) -> PromptSpec:
         n_prompts=args.n_prompts,
         max_prompt_tokens=args.max_prompt_tokens,
         new_tokens=args.new_tokens,
-        seed=args.seed,
+        seed=args.prompt_seed,
     )
 
 
@@ -93,12 +99,28 @@ def measure_config(args: argparse.Namespace) -> MeasureConfig:
     )
 
 
-def mask_from_args(args: argparse.Namespace, num_layers: int) -> SkipMask:
-    """Build the mask from exactly one of --skip, --mask, or --attn-skip/--mlp-skip."""
+def check_mask_args(args: argparse.Namespace, num_layers: int | None) -> None:
+    """The mask options, checked before the model loads: the whole mask when the depth is known
+    without loading (`known_depth`), else their syntax (a backwards range, a typo)."""
+    if num_layers is not None:
+        mask_from_args(args, num_layers)
+        return
+    _check_given_once(args)
+    for text in (args.skip, args.attn_skip, args.mlp_skip):
+        if text is not None:
+            parse_layer_list(text)
+
+
+def _check_given_once(args: argparse.Namespace) -> None:
     sublayer = args.attn_skip is not None or args.mlp_skip is not None
     given = sum([args.skip is not None, args.mask is not None, sublayer])
     if given != 1:
         raise ConfigError("give the mask once: --skip, --mask, or --attn-skip/--mlp-skip")
+
+
+def mask_from_args(args: argparse.Namespace, num_layers: int) -> SkipMask:
+    """Build the mask from exactly one of --skip, --mask, or --attn-skip/--mlp-skip."""
+    _check_given_once(args)
     if args.skip is not None:
         return SkipMask.from_layers(num_layers, parse_layer_list(args.skip))
     if args.mask is not None:

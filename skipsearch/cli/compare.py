@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from skipsearch.cli.common import add_model_options, add_prompt_options
@@ -38,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from skipsearch.cli.run import run_config
+    from skipsearch.cli.run import run_config, typed_settings
     from skipsearch.progress import console
     from skipsearch.run.pipeline import run_compare
     from skipsearch.run.report import write_compare_outputs
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     config = run_config(args, "learned")
     out = Path(args.out or f"results/compare-{config.measure.model}-{config.space}")
 
-    def progress(name: str) -> object:
+    def progress(name: str) -> Callable[[int, int, float | None], None]:
         def on_trial(scored: int, total: int, best: float | None) -> None:
             console.print(
                 f"{name}: {scored}/{total} best {best:.3f}" if best else f"{name}: {scored}/{total}"
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         args.resume,
         progress,
         executor_factory(args),
+        typed_settings(args),
         strategies=strategies,
         random_multiple=args.random_multiple,
     )

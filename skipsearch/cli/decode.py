@@ -23,6 +23,7 @@ from skipsearch.cli.common import (
 )
 from skipsearch.errors import ConfigError
 from skipsearch.masks import parse_draft_vocab
+from skipsearch.store import write_text_atomic
 
 if TYPE_CHECKING:
     pass
@@ -67,6 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
     parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts (default 3)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
     parser.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     parser.set_defaults(handler=run)
 
@@ -88,14 +90,12 @@ def read_from(path: Path) -> tuple[str, int | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.acceptance.prompts import encode_prompts
-    from skipsearch.acceptance.worker import prepare
-    from skipsearch.cli.common import draft_vocab_from_args, mask_from_args, measure_config
+    from skipsearch.cli.common import check_mask_args, draft_vocab_from_args, mask_from_args, measure_config
     from skipsearch.cli.decode_tables import run_settings
     from skipsearch.engine import GREEDY, GammaPolicy, Sampling, Summary, breakdown
-    from skipsearch.engine.bench import AR, HF, SSD, benchmark, estimator_dict, estimators, make_decoders
     from skipsearch.masks import Draft, split_draft, vocab_label
-    from skipsearch.models.draft_head import DraftHead
+    from skipsearch.models.device import check_device
+    from skipsearch.run.preflight import known_depth
     from skipsearch.tiers.manifest import is_tier_manifest
 
     if args.from_path and is_tier_manifest(Path(args.from_path)):
@@ -116,9 +116,21 @@ def run(args: argparse.Namespace) -> int:
     policy = GammaPolicy(initial=gamma) if args.dynamic_gamma else GammaPolicy.fixed(gamma)
 
     config = measure_config(args)
+    depth = known_depth(args.model)
+    if mask_text is None:
+        check_mask_args(args, depth)
+    elif depth is not None:
+        Draft.parse(mask_text, depth)
+    check_device(args.device)  # the first check that imports torch
     file_vocab = None if mask_text is None else split_draft(mask_text)[1]
     if file_vocab is not None and args.draft_vocab is None:  # the file's draft vocabulary
         config = replace(config, draft_vocabs=(file_vocab,))
+
+    from skipsearch.acceptance.prompts import encode_prompts
+    from skipsearch.acceptance.worker import prepare
+    from skipsearch.engine.bench import AR, HF, SSD, benchmark, estimator_dict, estimators, make_decoders
+    from skipsearch.models.draft_head import DraftHead
+
     measurement = prepare(config)
     num_layers = measurement.num_layers
     draft = Draft.parse(mask_text, num_layers) if mask_text else Draft(mask_from_args(args, num_layers))
@@ -169,16 +181,14 @@ def run(args: argparse.Namespace) -> int:
     }
     print_result(result)
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
+        write_text_atomic(Path(args.json), json.dumps(result, indent=2))
     return 0 if lossless else 1
 
 
 def print_result(result: dict[str, Any]) -> None:
     from rich.console import Console
 
-    from skipsearch.cli.decode_tables import fmt, print_breakdown, summary_table
+    from skipsearch.cli.decode_tables import fmt, print_breakdown, print_caveats, summary_table
     from skipsearch.engine.bench import EARLY_EXIT
 
     console = Console()
@@ -193,6 +203,7 @@ def print_result(result: dict[str, Any]) -> None:
         return f"{name} E={result['exit_layer']}" if name == EARLY_EXIT else name
 
     console.print(summary_table(result["summaries"], "hf", "HF", label))
+    print_caveats(console, result)
     for est in result["estimators"]:
         line = f"estimator {est['mode']}: alpha {est['alpha']:.3f} (engine {fmt(est['measured_acceptance'])})"
         if est["tokens_per_round"] is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -56,11 +57,39 @@ def _cell(stats: dict[str, float]) -> str:
     return f"{stats['p50'] * 1e3:.1f} / {stats['p95'] * 1e3:.1f} ({stats['share']:.0%})"
 
 
+FEW_REPEATS = 3  # below this, one slow pass moves the mean speed by a third or more
+
+
+def timing_caveats(repeats: int) -> list[str]:
+    """Why the speeds of this decode may be noise: few repeats, or a machine busier than its cores
+    (the 1-minute load average, taken at the end of the timed passes, includes this process)."""
+    caveats = []
+    if repeats < FEW_REPEATS:
+        caveats.append(
+            f"only {repeats} repeat(s): speeds are single draws, not averages; use --repeats {FEW_REPEATS} "
+            "or more before quoting them"
+        )
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cores:
+        caveats.append(
+            f"load average {load:.2f} exceeds the {cores} cores: other processes shared the CPU, so the "
+            "speeds and the speedup are noisy; rerun on an idle machine"
+        )
+    return caveats
+
+
 def run_settings(args: argparse.Namespace, prompts: int) -> dict[str, Any]:
-    """How the decodes ran, as `decode` and `decode-tiers` both report it in their JSON."""
+    """How the decodes ran, as `decode` and `decode-tiers` both report it in their JSON, with the
+    caveats on their timing."""
     return {
         "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
         "prompts": prompts,
         "repeats": args.repeats,
         "max_new_tokens": args.new_tokens,
+        "timing_caveats": timing_caveats(args.repeats),
     }
+
+
+def print_caveats(console: Console, result: Mapping[str, Any]) -> None:
+    for caveat in result["timing_caveats"]:
+        console.print(f"[yellow]warning:[/] {caveat}")

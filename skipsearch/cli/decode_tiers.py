@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from skipsearch.errors import ConfigError
+from skipsearch.store import write_text_atomic
 
 AR, TIERS, SINGLE = "autoregressive", "ssd-tiers", "ssd-best-single"
 
@@ -133,16 +134,14 @@ def run_tiers(args: argparse.Namespace) -> int:
     }
     print_tiers(result)
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
+        write_text_atomic(Path(args.json), json.dumps(result, indent=2))
     return 0 if lossless else 1
 
 
 def print_tiers(result: dict[str, Any]) -> None:
     from rich.console import Console
 
-    from skipsearch.cli.decode_tables import fmt, print_breakdown, summary_table
+    from skipsearch.cli.decode_tables import fmt, print_breakdown, print_caveats, summary_table
 
     console = Console()
     console.print(
@@ -156,6 +155,7 @@ def print_tiers(result: dict[str, Any]) -> None:
     for index, (mask, gamma, share) in enumerate(tiers):
         console.print(f"  tier {index}: {mask}  gamma {gamma}  drafted {share:.0%} of rounds")
     console.print(summary_table(result["summaries"], "autoregressive", "AR"))
+    print_caveats(console, result)
     predicted = result["predicted"]
     if predicted:
         console.print(

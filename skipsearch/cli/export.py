@@ -21,16 +21,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="which config to write (default all: every format the run's masks allow)",
     )
     parser.add_argument("--out", help="directory for the files (default RUN/exports)")
+    parser.add_argument("--study", help="one study of a `compare` directory, e.g. learned-s0")
+    parser.add_argument(
+        "--export-key",
+        metavar="KEY",
+        help="the key of skip_layers.json (default: the model name, for Draft & Verify, and "
+        "MODEL_TASK, for SWIFT)",
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from skipsearch.run.export import export, load_source
+    from skipsearch.run.report import study_dir
     from skipsearch.store import EXPORT_README
 
-    source = load_source(Path(args.run))
+    source = load_source(Path(args.run), args.study, args.export_key)
     run_dir = source.run_dir or source.path.parent
-    out = Path(args.out) if args.out else run_dir / "exports"
+    out = Path(args.out) if args.out else study_dir(run_dir, args.study) / "exports"
     for item in export(source, [args.format], out):
         what = f"mask {item.draft.mask} γ={item.draft.gamma}" if item.draft else "tier set"
         print(f"{item.format:<12} {item.path}  read back OK  ({what})")

@@ -14,6 +14,7 @@ from skipsearch.cli.common import (
 )
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
 from skipsearch.cli.run import add_context_options
+from skipsearch.store import write_text_atomic
 
 GAMMAS = range(1, 9)
 
@@ -41,20 +42,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.acceptance.worker import prepare
-    from skipsearch.cli.common import draft_vocab_from_args, mask_from_args, measure_config
-    from skipsearch.cost.calibrated import predict
-    from skipsearch.cost.closed_forms import head_share_from_config
-    from skipsearch.cost.latency import LatencyProfile
+    from skipsearch.cli.common import check_mask_args, draft_vocab_from_args, mask_from_args, measure_config
     from skipsearch.errors import ConfigError
-    from skipsearch.masks import vocab_label
-    from skipsearch.search.objective import DEFAULT_CONTEXT, scoring_latency
-    from skipsearch.store import default_profile_path
+    from skipsearch.models.device import check_device
+    from skipsearch.run.preflight import known_depth
 
     if args.temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     config = measure_config(args)
     make_executor = executor_factory(args, workers=1)  # checks the executor options before the model loads
+    check_mask_args(args, known_depth(args.model))
+    check_device(args.device)  # the first check that imports torch
+
+    from skipsearch.acceptance.worker import prepare
+    from skipsearch.cost.calibrated import predict
+    from skipsearch.cost.closed_forms import head_share_from_config
+    from skipsearch.cost.latency import LatencyProfile
+    from skipsearch.masks import vocab_label
+    from skipsearch.search.objective import DEFAULT_CONTEXT, scoring_latency
+    from skipsearch.store import default_profile_path
+
     latency_path = (
         Path(args.latency_profile) if args.latency_profile else default_profile_path(args.model, args.device)
     )
@@ -102,9 +109,7 @@ def run(args: argparse.Namespace) -> int:
     }
     print_result(result, prediction)
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
+        write_text_atomic(Path(args.json), json.dumps(result, indent=2))
     return 0
 
 

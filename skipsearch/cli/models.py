@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from skipsearch.models.registry import ModelEntry
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,13 +35,25 @@ def run(args: argparse.Namespace) -> int:
             )
         print(resolve_gguf(entry))
         return 0
-    table = Table(title="skipsearch models")
-    for column in ("alias", "layers", "kind", "source", "offline", "description"):
-        table.add_column(column)
-    for entry in REGISTRY.values():
-        offline = "yes" if available_offline(entry) else "no"
-        table.add_row(
-            entry.alias, str(entry.num_layers), entry.kind, entry.source, offline, entry.description
-        )
-    Console().print(table)
+    Console().print(models_table(REGISTRY.values(), available_offline))
     return 0
+
+
+def models_table(entries: Iterable[ModelEntry], offline: Callable[[ModelEntry], bool]) -> Table:
+    """One row per alias. The alias (what users copy into --model) is never wrapped or cut, at
+    any width: it is sized to the longest one, and the other columns fold to make room."""
+    entries = list(entries)
+    table = Table(title="skipsearch models", box=box.SIMPLE_HEAD)
+    table.add_column("alias", no_wrap=True, min_width=max(len(e.alias) for e in entries))
+    for column in ("layers", "kind", "source", "offline", "description"):
+        table.add_column(column, overflow="fold")
+    for entry in entries:
+        table.add_row(
+            entry.alias,
+            str(entry.num_layers),
+            entry.kind,
+            entry.source,
+            "yes" if offline(entry) else "no",
+            entry.description,
+        )
+    return table

@@ -90,8 +90,11 @@ def output_path(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from skipsearch.models.device import check_device
+
     contexts = context_lengths(args.context_lengths)
     out = output_path(args)
+    check_device(args.device)
     if args.skip_existing and out.is_file():
         LatencyProfile.load(out)  # a damaged file fails here, not in the run that reads it
         Console().print(f"latency profile already in {out}: not measured again (drop --skip-existing to)")

@@ -8,15 +8,20 @@ from pathlib import Path
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("report", help="tables and plots of a run directory")
-    parser.add_argument("run_dir", help="a directory written by `skipsearch run`")
+    parser.add_argument("run_dir", help="a directory written by `skipsearch run` or `compare`")
+    parser.add_argument(
+        "--study", help="one study of a `compare` directory, e.g. learned-s0 (report in RUN/studies/NAME)"
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.run.report import write_run_outputs
+    from skipsearch.run.report import study_dir, write_run_outputs
+    from skipsearch.store import SUMMARY_FILE
 
     run_dir = Path(args.run_dir)
-    write_run_outputs(run_dir)
-    print((run_dir / "summary.md").read_text())
-    print(f"rewrote trials.csv, best.json, summary.md and plots in {run_dir}")
+    write_run_outputs(run_dir, args.study)
+    out = study_dir(run_dir, args.study)
+    print((out / SUMMARY_FILE).read_text())
+    print(f"rewrote trials.csv, best.json, summary.md and plots in {out}")
     return 0

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skipsearch.cli.common import add_draft_vocab_option, add_model_options, add_prompt_options
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
+
+if TYPE_CHECKING:
+    from skipsearch.config import RunConfig
+    from skipsearch.search.study import ProgressCallback
 
 
 def add_search_options(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +30,9 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
         "model on this device, else closed-form (default %(default)s)",
     )
     parser.add_argument("--pareto", action="store_true", help="multi-objective: speedup vs r_draft")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="search seed: sampler and random masks (default %(default)s)"
+    )
     parser.add_argument("--sampler", choices=("tpe", "gp", "cmaes", "nsga2"), default="tpe")
     parser.add_argument("--warm-start", action="store_true", help="learned: start from the best baselines")
     parser.add_argument(
@@ -72,7 +81,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def run_config(args: argparse.Namespace, strategy: str) -> object:
+# Option dest -> the `RunConfig` field it sets: `--resume` refuses a typed one that differs.
+STORED_OPTIONS = {
+    "model": "measure.model",
+    "device": "measure.device",
+    "dtype": "measure.dtype",
+    "mode": "measure.mode",
+    "prompts": "measure.prompts.source",
+    "n_prompts": "measure.prompts.n_prompts",
+    "max_prompt_tokens": "measure.prompts.max_prompt_tokens",
+    "new_tokens": "measure.prompts.new_tokens",
+    "prompt_seed": "measure.prompts.seed",
+    "space": "space",
+    "strategy": "strategy",
+    "sampler": "sampler",
+    "seed": "seed",
+    "gamma_max": "gamma_max",
+    "objective": "objective",
+    "cost": "cost",
+    "pareto": "pareto",
+    "warm_start": "warm_start",
+    "temperature": "temperature",
+    "context": "context",
+    "extrapolate_context": "extrapolate_context",
+    "importance": "importance",
+    "draft_vocab": "draft_vocab",
+}
+
+
+def typed_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The stored settings this command line sets, as `RunConfig` field -> option name."""
+    typed = getattr(args, "typed", frozenset())
+    return {field: "--" + dest.replace("_", "-") for dest, field in STORED_OPTIONS.items() if dest in typed}
+
+
+def run_config(args: argparse.Namespace, strategy: str) -> RunConfig:
     from skipsearch.cli.common import draft_vocab_from_args, measure_config
     from skipsearch.config import RunConfig
 
@@ -96,13 +139,18 @@ def run_config(args: argparse.Namespace, strategy: str) -> object:
     )
 
 
-def trial_progress(description: str, budget: int) -> tuple[object, object]:
-    """A rich bar showing trials, best score so far and ETA; returns (context manager, callback)."""
+def trial_progress(
+    description: str,
+) -> tuple[Callable[[RunConfig], ProgressCallback], Callable[[], None]]:
+    """A rich bar showing trials, best score so far and ETA, opened once the model is loaded;
+    returns (`on_start(config)` opening it and giving the per-trial callback, `close`)."""
     from skipsearch.progress import progress_bar
 
-    bar_context = progress_bar(description, budget)
+    bar_context = None
 
-    def start() -> object:
+    def on_start(config: RunConfig) -> ProgressCallback:
+        nonlocal bar_context
+        bar_context = progress_bar(description, config.budget)
         bar = bar_context.__enter__()
 
         def on_trial(scored: int, total: int, best: float | None) -> None:
@@ -111,49 +159,29 @@ def trial_progress(description: str, budget: int) -> tuple[object, object]:
 
         return on_trial
 
-    return bar_context, start
+    def close() -> None:
+        if bar_context is not None:
+            bar_context.__exit__(None, None, None)
+
+    return on_start, close
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from skipsearch.progress import console as status
-    from skipsearch.run.pipeline import (
-        check_run_dir,
-        cost_note,
-        open_context,
-        resolve_cost,
-        resolve_draft_vocab,
-        resumed_config,
-        save_run,
-        search_one,
-    )
+    from skipsearch.run.pipeline import start_run
     from skipsearch.run.report import write_run_outputs
-    from skipsearch.search.space_files import load_space
+    from skipsearch.store import SUMMARY_FILE
 
     config = run_config(args, args.strategy)
     make_executor = executor_factory(args)  # checks the executor options before the model loads
     out = Path(args.out or f"results/{config.measure.model}-{config.space}-{config.strategy}-s{config.seed}")
-    check_run_dir(out, args.resume)
-    if args.resume:
-        config = resumed_config(out, args.budget)
-    load_space(config.space)  # a bad space file fails before the model loads
-    config = resolve_draft_vocab(config)
-    context = open_context(config)
-    config = resolve_cost(config, context)
-    status.print(cost_note(config, context))
-    save_run(config, context, out)
-    executor = make_executor(config.measure, config.temperature, context.measurement)
-    bar_context, start = trial_progress(f"{config.strategy} search", config.budget)
+    on_start, close_bar = trial_progress(f"{config.strategy} search")
     try:
-        result = search_one(config, context, out, args.resume, on_trial=start(), executor=executor)
+        result = start_run(config, out, args.resume, typed_settings(args), make_executor, on_start)
     finally:
-        bar_context.__exit__(None, None, None)
-        executor.close()
+        close_bar()
     summary = write_run_outputs(out)
-    console = Console()
-    console.print((out / "summary.md").read_text())
-    console.print(
+    print((out / SUMMARY_FILE).read_text())  # plain: a console would wrap the mask line mid-token
+    print(
         f"{result.budget_used} masks scored, {result.model_evaluations} measured in this session; "
         f"files in {out}"
     )

@@ -5,8 +5,9 @@ Formats, each one file, read back after writing to prove it says what was meant:
   acceptance, provenance; `skipsearch decode --from` reads it.
 - `hf`: `generation_config.json` for transformers' assisted generation with
   `assistant_early_exit` (a contiguous prefix only).
-- `skip-layers`: `skip_layers.json`, `{"attention": [...], "mlp": [...]}`, the schema of
-  Draft & Verify and SWIFT (any mask).
+- `skip-layers`: `skip_layers.json`, `{KEY: {"attention": [...], "mlp": [...]}}` keyed the way
+  Draft & Verify (`skip_layers[model_name]`) and SWIFT (`f"{model_name}_{task_name}"`) index it
+  (any mask); `--export-key` names the one key instead.
 - `layerskip`: `layerskip.json`, the flags of LayerSkip's `generate.py` (a contiguous prefix only).
 - and `tiers.json`, the CUDA-graph capture manifest, when the run has a tier set.
 
@@ -21,19 +22,23 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from skipsearch import __version__
 from skipsearch.errors import ConfigError, SkipsearchError
 from skipsearch.masks import SkipMask
+from skipsearch.run.report import study_dir, write_run_outputs
+from skipsearch.search import load_study
 from skipsearch.search.stored import load_run, run_trials
-from skipsearch.store import BEST_FILE, EXPORT_README, RUN_FILE, TIERS_FILE
+from skipsearch.store import BEST_FILE, EXPORT_README, JOURNAL_FILE, RUN_FILE, TIERS_FILE
 from skipsearch.tiers.manifest import TierManifest
 
 log = logging.getLogger(__name__)
 
 EXPORT_VERSION = 1
+NOTES_FILE = "export_notes.md"  # the prose of every note, per format
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class ExportSource:
     contiguous: Draft | None
     tiers: TierManifest | None
     study: str | None
+    export_key: str | None = None
 
     @property
     def num_layers(self) -> int:
@@ -78,8 +84,11 @@ class Exported:
 
 
 # -- reading the run ------------------------------------------------------------------------------
-def load_source(path: Path) -> ExportSource:
-    """A run directory or its best.json -> the best draft, a contiguous fallback, tiers if any."""
+def load_source(path: Path, study: str | None = None, export_key: str | None = None) -> ExportSource:
+    """A run directory or its best.json -> the best draft, a contiguous fallback, tiers if any.
+
+    `study` picks one study of a `compare` directory (its report is written first when missing);
+    `export_key` is the one key of `skip_layers.json`."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(
@@ -88,6 +97,13 @@ def load_source(path: Path) -> ExportSource:
     run_dir = path if path.is_dir() else path.parent
     best_path = path / BEST_FILE if path.is_dir() else path
     has_run = (run_dir / RUN_FILE).is_file()
+    if study is not None:
+        if not path.is_dir() or not has_run:
+            raise ConfigError(f"--study needs a run or compare directory, not {path}")
+        best_path = study_dir(run_dir, study) / BEST_FILE
+        write_run_outputs(run_dir, study)  # lists the studies when `study` is not one of them
+    elif has_run and not best_path.is_file() and (run_dir / JOURNAL_FILE).is_file():
+        load_study(run_dir, load_run(run_dir)[0].strategy)  # a compare directory: names its studies
     if path.is_dir() and not has_run and not best_path.is_file():
         raise ConfigError(
             f"{path} is not a run directory (no run.yaml): pass the --out directory of `skipsearch run`"
@@ -112,7 +128,8 @@ def load_source(path: Path) -> ExportSource:
         best=best,
         contiguous=best if _is_prefix(best.mask) else (_best_contiguous(run_dir) if has_run else None),
         tiers=TierManifest.load(tiers_path) if tiers_path.is_file() else None,
-        study=_study_name(run_dir) if has_run else None,
+        study=study or (_study_name(run_dir) if has_run else None),
+        export_key=export_key,
     )
 
 
@@ -147,6 +164,56 @@ def _best_contiguous(run_dir: Path) -> Draft | None:
 
 def _study_name(run_dir: Path) -> str:
     return load_run(run_dir)[0].strategy
+
+
+# -- the notes ------------------------------------------------------------------------------------
+def parse_notes(text: str) -> dict[str, tuple[str, ...]]:
+    """`## section` -> its bullets (continuation lines indented by two spaces joined on)."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            current = sections.setdefault(line[3:].strip(), [])
+        elif current is not None and line.startswith("- "):
+            current.append(line[2:].strip())
+        elif current and line.startswith("  ") and line.strip():
+            current[-1] += " " + line.strip()
+    return {name: tuple(bullets) for name, bullets in sections.items()}
+
+
+NOTES = parse_notes(resources.files(__package__).joinpath(NOTES_FILE).read_text(encoding="utf-8"))
+
+
+def note_values(source: ExportSource, draft: Draft) -> dict[str, Any]:
+    """What the notes' `{placeholders}` stand for."""
+    exit_layer = draft.mask.exit_layer
+    best = source.best
+    return {
+        "model": source.model,
+        "gamma": draft.gamma,
+        "s1": draft.mask.first_divergent_layer,
+        "exit_layer": exit_layer,
+        "last_draft_layer": None if exit_layer is None else exit_layer - 1,
+        "n_tiers": 0 if source.tiers is None else len(source.tiers.masks),
+        "tiers_file": TIERS_FILE,
+        "keys": _key_list(skip_layer_keys(source)),
+        "best_mask": best.mask,
+        "trial": draft.trial,
+        "speed": f", {draft.speedup:.3f}x predicted" if draft.speedup is not None else "",
+        "best_speed": f"{best.speedup:.3f}x" if best.speedup is not None else "its score",
+    }
+
+
+def _key_list(keys: tuple[str, ...]) -> str:
+    quoted = [f"`{key}`" for key in keys]
+    return (
+        f"the key {quoted[0]}" if len(quoted) == 1 else f"the keys {', '.join(quoted[:-1])} and {quoted[-1]}"
+    )
+
+
+def notes(section: str, source: ExportSource, draft: Draft) -> list[str]:
+    values = note_values(source, draft)
+    return [note.format(**values) for note in NOTES[section]]
 
 
 # -- the formats ----------------------------------------------------------------------------------
@@ -249,18 +316,8 @@ def read_skipsearch(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 
 
 def notes_skipsearch(source: ExportSource, draft: Draft) -> list[str]:
-    notes = [
-        "Canonical record: any skip mask, down to single attention / MLP sub-layers.",
-        "`skipsearch decode --from skipsearch.json` runs it (keys `mask` and `gamma`) in the skipsearch "
-        "engine: one KV cache shared by draft and verify, the draft's exact KV below the first skipped "
-        f"layer (s1 = {draft.mask.first_divergent_layer}) reused by verify, as the predicted speedup "
-        "assumes.",
-    ]
-    if source.tiers is not None:
-        notes.append(
-            f"`tiers` holds the run's tier set ({len(source.tiers.masks)} masks), also in {TIERS_FILE}."
-        )
-    return notes
+    tiers = [] if source.tiers is None else notes("skipsearch-tiers", source, draft)
+    return [*notes("skipsearch", source, draft), *tiers]
 
 
 # hf ----------------------------------------------------------------------------------------------
@@ -295,55 +352,55 @@ def read_hf(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 
 
 def notes_hf(source: ExportSource, draft: Draft) -> list[str]:
-    return [
-        *_fallback_note(source, draft),
-        "transformers assisted generation, self-speculative: the draft is layers "
-        f"0..{draft.mask.exit_layer - 1} "
-        "plus the model's own norm and LM head (`assistant_early_exit`). Only such a prefix can be "
-        "expressed: "
-        "no sparse or sub-layer skips.",
-        "Draft and verify share the weights but not the KV cache: the early-exit assistant keeps its own "
-        "cache and verify recomputes every layer for the drafted tokens, so the KV reuse (r_reuse) the "
-        "skipsearch cost model credits does not happen; expect less than the predicted speedup.",
-        "transformers 5.24 reads num_assistant_tokens and assistant_confidence_threshold from the "
-        "model's own "
-        "generation_config: load this file with `model.generation_config = GenerationConfig.from_pretrained"
-        "(DIR)` (or merge it into the model's generation_config.json); passing it only as "
-        "`generate(generation_config=...)` leaves the draft at the default 20 tokens.",
-        f"num_assistant_tokens = γ = {draft.gamma} with a constant schedule, and "
-        "assistant_confidence_threshold "
-        "= 0 so drafts are not cut short by HF's confidence stop. Assisted generation runs batch size 1.",
-    ]
+    return [*_fallback_note(source, draft), *notes("hf", source, draft)]
 
 
 # skip-layers -------------------------------------------------------------------------------------
+def model_name(model: str) -> str:
+    """The name research code keys a model by: the last part of a hub id or path, no `.gguf`."""
+    name = Path(model.rstrip("/")).name
+    return name.removesuffix(".gguf") or model
+
+
+def skip_layer_keys(source: ExportSource) -> tuple[str, ...]:
+    """`--export-key`, else Draft & Verify's `model_name` and SWIFT's `model_name_task_name`
+    (the task: the run's prompt source, e.g. `humaneval`)."""
+    if source.export_key is not None:
+        return (source.export_key,)
+    name = model_name(source.model)
+    task = str(source.best_json.get("prompt_set") or "task").rsplit("-", 1)[0]
+    return (name, f"{name}_{task}")
+
+
 def write_skip_layers(source: ExportSource, draft: Draft, path: Path) -> None:
-    _dump(path, {"attention": sorted(draft.mask.attn), "mlp": sorted(draft.mask.mlp)})
+    entry = {"attention": sorted(draft.mask.attn), "mlp": sorted(draft.mask.mlp)}
+    _dump(path, {key: entry for key in skip_layer_keys(source)})
+
+
+def _is_skip_entry(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and set(entry) == {"attention", "mlp"}
+        and all(isinstance(v, list) and all(type(i) is int for i in v) for v in entry.values())
+    )
 
 
 def read_skip_layers(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
+    """Every key's mask; they must agree (one draft under several names)."""
     data = _load(path)
-    if (
-        not isinstance(data, dict)
-        or set(data) != {"attention", "mlp"}
-        or not all(isinstance(v, list) and all(type(i) is int for i in v) for v in data.values())
-    ):
-        raise ConfigError(f'{path}: expected exactly {{"attention": [ints], "mlp": [ints]}}: export it again')
-    return SkipMask(num_layers, data["attention"], data["mlp"]), None
+    if not isinstance(data, dict) or not data or not all(_is_skip_entry(e) for e in data.values()):
+        raise ConfigError(
+            f'{path}: expected {{KEY: {{"attention": [ints], "mlp": [ints]}}}} keyed by model name: '
+            "export it again"
+        )
+    masks = {SkipMask(num_layers, e["attention"], e["mlp"]) for e in data.values()}
+    if len(masks) != 1:
+        raise ConfigError(f"{path}: its keys hold different masks: export it again")
+    return masks.pop(), None
 
 
 def notes_skip_layers(source: ExportSource, draft: Draft) -> list[str]:
-    return [
-        "Draft & Verify / SWIFT schema: the attention and MLP sub-layers the draft skips (0-based). Any mask "
-        "fits, sparse and sub-layer ones included.",
-        "No mainstream engine (transformers, vLLM, TensorRT-LLM, llama.cpp) runs a sparse skip mask "
-        "natively: "
-        "this file is for research code that patches the model's forward, such as Draft & Verify and SWIFT.",
-        "It carries no draft length: those engines stop drafts adaptively; the search's γ was "
-        f"{draft.gamma}. "
-        "The predicted speedup assumes verify reuses the draft's KV below the first skipped layer; an engine "
-        "that keeps the draft's cache apart gains less.",
-    ]
+    return notes("skip-layers", source, draft)
 
 
 # layerskip ---------------------------------------------------------------------------------------
@@ -385,30 +442,11 @@ def read_layerskip(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 
 
 def notes_layerskip(source: ExportSource, draft: Draft) -> list[str]:
-    return [
-        *_fallback_note(source, draft),
-        "LayerSkip (facebookresearch/LayerSkip) `generate.py`: self-speculative decoding exiting at "
-        f"--exit_layer {draft.mask.exit_layer} through the model's LM head, --num_speculations γ = "
-        f"{draft.gamma}; "
-        "pass your checkpoint as --model. Only an early exit can be expressed: no sparse or sub-layer skips.",
-        "LayerSkip reuses the draft's KV of the first exit_layer layers in verify, as the cost model "
-        "assumes. Its "
-        "checkpoints are trained with layer dropout and an early-exit loss; the acceptance measured "
-        "here is for "
-        f"{source.model} as it is.",
-    ]
+    return [*_fallback_note(source, draft), *notes("layerskip", source, draft)]
 
 
 def _fallback_note(source: ExportSource, draft: Draft) -> list[str]:
-    if draft.mask == source.best.mask:
-        return []
-    speed = f", {draft.speedup:.3f}x predicted" if draft.speedup is not None else ""
-    best = f"{source.best.speedup:.3f}x" if source.best.speedup is not None else "its score"
-    return [
-        f"The run's best mask {source.best.mask} is sparse, which this engine cannot run: exported the run's "
-        f"best early exit instead, E = {draft.mask.exit_layer} (trial {draft.trial}{speed}; best mask "
-        f"{best})."
-    ]
+    return [] if draft.mask == source.best.mask else notes("fallback", source, draft)
 
 
 FORMATS: dict[str, Format] = {
@@ -481,16 +519,13 @@ def _write_tiers(manifest: TierManifest, out: Path) -> Exported:
     manifest.save(path)
     if TierManifest.load(path) != manifest:
         raise SkipsearchError(f"{path} does not read back as the run's tier set")
-    notes = (
-        f"Capture manifest of {len(manifest.masks)} tiers: the masks, their draft lengths "
-        f"{list(manifest.gammas)}, the policy (window {manifest.policy.window}, thresholds "
-        f"{[round(t, 3) for t in manifest.policy.thresholds]}), the batch-size buckets and the graphs "
-        "to pre-capture: one draft graph per tier and bucket, one verify graph per tier, draft length "
-        "and bucket.",
-        "`skipsearch decode --from tiers.json` runs it (CUDA graphs on a GPU, eagerly otherwise). No "
-        "other engine switches draft masks at run time.",
-    )
-    return Exported("tiers", path, None, notes)
+    values = {
+        "n_tiers": len(manifest.masks),
+        "gammas": list(manifest.gammas),
+        "window": manifest.policy.window,
+        "thresholds": [round(t, 3) for t in manifest.policy.thresholds],
+    }
+    return Exported("tiers", path, None, tuple(note.format(**values) for note in NOTES["tiers"]))
 
 
 def readme(source: ExportSource, exported: list[Exported], skipped: Mapping[str, str]) -> str:

@@ -1,16 +1,20 @@
 """`skipsearch run` and `compare` end to end: validate, measure, search, write the run directory.
 
-Order matters for "nothing half-written": every input is validated (space file, budget, run
-directory, constraints against the model's depth) before `run.yaml` or the study journal is
-created, and the report files are rewritten from the journal at the end, so a killed run loses
-nothing that `--resume` cannot rebuild.
+Order matters for "nothing half-written": everything that needs no model is checked first
+(`preflight`), the depth-dependent checks run right after the model loads and before the slow
+reference build, and only then are `run.yaml` and the study journal written. A new run that still
+fails before its first trial (a Ray cluster that does not start, an interrupt while loading)
+removes what it created, so the rerun is not told to `--resume` a run that never ran. The report
+files are rewritten from the journal at the end, so a killed run loses nothing that `--resume`
+cannot rebuild.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
-from dataclasses import dataclass
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,13 +22,15 @@ from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.progress import console
+from skipsearch.run.preflight import SearchSetup, build_search, check_searches, preflight, resumed_config
+from skipsearch.search.study import ProgressCallback, SearchResult
 from skipsearch.store import CACHE_DIR, DRAFT_VOCAB_FILE, JOURNAL_FILE, RUN_FILE
 
-if TYPE_CHECKING:  # heavy (torch) or Optuna types: imported where they are used
+if TYPE_CHECKING:  # heavy (torch) types: imported where they are used
     from skipsearch.acceptance.worker import Measurement
     from skipsearch.cost.latency import LatencyProfile
     from skipsearch.search import EvaluationCache
-    from skipsearch.search.study import SearchResult
+    from skipsearch.search.strategies import Strategy
 
 
 def check_run_dir(out: Path, resume: bool) -> None:
@@ -36,6 +42,33 @@ def check_run_dir(out: Path, resume: bool) -> None:
         raise ConfigError(f"{out} holds no run to resume: drop --resume to start one there")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file: pass a directory")
+
+
+def resolve_draft_vocab(config: RunConfig) -> RunConfig:
+    """The draft vocabularies the run scores every mask with, made concrete before `run.yaml`:
+    `--draft-vocab` when given, else the space file's `draft_vocab:` (full only for a tiers space,
+    whose masks are captured with the full head). The measurement measures every size given."""
+    from skipsearch.search.space_files import load_space
+    from skipsearch.search.space_spec import SpaceSpec
+
+    choices = config.draft_vocab
+    if choices is None:
+        spec = load_space(config.space)
+        choices = spec.draft_vocab if isinstance(spec, SpaceSpec) else (None,)
+    sizes = tuple(k for k in choices if k is not None)
+    return replace(config, draft_vocab=tuple(choices), measure=replace(config.measure, draft_vocabs=sizes))
+
+
+def prepare_config(
+    config: RunConfig, out: Path, resume: bool, typed: Mapping[str, str], strategies: Sequence[str]
+) -> RunConfig:
+    """The config a run will use, with every model-free check done: the run directory, the stored
+    settings of a resumed run (`typed` as in `resumed_config`), the draft vocabularies, the cost
+    model, the search of each of `strategies`, the device."""
+    check_run_dir(out, resume)
+    if resume:
+        config = resumed_config(out, config, typed)
+    return preflight(resolve_draft_vocab(config), strategies)
 
 
 @dataclass
@@ -50,9 +83,10 @@ class RunContext:
 def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> RunContext:
     """Load the model and ReferenceCache; find the latency profile for the calibrated cost.
 
-    The scoring context is checked against the profile before the model loads, and the search
-    space is resolved against the model's depth (with the strategy's needs) before the reference
-    build, so bad input fails before anything is written.
+    The scoring context is checked against the profile before the model loads, and the search of
+    each of `strategies` (default: the config's own) is built against the model's depth as soon as
+    it is known, so infeasible constraints or an exhaustive space beyond the budget fail before the
+    reference build and before anything is written.
     """
     import torch
     import transformers
@@ -60,16 +94,13 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
     from skipsearch.acceptance.worker import prepare
     from skipsearch.cost.latency import LatencyProfile
     from skipsearch.search.objective import scoring_latency
-    from skipsearch.search.space_files import load_space
     from skipsearch.store import default_profile_path
 
-    space = load_space(config.space)
     latency_path = default_profile_path(config.measure.model, config.measure.device)
     latency = LatencyProfile.load(latency_path) if latency_path.is_file() else None
-    scoring_latency(_concrete_cost(config.cost, latency), latency, config.context, config.extrapolate_context)
-    # Infeasible constraints depend on the depth: check them before any run file is written.
-    chosen = strategies or (config.strategy,)
-    measurement = prepare(config.measure, check=lambda layers: check_search(config, chosen, space, layers))
+    scoring_latency(config.cost, latency, config.context, config.extrapolate_context)
+    searched = tuple(strategies or (config.strategy,))
+    measurement = prepare(config.measure, check=lambda depth: check_searches(config, depth, searched))
     provenance = {
         "model_source": measurement.loaded.source,
         "num_layers": measurement.num_layers,
@@ -82,58 +113,6 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
     return RunContext(measurement, latency, provenance)
 
 
-def resolve_cost(config: RunConfig, context: RunContext) -> RunConfig:
-    """`--cost auto` made concrete before `run.yaml` is written: the calibrated cost model when
-    `skipsearch profile` has measured this model on this device, else the closed form.
-
-    A resumed run reloads its `run.yaml` (`resumed_config`), where the cost is already concrete,
-    so a profile taken in between cannot change how half of one study's trials are scored.
-    """
-    from dataclasses import replace
-
-    return replace(config, cost=_concrete_cost(config.cost, context.latency))
-
-
-def _concrete_cost(cost: str, latency: object | None) -> str:
-    if cost != "auto":
-        return cost
-    return "calibrated" if latency is not None else "closed-form"
-
-
-def check_search(config: RunConfig, strategies: Sequence[str], space_file: object, num_layers: int) -> None:
-    """What depends on the model's depth: the space's constraints and, for the informed strategies,
-    a sparse or sublayer space with budget left after a measured importance."""
-    from skipsearch.search.space_spec import TierSpace
-    from skipsearch.search.strategies import INFORMED, informed_space, measured_units_budget
-
-    resolved = space_file.resolve(num_layers)  # type: ignore[attr-defined]
-    space = resolved.base if isinstance(resolved, TierSpace) else resolved
-    for strategy in (s for s in strategies if s in INFORMED):
-        spent = measured_units_budget(informed_space(strategy, space), config.importance)
-        if config.budget <= spent:
-            raise ConfigError(
-                f"--importance measured evaluates {spent} single-unit masks of space {space.name!r} "
-                f"from the budget of {config.budget}: raise --budget above {spent} or use --importance proxy"
-            )
-
-
-def resolve_draft_vocab(config: RunConfig) -> RunConfig:
-    """The draft vocabularies the run scores every mask with, made concrete before `run.yaml`:
-    `--draft-vocab` when given, else the space file's `draft_vocab:` (full only for a tiers space,
-    whose masks are captured with the full head). The measurement measures every size given."""
-    from dataclasses import replace
-
-    from skipsearch.search.space_files import load_space
-    from skipsearch.search.space_spec import SpaceSpec
-
-    choices = config.draft_vocab
-    if choices is None:
-        spec = load_space(config.space)
-        choices = spec.draft_vocab if isinstance(spec, SpaceSpec) else (None,)
-    sizes = tuple(k for k in choices if k is not None)
-    return replace(config, draft_vocab=tuple(choices), measure=replace(config.measure, draft_vocabs=sizes))
-
-
 def save_run(config: RunConfig, context: RunContext, out: Path, extra: dict | None = None) -> None:
     """`run.yaml` with its provenance, and the draft-vocabulary ranking the run drafts from."""
     out.mkdir(parents=True, exist_ok=True)
@@ -142,10 +121,61 @@ def save_run(config: RunConfig, context: RunContext, out: Path, extra: dict | No
         context.measurement.ranking.save(out / DRAFT_VOCAB_FILE)
 
 
-def resumed_config(out: Path, budget: int) -> RunConfig:
-    """The settings a run started with, from its `run.yaml`: only the budget may change on resume,
-    or one study would mix trials scored, measured or constrained in two ways."""
-    return RunConfig.load(out / RUN_FILE)[0].with_budget(budget)
+def _has_trials(out: Path) -> bool:
+    """Whether any study in `out` finished a trial: then the run is worth a `--resume`."""
+    if not (out / JOURNAL_FILE).is_file():
+        return False
+    import optuna
+    from optuna.trial import TrialState
+
+    from skipsearch.search.study import journal_storage
+
+    storage = journal_storage(out)
+    return any(
+        optuna.load_study(study_name=name, storage=storage).get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE,)
+        )
+        for name in optuna.study.get_all_study_names(storage)
+    )
+
+
+@contextmanager
+def removed_if_unused(out: Path, resume: bool) -> Iterator[None]:
+    """A new run that fails before its first trial removes what it created in `out` (the
+    directory itself when it made it); a resumed run, or one with a finished trial, is kept."""
+    before = set(out.iterdir()) if out.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        if not resume and out.is_dir() and not _has_trials(out):
+            created = [out] if before is None else sorted(set(out.iterdir()) - before)
+            for path in created:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+        raise
+
+
+def start_run(
+    config: RunConfig,
+    out: Path,
+    resume: bool,
+    typed: Mapping[str, str],
+    make_executor: ExecutorFactory,
+    on_start: Callable[[RunConfig], ProgressCallback | None],
+) -> SearchResult:
+    """`skipsearch run`: check, load, write `run.yaml`, search to the budget in `out`.
+
+    `on_start(config)` is called once the model is loaded (with the run's final config) and
+    returns the per-trial progress callback."""
+    config = prepare_config(config, out, resume, typed, (config.strategy,))
+    with removed_if_unused(out, resume):
+        context = open_context(config)
+        console.print(cost_note(config, context))
+        save_run(config, context, out)
+        with make_executor(config.measure, config.temperature, context.measurement) as executor:
+            return search_one(config, context, out, resume, on_trial=on_start(config), executor=executor)
 
 
 def cost_note(config: RunConfig, context: RunContext) -> str:
@@ -165,7 +195,7 @@ def search_one(
     resume: bool,
     study_name: str | None = None,
     cache: EvaluationCache | None = None,
-    on_trial: Callable[[int, int, float | None], None] | None = None,
+    on_trial: ProgressCallback | None = None,
     executor: Executor | None = None,
 ) -> SearchResult:
     """Run one strategy's study in `out` (validated constraints first, then the journal).
@@ -176,13 +206,11 @@ def search_one(
     from skipsearch.cost.closed_forms import head_share_from_config
     from skipsearch.search import EvaluationCache, SearchConfig, run_search
     from skipsearch.search.objective import make_scorer
-    from skipsearch.search.space_files import load_space
     from skipsearch.search.space_spec import TierSpace
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar reports trials
     measurement = context.measurement
-    resolved = load_space(config.space).resolve(measurement.num_layers)
-    space = resolved.base if isinstance(resolved, TierSpace) else resolved
+    setup = build_search(config, measurement.num_layers)
     model_config = measurement.runner.config
     scorer = make_scorer(
         config.objective,
@@ -198,10 +226,10 @@ def search_one(
     cache = cache if cache is not None else EvaluationCache(out / CACHE_DIR)
     owned = local_executor(config.measure, config.temperature, measurement) if executor is None else None
     with owned or nullcontext(executor) as evaluating:
-        strategy, budget = _strategy(config, context, space, out, evaluating, cache)
+        strategy, budget = _strategy(config, context, setup, out, evaluating, cache)
         search = SearchConfig(budget=budget, seed=config.seed, pareto=config.pareto)
         result = run_search(
-            space,
+            setup.space,
             strategy,
             evaluating,
             scorer,
@@ -212,37 +240,35 @@ def search_one(
             resume=resume,
             on_trial=on_trial,
         )
-    if isinstance(resolved, TierSpace):  # tier sets over the masks the base search measured
+    if isinstance(setup.resolved, TierSpace):  # tier sets over the masks the base search measured
         from skipsearch.search.tier_sets import search_space_tiers
 
-        search_space_tiers(out, resolved, config.cost, context.latency, seed=config.seed)
+        search_space_tiers(out, setup.resolved, config.cost, context.latency, seed=config.seed)
     return result
 
 
 def _strategy(
-    config: RunConfig, context: RunContext, space: object, out: Path, executor: Executor, cache: object
-) -> tuple[object, int]:
-    """The strategy with its options and inputs, and the study's budget: an informed strategy
-    gets the run's importance (measuring it first takes the single-unit masks from the budget) and,
-    with the calibrated cost, each sub-layer's time at the scoring context."""
+    config: RunConfig,
+    context: RunContext,
+    setup: SearchSetup,
+    out: Path,
+    executor: Executor,
+    cache: EvaluationCache,
+) -> tuple[Strategy, int]:
+    """The strategy with its inputs, and the study's budget: an informed strategy gets the run's
+    importance (measuring it first takes the single-unit masks from the budget) and, with the
+    calibrated cost, each sub-layer's time at the scoring context."""
     from skipsearch.run.importance import run_importance
     from skipsearch.search.objective import DEFAULT_CONTEXT, scoring_latency
-    from skipsearch.search.strategies import (
-        INFORMED,
-        informed_space,
-        make_strategy,
-        measured_units_budget,
-    )
+    from skipsearch.search.strategies import informed_space, make_strategy, measured_units_budget
 
-    if config.strategy == "learned":
-        return make_strategy("learned", algorithm=config.sampler, warm_start=config.warm_start), config.budget
-    if config.strategy not in INFORMED:
-        return make_strategy(config.strategy), config.budget
-    subset = informed_space(config.strategy, space)  # type: ignore[arg-type]
-    importance = run_importance(out, config.importance, context.measurement, subset, executor, cache)  # type: ignore[arg-type]
+    if setup.strategy is not None:
+        return setup.strategy, config.budget
+    subset = informed_space(config.strategy, setup.space)
+    importance = run_importance(out, config.importance, context.measurement, subset, executor, cache)
     latency = scoring_latency(config.cost, context.latency, config.context, config.extrapolate_context)
     at = DEFAULT_CONTEXT if config.context is None else config.context
-    weights = latency.weights(at) if config.cost == "calibrated" and latency is not None else None  # type: ignore[attr-defined]
+    weights = latency.weights(at) if config.cost == "calibrated" and latency is not None else None
     strategy = make_strategy(config.strategy, importance=importance, weights=weights)
     return strategy, config.budget - measured_units_budget(subset, config.importance)
 
@@ -255,8 +281,9 @@ def run_compare(
     seeds: int,
     out: Path,
     resume: bool,
-    progress: Callable[[str], object],
+    progress: Callable[[str], ProgressCallback],
     executor_factory: ExecutorFactory = local_executor,
+    typed: Mapping[str, str] | None = None,
     strategies: Sequence[str] = COMPARED_STRATEGIES,
     random_multiple: int = 0,
 ) -> list[tuple[str, int, str]]:
@@ -265,10 +292,6 @@ def run_compare(
     load the model once for all studies. `random_multiple` > 1 adds random search at that multiple
     of the budget (label `random@<m>x`), the reference a learned strategy should beat.
     Returns (label, seed, study)."""
-    from dataclasses import replace
-
-    from skipsearch.search import EvaluationCache
-    from skipsearch.search.space_files import load_space
     from skipsearch.search.strategies import STRATEGIES
 
     if seeds < 1:
@@ -278,17 +301,27 @@ def run_compare(
         raise ConfigError(f"unknown strategies {unknown or strategies}: use some of {', '.join(STRATEGIES)}")
     if random_multiple < 0 or random_multiple == 1:
         raise ConfigError(f"--random-multiple must be 0 (none) or >= 2, got {random_multiple}")
-    check_run_dir(out, resume)
-    if resume:
-        config = resumed_config(out, config.budget)
-    load_space(config.space)
-    config = resolve_draft_vocab(config)
-    context = open_context(config, strategies)
-    config = resolve_cost(config, context)
-    console.print(cost_note(config, context))
+    config = prepare_config(config, out, resume, typed or {}, tuple(strategies))
     studies_of = [(s, s, config.budget) for s in strategies]
     if random_multiple:
         studies_of.append((f"random@{random_multiple}x", "random", config.budget * random_multiple))
+    with removed_if_unused(out, resume):
+        return _compare(config, seeds, out, resume, progress, executor_factory, studies_of)
+
+
+def _compare(
+    config: RunConfig,
+    seeds: int,
+    out: Path,
+    resume: bool,
+    progress: Callable[[str], ProgressCallback],
+    executor_factory: ExecutorFactory,
+    studies_of: list[tuple[str, str, int]],
+) -> list[tuple[str, int, str]]:
+    from skipsearch.search import EvaluationCache
+
+    context = open_context(config, tuple(dict.fromkeys(strategy for _, strategy, _ in studies_of)))
+    console.print(cost_note(config, context))
     save_run(config, context, out, {"seeds": seeds, "strategies": [label for label, _, _ in studies_of]})
     cache = EvaluationCache(out / CACHE_DIR)
     studies = []

@@ -7,6 +7,7 @@ Pure read of the run directory (no model), so a copied run can be reported anywh
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib
@@ -21,25 +22,47 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import FULL_VOCAB
 from skipsearch.search import best_trial, load_study, pareto_front, study_trials_frame
 from skipsearch.search.results import TrialRecord
-from skipsearch.store import DRAFT_VOCAB_FILE, RUN_FILE
+from skipsearch.store import (
+    BEST_FILE,
+    DRAFT_VOCAB_FILE,
+    RUN_FILE,
+    STUDIES_DIR,
+    SUMMARY_FILE,
+    atomic_path,
+    write_text_atomic,
+)
 
 PAYS_OFF = 1.05  # below this predicted speedup, overheads the model ignores eat the gain
 
 
-def write_run_outputs(run_dir: Path) -> dict:
-    """Rewrite every report file of `run_dir`; return best.json's content."""
+def study_dir(run_dir: Path, study_name: str | None) -> Path:
+    """Where the report of one study goes: the run directory itself for a run's own study, or
+    `studies/<name>/` for one study of a `compare` directory."""
+    return run_dir if study_name is None else run_dir / STUDIES_DIR / study_name
+
+
+def write_run_outputs(run_dir: Path, study_name: str | None = None) -> dict:
+    """Rewrite every report file of `run_dir` (of its study `study_name` in `study_dir`, for a
+    `compare` directory); return best.json's content."""
     config, provenance = RunConfig.load(run_dir / RUN_FILE)
-    study = load_study(run_dir, config.strategy)
+    study = load_study(run_dir, study_name or config.strategy)
+    if study_name is not None:  # a compare study ran with its own strategy and seed
+        settings = study.user_attrs.get("settings", {})
+        config = replace(
+            config, strategy=settings.get("strategy", config.strategy), seed=settings.get("seed", config.seed)
+        )
     frame = study_trials_frame(study)
     best = best_trial(study)
     if best is None or frame.empty:
         raise ConfigError(f"{run_dir} has no finished trial yet: run or --resume it first")
+    run_dir = study_dir(run_dir, study_name)
+    run_dir.mkdir(parents=True, exist_ok=True)
     frame.insert(0, "seed", config.seed)
-    frame.to_csv(run_dir / "trials.csv", index=False)
+    write_text_atomic(run_dir / "trials.csv", frame.to_csv(index=False))
     front = pareto_front(study)
     summary = best_summary(best, config, provenance)
-    (run_dir / "best.json").write_text(json.dumps(summary, indent=2))
-    (run_dir / "summary.md").write_text(verdict(summary, frame, front))
+    write_text_atomic(run_dir / BEST_FILE, json.dumps(summary, indent=2))
+    write_text_atomic(run_dir / SUMMARY_FILE, verdict(summary, frame, front))
     plot_convergence(frame, run_dir / "convergence.png")
     plot_alpha_vs_r_draft(frame, front, run_dir / "alpha_vs_r_draft.png")
     plot_skip_frequency(frame, best.num_layers, run_dir / "skip_frequency.png")
@@ -85,25 +108,49 @@ def best_summary(best: TrialRecord, config: RunConfig, provenance: dict) -> dict
     }
 
 
-def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str:
-    """A plain-words verdict: the best configuration, and whether SSD pays off at all."""
+COST_LABELS = {"closed-form": "closed form", "calibrated": "calibrated on this device"}
+
+
+def predicted_speedups(summary: dict) -> str:
+    """Both predictions, each labelled, the one the run ranked by first and marked so."""
     speed = summary["predicted_speedup"]
-    best_speed = speed["calibrated"] or speed["closed_form"]
+    ranked = summary["cost"]
+    labelled = {cost: speed[cost.replace("-", "_")] for cost in COST_LABELS}
+    order = [ranked, *(c for c in labelled if c != ranked)]
+    parts = [
+        f"{labelled[c]:.3f}x {COST_LABELS[c]}"
+        + (" (the cost model this run ranked by)" if c == ranked else "")
+        for c in order
+        if labelled[c] is not None
+    ]
+    return ", ".join(parts)
+
+
+def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str:
+    """A plain-words verdict: the best configuration, and whether SSD pays off at all, by the cost
+    model the run ranked with (the one the progress bar showed), named."""
+    cost = summary["cost"]
+    best_speed = summary["predicted_speedup"][cost.replace("-", "_")]
+    by = {
+        "closed-form": "by the closed-form cost model",
+        "calibrated": "by the cost model calibrated on this device",
+    }[cost]
     pays = best_speed >= PAYS_OFF
     acceptance = summary["acceptance"]
     lines = [
         f"# skipsearch run: {summary['model']}",
         "",
-        f"Best mask `{summary['mask']}` (attention skipped at {summary['skipped_attn']}, MLP at "
-        f"{summary['skipped_mlp']}) with draft length γ = {summary['gamma_best']}"
-        + (
-            "."
+        f"Best mask, with draft length γ = {summary['gamma_best']} (attention skipped at "
+        f"{summary['skipped_attn']}, MLP at {summary['skipped_mlp']}):",
+        "",
+        f"    {summary['mask']}",
+        *(
+            []
             if summary["draft_vocab"] == FULL_VOCAB
-            else f", drafting from the {summary['draft_vocab']} most frequent token ids ({DRAFT_VOCAB_FILE})."
+            else [f"drafting from the {summary['draft_vocab']} most frequent token ids ({DRAFT_VOCAB_FILE})."]
         ),
         "",
-        f"- predicted speedup: {speed['closed_form']:.3f}x closed form"
-        + (f", {speed['calibrated']:.3f}x calibrated on this device" if speed["calibrated"] else ""),
+        f"- predicted speedup: {predicted_speedups(summary)}",
         f"- acceptance α = {acceptance['alpha']:.3f} (greedy), "
         f"{acceptance['sampling_acceptance']:.3f} sampling at T = {acceptance['temperature']}",
         f"- draft cost r_draft = {summary['r_draft']:.3f}, KV reuse r_reuse = {summary['r_reuse']:.3f}",
@@ -115,17 +162,26 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
     ]
     if pays:
         lines.append(
-            f"SSD pays off for this model on these prompts: about {best_speed:.2f}x predicted "
+            f"SSD pays off for this model on these prompts: about {best_speed:.2f}x predicted {by} "
             "with the mask above."
         )
     else:
         lines.append(
-            f"SSD does not pay off here: the best predicted speedup is {best_speed:.2f}x, below {PAYS_OFF}x, "
+            f"SSD does not pay off here: the best speedup predicted {by} is {best_speed:.2f}x, below "
+            f"{PAYS_OFF}x, "
             "so the overheads the cost model leaves out (sampling, cache bookkeeping) would eat the gain. "
             'Why, and what to try: docs/theory.md, section "When SSD does not pay".'
         )
     lines.append("")
     return "\n".join(lines)
+
+
+def save_figure(fig: plt.Figure, path: Path) -> None:
+    """Lay out, write atomically (a reader never sees half a PNG) and free the figure."""
+    fig.tight_layout()
+    with atomic_path(path) as staging:
+        fig.savefig(staging, format="png", dpi=120)
+    plt.close(fig)
 
 
 def plot_convergence(frame: pd.DataFrame, path: Path) -> None:
@@ -135,9 +191,7 @@ def plot_convergence(frame: pd.DataFrame, path: Path) -> None:
     ax.scatter(np.arange(1, len(unique) + 1), unique["score"], s=8, alpha=0.4)
     ax.set(xlabel="distinct masks evaluated", ylabel="score (best so far)", title="Convergence")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_alpha_vs_r_draft(frame: pd.DataFrame, front: list[TrialRecord], path: Path) -> None:
@@ -157,9 +211,7 @@ def plot_alpha_vs_r_draft(frame: pd.DataFrame, front: list[TrialRecord], path: P
     ax.set(xlabel="r_draft", ylabel="α (greedy)", title="Acceptance vs draft cost")
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_skip_frequency(frame: pd.DataFrame, num_layers: int, path: Path) -> None:
@@ -180,9 +232,7 @@ def plot_skip_frequency(frame: pd.DataFrame, num_layers: int, path: Path) -> Non
         title=f"Skip frequency, top {len(top)} trials",
     )
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_speedup_vs_gamma(best: TrialRecord, path: Path) -> None:
@@ -192,9 +242,7 @@ def plot_speedup_vs_gamma(best: TrialRecord, path: Path) -> None:
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(xlabel="γ (draft length)", ylabel="predicted speedup", title=f"Best mask {best.mask}")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_compare_outputs(run_dir: Path, studies: list[tuple[str, int, str]]) -> pd.DataFrame:
@@ -226,7 +274,7 @@ def write_compare_outputs(run_dir: Path, studies: list[tuple[str, int, str]]) ->
         )
         curves.setdefault(strategy, []).append(best_so_far)
     table = pd.DataFrame(rows)
-    table.to_csv(run_dir / "comparison.csv", index=False)
+    write_text_atomic(run_dir / "comparison.csv", table.to_csv(index=False))
     summary = table.groupby("strategy", sort=False).agg(
         best_mean=("best_score", "mean"),
         best_std=("best_score", "std"),
@@ -245,7 +293,7 @@ def write_compare_outputs(run_dir: Path, studies: list[tuple[str, int, str]]) ->
             f"| {strategy} | {r.best_mean:.3f} ± {std:.3f} | {r.best_max:.3f} | {r.alpha_mean:.3f} | "
             f"{r.trials_to_95pct:.1f} | {r.model_seconds:.0f} |"
         )
-    (run_dir / "comparison.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(run_dir / "comparison.md", "\n".join(lines) + "\n")
     plot_strategy_convergence(curves, run_dir / "convergence.png")
     return table
 
@@ -261,6 +309,4 @@ def plot_strategy_convergence(curves: dict[str, list[np.ndarray]], path: Path) -
     ax.set(xlabel="distinct masks evaluated", ylabel="best score so far", title="Strategies at equal budget")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -17,7 +17,7 @@ from pathlib import Path
 from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
-from skipsearch.store import CACHE_KEY_FILE, EVALUATIONS_FILE
+from skipsearch.store import CACHE_KEY_FILE, EVALUATIONS_FILE, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class EvaluationCache:
             return
         key_path = self.directory / CACHE_KEY_FILE
         if not key_path.exists():
-            key_path.write_text(key)
+            write_text_atomic(key_path, key)
         elif (stored := key_path.read_text()) != key:
             raise ConfigError(
                 f"evaluation cache {self.directory} holds profiles for {stored!r}, not {key!r}: "

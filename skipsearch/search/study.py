@@ -36,6 +36,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, Outcome
 from skipsearch.masks import SkipMask, SublayerWeights
 from skipsearch.search.cache import EvaluationCache
+from skipsearch.search.journal import repair_journal
 from skipsearch.search.results import DETAIL_PREFIX, TrialRecord, best_trial, pareto_front
 from skipsearch.search.score import Scorer
 from skipsearch.search.spaces import ConcreteSpace
@@ -93,7 +94,10 @@ class SearchResult:
 
 
 def journal_storage(run_dir: Path) -> JournalStorage:
+    """The run's journal, repaired first if a killed writer tore its last record (so nothing is
+    ever appended after a torn line)."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    repair_journal(run_dir / JOURNAL_FILE)
     return JournalStorage(JournalFileBackend(str(run_dir / JOURNAL_FILE)))
 
 
@@ -104,7 +108,10 @@ def load_study(run_dir: Path, study_name: str) -> optuna.Study:
     storage = journal_storage(run_dir)
     names = optuna.study.get_all_study_names(storage)
     if study_name not in names:
-        raise ConfigError(f"{run_dir} has no study {study_name!r}: it has {', '.join(names) or 'none'}")
+        raise ConfigError(
+            f"{run_dir} has no study {study_name!r}: it has {', '.join(names) or 'none'} "
+            "(pick one with --study NAME)"
+        )
     return optuna.load_study(study_name=study_name, storage=storage)
 
 

@@ -26,7 +26,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.search.space_spec import TierSpace
 from skipsearch.search.stored import load_run, run_profiles
-from skipsearch.store import TIER_TABLE_FILE, TIERS_FILE
+from skipsearch.store import TIER_TABLE_FILE, TIERS_FILE, write_text_atomic
 from skipsearch.tiers.manifest import TierManifest
 from skipsearch.tiers.policy import TierPolicy
 from skipsearch.tiers.simulation import (
@@ -285,7 +285,7 @@ class TierSearch:
         """`tiers.json` (the best set, the capture manifest) and `tier_sets.csv` (best per size)."""
         directory.mkdir(parents=True, exist_ok=True)
         self.manifest.save(directory / TIERS_FILE)
-        self.table().to_csv(directory / TIER_TABLE_FILE, index=False)
+        write_text_atomic(directory / TIER_TABLE_FILE, self.table().to_csv(index=False))
         return directory / TIERS_FILE
 
 

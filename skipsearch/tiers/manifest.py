@@ -14,6 +14,7 @@ from typing import Any
 
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
+from skipsearch.store import write_text_atomic
 from skipsearch.tiers.policy import TierPolicy, check_policy
 
 MANIFEST_VERSION = 1
@@ -119,7 +120,7 @@ class TierManifest:
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> TierManifest:

@@ -1,0 +1,76 @@
+"""Repair an Optuna journal that a killed writer left torn, before anyone appends to it.
+
+Optuna 5's `JournalFileBackend` writes one JSON record per line and, on read, silently skips an
+unterminated last line. It appends the next record right after it, though, so the torn bytes and
+the new record fuse into one line that is not JSON, and every later read of the study raises
+`JSONDecodeError`: the run is lost. A journal is an operation log, so any prefix of whole records
+is a consistent study. `repair_journal` keeps the longest such prefix, drops what follows (the
+torn record, and anything a buggy writer appended after it), keeps the original bytes next to the
+file and says so in one log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from optuna.storages.journal import JournalFileSymlinkLock
+
+logger = logging.getLogger(__name__)
+
+
+def whole_records_length(data: bytes) -> int:
+    """Bytes of the longest prefix of `data` made of newline-terminated JSON records."""
+    length = 0
+    for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            json.loads(line)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+            break
+        length += len(line)
+    return length
+
+
+def backup_path(path: Path) -> Path:
+    """`optuna.journal.torn-1`, `-2`, ...: the first name not taken, so no backup is overwritten."""
+    number = 1
+    while (candidate := path.with_name(f"{path.name}.torn-{number}")).exists():
+        number += 1
+    return candidate
+
+
+def repair_journal(path: Path) -> Path | None:
+    """Cut `path` after its last whole record; return the backup of the original, None if intact.
+
+    Runs under Optuna's own journal lock, so a live writer is never mid-record while we read.
+    """
+    if not path.is_file():
+        return None
+    lock = JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        data = path.read_bytes()
+        keep = whole_records_length(data)
+        if keep == len(data):
+            return None
+        backup = backup_path(path)
+        shutil.copyfile(path, backup)
+        os.truncate(path, keep)
+    finally:
+        lock.release()
+    dropped = data[keep:].count(b"\n") + (not data.endswith(b"\n"))
+    logger.warning(
+        "%s ended in a torn record (a run killed while writing): dropped %d damaged record(s) after "
+        "byte %d, kept %d whole ones; the original is saved as %s",
+        path,
+        dropped,
+        keep,
+        data[:keep].count(b"\n"),
+        backup.name,
+    )
+    return backup

@@ -177,15 +177,16 @@ def test_measure_refuses_an_out_of_range_context_in_one_line(tmp_path: Path) -> 
 
 
 def test_the_run_checks_informed_strategies_before_the_reference_is_built() -> None:
-    """`check_search` runs between the model load and the reference build, before any file."""
+    """`check_searches` runs before the model loads (known depth) or right after, before any file."""
+    from dataclasses import replace
+
     from skipsearch.config import RunConfig
-    from skipsearch.run.pipeline import check_search
+    from skipsearch.run.preflight import check_searches
 
     with pytest.raises(ConfigError, match="use --strategy exhaustive"):
-        check_search(RunConfig(strategy="knapsack"), ["knapsack"], load_space("contiguous"), NUM_LAYERS)
+        check_searches(RunConfig(strategy="knapsack", space="contiguous"), NUM_LAYERS, ["knapsack"])
     measured = RunConfig(strategy="ranking", importance="measured", budget=10)
     with pytest.raises(ConfigError, match=r"evaluates 10 single-unit masks .* raise --budget above 10"):
-        check_search(measured, ["ranking"], load_space("sparse"), NUM_LAYERS)
-    check_search(measured, ["random"], load_space("sparse"), NUM_LAYERS)  # only informed ones measure
-    check_search(RunConfig(strategy="ranking", importance="measured", budget=11), ["ranking"],
-                 load_space("sparse"), NUM_LAYERS)  # fmt: skip
+        check_searches(measured, NUM_LAYERS, ["ranking"])
+    check_searches(measured, NUM_LAYERS, ["random"])  # only informed ones measure
+    check_searches(replace(measured, budget=11), NUM_LAYERS, ["ranking"])

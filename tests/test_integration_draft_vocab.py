@@ -72,6 +72,12 @@ def test_a_search_records_its_vocabulary_and_an_older_run_resumes(tmp_path: Path
     assert best["draft_vocab"] in ("full", 8192, 2048)
     assert set(best["score_by_draft_vocab"]) == {"full", "8192", "2048"}
     assert (out / "draft_vocab.json").is_file()
+    done = skipsearch("export", str(out), "--format", "all", "--out", str(out / "exports"))
+    assert done.returncode == 0, done.stderr
+    exported = json.loads((out / "exports" / "skipsearch.json").read_text())
+    assert exported["draft_vocab"] == best["draft_vocab"]
+    ids = exported["draft_vocab_ids"]
+    assert ids is None if best["draft_vocab"] == "full" else len(set(ids)) == best["draft_vocab"]
     # A run written before draft vocabularies existed: no draft_vocab in run.yaml, full only.
     plain = tmp_path / "plain"
     done = skipsearch("run", "--budget", "2", "--out", str(plain), *SMALL)

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from skipsearch import __version__
+from skipsearch.acceptance.vocab import VocabRanking
 from skipsearch.errors import ConfigError, SkipsearchError
-from skipsearch.masks import SkipMask
+from skipsearch.masks import SkipMask, parse_draft_vocab, vocab_label
 from skipsearch.run.report import study_dir, write_run_outputs
 from skipsearch.search import load_study
 from skipsearch.search.stored import load_run, run_trials
-from skipsearch.store import BEST_FILE, EXPORT_README, JOURNAL_FILE, RUN_FILE, TIERS_FILE
+from skipsearch.store import BEST_FILE, DRAFT_VOCAB_FILE, EXPORT_README, JOURNAL_FILE, RUN_FILE, TIERS_FILE
 from skipsearch.tiers.manifest import TierManifest
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class ExportSource:
     tiers: TierManifest | None
     study: str | None
     export_key: str | None = None
+    draft_vocab_ids: tuple[int, ...] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -71,6 +73,11 @@ class ExportSource:
     @property
     def model(self) -> str:
         return str(self.best_json["model"])
+
+    @property
+    def draft_vocab(self) -> int | None:
+        """The best draft's vocabulary size (None: full); runs from before vocabularies say none."""
+        return parse_draft_vocab(self.best_json.get("draft_vocab"))
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,13 @@ def load_source(path: Path, study: str | None = None, export_key: str | None = N
         best_json.get("trial"),
     )
     tiers_path = run_dir / TIERS_FILE
+    vocab = parse_draft_vocab(best_json.get("draft_vocab"))
+    if vocab is not None and not (run_dir / DRAFT_VOCAB_FILE).is_file():
+        raise ConfigError(
+            f"{best_path} drafts from {vocab} token ids but {run_dir / DRAFT_VOCAB_FILE} (the ranking "
+            "they come from) is missing: export from the run directory that holds it"
+        )
+    ids = None if vocab is None else VocabRanking.load(run_dir / DRAFT_VOCAB_FILE).top(vocab)
     return ExportSource(
         path=path,
         run_dir=run_dir if has_run else None,
@@ -130,6 +144,7 @@ def load_source(path: Path, study: str | None = None, export_key: str | None = N
         tiers=TierManifest.load(tiers_path) if tiers_path.is_file() else None,
         study=study or (_study_name(run_dir) if has_run else None),
         export_key=export_key,
+        draft_vocab_ids=ids,
     )
 
 
@@ -201,6 +216,8 @@ def note_values(source: ExportSource, draft: Draft) -> dict[str, Any]:
         "trial": draft.trial,
         "speed": f", {draft.speedup:.3f}x predicted" if draft.speedup is not None else "",
         "best_speed": f"{best.speedup:.3f}x" if best.speedup is not None else "its score",
+        "draft_vocab": source.draft_vocab,
+        "draft_vocab_file": DRAFT_VOCAB_FILE,
     }
 
 
@@ -266,6 +283,8 @@ def write_skipsearch(source: ExportSource, draft: Draft, path: Path) -> None:
             "skipped_attn": sorted(mask.attn),
             "skipped_mlp": sorted(mask.mlp),
             "exit_layer": mask.exit_layer,
+            "draft_vocab": vocab_label(source.draft_vocab),
+            "draft_vocab_ids": None if source.draft_vocab_ids is None else list(source.draft_vocab_ids),
             "gamma": draft.gamma,
             "gamma_policy": {"kind": "fixed", "gamma": draft.gamma},
             "tiers": None if source.tiers is None else source.tiers.to_dict(),
@@ -317,7 +336,13 @@ def read_skipsearch(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 
 def notes_skipsearch(source: ExportSource, draft: Draft) -> list[str]:
     tiers = [] if source.tiers is None else notes("skipsearch-tiers", source, draft)
-    return [*notes("skipsearch", source, draft), *tiers]
+    vocab = [] if source.draft_vocab is None else notes("skipsearch-draft-vocab", source, draft)
+    return [*notes("skipsearch", source, draft), *vocab, *tiers]
+
+
+def _full_vocab_note(source: ExportSource, draft: Draft) -> list[str]:
+    """Engines without a draft-vocabulary option run the mask with the full head: say so."""
+    return [] if source.draft_vocab is None else notes("no-draft-vocab", source, draft)
 
 
 # hf ----------------------------------------------------------------------------------------------
@@ -352,7 +377,7 @@ def read_hf(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 
 
 def notes_hf(source: ExportSource, draft: Draft) -> list[str]:
-    return [*_fallback_note(source, draft), *notes("hf", source, draft)]
+    return [*_fallback_note(source, draft), *_full_vocab_note(source, draft), *notes("hf", source, draft)]
 
 
 # skip-layers -------------------------------------------------------------------------------------
@@ -400,7 +425,7 @@ def read_skip_layers(path: Path, num_layers: int) -> tuple[SkipMask, int | None]
 
 
 def notes_skip_layers(source: ExportSource, draft: Draft) -> list[str]:
-    return notes("skip-layers", source, draft)
+    return [*_full_vocab_note(source, draft), *notes("skip-layers", source, draft)]
 
 
 # layerskip ---------------------------------------------------------------------------------------
@@ -442,7 +467,8 @@ def read_layerskip(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 
 
 def notes_layerskip(source: ExportSource, draft: Draft) -> list[str]:
-    return [*_fallback_note(source, draft), *notes("layerskip", source, draft)]
+    fallback, full_vocab = _fallback_note(source, draft), _full_vocab_note(source, draft)
+    return [*fallback, *full_vocab, *notes("layerskip", source, draft)]
 
 
 def _fallback_note(source: ExportSource, draft: Draft) -> list[str]:

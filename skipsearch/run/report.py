@@ -146,7 +146,7 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
         f"    {summary['mask']}",
         *(
             []
-            if summary["draft_vocab"] == FULL_VOCAB
+            if summary.get("draft_vocab", FULL_VOCAB) == FULL_VOCAB
             else [f"drafting from the {summary['draft_vocab']} most frequent token ids ({DRAFT_VOCAB_FILE})."]
         ),
         "",

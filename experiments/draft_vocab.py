@@ -1,0 +1,429 @@
+"""Draft vocabularies, measured (issue 12): does a draft that proposes from the top-k ids pay?
+
+Three parts, each writing into `results/draft_vocab/<model>/`:
+
+- `acceptance`: probe masks measured at every draft-vocabulary size (one forward each), next to
+  the head's time at that many rows from the model's latency profile (`skipsearch profile`
+  measures it per row count) and the calibrated speedup it predicts.
+- `search`: learned (TPE) searches of the sparse space at equal budget, scored by the calibrated
+  cost model, with the vocabulary dimension (`[full, sizes...]`) and without it (`[full]`), N seeds,
+  in one journal with one shared evaluation cache (the evaluator measures every size either way).
+- `decode`: the best configuration of each variant (over seeds), decoded for real against
+  autoregressive decoding on held-out prompts (the next prompts of the same shuffle, so disjoint
+  from the ones the search scored), interleaved and paired per (repeat, prompt), greedy, every
+  output checked token for token. Reports end-to-end and decode-only (prefill excluded) speedups
+  with their spread and the load average before and after. Timing: run it alone on an idle machine.
+
+Run: `.venv/bin/python experiments/draft_vocab.py --model smollm2-135m` (needs a latency profile of
+the model on this machine: `skipsearch profile --model smollm2-135m`); `--parts decode` reruns
+one part; `--report-only` rewrites README.md from the saved JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import torch
+from _common import Stamp, configure, decode_seconds, fmt, markdown_table, prefill_estimate, stamp_line
+
+from skipsearch.acceptance.measure_config import MeasureConfig
+from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
+from skipsearch.config import RunConfig
+from skipsearch.cost.calibrated import predict
+from skipsearch.engine import autoregressive_decode, speculative_decode
+from skipsearch.engine.bench import benchmark
+from skipsearch.masks import Draft, SkipMask, vocab_label
+from skipsearch.models.draft_head import DraftHead
+from skipsearch.models.loading import eos_ids
+from skipsearch.run.pipeline import open_context, resolve_draft_vocab, search_one
+from skipsearch.search import EvaluationCache
+from skipsearch.store import JOURNAL_FILE, default_profile_path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "draft_vocab"
+SIZES = (32768, 16384, 8192, 4096, 2048)
+SEARCH_PROMPTS = PromptSpec(n_prompts=8, max_prompt_tokens=256, new_tokens=48, seed=0)
+PROBES = {"smollm2-135m": ["a:14|m:14", "a:12,14,16|m:12,14,16"], "qwen2.5-coder-0.5b": ["7-13"]}
+VARIANTS = {"mask only": (None,), "mask + vocabulary": (None, *SIZES)}
+PARTS = ("acceptance", "search", "decode")
+
+
+def parser() -> Any:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m", choices=sorted(PROBES))
+    p.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
+    p.add_argument("--budget", type=int, default=40, help="distinct masks per study (default 40)")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="timed passes over the decode prompts")
+    p.add_argument("--decode-prompts", type=int, default=8)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
+    p.add_argument("--report-only", action="store_true")
+    return p
+
+
+def run_config(model: str, budget: int, seed: int, choices: tuple[int | None, ...]) -> RunConfig:
+    measure = MeasureConfig(model=model, prompts=SEARCH_PROMPTS, mode="shared-kv")
+    return RunConfig(
+        measure=measure, space="sparse", budget=budget, seed=seed, cost="calibrated", draft_vocab=choices
+    )
+
+
+# -- part 1: acceptance and head time against k ------------------------------------------------
+def acceptance(model: str, context: Any) -> dict[str, Any]:
+    measurement, latency = context.measurement, context.latency
+    vocab_size = int(measurement.runner.config.vocab_size)
+    at = SEARCH_PROMPTS.max_prompt_tokens + SEARCH_PROMPTS.new_tokens / 2
+    rows = []
+    for text in PROBES[model]:
+        mask = SkipMask.parse(text, measurement.num_layers)
+        profile = measurement.estimator.evaluate(mask, 1.0, SIZES)
+        for variant in profile.variants:
+            k = variant.draft_vocab
+            prediction = predict(
+                variant, mask, latency=latency, context=at, draft_vocab=k, vocab_size=vocab_size
+            )
+            rows.append(
+                {
+                    "mask": str(mask),
+                    "draft_vocab": vocab_label(k),
+                    "alpha": variant.alpha,
+                    "sampling_acceptance": variant.sampling_acceptance,
+                    "tokens_per_round_1": variant.tokens_per_round(1),
+                    "tokens_per_round_2": variant.tokens_per_round(2),
+                    "head_ms": 1e3 * latency.draft_head_time(k, at, vocab_size),
+                    "step_ms": 1e3 * latency.step_time(at),
+                    "calibrated_speedup": prediction.best_calibrated.speedup,
+                    "calibrated_gamma": prediction.best_calibrated.gamma,
+                }
+            )
+    head = [
+        {
+            "rows": r,
+            "head_ms": 1e3 * t,
+            "ratio_to_full": t / latency.head_by_rows[-1],
+            "rows_share": r / vocab_size,
+        }
+        for r, t in zip(latency.head_rows, latency.head_by_rows, strict=True)
+    ]
+    return {"context": at, "probes": rows, "head": head, "profile": latency.meta}
+
+
+# -- part 2: searches with and without the vocabulary dimension ---------------------------------
+def search(model: str, context: Any, budget: int, seeds: int, out: Path) -> list[dict[str, Any]]:
+    (out / "searches" / JOURNAL_FILE).unlink(missing_ok=True)  # a rerun starts new studies; the cache stays
+    cache = EvaluationCache(out / "searches" / "cache")
+    studies = []
+    for seed in range(seeds):
+        for label, choices in VARIANTS.items():
+            config = resolve_draft_vocab(run_config(model, budget, seed, choices))
+            config = replace(config, measure=replace(config.measure, draft_vocabs=SIZES))
+            name = f"{'vocab' if len(choices) > 1 else 'mask'}-s{seed}"
+            result = search_one(config, context, out / "searches", False, study_name=name, cache=cache)
+            best = result.best
+            studies.append(
+                {
+                    "variant": label,
+                    "seed": seed,
+                    "study": name,
+                    "best_score": best.score,
+                    "draft": str(Draft(best.skip_mask, _vocab(best.details["draft_vocab"]))),
+                    "gamma": best.gamma_best,
+                    "alpha": best.details["alpha"],
+                    "model_evaluations": result.model_evaluations,
+                }
+            )
+            print(
+                f"{name}: {best.score:.3f} with {studies[-1]['draft']} at gamma {best.gamma_best}", flush=True
+            )
+    return studies
+
+
+def _vocab(label: int | str) -> int | None:
+    return None if label == "full" else int(label)
+
+
+# -- part 3: the winners decoded for real -------------------------------------------------------
+def decode(
+    model: str, context: Any, studies: list[dict[str, Any]], repeats: int, count: int
+) -> dict[str, Any]:
+    measurement = context.measurement
+    runner, loaded = measurement.runner, measurement.loaded
+    spec = replace(SEARCH_PROMPTS, n_prompts=SEARCH_PROMPTS.n_prompts + count)
+    prompts = [p.ids for p in encode_prompts(spec, loaded.tokenizer)][SEARCH_PROMPTS.n_prompts :]
+    stop, new = eos_ids(loaded.model), SEARCH_PROMPTS.new_tokens
+    winners = {}
+    for label in VARIANTS:
+        best = max((s for s in studies if s["variant"] == label), key=lambda s: s["best_score"])
+        winners[label] = best
+    decoders = {"autoregressive": lambda p, g: autoregressive_decode(runner, p, new, eos_ids=stop)}
+    for label, best in winners.items():
+        draft = Draft.parse(best["draft"], runner.num_layers)
+        head = None if draft.vocab is None else DraftHead.gather(runner, measurement.vocab_ids(draft.vocab))
+        decoders[label] = _ssd(runner, draft.mask, new, best["gamma"], stop, head)
+    stamp = Stamp()
+    runs = benchmark(decoders, prompts, repeats, 0, runner.device)
+    meta = stamp.finish()
+    reference = runs["autoregressive"]
+    results = {
+        "meta": meta,
+        "prompts": len(prompts),
+        "repeats": repeats,
+        "new_tokens": new,
+        "winners": winners,
+    }
+    for label in VARIANTS:
+        ssd = runs[label]
+        lossless = all(s.tokens == a.tokens for s, a in zip(ssd, reference, strict=True))
+        per_prompt = [ssd[i :: len(prompts)] for i in range(len(prompts))]
+        prefill = {i: prefill_estimate(rs) for i, rs in enumerate(per_prompt)}
+        pairs = [
+            (a, s, prefill[i % len(prompts)]) for i, (a, s) in enumerate(zip(reference, ssd, strict=True))
+        ]
+        end_to_end = [a.seconds / s.seconds for a, s, _ in pairs]
+        decode_only = [decode_seconds(a, p) / decode_seconds(s, p) for a, s, p in pairs]
+        rounds = [n for s in ssd for n in s.accepted]
+        results[label] = {
+            "lossless": lossless,
+            "end_to_end": _spread(
+                end_to_end, sum(a.seconds for a, _, _ in pairs) / sum(s.seconds for _, s, _ in pairs)
+            ),
+            "decode_only": _spread(
+                decode_only,
+                sum(decode_seconds(a, p) for a, _, p in pairs)
+                / sum(decode_seconds(s, p) for _, s, p in pairs),
+            ),
+            "tokens_per_round": statistics.fmean(n + 1 for n in rounds),
+            "breakdown_ms": _breakdown(ssd),
+        }
+    return results
+
+
+def _ratio(spread: dict[str, float]) -> str:
+    return f"{spread['aggregate']:.3f}× ({spread['min']:.2f}–{spread['max']:.2f})"
+
+
+def _ssd(runner: Any, mask: SkipMask, new: int, gamma: int, stop: Any, head: DraftHead | None) -> Any:
+    return lambda p, g: speculative_decode(runner, p, mask, new, gamma, eos_ids=stop, head=head)
+
+
+def _spread(ratios: list[float], aggregate: float) -> dict[str, float]:
+    """The aggregate ratio (total time over total time) and the spread of the per-pair ratios."""
+    return {
+        "aggregate": aggregate,
+        "median": statistics.median(ratios),
+        "min": min(ratios),
+        "max": max(ratios),
+        "stdev": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
+    }
+
+
+def _breakdown(results: list[Any]) -> dict[str, float]:
+    """Mean milliseconds per round in each engine phase: where a round's time goes."""
+    timings = [t for r in results for t in r.timings]
+    phases = ("draft", "verify", "sample", "cache", "other")
+    return {phase: 1e3 * statistics.fmean(getattr(t, phase) for t in timings) for phase in phases}
+
+
+# -- report ------------------------------------------------------------------------------------
+def report(model: str, data: dict[str, Any], out: Path) -> None:
+    lines = [
+        f"# Draft vocabularies on {model}",
+        "",
+        f"Generated by `experiments/draft_vocab.py --model {model}`.",
+        "",
+    ]
+    if "acceptance" in data:
+        a = data["acceptance"]
+        lines += [
+            "## Acceptance and head time against the draft vocabulary size",
+            "",
+            f"Estimator `shared-kv`, {SEARCH_PROMPTS.n_prompts} HumanEval prompts × "
+            f"{SEARCH_PROMPTS.new_tokens} tokens; head and step times from the model's latency profile "
+            f"at context {a['context']:.0f} "
+            f"(1-minute load average when the profile finished: {a['profile'].get('load_average', 'n/a')}).",
+            "",
+            *markdown_table(
+                ("mask", "k", "α", "tokens/round γ=1", "head ms", "step ms", "calibrated speedup (γ*)"),
+                [
+                    [
+                        r["mask"],
+                        str(r["draft_vocab"]),
+                        fmt(r["alpha"]),
+                        fmt(r["tokens_per_round_1"]),
+                        fmt(r["head_ms"], ".2f"),
+                        fmt(r["step_ms"], ".2f"),
+                        f"{r['calibrated_speedup']:.3f} ({r['calibrated_gamma']})",
+                    ]
+                    for r in a["probes"]
+                ],
+            ),
+            "",
+            "The head alone, measured per row count (time ∝ rows would put the ratio at k/V):",
+            "",
+            *markdown_table(
+                ("rows k", "ms", "ratio to full head", "k / V"),
+                [
+                    [str(h["rows"]), fmt(h["head_ms"]), fmt(h["ratio_to_full"]), fmt(h["rows_share"])]
+                    for h in a["head"]
+                ],
+            ),
+            "",
+        ]
+    if "search" in data:
+        lines += _search_section(data["search"])
+    if "decode" in data:
+        lines += _decode_section(data["decode"])
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def _search_section(studies: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "## Search with and without the vocabulary dimension",
+        "",
+        f"Learned (TPE), sparse space, same budget per study, calibrated cost, {len(studies) // 2} seeds, "
+        f"one shared evaluation cache. Vocabulary sizes: full, {', '.join(map(str, SIZES))}.",
+        "",
+        *markdown_table(
+            ("variant", "seed", "best predicted speedup", "draft", "γ", "α"),
+            [
+                [
+                    s["variant"],
+                    str(s["seed"]),
+                    fmt(s["best_score"]),
+                    f"`{s['draft']}`",
+                    str(s["gamma"]),
+                    fmt(s["alpha"]),
+                ]
+                for s in studies
+            ],
+        ),
+        "",
+    ]
+    for variant in VARIANTS:
+        scores = [s["best_score"] for s in studies if s["variant"] == variant]
+        lines.append(
+            f"- {variant}: mean {statistics.fmean(scores):.3f}, range {min(scores):.3f}–{max(scores):.3f}"
+        )
+    return [*lines, ""]
+
+
+def _decode_section(d: dict[str, Any]) -> list[str]:
+    rows = []
+    for variant in VARIANTS:
+        r, w = d[variant], d["winners"][variant]
+        rows.append(
+            [
+                variant,
+                f"`{w['draft']}`",
+                str(w["gamma"]),
+                fmt(w["best_score"]),
+                fmt(r["tokens_per_round"]),
+                _ratio(r["end_to_end"]),
+                _ratio(r["decode_only"]),
+                "yes" if r["lossless"] else "NO",
+            ]
+        )
+    phases = [
+        [
+            variant,
+            *(
+                fmt(d[variant]["breakdown_ms"][p], ".2f")
+                for p in ("draft", "verify", "sample", "cache", "other")
+            ),
+        ]
+        for variant in VARIANTS
+    ]
+    return [
+        "## The winners decoded for real",
+        "",
+        f"{d['prompts']} held-out HumanEval prompts × {d['new_tokens']} new tokens, greedy, "
+        f"{d['repeats']} repeats; autoregressive decoding and each winner interleaved prompt by prompt "
+        "(order rotating), ratios paired per (repeat, prompt): aggregate (total time / total time) and "
+        f"the min–max of the pairs. {stamp_line(d['meta'])}",
+        "",
+        *markdown_table(
+            (
+                "variant",
+                "draft",
+                "γ",
+                "predicted",
+                "tokens/round",
+                "SSD / AR end to end",
+                "SSD / AR decode only",
+                "lossless",
+            ),
+            rows,
+        ),
+        "",
+        "Where a round's time goes (ms per round):",
+        "",
+        *markdown_table(("variant", "draft", "verify", "sample", "cache", "other"), phases),
+        "",
+    ]
+
+
+def main() -> None:
+    args = parser().parse_args()
+    out = OUT / args.model
+    out.mkdir(parents=True, exist_ok=True)
+    saved = out / "measurements.json"
+    data: dict[str, Any] = json.loads(saved.read_text()) if saved.is_file() else {}
+    if not args.report_only:
+        configure(args.threads)
+        if not default_profile_path(args.model, "cpu").is_file():
+            raise SystemExit(
+                f"no latency profile of {args.model}: run `skipsearch profile --model {args.model}` first"
+            )
+        config = resolve_draft_vocab(run_config(args.model, args.budget, 0, VARIANTS["mask + vocabulary"]))
+        context = open_context(config)
+        if "acceptance" in args.parts:
+            data["acceptance"] = acceptance(args.model, context)
+            context.latency.save(out / "profile.json")
+            plot_acceptance(data["acceptance"], out / "acceptance.png")
+        if "search" in args.parts:
+            data["search"] = search(args.model, context, args.budget, args.seeds, out)
+        if "decode" in args.parts:
+            data["decode"] = decode(args.model, context, data["search"], args.repeats, args.decode_prompts)
+        saved.write_text(json.dumps(data, indent=2))
+    report(args.model, data, out)
+    print((out / "README.md").read_text())
+
+
+def plot_acceptance(a: dict[str, Any], path: Path) -> None:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for mask in dict.fromkeys(r["mask"] for r in a["probes"]):
+        rows = [r for r in a["probes"] if r["mask"] == mask and r["draft_vocab"] != "full"]
+        left.plot([r["draft_vocab"] for r in rows], [r["alpha"] for r in rows], marker="o", label=mask)
+    left.set(xscale="log", xlabel="draft vocabulary k", ylabel="α (greedy)", title="acceptance")
+    left.legend(fontsize=7, loc="lower right")
+    right.plot(
+        [h["rows"] for h in a["head"]], [h["head_ms"] for h in a["head"]], marker="o", label="measured"
+    )
+    full = a["head"][-1]
+    right.plot(
+        [h["rows"] for h in a["head"]],
+        [full["head_ms"] * h["rows_share"] for h in a["head"]],
+        "--",
+        label="∝ rows",
+    )
+    right.set(xscale="log", yscale="log", xlabel="rows k", ylabel="ms", title="draft head, one position")
+    right.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    main()

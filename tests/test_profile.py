@@ -30,7 +30,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.models import loading
 from skipsearch.models.loading import LoadedModel
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.store import default_profile_path
+from skipsearch.store import default_profile_path, readable_profile_path
 from tests.conftest import make_tokenizer, tiny_model
 
 CONTEXTS = (8, 24)
@@ -241,10 +241,19 @@ def test_summary_of_a_measured_profile(measured: LatencyProfile) -> None:
 # -- paths ---------------------------------------------------------------------------------------
 
 
-def test_default_profile_path_is_one_file_per_model_and_device(cache_in_tmp: Path) -> None:
-    path = default_profile_path("HuggingFaceTB/SmolLM2-135M", "cuda:0")
-    assert path == cache_in_tmp / "profiles" / "HuggingFaceTB_SmolLM2-135M-cuda_0.json"
-    assert default_profile_path("smollm2-135m", "cpu").name == "smollm2-135m-cpu.json"
+def test_default_profile_path_is_one_file_per_model_device_kind_and_dtype(cache_in_tmp: Path) -> None:
+    path = default_profile_path("HuggingFaceTB/SmolLM2-135M", "cuda:0", "bfloat16")
+    assert path == cache_in_tmp / "profiles" / "HuggingFaceTB_SmolLM2-135M-cuda-bfloat16.json"
+    assert path == default_profile_path("HuggingFaceTB/SmolLM2-135M", "cuda", "bfloat16")
+    assert default_profile_path("smollm2-135m", "cpu", "float32").name == "smollm2-135m-cpu-float32.json"
+
+
+def test_a_profile_named_before_the_dtype_is_still_read(cache_in_tmp: Path) -> None:
+    legacy = cache_in_tmp / "profiles" / "smollm2-135m-cpu.json"
+    assert readable_profile_path("smollm2-135m", "cpu", "float32").name == "smollm2-135m-cpu-float32.json"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text("{}")
+    assert readable_profile_path("smollm2-135m", "cpu", "float32") == legacy
 
 
 def test_profile_module_imports_without_torch() -> None:
@@ -260,7 +269,9 @@ def tiny_loader(monkeypatch: pytest.MonkeyPatch, cache_in_tmp: Path) -> None:
     """`load_model` returns the tiny Llama, so the command runs end to end in a second."""
     model = tiny_model("llama", layers=4)
     monkeypatch.setattr(
-        loading, "load_model", lambda name, device, dtype: LoadedModel(model, None, name, "test")
+        loading,
+        "load_model",
+        lambda name, device, dtype, random_weights=None: LoadedModel(model, None, name, "test"),
     )
 
 
@@ -289,7 +300,7 @@ def test_cli_default_output_is_where_measure_looks(tiny_loader, capsys) -> None:
         "1",
     ]
     assert cli.main(["profile", *args]) == 0
-    assert LatencyProfile.load(default_profile_path("tiny", "cpu")).context_lengths == (8,)
+    assert LatencyProfile.load(default_profile_path("tiny", "cpu", "float32")).context_lengths == (8,)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
-from skipsearch.cli.common import add_mask_options, add_model_options, add_prompt_options
+from skipsearch.cli.common import (
+    add_mask_options,
+    add_model_options,
+    add_prompt_options,
+    add_weight_options,
+    random_weights,
+)
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
 
 GAMMAS = range(1, 9)
@@ -19,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Teacher-forced acceptance of one mask, tokens per round (gamma 1..8) and speedup.",
     )
     add_model_options(parser)
+    add_weight_options(parser)
     add_prompt_options(parser)
     add_mask_options(parser)
     add_executor_options(parser)
@@ -38,8 +45,11 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.cost.calibrated import predict
     from skipsearch.cost.latency import LatencyProfile
     from skipsearch.errors import ConfigError
-    from skipsearch.store import default_profile_path
+    from skipsearch.models.loading import dtype_name
+    from skipsearch.models.random_weights import refuse_acceptance
+    from skipsearch.store import readable_profile_path
 
+    refuse_acceptance(random_weights(args), "measure")
     if args.temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     config = measure_config(args)
@@ -47,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
     measurement = prepare(config, check=lambda num_layers: mask_from_args(args, num_layers))
     mask = mask_from_args(args, measurement.num_layers)
     latency_path = (
-        Path(args.latency_profile) if args.latency_profile else default_profile_path(args.model, args.device)
+        Path(args.latency_profile)
+        if args.latency_profile
+        else readable_profile_path(args.model, args.device, dtype_name(args.device, args.dtype))
     )
     latency = LatencyProfile.load(latency_path) if args.latency_profile or latency_path.is_file() else None
 

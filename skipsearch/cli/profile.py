@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from skipsearch.cli.common import add_model_options
+from skipsearch.cli.common import add_model_options, add_weight_options, random_weights
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.processes import DEFAULT_PROCESSES, profile_processes
 from skipsearch.cost.profiler import (
@@ -39,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "overhead, for 1..9 new positions at each context length; write a LatencyProfile.",
     )
     add_model_options(parser)
+    add_weight_options(parser)
     parser.add_argument(
         "--context-lengths",
         default=",".join(map(str, DEFAULT_CONTEXT_LENGTHS)),
@@ -50,9 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--processes",
         type=int,
-        default=DEFAULT_PROCESSES,
-        help="fresh processes sharing the repeats, one after another: a process's speed is partly a "
-        "draw, the profile keeps their mean (default %(default)s)",
+        help="fresh processes sharing the repeats, one after another: a CPU process's speed is partly "
+        f"a draw, the profile keeps their mean (default {DEFAULT_PROCESSES} on a CPU, 1 on a GPU)",
     )
     parser.add_argument(
         "--warmup",
@@ -82,7 +82,14 @@ def context_lengths(text: str) -> tuple[int, ...]:
 
 
 def output_path(args: argparse.Namespace) -> Path:
-    path = Path(args.out) if args.out else default_profile_path(args.model, args.device)
+    from skipsearch.models.loading import dtype_name
+
+    name = f"{args.model}-random" if args.random_weights else args.model
+    path = (
+        Path(args.out)
+        if args.out
+        else default_profile_path(name, args.device, dtype_name(args.device, args.dtype))
+    )
     if path.is_dir():
         raise ConfigError(f"--out {path} is a directory: give a file path such as {path / 'profile.json'}")
     return path
@@ -90,6 +97,7 @@ def output_path(args: argparse.Namespace) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     contexts = context_lengths(args.context_lengths)
+    weights = random_weights(args)
     out = output_path(args)
     if args.skip_existing and out.is_file():
         LatencyProfile.load(out)  # a damaged file fails here, not in the run that reads it
@@ -103,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         warmup=args.warmup,
         processes=args.processes,
+        random_weights=weights,
     )
     save_profile(profile, out)
     render(profile, summary(profile))
@@ -118,6 +127,8 @@ def render(profile: LatencyProfile, digest: ProfileSummary) -> None:
     console.print(sublayer_table(profile))
     console.print(draft_cost_table(digest))
     console.print(verify_cost_table(digest))
+    if "depth_scaled" in profile.meta:
+        console.print(f"depth scaled: {profile.meta['depth_scaled']}")
 
 
 def _ms(seconds: float) -> str:

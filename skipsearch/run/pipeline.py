@@ -51,13 +51,17 @@ def open_context(config: RunConfig) -> RunContext:
 
     from skipsearch.acceptance.worker import prepare
     from skipsearch.cost.latency import LatencyProfile
+    from skipsearch.models.loading import dtype_name
     from skipsearch.search.space_files import load_space
-    from skipsearch.store import default_profile_path
+    from skipsearch.store import readable_profile_path
 
     space = load_space(config.space)
     # Infeasible constraints depend on the depth: check them before any run file is written.
     measurement = prepare(config.measure, check=space.resolve)
-    latency_path = default_profile_path(config.measure.model, config.measure.device)
+    measure = config.measure
+    latency_path = readable_profile_path(
+        measure.model, measure.device, dtype_name(measure.device, measure.dtype)
+    )
     latency = LatencyProfile.load(latency_path) if latency_path.is_file() else None
     provenance = {
         "model_source": measurement.loaded.source,

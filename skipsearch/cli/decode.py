@@ -59,6 +59,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
     parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts (default 3)")
+    parser.add_argument(
+        "--require-graphs",
+        action="store_true",
+        help="with a tier set: fail instead of decoding eagerly when CUDA graphs cannot be captured",
+    )
     parser.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     parser.set_defaults(handler=run)
 

@@ -64,7 +64,9 @@ def run_tiers(args: argparse.Namespace) -> int:
     model: Any = loaded.model
     stop = eos_ids(model)
     max_len = max(len(p) for p in prompts) + args.new_tokens + max(gammas) + 2
-    steps = make_steps(runner, manifest.masks, gammas, max_len, manifest.buckets[0])
+    steps, eager_reason = make_steps(
+        runner, manifest.masks, gammas, max_len, manifest.buckets[0], args.require_graphs
+    )
     predicted = manifest.predicted
     single = (
         predicted.get("pool_best_single") or predicted.get("best_single") or {"mask": str(manifest.masks[0])}
@@ -122,6 +124,7 @@ def run_tiers(args: argparse.Namespace) -> int:
         "gammas": list(gammas),
         "best_single": single,
         "mode": steps.mode,
+        "eager_reason": eager_reason,
         **run_settings(args, len(prompts)),
         "summaries": {name: s.to_dict(summaries[AR], "autoregressive") for name, s in summaries.items()},
         "tier_share": [rounds.count(t) / len(rounds) if rounds else 0.0 for t in range(len(manifest.masks))],
@@ -150,7 +153,7 @@ def print_tiers(result: dict[str, Any]) -> None:
         f"policy window {result['policy']['window']} thresholds "
         f"{[round(t, 3) for t in result['policy']['thresholds']]}\n"
         f"tier steps: {result['mode']}"
-        + ("" if result["mode"].startswith("cuda") else " (no CUDA graphs captured: eager on this device)")
+        + (f" (no CUDA graphs: {result['eager_reason']})" if result["eager_reason"] else "")
     )
     tiers = zip(result["tiers"], result["gammas"], result["tier_share"], strict=True)
     for index, (mask, gamma, share) in enumerate(tiers):

@@ -2,9 +2,10 @@
 
 The runner hands each layer's cache to transformers by keyword: `create_causal_mask(cache=...)`
 and `self_attn(cache=...)` (transformers >= 5.24; 5.17 names it `past_key_values`), and rolls
-static caches back with `StaticLayer.crop` (missing in 5.17). An older transformers does not fail
-loudly: attention swallows the unknown keyword in `**kwargs`, writes no K/V, and decoding breaks
-far from the cause. So the names are checked up front and a mismatch is one line naming the fix.
+static caches back through each `StaticLayer`'s device-side `cumulative_length`. An older
+transformers does not fail loudly: attention swallows the unknown keyword in `**kwargs`, writes
+no K/V, and decoding breaks far from the cause. So the names are checked up front and a mismatch
+is one line naming the fix.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def api_problems(
     ):
         if "cache" not in inspect.signature(function).parameters:
             problems.append(f"{name} takes no `cache` argument")
-    if not callable(getattr(static_layer, "crop", None)):
-        problems.append("StaticLayer has no crop()")
+    if not hasattr(static_layer(max_cache_len=1), "cumulative_length"):
+        problems.append("StaticLayer keeps no cumulative_length")
     return problems
 
 

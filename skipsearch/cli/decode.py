@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.cli.decode_tables import run_settings
     from skipsearch.engine import GREEDY, GammaPolicy, Sampling, Summary, breakdown
     from skipsearch.engine.bench import AR, HF, SSD, benchmark, estimator_dict, estimators, make_decoders
+    from skipsearch.engine.lossless import check_runs
     from skipsearch.masks import SkipMask
     from skipsearch.tiers.manifest import is_tier_manifest
 
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     else:  # sampled runs differ by chance: check losslessness on greedy reruns
         greedy = make_decoders(runner, loaded, mask, policy, GREEDY, args.new_tokens)
         checked = {name: [greedy[name](p, None) for p in prompts] for name in (AR, SSD)}
-    lossless = all(s.tokens == a.tokens for s, a in zip(checked[SSD], checked[AR], strict=True))
+    lossless = check_runs(runner, prompts, checked[AR], checked[SSD])
     summaries = {name: Summary.of(results) for name, results in runs.items()}
     estimates = [
         estimator_dict(e.evaluate(mask, args.temperature), e.mode, policy, sampling, summaries[SSD])
@@ -138,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
         **run_settings(args, len(prompts)),
         "summaries": {name: s.to_dict(summaries[HF], "hf") for name, s in summaries.items()},
         "estimators": estimates,
-        "lossless": lossless,
+        "lossless": lossless.passed,
+        "lossless_check": lossless.to_dict(),
         "hf_matches_autoregressive": (
             all(h.tokens == a.tokens for h, a in zip(runs[HF], runs[AR], strict=True))
             if sampling.greedy
@@ -152,13 +154,13 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
-    return 0 if lossless else 1
+    return 0 if lossless.passed else 1
 
 
 def print_result(result: dict[str, Any]) -> None:
     from rich.console import Console
 
-    from skipsearch.cli.decode_tables import fmt, print_breakdown, summary_table
+    from skipsearch.cli.decode_tables import fmt, print_breakdown, summary_table, verdict
     from skipsearch.engine.bench import EARLY_EXIT
 
     console = Console()
@@ -181,8 +183,7 @@ def print_result(result: dict[str, Any]) -> None:
                 f"{fmt(est['measured_tokens_per_round'])}, error {fmt(est['relative_error'], '+.1%')})"
             )
         console.print(line)
-    verdict = "[green]PASS[/]" if result["lossless"] else "[red]FAIL[/]"
-    console.print(f"lossless (greedy SSD == autoregressive, every prompt): {verdict}")
+    console.print(f"lossless (greedy SSD == autoregressive, every prompt): {verdict(result)}")
     if result["hf_matches_autoregressive"] is not None:
         console.print(f"HF generate == autoregressive runner: {result['hf_matches_autoregressive']}")
     print_breakdown(console, result["breakdown"])

@@ -106,3 +106,17 @@ def test_profile_of_the_mistral_7b_shape_on_this_cpu(tmp_path: Path, capsys: pyt
     assert np.asarray(data["attn"]).shape == (32, 1, 9)
     profile = LatencyProfile.load(out)
     assert profile.weights(128).attn[0] == profile.weights(128).attn[31] > 0
+
+
+def test_decode_of_the_mistral_7b_shape_on_this_cpu(tmp_path: Path) -> None:
+    """GQA, a 32k vocabulary and 4,096-wide layers through every decoder, without a tokenizer."""
+    out = tmp_path / "decode.json"
+    args = (
+        "decode --model mistral-7b --random-weights --num-layers 2 --skip 1 --gamma 2 --n-prompts 1 "
+        "--max-prompt-tokens 8 --new-tokens 4 --repeats 1"
+    )
+    assert cli.main([*args.split(), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["random_weights"] is True and result["estimators"] == []
+    assert result["lossless"] is True and result["hf_matches_autoregressive"] is True
+    assert set(result["summaries"]) == {"autoregressive", "hf-generate", "ssd", "hf-early-exit"}

@@ -14,7 +14,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from skipsearch.cli.common import add_mask_options, add_model_options, add_prompt_options
+from skipsearch.cli.common import (
+    add_mask_options,
+    add_model_options,
+    add_prompt_options,
+    add_weight_options,
+    random_weights,
+)
 from skipsearch.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -31,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "latency breakdown, next to the estimator's prediction.",
     )
     add_model_options(parser)
+    add_weight_options(parser)
     add_prompt_options(parser)
     add_mask_options(parser)
     parser.add_argument(
@@ -91,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.engine.bench import AR, HF, SSD, benchmark, estimator_dict, estimators, make_decoders
     from skipsearch.engine.lossless import check_runs
     from skipsearch.masks import SkipMask
+    from skipsearch.models.loading import load_model
+    from skipsearch.models.random_weights import random_prompts
+    from skipsearch.models.runner import LayerwiseRunner
     from skipsearch.tiers.manifest import is_tier_manifest
 
     if args.from_path and is_tier_manifest(Path(args.from_path)):
@@ -111,11 +121,19 @@ def run(args: argparse.Namespace) -> int:
     policy = GammaPolicy(initial=gamma) if args.dynamic_gamma else GammaPolicy.fixed(gamma)
 
     config = measure_config(args)
-    measurement = prepare(config)
-    num_layers = measurement.num_layers
+    weights = random_weights(args)
+    if weights is None:
+        measurement = prepare(config)
+        runner, loaded = measurement.runner, measurement.loaded
+        prompts = [p.ids for p in encode_prompts(config.prompts, loaded.tokenizer)]
+    else:  # timing only: no reference, no estimator, random prompt ids
+        measurement = None
+        loaded = load_model(config.model, config.device, config.dtype, weights)
+        runner = LayerwiseRunner(loaded.model)
+        spec = config.prompts
+        prompts = random_prompts(spec.n_prompts, spec.max_prompt_tokens, runner.config.vocab_size, spec.seed)
+    num_layers = runner.num_layers
     mask = SkipMask.parse(mask_text, num_layers) if mask_text else mask_from_args(args, num_layers)
-    runner, loaded = measurement.runner, measurement.loaded
-    prompts = [p.ids for p in encode_prompts(config.prompts, loaded.tokenizer)]
     decoders = make_decoders(runner, loaded, mask, policy, sampling, args.new_tokens)
     runs = benchmark(decoders, prompts, args.repeats, args.seed, runner.device)
 
@@ -128,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     summaries = {name: Summary.of(results) for name, results in runs.items()}
     estimates = [
         estimator_dict(e.evaluate(mask, args.temperature), e.mode, policy, sampling, summaries[SSD])
-        for e in estimators(measurement)
+        for e in (estimators(measurement) if measurement else [])
     ]
     result: dict[str, Any] = {
         "model": args.model,
@@ -136,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         "exit_layer": mask.exit_layer,
         "gamma": gamma,
         "dynamic_gamma": args.dynamic_gamma,
+        "random_weights": weights is not None,
         **run_settings(args, len(prompts)),
         "summaries": {name: s.to_dict(summaries[HF], "hf") for name, s in summaries.items()},
         "estimators": estimates,
@@ -175,6 +194,11 @@ def print_result(result: dict[str, Any]) -> None:
         return f"{name} E={result['exit_layer']}" if name == EARLY_EXIT else name
 
     console.print(summary_table(result["summaries"], "hf", "HF", label))
+    if result["random_weights"]:
+        console.print(
+            "random weights: acceptance and tokens/round say nothing about the real model; "
+            "the time per pass does"
+        )
     for est in result["estimators"]:
         line = f"estimator {est['mode']}: alpha {est['alpha']:.3f} (engine {fmt(est['measured_acceptance'])})"
         if est["tokens_per_round"] is not None:

@@ -87,6 +87,14 @@ def random_model(name: str, device: str, dtype: Any, weights: RandomWeights) -> 
     return model.eval()
 
 
+def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[tuple[int, ...]]:
+    """Seeded random token ids: a weight-free model has no tokenizer, and its timing needs none."""
+    import random
+
+    rng = random.Random(seed)
+    return [tuple(rng.randrange(vocab_size) for _ in range(length)) for _ in range(count)]
+
+
 def refuse_acceptance(weights: RandomWeights | None, command: str) -> None:
     """Acceptance measured on random weights says nothing about the real model: refuse it."""
     if weights is not None:

@@ -55,7 +55,7 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
     paths = [cache_dir() / "reference" / f"{key}.safetensors" for key in candidates]
     existing = next((p for p in paths if p.is_file()), None)
     if existing is not None:
-        reference = ReferenceCache.load(existing, runner.device)
+        reference = ReferenceCache.load(existing, runner.device, with_kv)
         path = existing
     else:
         prompts = encode_prompts(config.prompts, loaded.tokenizer)

@@ -63,9 +63,9 @@ def run(args: argparse.Namespace) -> int:
     )
     latency = LatencyProfile.load(latency_path) if args.latency_profile or latency_path.is_file() else None
 
+    full_seconds = measurement.estimator.time_full_forward()  # before a Ray executor frees the model
     with make_executor(config, args.temperature, measurement) as executor:
         profile, eval_seconds = executor.measure_one(mask)
-    full_seconds = measurement.estimator.time_full_forward()
     prediction = predict(profile, mask, gamma_max=max(GAMMAS), latency=latency)
     result = {
         "model": args.model,

@@ -15,8 +15,10 @@ from skipsearch import cli
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.processes import profile_processes
 from skipsearch.cost.profiler import (
+    CudaClock,
     ProcessTimings,
     Samples,
+    WallClock,
     _warn_if_noisy,
     combine,
     measure_latency,
@@ -92,7 +94,7 @@ def test_timed_passes_leave_the_cache_at_the_context_length(family: str) -> None
     cache = prefill_cache(runner, 24, torch.Generator().manual_seed(0))
     for positions in POSITIONS:
         ids = torch.randint(0, 61, (1, positions))
-        times = time_pass(runner, cache, ids, lambda: None)
+        times = time_pass(runner, cache, ids, WallClock())
         assert len(times.attn) == len(times.mlp) == runner.num_layers
         assert cache.get_seq_length() == 24
         assert all(layer.get_seq_length() == 24 for layer in cache.layers)
@@ -105,7 +107,7 @@ def test_timed_pass_is_a_real_forward(runner: LayerwiseRunner, monkeypatch: pyte
     logits: list[torch.Tensor] = []
     head = runner.head
     monkeypatch.setattr(runner, "head", lambda hidden: logits.append(head(hidden)) or logits[-1])
-    time_pass(runner, cache, ids, lambda: None)
+    time_pass(runner, cache, ids, WallClock())
     assert torch.allclose(logits[0], runner.forward(ids, cache=cache), atol=1e-5)
 
 
@@ -357,3 +359,29 @@ def test_cli_on_the_embedded_model(tmp_path: Path, capsys) -> None:
     assert digest.draft_cost[0][-1] == pytest.approx(1.0)
     # Reference 001 §5.1: embedding and head make a one-layer draft cost far more than 1/L.
     assert digest.draft_cost[0][0] > 2 * digest.naive(1)
+
+
+def test_one_process_by_default_on_a_gpu_several_on_a_cpu() -> None:
+    from skipsearch.cost.processes import DEFAULT_PROCESSES, default_processes
+
+    assert default_processes("cuda:0") == default_processes("cuda") == 1
+    assert default_processes("cpu") == DEFAULT_PROCESSES > 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_events_time_the_kernels_not_the_launch() -> None:
+    """A matmul chain queued in microseconds must be charged its device time."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def work() -> torch.Tensor:
+        out = a
+        for _ in range(20):
+            out = out @ a
+        return out
+
+    CudaClock(a.device).time(work)  # warm-up
+    _, seconds = CudaClock(a.device).time(work)
+    flops = 20 * 2 * 4096**3
+    assert flops / seconds < 2e15  # no GPU of today does bf16 faster: the time is real
+    assert seconds > 1e-4

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-import ray
 
 from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.config import MeasureConfig
@@ -40,6 +39,8 @@ from skipsearch.executors.ray import (
     worker_device,
 )
 from skipsearch.masks import SkipMask
+
+ray = pytest.importorskip("ray")  # not installed on the GPU test machine (`make gpu-check`)
 
 MARKER = "SKIPSEARCH_RAY_TEST"
 NUM_LAYERS = 12

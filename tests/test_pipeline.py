@@ -31,7 +31,7 @@ def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def write_profile() -> None:
     """Only the file's existence decides `auto` (the model is never touched)."""
-    path = default_profile_path("smollm2-135m", "cpu")
+    path = default_profile_path("smollm2-135m", "cpu", "float32")
     path.parent.mkdir(parents=True)
     path.write_text("{}")
 

@@ -15,8 +15,10 @@ from skipsearch import cli
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.processes import profile_processes
 from skipsearch.cost.profiler import (
+    CudaClock,
     ProcessTimings,
     Samples,
+    WallClock,
     _warn_if_noisy,
     combine,
     head_row_counts,
@@ -31,7 +33,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.models import loading
 from skipsearch.models.loading import LoadedModel
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.store import default_profile_path
+from skipsearch.store import default_profile_path, readable_profile_path
 from tests.conftest import make_tokenizer, tiny_model
 
 CONTEXTS = (8, 24)
@@ -104,7 +106,7 @@ def test_timed_passes_leave_the_cache_at_the_context_length(family: str) -> None
     cache = prefill_cache(runner, 24, torch.Generator().manual_seed(0))
     for positions in POSITIONS:
         ids = torch.randint(0, 61, (1, positions))
-        times = time_pass(runner, cache, ids, lambda: None)
+        times = time_pass(runner, cache, ids, WallClock())
         assert len(times.attn) == len(times.mlp) == runner.num_layers
         assert cache.get_seq_length() == 24
         assert all(layer.get_seq_length() == 24 for layer in cache.layers)
@@ -117,7 +119,7 @@ def test_timed_pass_is_a_real_forward(runner: LayerwiseRunner, monkeypatch: pyte
     logits: list[torch.Tensor] = []
     head = runner.head
     monkeypatch.setattr(runner, "head", lambda hidden: logits.append(head(hidden)) or logits[-1])
-    time_pass(runner, cache, ids, lambda: None)
+    time_pass(runner, cache, ids, WallClock())
     assert torch.allclose(logits[0], runner.forward(ids, cache=cache), atol=1e-5)
 
 
@@ -262,10 +264,19 @@ def test_summary_of_a_measured_profile(measured: LatencyProfile) -> None:
 # -- paths ---------------------------------------------------------------------------------------
 
 
-def test_default_profile_path_is_one_file_per_model_and_device(cache_in_tmp: Path) -> None:
-    path = default_profile_path("HuggingFaceTB/SmolLM2-135M", "cuda:0")
-    assert path == cache_in_tmp / "profiles" / "HuggingFaceTB_SmolLM2-135M-cuda_0.json"
-    assert default_profile_path("smollm2-135m", "cpu").name == "smollm2-135m-cpu.json"
+def test_default_profile_path_is_one_file_per_model_device_kind_and_dtype(cache_in_tmp: Path) -> None:
+    path = default_profile_path("HuggingFaceTB/SmolLM2-135M", "cuda:0", "bfloat16")
+    assert path == cache_in_tmp / "profiles" / "HuggingFaceTB_SmolLM2-135M-cuda-bfloat16.json"
+    assert path == default_profile_path("HuggingFaceTB/SmolLM2-135M", "cuda", "bfloat16")
+    assert default_profile_path("smollm2-135m", "cpu", "float32").name == "smollm2-135m-cpu-float32.json"
+
+
+def test_a_profile_named_before_the_dtype_is_still_read(cache_in_tmp: Path) -> None:
+    legacy = cache_in_tmp / "profiles" / "smollm2-135m-cpu.json"
+    assert readable_profile_path("smollm2-135m", "cpu", "float32").name == "smollm2-135m-cpu-float32.json"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text("{}")
+    assert readable_profile_path("smollm2-135m", "cpu", "float32") == legacy
 
 
 def test_profile_module_imports_without_torch() -> None:
@@ -281,7 +292,9 @@ def tiny_loader(monkeypatch: pytest.MonkeyPatch, cache_in_tmp: Path) -> None:
     """`load_model` returns the tiny Llama, so the command runs end to end in a second."""
     model = tiny_model("llama", layers=4)
     monkeypatch.setattr(
-        loading, "load_model", lambda name, device, dtype: LoadedModel(model, None, name, "test")
+        loading,
+        "load_model",
+        lambda name, device, dtype, random_weights=None: LoadedModel(model, None, name, "test"),
     )
 
 
@@ -311,7 +324,7 @@ def test_cli_default_output_is_where_measure_looks(tiny_loader, capsys) -> None:
         "1",
     ]
     assert cli.main(["profile", *args]) == 0
-    assert LatencyProfile.load(default_profile_path("tiny", "cpu")).context_lengths == (8,)
+    assert LatencyProfile.load(default_profile_path("tiny", "cpu", "float32")).context_lengths == (8,)
 
 
 @pytest.mark.parametrize(
@@ -368,3 +381,29 @@ def test_cli_on_the_embedded_model(tmp_path: Path, capsys) -> None:
     assert digest.draft_cost[0][-1] == pytest.approx(1.0)
     # Reference 001 §5.1: embedding and head make a one-layer draft cost far more than 1/L.
     assert digest.draft_cost[0][0] > 2 * digest.naive(1)
+
+
+def test_one_process_by_default_on_a_gpu_several_on_a_cpu() -> None:
+    from skipsearch.cost.processes import DEFAULT_PROCESSES, default_processes
+
+    assert default_processes("cuda:0") == default_processes("cuda") == 1
+    assert default_processes("cpu") == DEFAULT_PROCESSES > 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_events_time_the_kernels_not_the_launch() -> None:
+    """A matmul chain queued in microseconds must be charged its device time."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def work() -> torch.Tensor:
+        out = a
+        for _ in range(20):
+            out = out @ a
+        return out
+
+    CudaClock(a.device).time(work)  # warm-up
+    _, seconds = CudaClock(a.device).time(work)
+    flops = 20 * 2 * 4096**3
+    assert flops / seconds < 2e15  # no GPU of today does bf16 faster: the time is real
+    assert seconds > 1e-4

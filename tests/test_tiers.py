@@ -252,8 +252,11 @@ def test_sampled_tier_decoding_is_reproducible(runner):
 def test_without_cuda_the_steps_run_eagerly_and_say_so(runner, caplog):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert isinstance(make_steps(runner, MASKS, GAMMAS, ROOM), EagerSteps)
+    steps, reason = make_steps(runner, MASKS, GAMMAS, ROOM)
+    assert isinstance(steps, EagerSteps) and "no CUDA device" in reason
     assert "no CUDA device" in caplog.text
+    with pytest.raises(ConfigError, match=r"--require-graphs, but .* no CUDA device"):
+        make_steps(runner, MASKS, GAMMAS, ROOM, require_graphs=True)
     with pytest.raises(ConfigError, match="CUDA graphs need a CUDA device"):
         GraphSteps(runner, MASKS, GAMMAS, ROOM, capture=True)
 
@@ -263,14 +266,15 @@ def test_tiers_for_another_depth_are_rejected(runner):
         tiered_decode(runner, PROMPT, (RICH, CHEAP), (1, 2), TierPolicy(2, (0.5,)), 8)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_cuda_graphs_decode_losslessly():
     runner = LayerwiseRunner(tiny_model("llama").to("cuda"))
     expected = autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
     eager = tiered_decode(runner, PROMPT, MASKS, GAMMAS, POLICY, NEW_TOKENS)
     for bucket in (1, 4):
-        steps = make_steps(runner, MASKS, GAMMAS, ROOM, bucket=bucket)
-        assert isinstance(steps, GraphSteps) and steps.mode.startswith("cuda-graphs")
+        steps, reason = make_steps(runner, MASKS, GAMMAS, ROOM, bucket=bucket, require_graphs=True)
+        assert isinstance(steps, GraphSteps) and steps.mode.startswith("cuda-graphs") and reason is None
         for _ in range(2):  # the graphs are captured once and replayed for every sequence
             graphed = tiered_decode(runner, PROMPT, MASKS, GAMMAS, POLICY, NEW_TOKENS, steps=steps)
             assert graphed.result.tokens == expected and graphed.tiers == eager.tiers

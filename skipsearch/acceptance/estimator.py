@@ -106,8 +106,8 @@ class Estimator:
         self.vocab_ids = vocab_ids
         self._subsets: dict[int, torch.Tensor] = {}
         self.rows, self.cols = reference.prediction_index()
-        final = reference.hidden[-1][self.rows, self.cols]
-        self.target_logits = runner.head(final)
+        with torch.no_grad():  # kept for the estimator's life: no autograd graph may hang off them
+            self.target_logits = runner.head(reference.hidden[-1][self.rows, self.cols])
         self.target_tokens = self.target_logits.argmax(-1)
 
     def draft_logits(self, mask: SkipMask) -> torch.Tensor:
@@ -207,17 +207,28 @@ class Estimator:
         )
 
     def time_full_forward(self) -> float:
-        """Seconds for one full-model forward over the same batch (embedding to head)."""
+        """Seconds for one full-model forward over the same batch (embedding to head).
+
+        One untimed pass first (allocator, kernels' first launch); on CUDA the device is synchronised
+        around the timed pass, which otherwise returns once its kernels are queued.
+        """
+        sync = torch.cuda.synchronize if self.runner.device.type == "cuda" else lambda: None
+        self._full_forward()
+        sync()
+        began = time.perf_counter()
+        self._full_forward()
+        sync()
+        return time.perf_counter() - began
+
+    @torch.no_grad()
+    def _full_forward(self) -> None:
         ref = self.reference
         width = ref.input_ids.shape[1]
         position_ids = torch.arange(width, device=self.runner.device)[None]
-        began = time.perf_counter()
-        with torch.no_grad():
-            for begin in range(0, ref.input_ids.shape[0], FORWARD_BATCH):
-                ids = ref.input_ids[begin : begin + FORWARD_BATCH]
-                self.runner.run_layers(self.runner.embed(ids), 0, self.runner.num_layers, position_ids)
-            self.runner.head(ref.hidden[-1][self.rows, self.cols])
-        return time.perf_counter() - began
+        for begin in range(0, ref.input_ids.shape[0], FORWARD_BATCH):
+            ids = ref.input_ids[begin : begin + FORWARD_BATCH]
+            self.runner.run_layers(self.runner.embed(ids), 0, self.runner.num_layers, position_ids)
+        self.runner.head(ref.hidden[-1][self.rows, self.cols])
 
 
 def _split(values: list, sizes: Sequence[int]) -> list[list]:

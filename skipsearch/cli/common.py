@@ -8,6 +8,7 @@ from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, resolve_source
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask, parse_draft_vocab, parse_layer_list
+from skipsearch.models.random_weights import RandomWeights
 from skipsearch.models.registry import DEFAULT_MODEL
 
 
@@ -21,6 +22,27 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU) or a torch dtype"
     )
+
+
+def add_weight_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("weight-free models (latency only: docs/gpu.md)")
+    group.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="build the architecture from its shipped config with seeded random weights (no download)",
+    )
+    group.add_argument(
+        "--num-layers", type=int, help="with --random-weights: keep the width, cut the depth to N layers"
+    )
+
+
+def random_weights(args: argparse.Namespace) -> RandomWeights | None:
+    """The weight-free model `--random-weights` / `--num-layers` ask for, or None for real weights."""
+    if not args.random_weights:
+        if args.num_layers is not None:
+            raise ConfigError("--num-layers only applies with --random-weights: add it, or drop --num-layers")
+        return None
+    return RandomWeights(num_layers=args.num_layers)
 
 
 def add_prompt_options(parser: argparse.ArgumentParser) -> None:

@@ -20,6 +20,8 @@ from skipsearch.cli.common import (
     add_mask_options,
     add_model_options,
     add_prompt_options,
+    add_weight_options,
+    random_weights,
 )
 from skipsearch.errors import ConfigError
 from skipsearch.masks import parse_draft_vocab
@@ -39,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "latency breakdown, next to the estimator's prediction.",
     )
     add_model_options(parser)
+    add_weight_options(parser)
     add_prompt_options(parser)
     add_mask_options(parser)
     parser.add_argument(
@@ -69,6 +72,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
+    parser.add_argument(
+        "--require-graphs",
+        action="store_true",
+        help="with a tier set: fail instead of decoding eagerly when CUDA graphs cannot be captured",
+    )
     parser.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     parser.set_defaults(handler=run)
 
@@ -93,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.cli.common import check_mask_args, draft_vocab_from_args, mask_from_args, measure_config
     from skipsearch.cli.decode_tables import run_settings
     from skipsearch.engine import GREEDY, GammaPolicy, Sampling, Summary, breakdown
+    from skipsearch.engine.lossless import check_runs
     from skipsearch.masks import Draft, split_draft, vocab_label
     from skipsearch.models.device import check_device
     from skipsearch.run.preflight import known_depth
@@ -130,16 +139,32 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.acceptance.worker import prepare
     from skipsearch.engine.bench import AR, HF, SSD, benchmark, estimator_dict, estimators, make_decoders
     from skipsearch.models.draft_head import DraftHead
+    from skipsearch.models.loading import load_model
+    from skipsearch.models.random_weights import random_prompts
+    from skipsearch.models.runner import LayerwiseRunner
 
-    measurement = prepare(config)
-    num_layers = measurement.num_layers
-    draft = Draft.parse(mask_text, num_layers) if mask_text else Draft(mask_from_args(args, num_layers))
-    if args.draft_vocab is not None:
-        draft = Draft(draft.mask, draft_vocab_from_args(args))
+    weights = random_weights(args)
+
+    def pick_draft(num_layers: int) -> Draft:  # checked before anything slow
+        draft = Draft.parse(mask_text, num_layers) if mask_text else Draft(mask_from_args(args, num_layers))
+        return draft if args.draft_vocab is None else Draft(draft.mask, draft_vocab_from_args(args))
+
+    if weights is None:
+        measurement = prepare(config)
+        draft = pick_draft(measurement.num_layers)
+        runner, loaded = measurement.runner, measurement.loaded
+        prompts = [p.ids for p in encode_prompts(config.prompts, loaded.tokenizer)]
+        vocab_ids = measurement.vocab_ids
+    else:  # timing only: no reference, no estimator, random prompt ids, the first k ids as vocabulary
+        measurement = None
+        loaded = load_model(config.model, config.device, config.dtype, weights)
+        runner = LayerwiseRunner(loaded.model)
+        draft = pick_draft(runner.num_layers)
+        spec = config.prompts
+        prompts = random_prompts(spec.n_prompts, spec.max_prompt_tokens, runner.config.vocab_size, spec.seed)
+        vocab_ids = range
     mask, vocab = draft.mask, draft.vocab
-    runner, loaded = measurement.runner, measurement.loaded
-    head = None if vocab is None else DraftHead.gather(runner, measurement.vocab_ids(vocab))
-    prompts = [p.ids for p in encode_prompts(config.prompts, loaded.tokenizer)]
+    head = None if vocab is None else DraftHead.gather(runner, vocab_ids(vocab))
     decoders = make_decoders(runner, loaded, mask, policy, sampling, args.new_tokens, head)
     runs = benchmark(decoders, prompts, args.repeats, args.seed, runner.device)
 
@@ -148,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     else:  # sampled runs differ by chance: check losslessness on greedy reruns
         greedy = make_decoders(runner, loaded, mask, policy, GREEDY, args.new_tokens, head)
         checked = {name: [greedy[name](p, None) for p in prompts] for name in (AR, SSD)}
-    lossless = all(s.tokens == a.tokens for s, a in zip(checked[SSD], checked[AR], strict=True))
+    lossless = check_runs(runner, prompts, checked[AR], checked[SSD])
     summaries = {name: Summary.of(results) for name, results in runs.items()}
     estimates = [
         estimator_dict(
@@ -158,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
             sampling,
             summaries[SSD],
         )
-        for e in estimators(measurement)
+        for e in (estimators(measurement) if measurement else [])
     ]
     result: dict[str, Any] = {
         "model": args.model,
@@ -167,10 +192,12 @@ def run(args: argparse.Namespace) -> int:
         "exit_layer": mask.exit_layer,
         "gamma": gamma,
         "dynamic_gamma": args.dynamic_gamma,
+        "random_weights": weights is not None,
         **run_settings(args, len(prompts)),
         "summaries": {name: s.to_dict(summaries[HF], "hf") for name, s in summaries.items()},
         "estimators": estimates,
-        "lossless": lossless,
+        "lossless": lossless.passed,
+        "lossless_check": lossless.to_dict(),
         "hf_matches_autoregressive": (
             all(h.tokens == a.tokens for h, a in zip(runs[HF], runs[AR], strict=True))
             if sampling.greedy
@@ -182,13 +209,13 @@ def run(args: argparse.Namespace) -> int:
     print_result(result)
     if args.json:
         write_text_atomic(Path(args.json), json.dumps(result, indent=2))
-    return 0 if lossless else 1
+    return 0 if lossless.passed else 1
 
 
 def print_result(result: dict[str, Any]) -> None:
     from rich.console import Console
 
-    from skipsearch.cli.decode_tables import fmt, print_breakdown, print_caveats, summary_table
+    from skipsearch.cli.decode_tables import fmt, print_breakdown, print_caveats, summary_table, verdict
     from skipsearch.engine.bench import EARLY_EXIT
 
     console = Console()
@@ -204,6 +231,11 @@ def print_result(result: dict[str, Any]) -> None:
 
     console.print(summary_table(result["summaries"], "hf", "HF", label))
     print_caveats(console, result)
+    if result["random_weights"]:
+        console.print(
+            "random weights: acceptance and tokens/round say nothing about the real model; "
+            "the time per pass does"
+        )
     for est in result["estimators"]:
         line = f"estimator {est['mode']}: alpha {est['alpha']:.3f} (engine {fmt(est['measured_acceptance'])})"
         if est["tokens_per_round"] is not None:
@@ -212,8 +244,7 @@ def print_result(result: dict[str, Any]) -> None:
                 f"{fmt(est['measured_tokens_per_round'])}, error {fmt(est['relative_error'], '+.1%')})"
             )
         console.print(line)
-    verdict = "[green]PASS[/]" if result["lossless"] else "[red]FAIL[/]"
-    console.print(f"lossless (greedy SSD == autoregressive, every prompt): {verdict}")
+    console.print(f"lossless (greedy SSD == autoregressive, every prompt): {verdict(result)}")
     if result["hf_matches_autoregressive"] is not None:
         console.print(f"HF generate == autoregressive runner: {result['hf_matches_autoregressive']}")
     print_breakdown(console, result["breakdown"])

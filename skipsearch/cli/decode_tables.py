@@ -16,6 +16,16 @@ def fmt(value: float | None, spec: str = ".3f") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def verdict(result: Mapping[str, Any]) -> str:
+    """PASS, PASS with the count of numerical near-tie flips, or FAIL (`engine.lossless`)."""
+    check = result["lossless_check"]
+    if check["identical"]:
+        return "[green]PASS[/]"
+    if check["passed"]:
+        return f"[green]PASS[/] ({check['near_ties']} numerical near-tie flip(s), see lossless_check)"
+    return "[red]FAIL[/] (first divergences in lossless_check)"
+
+
 def summary_table(
     summaries: Mapping[str, Mapping[str, Any]],
     baseline: str,

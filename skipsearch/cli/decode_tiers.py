@@ -33,6 +33,7 @@ def run_tiers(args: argparse.Namespace) -> int:
     )
     from skipsearch.engine.bench import benchmark
     from skipsearch.engine.graphs import make_steps
+    from skipsearch.engine.lossless import check_runs
     from skipsearch.engine.tiered import TieredResult, tiered_decode
     from skipsearch.masks import SkipMask
     from skipsearch.models.loading import eos_ids, load_model
@@ -65,7 +66,9 @@ def run_tiers(args: argparse.Namespace) -> int:
     model: Any = loaded.model
     stop = eos_ids(model)
     max_len = max(len(p) for p in prompts) + args.new_tokens + max(gammas) + 2
-    steps = make_steps(runner, manifest.masks, gammas, max_len, manifest.buckets[0])
+    steps, eager_reason = make_steps(
+        runner, manifest.masks, gammas, max_len, manifest.buckets[0], args.require_graphs
+    )
     predicted = manifest.predicted
     single = (
         predicted.get("pool_best_single") or predicted.get("best_single") or {"mask": str(manifest.masks[0])}
@@ -112,7 +115,7 @@ def run_tiers(args: argparse.Namespace) -> int:
     else:  # sampled runs differ by chance: check losslessness on greedy reruns
         greedy = decoders(GREEDY)
         checked = {name: [greedy[name](p, None) for p in prompts] for name in (AR, TIERS)}
-    lossless = all(t.tokens == a.tokens for t, a in zip(checked[TIERS], checked[AR], strict=True))
+    lossless = check_runs(runner, prompts, checked[AR], checked[TIERS])
     summaries = {name: Summary.of(results) for name, results in runs.items()}
     rounds = [t for r in timed_tiers for t in r.tiers]
     result = {
@@ -123,11 +126,13 @@ def run_tiers(args: argparse.Namespace) -> int:
         "gammas": list(gammas),
         "best_single": single,
         "mode": steps.mode,
+        "eager_reason": eager_reason,
         **run_settings(args, len(prompts)),
         "summaries": {name: s.to_dict(summaries[AR], "autoregressive") for name, s in summaries.items()},
         "tier_share": [rounds.count(t) / len(rounds) if rounds else 0.0 for t in range(len(manifest.masks))],
         "predicted": dict(manifest.predicted),
-        "lossless": lossless,
+        "lossless": lossless.passed,
+        "lossless_check": lossless.to_dict(),
         "breakdown": [b.to_dict() for b in breakdown([t for r in runs[TIERS] for t in r.timings])],
         "runs": {name: [r.to_dict() for r in results] for name, results in runs.items()},
         "tier_runs": [list(r.tiers) for r in timed_tiers],
@@ -135,13 +140,13 @@ def run_tiers(args: argparse.Namespace) -> int:
     print_tiers(result)
     if args.json:
         write_text_atomic(Path(args.json), json.dumps(result, indent=2))
-    return 0 if lossless else 1
+    return 0 if lossless.passed else 1
 
 
 def print_tiers(result: dict[str, Any]) -> None:
     from rich.console import Console
 
-    from skipsearch.cli.decode_tables import fmt, print_breakdown, print_caveats, summary_table
+    from skipsearch.cli.decode_tables import fmt, print_breakdown, print_caveats, summary_table, verdict
 
     console = Console()
     console.print(
@@ -149,7 +154,7 @@ def print_tiers(result: dict[str, Any]) -> None:
         f"policy window {result['policy']['window']} thresholds "
         f"{[round(t, 3) for t in result['policy']['thresholds']]}\n"
         f"tier steps: {result['mode']}"
-        + ("" if result["mode"].startswith("cuda") else " (no CUDA graphs captured: eager on this device)")
+        + (f" (no CUDA graphs: {result['eager_reason']})" if result["eager_reason"] else "")
     )
     tiers = zip(result["tiers"], result["gammas"], result["tier_share"], strict=True)
     for index, (mask, gamma, share) in enumerate(tiers):
@@ -163,6 +168,5 @@ def print_tiers(result: dict[str, Any]) -> None:
             f"{fmt(predicted.get('tokens_per_round'))}, speedup {fmt(predicted.get('speedup'))} vs best "
             f"single {fmt(result['best_single'].get('speedup'))}"
         )
-    verdict = "[green]PASS[/]" if result["lossless"] else "[red]FAIL[/]"
-    console.print(f"lossless (greedy tier decoding == autoregressive, every prompt): {verdict}")
+    console.print(f"lossless (greedy tier decoding == autoregressive, every prompt): {verdict(result)}")
     print_breakdown(console, result["breakdown"])

@@ -31,20 +31,28 @@ def add_executor_options(parser: argparse.ArgumentParser) -> None:
         help="ray: cluster to join: auto, HOST:PORT or ray://HOST:PORT (default RAY_ADDRESS, else local)",
     )
     group.add_argument("--cpus-per-worker", type=int, default=1, help="ray: CPUs per actor (default 1)")
+    group.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        default=1.0,
+        help="ray with --device cuda: share of a GPU per actor, e.g. 0.5 for two per GPU (default 1)",
+    )
 
 
 def ray_options(args: argparse.Namespace, workers: int | None = None) -> RayOptions | None:
     """None for the local executor; options that only Ray reads are an error without it."""
     if args.executor == "local":
         given = [name for name in ("workers", "ray_address") if getattr(args, name) is not None]
-        if args.cpus_per_worker != 1:
-            given.append("cpus_per_worker")
+        given += [name for name in ("cpus_per_worker", "gpus_per_worker") if getattr(args, name) != 1]
         if given:
             flags = ", ".join("--" + name.replace("_", "-") for name in given)
             raise ConfigError(f"{flags} only apply to --executor ray: add it, or drop them")
         return None
     return RayOptions(
-        address=args.ray_address, workers=workers or args.workers, cpus_per_worker=args.cpus_per_worker
+        address=args.ray_address,
+        workers=workers or args.workers,
+        cpus_per_worker=args.cpus_per_worker,
+        gpus_per_worker=args.gpus_per_worker,
     )
 
 
@@ -62,6 +70,8 @@ def executor_factory(args: argparse.Namespace, workers: int | None = None) -> Ex
         ranking = measurement.ranking if measure.draft_vocabs else None
         executor = measurement_executor(measure, temperature, measurement.reference_path, options, ranking)
         console.print(f"Ray: {executor.plan.describe()}")
+        if executor.plan.gpus_per_worker:  # the workers hold the model now; the driver's copy would double it
+            measurement.release_model()
         return executor
 
     return ray_executor

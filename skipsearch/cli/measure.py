@@ -11,6 +11,8 @@ from skipsearch.cli.common import (
     add_mask_options,
     add_model_options,
     add_prompt_options,
+    add_weight_options,
+    random_weights,
 )
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
 from skipsearch.cli.run import add_context_options
@@ -26,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Teacher-forced acceptance of one mask, tokens per round (gamma 1..8) and speedup.",
     )
     add_model_options(parser)
+    add_weight_options(parser)
     add_prompt_options(parser)
     add_mask_options(parser)
     add_executor_options(parser)
@@ -45,8 +48,12 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.cli.common import check_mask_args, draft_vocab_from_args, mask_from_args, measure_config
     from skipsearch.errors import ConfigError
     from skipsearch.models.device import check_device
+    from skipsearch.models.loading import dtype_name
+    from skipsearch.models.random_weights import refuse_acceptance
     from skipsearch.run.preflight import known_depth
+    from skipsearch.store import readable_profile_path
 
+    refuse_acceptance(random_weights(args), "measure")
     if args.temperature < 0:
         raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     config = measure_config(args)
@@ -60,10 +67,11 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.cost.latency import LatencyProfile
     from skipsearch.masks import vocab_label
     from skipsearch.search.objective import DEFAULT_CONTEXT, scoring_latency
-    from skipsearch.store import default_profile_path
 
     latency_path = (
-        Path(args.latency_profile) if args.latency_profile else default_profile_path(args.model, args.device)
+        Path(args.latency_profile)
+        if args.latency_profile
+        else readable_profile_path(args.model, args.device, dtype_name(args.device, args.dtype))
     )
     latency = LatencyProfile.load(latency_path) if args.latency_profile or latency_path.is_file() else None
     cost = "calibrated" if latency is not None else "closed-form"
@@ -73,10 +81,10 @@ def run(args: argparse.Namespace) -> int:
     mask = mask_from_args(args, measurement.num_layers)
 
     draft_vocab = draft_vocab_from_args(args)
+    full_seconds = measurement.estimator.time_full_forward()  # before a Ray executor frees the model
     with make_executor(config, args.temperature, measurement) as executor:
         measured, eval_seconds = executor.measure_one(mask)
     profile = measured.for_vocab(draft_vocab)
-    full_seconds = measurement.estimator.time_full_forward()
     model_config = measurement.runner.config
     prediction = predict(
         profile,

@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from skipsearch.cli.common import add_model_options
+from skipsearch.cli.common import add_model_options, add_weight_options, random_weights
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.processes import DEFAULT_PROCESSES, profile_processes
 from skipsearch.cost.profiler import (
@@ -40,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "overhead, for 1..9 new positions at each context length; write a LatencyProfile.",
     )
     add_model_options(parser)
+    add_weight_options(parser)
     parser.add_argument(
         "--context-lengths",
         default=",".join(map(str, DEFAULT_CONTEXT_LENGTHS)),
@@ -51,9 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--processes",
         type=int,
-        default=DEFAULT_PROCESSES,
-        help="fresh processes sharing the repeats, one after another: a process's speed is partly a "
-        "draw, the profile keeps their mean (default %(default)s)",
+        help="fresh processes sharing the repeats, one after another: a CPU process's speed is partly "
+        f"a draw, the profile keeps their mean (default {DEFAULT_PROCESSES} on a CPU, 1 on a GPU)",
     )
     parser.add_argument(
         "--warmup",
@@ -83,7 +83,14 @@ def context_lengths(text: str) -> tuple[int, ...]:
 
 
 def output_path(args: argparse.Namespace) -> Path:
-    path = Path(args.out) if args.out else default_profile_path(args.model, args.device)
+    from skipsearch.models.loading import dtype_name
+
+    name = f"{args.model}-random" if args.random_weights else args.model
+    path = (
+        Path(args.out)
+        if args.out
+        else default_profile_path(name, args.device, dtype_name(args.device, args.dtype))
+    )
     if path.is_dir():
         raise ConfigError(f"--out {path} is a directory: give a file path such as {path / 'profile.json'}")
     return path
@@ -93,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.models.device import check_device
 
     contexts = context_lengths(args.context_lengths)
+    weights = random_weights(args)
     out = output_path(args)
     check_device(args.device)
     if args.skip_existing and out.is_file():
@@ -107,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         warmup=args.warmup,
         processes=args.processes,
+        random_weights=weights,
     )
     save_profile(profile, out)
     render(profile, summary(profile))
@@ -124,6 +133,8 @@ def render(profile: LatencyProfile, digest: ProfileSummary) -> None:
     console.print(verify_cost_table(digest))
     if digest.head_rows:
         console.print(draft_head_table(profile, digest))
+    if "depth_scaled" in profile.meta:
+        console.print(f"depth scaled: {profile.meta['depth_scaled']}")
 
 
 def _ms(seconds: float) -> str:

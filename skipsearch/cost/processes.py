@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from skipsearch.cost.depth import scale_to_depth
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.profiler import (
     DEFAULT_CONTEXT_LENGTHS,
@@ -35,6 +36,8 @@ from skipsearch.cost.profiler import (
     process_meta,
 )
 from skipsearch.errors import ConfigError
+from skipsearch.models.loading import device_type
+from skipsearch.models.random_weights import RandomWeights
 
 DEFAULT_PROCESSES = 10
 
@@ -43,6 +46,7 @@ def _measure_in_this_process(
     model: str,
     device: str,
     dtype: str,
+    random_weights: RandomWeights | None,
     contexts: tuple[int, ...],
     positions: tuple[int, ...],
     repeats: int,
@@ -55,10 +59,14 @@ def _measure_in_this_process(
     from skipsearch.models.loading import load_model
     from skipsearch.models.runner import LayerwiseRunner
 
-    loaded = load_model(model, device, dtype)
+    loaded = load_model(model, device, dtype, random_weights)
     runner = LayerwiseRunner(loaded.model)
     measured = measure_samples(runner, contexts, positions, repeats, warmup, seed, label, head_rows)
-    return measured, process_meta(runner, loaded.model_id)
+    config = loaded.model.config
+    meta = {**process_meta(runner, loaded.model_id), "hidden_size": config.hidden_size}
+    if random_weights is not None:
+        meta |= {"random_weights": True, "real_num_layers": loaded.model.config.real_num_layers}
+    return measured, meta
 
 
 def profile_processes(
@@ -69,35 +77,48 @@ def profile_processes(
     positions: Iterable[int] = DEFAULT_POSITIONS,
     repeats: int = DEFAULT_REPEATS,
     warmup: int = DEFAULT_WARMUP,
-    processes: int = DEFAULT_PROCESSES,
+    processes: int | None = None,
     seed: int = 0,
     head_rows: Iterable[int] = DEFAULT_HEAD_ROWS,
+    random_weights: RandomWeights | None = None,
 ) -> LatencyProfile:
     """Measure `model`'s LatencyProfile over `processes` fresh interpreters, `repeats` samples in all.
 
     Each process gets its own seed (`seed + i`) and `warmup` discarded rounds; an error raised in
     one (a context longer than the model allows, a hub model offline) reaches the caller as it is.
-    With `processes=1` the samples are taken in this process.
+    With `processes=1` the samples are taken in this process; None is `default_processes(device)`.
+    A depth-cut weight-free model (`random_weights.num_layers`) is scaled back to its real depth.
     """
     from skipsearch.models.loading import resolve_model_dir
 
     contexts, steps = check_axes(context_lengths, positions)
     head_rows = tuple(head_rows)
+    processes = default_processes(device) if processes is None else processes
     if processes < 1:
         raise ConfigError(f"processes must be >= 1, got {processes}")
     if repeats < processes:
         raise ConfigError(f"repeats ({repeats}) must be at least processes ({processes}): each takes a share")
-    if processes > 1:  # a bad --model fails before any process starts, and a GGUF is converted once
-        resolve_model_dir(model)
+    if processes > 1 and random_weights is None:  # a bad --model fails before any process starts,
+        resolve_model_dir(model)  # and a GGUF is converted once
     share = math.ceil(repeats / processes)
     measurements: list[ProcessTimings] = []
     meta: dict[str, Any] = {}
     for index in range(processes):
         label = f"profile: process {index + 1}/{processes}"
         settings = (contexts, steps, share, warmup, seed + index, label, head_rows)
-        measured, meta = _run(processes > 1, model, device, dtype, *settings)
+        measured, meta = _run(processes > 1, model, device, dtype, random_weights, *settings)
         measurements.append(measured)
-    return combine(measurements, {**meta, "warmup": warmup}, contexts, steps)
+    profile = combine(measurements, {**meta, "warmup": warmup}, contexts, steps)
+    return scale_to_depth(profile, meta.get("real_num_layers", profile.num_layers))
+
+
+def default_processes(device: str) -> int:
+    """Several fresh processes on a CPU (its speed is a per-process draw), one on an accelerator.
+
+    A GPU's kernels do not inherit the host process's memory layout, and each process would load
+    the whole model again — ten loads of a 7B model take most of a GPU session.
+    """
+    return DEFAULT_PROCESSES if device_type(device) == "cpu" else 1
 
 
 def _run(fresh: bool, *arguments: Any) -> tuple[ProcessTimings, dict[str, Any]]:

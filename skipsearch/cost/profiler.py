@@ -60,8 +60,6 @@ DEFAULT_HEAD_ROWS = (1024, 2048, 4096, 8192, 16384, 32768)
 SUMMARY_GAMMAS = tuple(range(1, 9))
 NOISY = 1.0  # typical IQR / median of a sub-layer above which the device was busy
 
-Sync = Callable[[], None]
-
 
 # -- where profiles live -------------------------------------------------------------------------
 
@@ -121,21 +119,52 @@ def _iqr(samples: np.ndarray) -> np.ndarray:
     return upper - lower
 
 
-def _synchronizer(device: torch.device) -> Sync:
-    """On CUDA a call returns before its kernels finish: synchronise so the clock counts them."""
-    import torch
+class WallClock:
+    """Host wall time: on a CPU the call's work is done when it returns."""
 
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
+    def time(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+        start = time.perf_counter()
+        out = fn(*args)
+        return out, time.perf_counter() - start
+
+
+class CudaClock:
+    """CUDA events around the call, after a synchronisation: the device's time, not the launch's.
+
+    A call returns once its kernels are queued, so wall time would count the launch only. The
+    queue is drained first, so the start event marks the call's first kernel, and the end event
+    is waited for. Between the events the device may idle while the host launches the next
+    kernel: at one position a sub-layer is launch-bound, and these times include that gap.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        import torch
+
+        self.device = device
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+
+    def time(self, fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+        self.start.record()
+        out = fn(*args)
+        self.end.record()
+        self.end.synchronize()
+        return out, self.start.elapsed_time(self.end) / 1e3
+
+
+Sync = WallClock | CudaClock
+
+
+def _synchronizer(device: torch.device) -> Sync:
+    """The clock for `device`: CUDA events on a GPU, wall time elsewhere."""
+    return CudaClock(device) if device.type == "cuda" else WallClock()
 
 
 def _timed(sync: Sync, fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
-    sync()
-    start = time.perf_counter()
-    out = fn(*args)
-    sync()
-    return out, time.perf_counter() - start
+    return sync.time(fn, *args)
 
 
 @contextmanager

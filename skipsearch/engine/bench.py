@@ -53,7 +53,8 @@ def make_decoders(
     model: Any = loaded.model
     tokenizer: Any = loaded.tokenizer
     stop = eos_ids(model)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop, default=0)
+    pad = getattr(tokenizer, "pad_token_id", None)  # a weight-free model has no tokenizer
+    pad = min(stop, default=0) if pad is None else pad
 
     def generate(prompt: tuple[int, ...], generator: torch.Generator | None, **assist: Any) -> DecodeResult:
         return hf_generate(model, prompt, max_new_tokens, sampling, generator, pad, **assist)

@@ -5,16 +5,41 @@ tokens (prompt + output), every layer holds the K/V of positions `0 .. n-2` — 
 The last committed token is *pending*: the next round feeds it (first draft step, or the verify
 pass), which writes its K/V. Between rounds per-layer lengths differ (a draft that skips a
 layer's attention writes nothing there), so lengths are set and checked layer by layer.
+
+Two caches: a `DynamicCache` (eager decoding; lengths are tensor shapes, known on the host) and a
+`StaticKV` (CUDA graphs; lengths live on the device, where the captured kernels read them). On the
+static cache a per-layer crop or check would read each length back to the host — a device sync per
+layer, ~100 per round at 32 layers — so its lengths are one device vector that `crop` clamps in
+one kernel and `check_lengths` reads in one copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, StaticLayer
 
 from skipsearch.models.runner import LayerwiseRunner
+
+
+class StaticKV(Cache):
+    """Preallocated K/V of `max_len` positions per layer; every layer's length is `lengths[layer]`.
+
+    Plain static layers for every layer, sliding-window ones included: a caller that keeps
+    `max_len` within the window (`GraphSteps`) makes sliding attention full attention.
+    """
+
+    def __init__(self, config: Any, max_len: int, bucket: int, dtype: torch.dtype, device: torch.device):
+        count = config.num_hidden_layers
+        super().__init__(layers=[StaticLayer(max_cache_len=max_len) for _ in range(count)])
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.early_initialization(bucket, config.num_key_value_heads, head_dim, dtype, device)
+        self.lengths = torch.zeros(count, dtype=torch.long, device=device)
+        for index, layer in enumerate(self.layers):
+            layer.cumulative_length = self.lengths[index]  # a view: the layer's in-place updates land here
 
 
 def prefilled_cache(runner: LayerwiseRunner, prompt: Sequence[int]) -> DynamicCache:
@@ -31,23 +56,31 @@ def prefilled_cache(runner: LayerwiseRunner, prompt: Sequence[int]) -> DynamicCa
     return cache
 
 
-def layer_lengths(cache: DynamicCache) -> list[int]:
+def layer_lengths(cache: DynamicCache | StaticKV) -> list[int]:
+    """Every layer's length, read in one copy from a static cache."""
+    if isinstance(cache, StaticKV):
+        return cache.lengths.tolist()
     return [layer.get_seq_length() for layer in cache.layers]
 
 
-def crop(cache: DynamicCache, length: int, layers: Iterable[int] | None = None) -> None:
+def crop(cache: DynamicCache | StaticKV, length: int, layers: range | None = None) -> None:
     """Cut `layers` (default: all) back to at most `length` positions; shorter layers stay as they are.
 
     transformers >= 5 `crop(n)` takes minus the number of positions to remove (a positive
     argument, the absolute length of 4.x, raises), so the count is per layer. `crop(0)` is still
-    called: it trims a sliding-window layer's recorded past back to the window.
+    called: it trims a sliding-window layer's recorded past back to the window. A static cache's
+    lengths are clamped on the device, without reading them.
     """
-    for index in range(len(cache.layers)) if layers is None else layers:
+    layers = range(len(cache.layers)) if layers is None else layers
+    if isinstance(cache, StaticKV):
+        cache.lengths[layers.start : layers.stop].clamp_(max=length)
+        return
+    for index in layers:
         layer = cache.layers[index]
         layer.crop(min(0, length - layer.get_seq_length()))
 
 
-def check_lengths(cache: DynamicCache, expected: int) -> None:
+def check_lengths(cache: DynamicCache | StaticKV, expected: int) -> None:
     """Raise AssertionError unless every layer holds exactly `expected` positions."""
     lengths = layer_lengths(cache)
     wrong = {index: n for index, n in enumerate(lengths) if n != expected}

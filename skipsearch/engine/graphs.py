@@ -10,15 +10,18 @@ has to be static, and how it is made so here:
 - addresses: inputs (token ids, positions, the attention mask, the draft's exact states) live in
   preallocated buffers that are filled before a replay; outputs are the captured tensors, copied
   out before the next replay;
-- KV: a transformers `StaticCache`, initialised up front, whose per-layer length is a device
-  tensor, so writing K/V at the current length and cropping (subtracting from it) happen on the
-  device and the captured kernels follow them;
+- KV: a `StaticKV` (`engine.cache`), initialised up front, whose per-layer lengths are one device
+  vector, so writing K/V at the current length and cropping (clamping it) happen on the device
+  and the captured kernels follow them; sliding-window layers (Mistral) get plain static layers,
+  which is exact while the cache is no longer than the window;
 - the causal mask: `position >= key index`, computed from the positions buffer before a replay,
   for every key slot of the static cache (stale slots beyond the length are never attended).
 
 Batch-size buckets: every buffer has `bucket` rows and a sequence fills all of them with the same
 tokens (the engine decodes one sequence; a batched server would capture each bucket it serves).
-On a CPU, or with `capture=False`, the very same step functions run eagerly, and say so.
+On a CPU, or with `capture=False`, the very same step functions run eagerly, and say so. After
+capture every graph is replayed once against its eager step, so a graph that recorded the wrong
+work (a keyword an older transformers swallows, say) fails there instead of decoding wrongly.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 import torch
-from transformers import StaticCache
 
+from skipsearch.engine.cache import StaticKV
 from skipsearch.engine.sampling import Sampling, sample
 from skipsearch.engine.ssd import EagerSteps, Proposal, Round, RoundSteps
 from skipsearch.errors import ConfigError
@@ -38,7 +41,29 @@ from skipsearch.models.runner import SLIDING, LayerwiseRunner
 log = logging.getLogger(__name__)
 
 WARMUP = 3  # eager runs on a side stream before capture: cuBLAS handles, allocator, autotuning
+REPLAY_TOLERANCE = 1e-2  # relative: a replay runs the eager kernels, so it agrees to rounding
 Outputs = tuple[torch.Tensor, ...]
+
+
+class GraphReplayError(RuntimeError):
+    """A captured graph's replay disagrees with its eager step: a bug, not a device limit."""
+
+
+def sliding_window_problem(runner: LayerwiseRunner, max_len: int) -> str | None:
+    """Why sliding-window layers cannot share plain static layers here, or None when they can.
+
+    Within the window sliding attention is full attention, so a cache that never outgrows the
+    window needs no sliding layer (Mistral's window is 4,096 positions).
+    """
+    if SLIDING not in runner.layer_types:
+        return None
+    window = int(runner.config.sliding_window)
+    if max_len <= window:
+        return None
+    return (
+        f"the static cache needs {max_len} positions but sliding-window layers attend to {window}: "
+        f"decode at most {window} positions (prompt + new tokens + gamma + 1) for CUDA graphs"
+    )
 
 
 class GraphSteps:
@@ -57,11 +82,9 @@ class GraphSteps:
         bucket: int = 1,
         capture: bool | None = None,
     ) -> None:
-        if SLIDING in runner.layer_types:
-            raise ConfigError(
-                "sliding-window layers keep their length on the host, so they cannot be captured: "
-                "decode this model's tiers eagerly"
-            )
+        problem = sliding_window_problem(runner, max_len)
+        if problem:
+            raise ConfigError(problem)
         self.runner, self.masks, self.max_len = runner, tuple(masks), max_len
         gamma = max(gammas)
         self.capture = runner.device.type == "cuda" if capture is None else capture
@@ -69,9 +92,7 @@ class GraphSteps:
             raise ConfigError(f"CUDA graphs need a CUDA device, the model is on {runner.device}")
         self.mode = f"cuda-graphs (bucket {bucket})" if self.capture else "static-eager"
         config, device = runner.config, runner.device
-        self.cache = StaticCache(config=config, max_cache_len=max_len)
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.cache.early_initialization(bucket, config.num_key_value_heads, head_dim, self.dtype, device)
+        self.cache = StaticKV(config, max_len, bucket, self.dtype, device)
         self.slots = torch.arange(max_len, device=device)
         long = {"dtype": torch.long, "device": device}
         self.token = torch.zeros(bucket, 1, **long)
@@ -80,6 +101,8 @@ class GraphSteps:
         self.positions = torch.zeros(1, gamma + 1, **long)
         self.block_mask = torch.zeros(1, 1, gamma + 1, max_len, dtype=torch.bool, device=device)
         self.exact = torch.zeros(bucket, max(gamma, 1), config.hidden_size, dtype=self.dtype, device=device)
+        self._at(self.position, self.step_mask[0, 0], 0)  # inputs a capture-time run can attend with
+        self._at(self.positions, self.block_mask[0, 0], 0)
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         tiers = range(len(self.masks))
         with torch.no_grad():  # a captured graph must not record autograd state
@@ -145,27 +168,42 @@ class GraphSteps:
         """
         if not self.capture:
             return step
-        lengths = [layer.cumulative_length.clone() for layer in self.cache.layers]
+        lengths = self.cache.lengths.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP):
                 step()
-                self._set_lengths(lengths)
+                self.cache.lengths.copy_(lengths)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             outputs = step()
+        self.cache.lengths.copy_(lengths)
 
         def replay() -> Outputs:
             graph.replay()
             return outputs
 
+        self._check_replay(step, replay, lengths)
         return replay
 
-    def _set_lengths(self, lengths: Sequence[torch.Tensor]) -> None:
-        for layer, length in zip(self.cache.layers, lengths, strict=True):
-            layer.cumulative_length.copy_(length)
+    def _check_replay(
+        self, step: Callable[[], Outputs], replay: Callable[[], Outputs], lengths: torch.Tensor
+    ) -> None:
+        """Raise GraphReplayError unless one replay gives what the eager step gives."""
+        eager = [out.clone() for out in step()]
+        self.cache.lengths.copy_(lengths)
+        replayed = replay()
+        self.cache.lengths.copy_(lengths)
+        for expected, got in zip(eager, replayed, strict=True):
+            scale = float(expected.float().abs().max()) or 1.0
+            error = float((expected.float() - got.float()).abs().max())
+            if not error <= REPLAY_TOLERANCE * scale:  # `not <=` also catches NaN
+                raise GraphReplayError(
+                    f"a CUDA graph's replay differs from its eager step by {error:.3g} (scale {scale:.3g}): "
+                    "the capture recorded other work than the step; run with capture=False to compare"
+                )
 
     # -- filling the inputs -------------------------------------------------------------------
     def _at(self, positions: torch.Tensor, mask: torch.Tensor, start: int) -> None:
@@ -180,7 +218,7 @@ class GraphSteps:
             )
 
     # -- RoundSteps ----------------------------------------------------------------------------
-    def prefill(self, prompt: Sequence[int]) -> StaticCache:
+    def prefill(self, prompt: Sequence[int]) -> StaticKV:
         """Reset the cache in place (the graphs hold its addresses) and run the prompt eagerly."""
         self._check_room(len(prompt) + 1)
         self.cache.reset()
@@ -229,14 +267,28 @@ class GraphSteps:
 
 
 def make_steps(
-    runner: LayerwiseRunner, masks: Sequence[SkipMask], gammas: Sequence[int], max_len: int, bucket: int = 1
-) -> RoundSteps:
-    """CUDA graphs where they can run (a CUDA device, no sliding-window layers), else eager."""
-    if runner.device.type != "cuda":
-        log.warning("no CUDA device: tier steps run eagerly (CUDA graphs are captured only on a GPU)")
-        return EagerSteps(runner, masks)
-    try:
-        return GraphSteps(runner, masks, gammas, max_len, bucket)
-    except (ConfigError, RuntimeError) as why:  # RuntimeError: an op that cannot be captured
-        log.warning("tier steps run eagerly, without CUDA graphs: %s", why)
-        return EagerSteps(runner, masks)
+    runner: LayerwiseRunner,
+    masks: Sequence[SkipMask],
+    gammas: Sequence[int],
+    max_len: int,
+    bucket: int = 1,
+    require_graphs: bool = False,
+) -> tuple[RoundSteps, str | None]:
+    """CUDA graphs where they can run, else eager steps and the reason why not.
+
+    Only a reason known before capture (no CUDA device, a cache longer than a sliding window)
+    falls back to eager; with `require_graphs` it is an error instead. Anything that fails during
+    capture — out of memory, a CUDA error, a replay that disagrees with eager — propagates: an
+    eager fallback would hide it and time the wrong engine.
+    """
+    reason = (
+        "no CUDA device: CUDA graphs are captured only on a GPU"
+        if runner.device.type != "cuda"
+        else sliding_window_problem(runner, max_len)
+    )
+    if reason is None:
+        return GraphSteps(runner, masks, gammas, max_len, bucket), None
+    if require_graphs:
+        raise ConfigError(f"--require-graphs, but the tier steps cannot be CUDA graphs: {reason}")
+    log.warning("tier steps run eagerly, without CUDA graphs: %s", reason)
+    return EagerSteps(runner, masks), reason

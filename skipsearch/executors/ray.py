@@ -9,6 +9,7 @@ stops at the first failed outcome: only a mask whose workers keep dying comes ba
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -60,6 +61,7 @@ class RayOptions:
     address: str | None = None
     workers: int | None = None
     cpus_per_worker: int = 1
+    gpus_per_worker: float = 1.0
     max_retries: int = 2
     queue_depth: int = 1
     startup_timeout_s: float = 900.0
@@ -69,6 +71,11 @@ class RayOptions:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
         if self.cpus_per_worker < 1:
             raise ConfigError(f"--cpus-per-worker must be >= 1, got {self.cpus_per_worker}")
+        if not 0 < self.gpus_per_worker <= 1:
+            raise ConfigError(
+                f"--gpus-per-worker must be in (0, 1], got {self.gpus_per_worker}: a share of one GPU, "
+                "e.g. 0.5 runs two workers per GPU"
+            )
         if self.max_retries < 0 or self.queue_depth < 0:
             raise ConfigError(
                 f"max_retries and queue_depth must be >= 0, got {self.max_retries} and {self.queue_depth}"
@@ -82,37 +89,46 @@ def _uses_gpu(device: str) -> bool:
 
 @dataclass(frozen=True)
 class WorkerPlan:
-    """What the executor asks Ray for: `workers` actors, each with these CPUs and 0 or 1 GPU."""
+    """What the executor asks Ray for: `workers` actors, each with these CPUs and a share of a GPU
+    (0 on a CPU; below 1, several actors share one GPU, each holding its own model copy)."""
 
     workers: int
     cpus_per_worker: int
-    gpus_per_worker: int
+    gpus_per_worker: float
 
     def actor_options(self) -> dict[str, Any]:
         """Ray restarts nothing: the executor replaces a dead worker itself and retries its mask."""
         return {"num_cpus": self.cpus_per_worker, "num_gpus": self.gpus_per_worker, "max_restarts": 0}
 
     def describe(self) -> str:
-        kind = "GPU" if self.gpus_per_worker else "CPU"
-        return f"{self.workers} {kind} worker(s), {self.cpus_per_worker} CPU(s) each"
+        if not self.gpus_per_worker:
+            return f"{self.workers} CPU worker(s), {self.cpus_per_worker} CPU(s) each"
+        share = f"{self.gpus_per_worker:g} GPU and {self.cpus_per_worker} CPU(s)"
+        return f"{self.workers} GPU worker(s), {share} each"
 
 
 def plan_workers(resources: Mapping[str, float], device: str, options: RayOptions) -> WorkerPlan:
     """Size the actors to the cluster: an actor asking for a GPU or CPUs the cluster lacks would
     wait forever, so anything that does not fit is a ConfigError now.
 
-    A CUDA device gets one actor per GPU (`--workers` may use fewer): the actors must run the
-    driver's device and dtype, since the ReferenceCache they load was built with them.
+    A CUDA device gets one actor per `gpus_per_worker` share of the GPUs (`--workers` may use
+    fewer): the actors must run the driver's device and dtype, since the ReferenceCache they load
+    was built with them.
     """
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
+    share = options.gpus_per_worker
     if _uses_gpu(device):
         if gpus == 0:
             raise ConfigError(
                 f"--device {device} but the Ray cluster has no GPU ({cpus} CPUs): use --device cpu"
             )
-        workers = options.workers or gpus
-        if workers > gpus:
-            raise ConfigError(f"--workers {workers} GPU workers but the Ray cluster has {gpus} GPU(s)")
+        fits = math.floor(gpus / share + 1e-9)
+        workers = options.workers or fits
+        if workers > fits:
+            raise ConfigError(
+                f"--workers {workers} GPU workers at {share:g} GPU each need {workers * share:g} GPUs but "
+                f"the Ray cluster has {gpus}: lower --workers or --gpus-per-worker"
+            )
     else:
         workers = options.workers or 1
         if gpus:
@@ -123,7 +139,7 @@ def plan_workers(resources: Mapping[str, float], device: str, options: RayOption
             f"{workers} worker(s) x {options.cpus_per_worker} CPU(s) need {needed} CPUs but the Ray "
             f"cluster has {cpus}: lower --workers or --cpus-per-worker"
         )
-    return WorkerPlan(workers, options.cpus_per_worker, 1 if _uses_gpu(device) else 0)
+    return WorkerPlan(workers, options.cpus_per_worker, share if _uses_gpu(device) else 0)
 
 
 def worker_device(device: str) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from skipsearch.errors import ModelLoadError
+from skipsearch.models.random_weights import RandomWeights, random_model
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
 from skipsearch.store import cache_dir
 
@@ -39,9 +40,10 @@ class LoadedModel:
     """A causal LM ready for the layer-wise runner, with its tokenizer and provenance."""
 
     model: object  # transformers PreTrainedModel
-    tokenizer: object  # transformers PreTrainedTokenizerBase
+    tokenizer: object  # transformers PreTrainedTokenizerBase; None for random weights
     model_id: str  # the alias or path the user gave, resolved
-    source: str  # where the weights came from (file, directory or hub id)
+    source: str  # where the weights came from (file, directory or hub id, or random weights)
+    random_weights: RandomWeights | None = None
 
     @property
     def num_layers(self) -> int:
@@ -184,16 +186,45 @@ def resolve_model_dir(name: str) -> tuple[str, str]:
     )
 
 
-def load_model(name: str, device: str = "cpu", dtype: str = "auto") -> LoadedModel:
-    """Load `--model` for layer-wise running (eval mode, no gradients)."""
+def dtype_name(device: str, dtype: str) -> str:
+    """`auto` is float32 on a CPU and bfloat16 on an accelerator; anything else names a torch dtype."""
+    if dtype != "auto":
+        return dtype.removeprefix("torch.")
+    return "float32" if device_type(device) == "cpu" else "bfloat16"
+
+
+def resolve_dtype(device: str, dtype: str) -> Any:
+    """The torch dtype `dtype_name` names."""
     import torch
+
+    resolved = getattr(torch, dtype_name(device, dtype), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ModelLoadError(f"unknown --dtype {dtype!r}: use auto, float32, bfloat16 or float16")
+    return resolved
+
+
+def device_type(device: str) -> str:
+    """`cuda:0` -> `cuda`: the kind of device, which is what timings and file names depend on."""
+    return device.split(":", 1)[0]
+
+
+def load_model(
+    name: str, device: str = "cpu", dtype: str = "auto", random_weights: RandomWeights | None = None
+) -> LoadedModel:
+    """Load `--model` for layer-wise running (eval mode, no gradients).
+
+    With `random_weights` the architecture is built from its config with seeded random weights and
+    no tokenizer; nothing is read from the hub or a weight file.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    torch_dtype = resolve_dtype(device, dtype)
+    if random_weights is not None:
+        model = random_model(name, device, torch_dtype, random_weights)
+        check_architecture(model.config)
+        return LoadedModel(model, None, name, f"random-weights:{name}", random_weights)
     location, source = resolve_model_dir(name)
-    torch_dtype = {"auto": torch.float32 if device == "cpu" else torch.bfloat16}.get(dtype) or getattr(
-        torch, dtype
-    )
     is_hub = source.startswith("hub:")
     if is_hub and not hub_cached(location) and not hub_reachable():
         raise hub_load_error(location, "offline")

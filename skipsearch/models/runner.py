@@ -14,7 +14,10 @@ import torch
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from skipsearch.masks import SkipMask
+from skipsearch.models.compat import check_installed_transformers
 from skipsearch.models.loading import check_architecture
+
+check_installed_transformers()
 
 SLIDING = "sliding_attention"
 

@@ -93,10 +93,14 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
 
     from skipsearch.acceptance.worker import prepare
     from skipsearch.cost.latency import LatencyProfile
+    from skipsearch.models.loading import dtype_name
     from skipsearch.search.objective import scoring_latency
-    from skipsearch.store import default_profile_path
+    from skipsearch.store import readable_profile_path
 
-    latency_path = default_profile_path(config.measure.model, config.measure.device)
+    measure = config.measure
+    latency_path = readable_profile_path(
+        measure.model, measure.device, dtype_name(measure.device, measure.dtype)
+    )
     latency = LatencyProfile.load(latency_path) if latency_path.is_file() else None
     scoring_latency(config.cost, latency, config.context, config.extrapolate_context)
     searched = tuple(strategies or (config.strategy,))

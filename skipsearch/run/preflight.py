@@ -19,6 +19,7 @@ from typing import Any
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.models.device import check_device
+from skipsearch.models.loading import dtype_name
 from skipsearch.models.registry import REGISTRY
 from skipsearch.search.space_files import load_space
 from skipsearch.search.space_spec import TierSpace
@@ -31,7 +32,7 @@ from skipsearch.search.strategies import (
     make_strategy,
     measured_units_budget,
 )
-from skipsearch.store import RUN_FILE, default_profile_path
+from skipsearch.store import RUN_FILE, readable_profile_path
 
 
 @dataclass(frozen=True)
@@ -96,11 +97,12 @@ def resolve_cost(config: RunConfig) -> RunConfig:
     so a profile taken in between cannot change how half of one study's trials are scored.
     """
     measure = config.measure
-    profiled = default_profile_path(measure.model, measure.device).is_file()
+    path = readable_profile_path(measure.model, measure.device, dtype_name(measure.device, measure.dtype))
+    profiled = path.is_file()
     if config.cost == "calibrated" and not profiled:
         raise ConfigError(
             f"--cost calibrated needs a latency profile of {measure.model} on {measure.device}, and "
-            f"{default_profile_path(measure.model, measure.device)} does not exist: run `skipsearch "
+            f"{path} does not exist: run `skipsearch "
             f"profile --model {measure.model} --device {measure.device}` first, or use --cost closed-form"
         )
     if config.cost != "auto":

@@ -1,0 +1,104 @@
+"""Weight-free models: an architecture from its config with seeded random weights (DESIGN §10).
+
+Latency does not depend on weight values, so the cost side of a model — `profile`, the timing of
+`decode` — can be measured without downloading it. The registry ships the `config.json` of every
+alias (`models/configs/`, small public facts); a local model directory's own config works too.
+`num_layers` keeps the width and cuts the depth, so a 7B-wide model fits a small machine: every
+decoder layer has the same shape, so per-layer costs measured on a few layers stand for all of
+them (`cost.depth` scales a profile back to the real depth and says so).
+
+Acceptance on random weights is meaningless — every draft disagrees with the target by chance —
+so commands that report acceptance refuse such a model (`refuse_acceptance`).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from skipsearch.errors import ConfigError, ModelLoadError
+from skipsearch.models.registry import REGISTRY
+
+CONFIG_PACKAGE = "skipsearch.models.configs"
+
+
+@dataclass(frozen=True)
+class RandomWeights:
+    """Build the model with seeded random weights; `num_layers` cuts its depth (None: the real depth)."""
+
+    num_layers: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_layers is not None and self.num_layers < 1:
+            raise ConfigError(f"--num-layers must be >= 1, got {self.num_layers}")
+
+
+def shipped_configs() -> list[str]:
+    """Aliases whose config ships with the package."""
+    files = importlib.resources.files(CONFIG_PACKAGE).iterdir()
+    return sorted(f.name.removesuffix(".json") for f in files if f.name.endswith(".json"))
+
+
+def architecture_config(name: str) -> dict[str, Any]:
+    """The `config.json` of an alias (shipped) or of a local model directory, as a dict."""
+    if name in REGISTRY:
+        resource = importlib.resources.files(CONFIG_PACKAGE) / f"{name}.json"
+        return json.loads(resource.read_text())
+    path = Path(name).expanduser() / "config.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    raise ModelLoadError(
+        f"--random-weights needs an architecture config: {name!r} is neither an alias with a shipped "
+        f"config ({', '.join(shipped_configs())}) nor a model directory with config.json"
+    )
+
+
+def random_config(name: str, weights: RandomWeights) -> Any:
+    """The transformers config of `name`, cut to `weights.num_layers` layers when asked."""
+    from transformers import AutoConfig
+
+    data = architecture_config(name)
+    real = int(data["num_hidden_layers"])
+    layers = weights.num_layers or real
+    if layers > real:
+        raise ConfigError(f"--num-layers {layers} exceeds {name}'s {real} layers: give at most {real}")
+    data["num_hidden_layers"] = layers
+    if data.get("layer_types"):
+        data["layer_types"] = data["layer_types"][:layers]
+    model_type = data.pop("model_type")
+    config = AutoConfig.for_model(model_type, **data)
+    config.real_num_layers = real  # what a depth-cut profile is scaled back to
+    return config
+
+
+def random_model(name: str, device: str, dtype: Any, weights: RandomWeights) -> Any:
+    """The architecture of `name` with random weights drawn from `weights.seed`, built on `device`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = random_config(name, weights)
+    torch.manual_seed(weights.seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def random_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[tuple[int, ...]]:
+    """Seeded random token ids: a weight-free model has no tokenizer, and its timing needs none."""
+    import random
+
+    rng = random.Random(seed)
+    return [tuple(rng.randrange(vocab_size) for _ in range(length)) for _ in range(count)]
+
+
+def refuse_acceptance(weights: RandomWeights | None, command: str) -> None:
+    """Acceptance measured on random weights says nothing about the real model: refuse it."""
+    if weights is not None:
+        raise ConfigError(
+            f"{command} reports acceptance, which is meaningless on random weights: drop --random-weights "
+            "(it serves `profile` and the timing of `decode`)"
+        )

@@ -1,0 +1,84 @@
+"""The CUDA paths: bf16 losslessness, sampling, CUDA-graph tiers and their host syncs.
+
+Selected with `pytest -m gpu` (the `gpu_check` experiment runs them first); skipped without CUDA.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+from skipsearch.engine import Sampling, autoregressive_decode, speculative_decode
+from skipsearch.engine.graphs import GraphSteps, make_steps
+from skipsearch.engine.lossless import check_lossless
+from skipsearch.engine.tiered import tiered_decode
+from skipsearch.masks import SkipMask
+from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.tiers.policy import TierPolicy
+from tests.conftest import tiny_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+PROMPT = (5, 17, 3, 42, 8, 23, 11)
+NEW_TOKENS = 32
+LAYERS = 6
+MASKS = [
+    SkipMask.prefix(LAYERS, 4),
+    SkipMask.from_layers(LAYERS, [1, 4]),
+    SkipMask(LAYERS, [2], [2, 3]),
+    SkipMask(LAYERS, [], [0]),
+]
+GAMMAS = (2, 3)
+POLICY = TierPolicy(window=2, thresholds=(0.5,))
+ROOM = len(PROMPT) + NEW_TOKENS + max(GAMMAS) + 2
+
+
+def bf16_runner(family: str = "llama", **overrides) -> LayerwiseRunner:
+    return LayerwiseRunner(tiny_model(family, layers=LAYERS, **overrides).to("cuda", torch.bfloat16))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("mask", MASKS, ids=str)
+def test_greedy_ssd_is_lossless_on_cuda_in_bf16(family: str, mask: SkipMask) -> None:
+    """Exactly, or parted only at a numerical near-tie (`engine.lossless`)."""
+    runner = bf16_runner(family)
+    ar = autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
+    ssd = speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=3).tokens
+    check = check_lossless(runner, [PROMPT], [ar], [ssd])
+    assert check.passed, check.to_dict()
+
+
+def test_sampling_runs_on_cuda() -> None:
+    runner = bf16_runner()
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    sampled = speculative_decode(runner, PROMPT, MASKS[1], NEW_TOKENS, 3, Sampling(0.8, top_p=0.9), generator)
+    assert len(sampled.tokens) == NEW_TOKENS and sum(sampled.accepted) >= 0
+
+
+def test_a_sliding_window_model_is_captured_within_its_window() -> None:
+    runner = bf16_runner("mistral", sliding_window=ROOM)
+    masks = (MASKS[0], MASKS[1])
+    steps, reason = make_steps(runner, masks, GAMMAS, ROOM, require_graphs=True)
+    assert isinstance(steps, GraphSteps) and reason is None
+    graphed = tiered_decode(runner, PROMPT, masks, GAMMAS, POLICY, NEW_TOKENS, steps=steps).result.tokens
+    eager = tiered_decode(runner, PROMPT, masks, GAMMAS, POLICY, NEW_TOKENS).result.tokens
+    assert check_lossless(runner, [PROMPT], [eager], [graphed]).passed
+
+
+def test_graphed_rounds_sync_a_bounded_number_of_times() -> None:
+    """Under the sync debug mode every device->host read warns; a round needs only a few."""
+    runner = bf16_runner()
+    masks = (MASKS[0], MASKS[1])
+    steps, _ = make_steps(runner, masks, GAMMAS, ROOM, require_graphs=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            rounds = len(tiered_decode(runner, PROMPT, masks, GAMMAS, POLICY, NEW_TOKENS, steps=steps).tiers)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    assert syncs <= 6 * rounds + 10, f"{syncs} syncs over {rounds} rounds"

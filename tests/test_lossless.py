@@ -1,0 +1,89 @@
+"""The lossless check tells a numerical near-tie flip from a real divergence.
+
+A perturbation is injected into the verify pass's logits at one output position, just large
+enough to flip the target's argmax to its runner-up there; the check must call that flip numerical
+when the autoregressive top-2 margin is within epsilon, and a divergence when it is not.
+"""
+
+import pytest
+import torch
+
+from skipsearch.engine import autoregressive_decode, speculative_decode, ssd
+from skipsearch.engine.lossless import check_lossless, first_divergence, tie_epsilon
+from skipsearch.masks import SkipMask
+from skipsearch.models.runner import LayerwiseRunner
+from tests.conftest import tiny_model
+
+PROMPT = (5, 17, 3, 42, 8, 23, 11)
+NEW_TOKENS = 16
+FLIP_AT = 6  # output position whose verify logits are perturbed
+
+
+@pytest.fixture(scope="module")
+def runner() -> LayerwiseRunner:
+    return LayerwiseRunner(tiny_model("llama", layers=6))
+
+
+def top_two(runner: LayerwiseRunner, ids: list[int]) -> tuple[float, int]:
+    """(top-1 minus top-2 logit, the runner-up token) of the full model after `ids`."""
+    logits = runner.forward(torch.tensor([ids]))[0, -1]
+    top = logits.topk(2)
+    return float(top.values[0] - top.values[1]), int(top.indices[1])
+
+
+def perturbed_decode(runner: LayerwiseRunner, monkeypatch: pytest.MonkeyPatch, ar: tuple[int, ...]) -> tuple:
+    """SSD whose verify logits at output FLIP_AT favour the runner-up by a hair more than the margin."""
+    margin, runner_up = top_two(runner, [*PROMPT, *ar[:FLIP_AT]])
+    position = len(PROMPT) + FLIP_AT - 1  # the input position whose logits choose output FLIP_AT
+    verify = ssd.verify
+
+    def nudged(runner, mask, cache, proposal, pending, start):
+        logits = verify(runner, mask, cache, proposal, pending, start)
+        if start <= position <= start + len(proposal.tokens):
+            logits[position - start, runner_up] += margin * 1.001
+        return logits
+
+    monkeypatch.setattr(ssd, "verify", nudged)
+    mask = SkipMask.from_layers(6, [4])
+    out = speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=3).tokens
+    monkeypatch.undo()
+    return out, margin, runner_up
+
+
+def test_a_flip_within_epsilon_is_numerical_and_beyond_it_a_divergence(runner, monkeypatch) -> None:
+    ar = autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
+    flipped, margin, runner_up = perturbed_decode(runner, monkeypatch, ar)
+    assert flipped[:FLIP_AT] == ar[:FLIP_AT] and flipped[FLIP_AT] == runner_up != ar[FLIP_AT]
+
+    below = first_divergence(runner, PROMPT, ar, flipped, epsilon=2 * margin)
+    assert below.index == FLIP_AT and below.runner_up and below.margin == pytest.approx(margin, rel=1e-4)
+    assert below.numerical
+    above = first_divergence(runner, PROMPT, ar, flipped, epsilon=margin / 2)
+    assert not above.numerical
+
+    assert (
+        check_lossless(runner, [PROMPT], [ar], [flipped], epsilon=2 * margin).verdict().startswith("PASS (1")
+    )
+    assert check_lossless(runner, [PROMPT], [ar], [flipped], epsilon=margin / 2).verdict() == "FAIL"
+
+
+def test_a_token_other_than_the_runner_up_is_never_numerical(runner) -> None:
+    ar = autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
+    _, runner_up = top_two(runner, [*PROMPT, *ar[:FLIP_AT]])
+    other = next(t for t in range(runner.config.vocab_size) if t not in (ar[FLIP_AT], runner_up))
+    wrong = (*ar[:FLIP_AT], other, *ar[FLIP_AT + 1 :])
+    divergence = first_divergence(runner, PROMPT, ar, wrong, epsilon=1e9)
+    assert divergence.index == FLIP_AT and not divergence.runner_up and not divergence.numerical
+
+
+def test_identical_outputs_pass_and_an_early_stop_does_not(runner) -> None:
+    ar = autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
+    check = check_lossless(runner, [PROMPT, PROMPT], [ar, ar], [ar, ar[:-3]])
+    assert check.divergences[0] is None and check.divergences[1].index == len(ar) - 3
+    assert not check.passed and check.to_dict()["divergences"][1]["numerical"] is False
+
+
+def test_epsilon_is_a_few_ulps_of_the_top_logit() -> None:
+    assert tie_epsilon(torch.float32, 20.0) == pytest.approx(8 * 20 * 2**-23)
+    assert tie_epsilon(torch.bfloat16, 20.0) == pytest.approx(8 * 20 * 2**-7)
+    assert tie_epsilon(torch.bfloat16, 0.1) == pytest.approx(8 * 2**-7)

@@ -5,7 +5,8 @@ Three parts, each writing into `results/draft_vocab/<model>/`:
 - `acceptance`: probe masks measured at every draft-vocabulary size (one forward each), next to
   the head's time at that many rows from the model's latency profile (`skipsearch profile`
   measures it per row count) and the calibrated speedup it predicts.
-- `search`: learned (TPE) searches of the sparse space at equal budget, scored by the calibrated
+- `search`: learned (TPE) searches at equal budget of a sparse space that allows light drafts (one
+  to eight skipped layers, `experiments/draft_vocab_space.yaml`), scored by the calibrated
   cost model, with the vocabulary dimension (`[full, sizes...]`) and without it (`[full]`), N seeds,
   in one journal with one shared evaluation cache (the evaluator measures every size either way).
 - `decode`: the best configuration of each variant (over seeds), decoded for real against
@@ -72,10 +73,13 @@ def parser() -> Any:
     return p
 
 
+SPACE = Path(__file__).with_name("draft_vocab_space.yaml")
+
+
 def run_config(model: str, budget: int, seed: int, choices: tuple[int | None, ...]) -> RunConfig:
     measure = MeasureConfig(model=model, prompts=SEARCH_PROMPTS, mode="shared-kv")
     return RunConfig(
-        measure=measure, space="sparse", budget=budget, seed=seed, cost="calibrated", draft_vocab=choices
+        measure=measure, space=str(SPACE), budget=budget, seed=seed, cost="calibrated", draft_vocab=choices
     )
 
 
@@ -282,8 +286,8 @@ def report(model: str, data: dict[str, Any], out: Path) -> None:
         ]
     if "search" in data:
         lines += _search_section(data["search"])
-    if "decode" in data:
-        lines += _decode_section(data["decode"])
+    for key in sorted(k for k in data if k.startswith("decode")):
+        lines += _decode_section(data[key])
     (out / "README.md").write_text("\n".join(lines) + "\n")
 
 
@@ -291,7 +295,8 @@ def _search_section(studies: list[dict[str, Any]]) -> list[str]:
     lines = [
         "## Search with and without the vocabulary dimension",
         "",
-        f"Learned (TPE), sparse space, same budget per study, calibrated cost, {len(studies) // 2} seeds, "
+        f"Learned (TPE), light sparse space (1–8 skipped layers), same budget per study, calibrated cost, "
+        f"{len(studies) // 2} seeds, "
         f"one shared evaluation cache. Vocabulary sizes: full, {', '.join(map(str, SIZES))}.",
         "",
         *markdown_table(
@@ -345,7 +350,7 @@ def _decode_section(d: dict[str, Any]) -> list[str]:
         for variant in VARIANTS
     ]
     return [
-        "## The winners decoded for real",
+        f"## The winners decoded for real ({d['threads']} torch threads)",
         "",
         f"{d['prompts']} held-out HumanEval prompts × {d['new_tokens']} new tokens, greedy, "
         f"{d['repeats']} repeats; autoregressive decoding and each winner interleaved prompt by prompt "
@@ -396,7 +401,8 @@ def main() -> None:
             data["search"] = search(args.model, context, args.budget, args.seeds, out)
             saved.write_text(json.dumps(data, indent=2))
         if "decode" in args.parts:
-            data["decode"] = decode(args.model, context, data["search"], args.repeats, args.decode_prompts)
+            result = decode(args.model, context, data["search"], args.repeats, args.decode_prompts)
+            data[f"decode_{args.threads}_threads"] = {**result, "threads": args.threads}
             saved.write_text(json.dumps(data, indent=2))
     report(args.model, data, out)
     print((out / "README.md").read_text())

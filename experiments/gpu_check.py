@@ -46,7 +46,8 @@ from typing import Any
 
 import torch
 
-from skipsearch.acceptance.estimator import MODES, Estimator
+from skipsearch.acceptance.estimator import Estimator
+from skipsearch.acceptance.measure_config import ESTIMATOR_MODES
 from skipsearch.acceptance.prompts import EncodedPrompt
 from skipsearch.acceptance.reference import build_reference
 from skipsearch.cost.calibrated import Calibrated
@@ -263,7 +264,7 @@ def run_estimator(plan: Plan, out: Path) -> dict[str, Any]:
     }
     masks = random_masks(runner.num_layers, plan.masks)
     modes = {}
-    for mode in MODES:
+    for mode in ESTIMATOR_MODES:
         estimator = Estimator(runner, reference, mode)
         estimator.evaluate(masks[0])  # warm-up
         synchronize(plan.device)

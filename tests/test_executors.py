@@ -54,6 +54,7 @@ def test_ray_gpu_workers_free_the_drivers_model(monkeypatch) -> None:
     import torch
 
     from skipsearch.acceptance.estimator import Estimator
+    from skipsearch.acceptance.prompts import PromptSpec
     from skipsearch.acceptance.reference import ReferenceCache
     from skipsearch.acceptance.worker import Measurement
     from skipsearch.cli import executor_options
@@ -68,7 +69,11 @@ def test_ray_gpu_workers_free_the_drivers_model(monkeypatch) -> None:
     runner.run_layers(runner.embed(ids), 0, 3, torch.arange(4)[None], collect=states)
     reference = ReferenceCache(ids, torch.tensor([2]), torch.tensor([4]), torch.stack(states))
     measurement = Measurement(
-        LoadedModel(runner.model, None, "tiny", "memory"), runner, Estimator(runner, reference), "ref"
+        LoadedModel(runner.model, None, "tiny", "memory"),
+        runner,
+        Estimator(runner, reference),
+        "ref",
+        PromptSpec(),
     )
     plan = WorkerPlan(workers=2, cpus_per_worker=1, gpus_per_worker=0.5)
     monkeypatch.setattr(executor_options, "measurement_executor", lambda *a: SimpleNamespace(plan=plan))

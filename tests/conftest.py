@@ -38,6 +38,22 @@ def tiny_model(family: str = "llama", layers: int = 6, seed: int = 0, **override
     return model
 
 
+def eight_token_model():
+    """A 3-layer, 8-token model whose skipped-layer draft differs a lot from the target at T = 3:
+    small enough that chi-square tests over its output distribution take seconds."""
+    return tiny_model(
+        "llama",
+        layers=3,
+        seed=2,
+        vocab_size=8,
+        hidden_size=16,
+        intermediate_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        initializer_range=0.1,
+    )
+
+
 def direct_matches(model, reference, skipped):
     """Plain transformers: full model vs the model with the skipped layers removed."""
     layers = model.model.layers

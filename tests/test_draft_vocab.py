@@ -21,7 +21,7 @@ from skipsearch.errors import ConfigError, InvalidMaskError
 from skipsearch.masks import Draft, SkipMask, parse_draft_vocab
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import tiny_model
+from tests.conftest import eight_token_model, tiny_model
 
 PROMPT = (3, 17, 42, 8, 25, 11)
 NEW_TOKENS = 24
@@ -118,17 +118,7 @@ def test_greedy_ssd_with_a_draft_vocabulary_is_lossless(
 @pytest.fixture(scope="module")
 def eight_tokens() -> SimpleNamespace:
     """8-token model at T = 3 whose draft head keeps the four *least* likely tokens of the target."""
-    model = tiny_model(
-        "llama",
-        layers=3,
-        seed=2,
-        vocab_size=8,
-        hidden_size=16,
-        intermediate_size=32,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        initializer_range=0.1,
-    )
+    model = eight_token_model()
     runner = LayerwiseRunner(model)
     sampling = Sampling(temperature=3.0)
     prompt = (1, 5, 3)

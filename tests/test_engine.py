@@ -24,7 +24,7 @@ from skipsearch.engine.timing import RoundTiming
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import tiny_model
+from tests.conftest import eight_token_model, tiny_model
 
 # Upper 0.1% point of chi-square with 7 degrees of freedom (8 bins), scipy.stats.chi2.ppf(0.999, 7).
 CHI2_7_999 = 24.322
@@ -174,17 +174,7 @@ def small_vocab():
     Chosen so every p(x) >= 0.029 and total variation(p, q) = 0.34: rejections are frequent and
     the residual decides a third of the samples.
     """
-    model = tiny_model(
-        "llama",
-        layers=3,
-        seed=2,
-        vocab_size=8,
-        hidden_size=16,
-        intermediate_size=32,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        initializer_range=0.1,
-    )
+    model = eight_token_model()
     runner = LayerwiseRunner(model)
     mask = SkipMask.from_layers(3, [1, 2])
     sampling = Sampling(temperature=3.0)

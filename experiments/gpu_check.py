@@ -91,6 +91,9 @@ class Plan:
     ref_new_tokens: int
     masks: int
     test_timeout_s: int
+    graph_context: int
+    graph_gammas: tuple[int, ...]
+    graph_repeats: int
 
 
 GPU_PLAN = Plan(
@@ -112,6 +115,9 @@ GPU_PLAN = Plan(
     ref_new_tokens=64,
     masks=12,
     test_timeout_s=240,
+    graph_context=512,
+    graph_gammas=(1, 2, 3, 4),
+    graph_repeats=20,
 )
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -151,6 +157,9 @@ def tiny_plan(folder: Path) -> Plan:
         ref_prompt_tokens=8,
         ref_new_tokens=8,
         masks=2,
+        graph_context=16,
+        graph_gammas=(1, 2),
+        graph_repeats=2,
     )
 
 
@@ -338,6 +347,86 @@ def cpu_masks(folder: Path) -> list[dict[str, Any]]:
     return list(found.values())
 
 
+# -- 6. passes replayed from CUDA graphs, and the CPU masks priced with them ----------------------
+def run_graphed(plan: Plan, out: Path) -> dict[str, Any]:
+    """The engine's own round steps captured as CUDA graphs (`engine.graphs`), timed per call.
+
+    The profiles above time launched kernels, which at one position are host-bound; a deployment
+    replays graphs. Per model: the full step (the verify graph of an empty draft), a draft step
+    and the verify of γ drafts for early exits at E/L = 1/4, 1/2, 3/4 and for the CPU-measured masks
+    of that shape, each call timed between synchronisations, rounds interleaved, the median kept.
+    A CPU mask's speedup at γ is its measured tokens per round × full step / (γ draft steps +
+    verify); the best γ is reported.
+    """
+    data = {}
+    candidates = {
+        label: cpu_masks(ROOT / "results" / "compare" / alias) for label, alias in CPU_MODELS.items()
+    }
+    for label, model in plan.models.items():
+        loaded = load_model(model, plan.device, plan.dtype, RandomWeights())
+        runner = LayerwiseRunner(loaded.model)
+        layers = runner.num_layers
+        exits = sorted({max(1, round(layers * q / 4)) for q in (1, 2, 3)})
+        named = {f"exit {e}": SkipMask.prefix(layers, e) for e in exits}
+        measured = [c for c in candidates.get(label, []) if c["num_layers"] == layers]
+        named |= {c["mask"]: SkipMask.parse(c["mask"], layers) for c in measured}
+        times = time_graphed(plan, runner, list(named.values()))
+        full = times.pop("full")
+        rows = {}
+        for index, name in enumerate(named):
+            draft = times[f"draft {index}"] / max(plan.graph_gammas)
+            verify = {g: times[f"verify {index} {g}"] / full for g in plan.graph_gammas}
+            rows[name] = {"draft_cost": draft / full, "verify_cost": {str(g): v for g, v in verify.items()}}
+        for candidate in measured:
+            row = rows[candidate["mask"]]
+            speedups = {
+                g: candidate["tokens_per_round"][g - 1] / (g * row["draft_cost"] + row["verify_cost"][str(g)])
+                for g in plan.graph_gammas
+            }
+            gamma = max(speedups, key=speedups.__getitem__)
+            row |= {k: candidate[k] for k in ("strategy", "alpha", "cpu_speedup", "cpu_gamma")}
+            row |= {"graphed_speedup": speedups[gamma], "graphed_gamma": gamma}
+        data[label] = {"full_step_ms": 1e3 * full, "layers": layers, "masks": rows}
+        del loaded, runner
+        release()
+    return {"context": plan.graph_context, "repeats": plan.graph_repeats, "models": data}
+
+
+def time_graphed(plan: Plan, runner: LayerwiseRunner, masks: list[SkipMask]) -> dict[str, float]:
+    """Median seconds per call of each graphed step; `draft i` drafts max(graph_gammas) tokens."""
+    from skipsearch.engine.cache import crop
+    from skipsearch.engine.graphs import GraphSteps
+    from skipsearch.engine.ssd import Proposal, Round
+
+    gamma = max(plan.graph_gammas)
+    context = plan.graph_context
+    steps = GraphSteps(runner, masks, [gamma] * len(masks), context + gamma + 2)
+    prompt = random_prompts(1, context, runner.config.vocab_size, seed=2)[0]
+    cache = steps.prefill(prompt)
+    pending = torch.tensor([[prompt[-1]]], device=runner.device)
+    nothing = Proposal(torch.empty(0, dtype=torch.long, device=runner.device), None, [])
+    samples: dict[str, list[float]] = {}
+
+    def timed(name: str, call: Callable[[], Any]) -> Any:
+        synchronize(plan.device)
+        began = time.perf_counter()
+        result = call()
+        synchronize(plan.device)
+        samples.setdefault(name, []).append(time.perf_counter() - began)
+        crop(cache, context - 1)  # a graph's work is fixed: the K/V it reads change values, not time
+        return result
+
+    for _ in range(plan.graph_repeats + 1):  # the first round warms up and is dropped below
+        timed("full", lambda: steps.verify(Round(0, cache, pending, context - 1, 0), nothing))
+        for tier in range(len(masks)):
+            at = Round(tier, cache, pending, context - 1, gamma)
+            proposal = timed(f"draft {tier}", lambda at=at: steps.draft(at, GREEDY, None))
+            for g in plan.graph_gammas:
+                part = replace(proposal, tokens=proposal.tokens[:g], exact=proposal.exact[:g])
+                timed(f"verify {tier} {g}", lambda at=at, part=part: steps.verify(at, part))
+    return {name: sorted(values[1:])[len(values[1:]) // 2] for name, values in samples.items()}
+
+
 # -- running and reporting --------------------------------------------------------------------------
 SECTIONS: dict[str, Callable[[Plan, Path], dict[str, Any]]] = {
     "tests": run_tests,
@@ -345,6 +434,7 @@ SECTIONS: dict[str, Callable[[Plan, Path], dict[str, Any]]] = {
     "engine_vs_hf": run_engine_vs_hf,
     "estimator": run_estimator,
     "predictions": run_predictions,
+    "graphed": run_graphed,
 }
 
 
@@ -378,11 +468,17 @@ def environment(plan: Plan) -> dict[str, Any]:
 
 
 def run(plan: Plan, out: Path, budget_s: float, only: list[str]) -> dict[str, Any]:
+    """Run the sections in order; with `only`, the other sections of an earlier report in `out`
+    are kept, so a second GPU session can redo or add sections without losing the first's."""
     out.mkdir(parents=True, exist_ok=True)
+    earlier = out / "gpu_check.json"
+    kept = json.loads(earlier.read_text())["sections"] if only and earlier.exists() else {}
     report: dict[str, Any] = {"environment": environment(plan), "plan": asdict(plan), "sections": {}}
     began = time.perf_counter()
     for name, section in SECTIONS.items():
         if only and name not in only:
+            if name in kept:
+                report["sections"][name] = kept[name]
             continue
         spent = time.perf_counter() - began
         if spent > budget_s:
@@ -396,6 +492,7 @@ def run(plan: Plan, out: Path, budget_s: float, only: list[str]) -> dict[str, An
                 report["sections"][name] = {"status": "failed", "traceback": traceback.format_exc()}
                 release()
             report["sections"][name]["seconds"] = time.perf_counter() - start
+        report["sections"][name]["started"] = report["environment"]["started"]
         write(report, out)
     return report
 
@@ -425,7 +522,8 @@ def readme(report: dict[str, Any]) -> list[str]:
         "",
     ]
     for name, section in report["sections"].items():
-        lines += [f"## {name} — {section['status']} ({section.get('seconds', 0):.0f} s)", ""]
+        started = f", run {section['started']}" if "started" in section else ""
+        lines += [f"## {name} — {section['status']} ({section.get('seconds', 0):.0f} s{started})", ""]
         if section["status"] == "failed":
             lines += ["```", section["traceback"].strip(), "```", ""]
         elif section["status"] == "ok":
@@ -491,13 +589,34 @@ def render_engine(data: dict[str, Any]) -> list[str]:
         *table(header, rows),
     ]
     lines += table(["ratio (tokens/s)", "value"], [[k, f"{v:.3f}"] for k, v in data["ratios"].items()])
-    lossless = data["lossless"]
-    lines += [
-        f"Lossless (SSD vs our AR): passed {lossless['passed']}, identical {lossless['identical']}, "
-        f"near-tie flips {lossless['near_ties']}. HF generate vs our AR: passed "
-        f"{data['hf_vs_autoregressive']['passed']}.",
-        "",
-    ]
+    for title, check in (
+        ("SSD vs our AR", data["lossless"]),
+        ("HF generate vs our AR", data["hf_vs_autoregressive"]),
+    ):
+        lines += [
+            f"Lossless, {title}: passed {check['passed']}, identical {check['identical']}, "
+            f"numerical near-tie flips {check['near_ties']}.",
+            "",
+        ]
+        parted = [d for d in check["divergences"] if d]
+        lines += (
+            table(
+                ["output index", "AR token", "other token", "gap to top logit", "epsilon", "numerical"],
+                [
+                    [
+                        str(d["index"]),
+                        str(d["ar_token"]),
+                        str(d["ssd_token"]),
+                        f"{d['margin']:.4f}",
+                        f"{d['epsilon']:.4f}",
+                        str(d["numerical"]),
+                    ]
+                    for d in parted
+                ],
+            )
+            if parted
+            else []
+        )
     return lines
 
 
@@ -539,12 +658,51 @@ def render_predictions(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_graphed(data: dict[str, Any]) -> list[str]:
+    lines = [
+        f"Each call timed between synchronisations at context {data['context']}, median of "
+        f"{data['repeats']} interleaved rounds; costs are shares of the graphed full step.",
+        "",
+    ]
+    for label, item in data["models"].items():
+        masks = item["masks"]
+        gammas = list(next(iter(masks.values()))["verify_cost"])
+        header = [
+            "mask",
+            "c (draft step)",
+            *(f"f({g})" for g in gammas),
+            "alpha",
+            "CPU speedup (γ)",
+            "graphed GPU speedup (γ)",
+        ]
+        body = []
+        for name, row in masks.items():
+            measured = "graphed_speedup" in row
+            body.append(
+                [
+                    name,
+                    f"{row['draft_cost']:.3f}",
+                    *(f"{row['verify_cost'][g]:.3f}" for g in gammas),
+                    f"{row['alpha']:.3f}" if measured else "",
+                    f"{row['cpu_speedup']:.3f} ({row['cpu_gamma']})" if measured else "",
+                    f"{row['graphed_speedup']:.3f} ({row['graphed_gamma']})" if measured else "",
+                ]
+            )
+        lines += [
+            f"### {label} ({item['layers']} layers): graphed full step {item['full_step_ms']:.3f} ms",
+            "",
+        ]
+        lines += table(header, body)
+    return lines
+
+
 RENDER = {
     "tests": render_tests,
     "profiles": render_profiles,
     "engine_vs_hf": render_engine,
     "estimator": render_estimator,
     "predictions": render_predictions,
+    "graphed": render_graphed,
 }
 
 

@@ -2,7 +2,8 @@
 
 A perturbation is injected into the verify pass's logits at one output position, just large
 enough to flip the target's argmax to its runner-up there; the check must call that flip numerical
-when the autoregressive top-2 margin is within epsilon, and a divergence when it is not.
+when the gap to the top logit is within epsilon, and a divergence when it is not — whatever the
+rank of the token taken.
 """
 
 import pytest
@@ -56,7 +57,7 @@ def test_a_flip_within_epsilon_is_numerical_and_beyond_it_a_divergence(runner, m
     assert flipped[:FLIP_AT] == ar[:FLIP_AT] and flipped[FLIP_AT] == runner_up != ar[FLIP_AT]
 
     below = first_divergence(runner, PROMPT, ar, flipped, epsilon=2 * margin)
-    assert below.index == FLIP_AT and below.runner_up and below.margin == pytest.approx(margin, rel=1e-4)
+    assert below.index == FLIP_AT and below.rank == 1 and below.margin == pytest.approx(margin, rel=1e-4)
     assert below.numerical
     above = first_divergence(runner, PROMPT, ar, flipped, epsilon=margin / 2)
     assert not above.numerical
@@ -67,13 +68,28 @@ def test_a_flip_within_epsilon_is_numerical_and_beyond_it_a_divergence(runner, m
     assert check_lossless(runner, [PROMPT], [ar], [flipped], epsilon=margin / 2).verdict() == "FAIL"
 
 
-def test_a_token_other_than_the_runner_up_is_never_numerical(runner) -> None:
+def wrong_at_flip(runner, rank: int) -> tuple[tuple[int, ...], tuple[int, ...], float]:
+    """(AR output, the same with the token of `rank` at FLIP_AT, that token's gap to the top logit)."""
     ar = autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
-    _, runner_up = top_two(runner, [*PROMPT, *ar[:FLIP_AT]])
-    other = next(t for t in range(runner.config.vocab_size) if t not in (ar[FLIP_AT], runner_up))
-    wrong = (*ar[:FLIP_AT], other, *ar[FLIP_AT + 1 :])
-    divergence = first_divergence(runner, PROMPT, ar, wrong, epsilon=1e9)
-    assert divergence.index == FLIP_AT and not divergence.runner_up and not divergence.numerical
+    logits = runner.forward(torch.tensor([[*PROMPT, *ar[:FLIP_AT]]]))[0, -1]
+    order = logits.argsort(descending=True)
+    token = int(order[rank])
+    return ar, (*ar[:FLIP_AT], token, *ar[FLIP_AT + 1 :]), float(logits[order[0]] - logits[token])
+
+
+def test_a_flip_below_the_runner_up_is_numerical_only_within_epsilon(runner) -> None:
+    ar, third, gap = wrong_at_flip(runner, rank=2)
+    within = first_divergence(runner, PROMPT, ar, third, epsilon=gap * 1.01)
+    assert within.index == FLIP_AT and within.rank == 2 and within.numerical
+    assert within.margin == pytest.approx(gap, rel=1e-4)
+    assert not first_divergence(runner, PROMPT, ar, third, epsilon=gap * 0.99).numerical
+
+
+def test_a_token_far_below_the_top_is_never_numerical(runner) -> None:
+    ar, last, gap = wrong_at_flip(runner, rank=runner.config.vocab_size - 1)
+    divergence = first_divergence(runner, PROMPT, ar, last)
+    assert divergence.index == FLIP_AT and divergence.rank == runner.config.vocab_size - 1
+    assert gap > divergence.epsilon and not divergence.numerical
 
 
 def test_identical_outputs_pass_and_an_early_stop_does_not(runner) -> None:

@@ -30,11 +30,14 @@ def test_the_tiny_gpu_check_writes_every_section(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     sections = report["sections"]
     assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(
-        ["tests", "profiles", "engine_vs_hf", "estimator", "predictions"], "ok"
+        ["tests", "profiles", "engine_vs_hf", "estimator", "predictions", "graphed"], "ok"
     )
     assert sections["tests"]["data"]["counts"].get("skipped", 0) > 0  # the CUDA tests, counted
     assert sections["engine_vs_hf"]["data"]["lossless"]["passed"]
-    assert set(sections["estimator"]["data"]["modes"]) == {"self", "shared-kv"}
+    assert set(sections["estimator"]["data"]["modes"]) == {"self", "shared-kv", "rounds"}
+    graphed = sections["graphed"]["data"]["models"]["Mistral-7B"]["masks"]
+    assert [name.split()[0] for name in graphed] == ["exit"] * 3  # no CPU-measured mask has its shape
+    assert all(0 < row["draft_cost"] and len(row["verify_cost"]) == 2 for row in graphed.values())
     smollm = sections["predictions"]["data"]["SmolLM2-135M"]
     assert smollm and all(len(row["gpu_speedup"]["8"]) == 8 for row in smollm)
     readme = (tmp_path / "README.md").read_text()

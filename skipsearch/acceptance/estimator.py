@@ -7,6 +7,14 @@ layers before it are identical to the full model, so a mask whose first skip is 
 Prompts of different lengths share one right-padded batch: with a causal mask a real position
 never attends to padding that follows it, so no padding mask is needed and results are exact.
 
+`rounds` mode is `shared-kv` with the engine's rounds: a draft position sees its own K/V from the
+start of its round on, and where rounds start depends on what was accepted. So the rounds are
+found by iteration — pass 0 is `shared-kv` (every position alone), each later pass uses the rounds
+the previous pass's matches imply (`round_starts`) — until the rounds no longer change. At that
+fixed point every round's drafts saw what the engine's draft sees, so greedy matches are the
+engine's at `round_gamma`. Each pass fixes at least one more position from the left, so it ends;
+on real masks it takes 2-4 passes.
+
 A draft vocabulary (DESIGN §8) changes only the head: the draft proposes the argmax over the
 subset, and samples from `q` renormalised over it. Both follow exactly from the draft's full
 logits, so one forward measures the mask at every vocabulary size (`evaluate(.., vocabs)`).
@@ -22,9 +30,9 @@ from typing import Any
 
 import torch
 
-from skipsearch.acceptance.measure_config import ESTIMATOR_MODES
+from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MODES_WITH_KV
 from skipsearch.acceptance.reference import FORWARD_BATCH, ReferenceCache
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.rounds import AcceptanceProfile, round_starts
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
@@ -33,10 +41,10 @@ log = logging.getLogger(__name__)
 
 
 class SharedKV:
-    """Cache stand-in for the `shared-kv` estimator: attention sees the full model's K/V for all
-    positions followed by the draft's own; the estimator's mask lets each query attend to full
-    K/V strictly before it and to its own K/V only — the first draft step of a round in an
-    engine whose draft reads the shared cache."""
+    """Cache stand-in for the `shared-kv` and `rounds` estimators: attention sees the full model's
+    K/V for all positions followed by the draft's own; the estimator's mask picks, per query, the
+    full K/V before its round and its own K/V from its round's start to itself (in `shared-kv`
+    every query is a round of its own: the first draft step of a round)."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         self.keys = keys
@@ -95,15 +103,18 @@ class Estimator:
         reference: ReferenceCache,
         mode: str = "self",
         vocab_ids: VocabIds | None = None,
+        round_gamma: int = 3,
     ) -> None:
         if mode not in ESTIMATOR_MODES:
             raise ConfigError(f"unknown estimator mode {mode!r}: use one of {', '.join(ESTIMATOR_MODES)}")
-        if mode == "shared-kv" and reference.keys is None:
-            raise ConfigError("the reference cache holds no K/V: build it with shared-kv mode")
+        if mode in MODES_WITH_KV and reference.keys is None:
+            raise ConfigError(f"the reference cache holds no K/V, which {mode} mode needs: build it with K/V")
         self.runner = runner
         self.reference = reference
         self.mode = mode
         self.vocab_ids = vocab_ids
+        self.round_gamma = round_gamma
+        self.passes: list[int] = []  # `rounds` mode: forward passes each evaluation took
         self._subsets: dict[int, torch.Tensor] = {}
         self.rows, self.cols = reference.prediction_index()
         with torch.no_grad():  # kept for the estimator's life: no autograd graph may hang off them
@@ -112,10 +123,42 @@ class Estimator:
 
     def draft_logits(self, mask: SkipMask) -> torch.Tensor:
         """Logits of the draft at every prediction position, from its first skipped layer on."""
+        if self.mode == "rounds":
+            return self._round_logits(mask)
         start = mask.first_skipped_layer
-        run = self._shared_kv_rows if self.mode == "shared-kv" else self._self_rows
-        finals = [run(mask, start, rows) for rows in self._row_chunks()]
+        if self.mode == "self":
+            return self.runner.head(torch.cat([self._self_rows(mask, start, r) for r in self._row_chunks()]))
+        return self._shared_kv_logits(mask, None)
+
+    def _shared_kv_logits(self, mask: SkipMask, starts: torch.Tensor | None) -> torch.Tensor:
+        """`shared-kv` logits; `starts` `[prompts, queries]`: each query's round start (None: itself)."""
+        start = mask.first_skipped_layer
+        finals = [
+            self._shared_kv_rows(mask, start, rows, None if starts is None else starts[rows])
+            for rows in self._row_chunks()
+        ]
         return self.runner.head(torch.cat(finals))
+
+    def _round_logits(self, mask: SkipMask) -> torch.Tensor:
+        """`shared-kv` passes until the rounds their greedy matches imply stop changing (see above)."""
+        starts = None
+        for passes in range(1, self.target_tokens.numel() + 2):
+            logits = self._shared_kv_logits(mask, starts)
+            found = self._round_starts(logits.argmax(-1) == self.target_tokens)
+            if starts is not None and torch.equal(found, starts):
+                self.passes.append(passes)
+                return logits
+            starts = found
+        raise RuntimeError(f"round-aware estimation of {mask} found no fixed point: a bug")
+
+    def _round_starts(self, matches: torch.Tensor) -> torch.Tensor:
+        """`[prompts, queries]` round-start offsets; padding queries start at themselves."""
+        sizes = self.reference.row_sizes()
+        queries = max(sizes)
+        starts = torch.arange(queries).repeat(len(sizes), 1)
+        for row, values in enumerate(_split(matches.tolist(), sizes)):
+            starts[row, : len(values)] = torch.tensor(round_starts(values, self.round_gamma))
+        return starts.to(self.runner.device)
 
     def _row_chunks(self) -> list[slice]:
         count = self.reference.input_ids.shape[0]
@@ -133,9 +176,12 @@ class Estimator:
             [hidden[i, p - 1 : n - 1] for i, (p, n) in enumerate(zip(prompt, length, strict=True))]
         )
 
-    def _shared_kv_rows(self, mask: SkipMask, start: int, rows: slice) -> torch.Tensor:
+    def _shared_kv_rows(
+        self, mask: SkipMask, start: int, rows: slice, starts: torch.Tensor | None
+    ) -> torch.Tensor:
         """`shared-kv` mode: only prediction positions run; each attends to the full model's K/V
-        before it and to its own K/V — positions are independent, so the prompt costs nothing."""
+        before its round and to its own K/V from the round's start to itself (`starts`, offsets
+        among the queries; None: every query alone) — so the prompt costs nothing."""
         ref = self.reference
         device = self.runner.device
         prompt, length = ref.prompt_lengths[rows], ref.lengths[rows]
@@ -147,8 +193,10 @@ class Estimator:
         hidden = ref.hidden[start, rows].gather(
             1, position_ids[..., None].expand(-1, -1, ref.hidden.shape[-1])
         )
-        earlier = torch.arange(width, device=device)[None, None] < position_ids[..., None]
-        own = torch.eye(queries, dtype=torch.bool, device=device).expand(len(counts), -1, -1)
+        starts = offsets.expand(len(counts), -1) if starts is None else starts[:, :queries]
+        round_start = prompt[:, None] - 1 + starts
+        earlier = torch.arange(width, device=device)[None, None] < round_start[..., None]
+        own = (offsets[:, None, :] >= starts[..., None]) & (offsets[:, None, :] <= offsets[:, :, None])
         attention_mask = torch.cat([earlier, own], dim=2)[:, None]
         cache = SharedKV(ref.keys[:, rows, :, :width], ref.values[:, rows, :, :width])
         hidden = self.runner.run_layers(

@@ -11,7 +11,12 @@ from dataclasses import asdict, dataclass, field
 from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.errors import ConfigError
 
-ESTIMATOR_MODES = ("shared-kv", "self")
+ESTIMATOR_MODES = ("shared-kv", "rounds", "self")
+"""How the estimator's draft sees earlier positions (DESIGN §4): `shared-kv`, the full model's K/V
+(exact for a round's first draft); `rounds`, the full model's K/V before the round and its own
+within it, rounds simulated at `round_gamma` (exact for the engine at that γ, a few passes per
+mask); `self`, its own K/V everywhere (no engine drafts that way: the pessimistic bound)."""
+MODES_WITH_KV = ("shared-kv", "rounds")
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,7 @@ class MeasureConfig:
 
     `draft_vocabs` are the draft-vocabulary sizes measured besides the full vocabulary: one model
     forward per mask serves them all (DESIGN §8), so a search scores each mask at every size.
+    `round_gamma` is the draft length whose rounds the `rounds` mode simulates (unused otherwise).
     """
 
     model: str = "smollm2-135m"
@@ -28,6 +34,7 @@ class MeasureConfig:
     device: str = "cpu"
     dtype: str = "auto"
     draft_vocabs: tuple[int, ...] = ()
+    round_gamma: int = 3
 
     def __post_init__(self) -> None:
         if self.mode not in ESTIMATOR_MODES:
@@ -38,13 +45,15 @@ class MeasureConfig:
         if any(k < 1 for k in sizes):
             raise ConfigError(f"draft vocabulary sizes must be >= 1, got {list(self.draft_vocabs)}")
         object.__setattr__(self, "draft_vocabs", sizes)
+        if self.round_gamma < 1:
+            raise ConfigError(f"--round-gamma must be >= 1, got {self.round_gamma}")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "draft_vocabs": list(self.draft_vocabs)}
 
     @classmethod
     def from_dict(cls, data: dict) -> MeasureConfig:
-        """Reads run.yaml files written before draft vocabularies existed too (no sizes)."""
+        """Reads run.yaml files written before draft vocabularies or round-aware estimation existed."""
         return cls(
             **{
                 **data,

@@ -42,6 +42,30 @@ def simulate_rounds(matches: Sequence[bool], gamma: int) -> list[int]:
     return rounds
 
 
+def round_starts(matches: Sequence[bool], gamma: int) -> list[int]:
+    """For each position, where the draft's round began when it drafted from there (DESIGN §4).
+
+    The rounds are those `simulate_rounds` walks: a round starting at `k` drafts from positions
+    `k .. k + min(accepted + 1, gamma) - 1`, all of which get `k`. A position no draft reads (the
+    one after a fully accepted round, whose token the verify emits) gets itself. The round-aware
+    estimator lets a draft at `p` see its own K/V from `starts[p]` to `p` and the full model's
+    before `starts[p]`, which is what the engine's draft sees.
+    """
+    if gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {gamma}")
+    n = len(matches)
+    starts = list(range(n))
+    k = 0
+    while k < n:
+        accepted = 0
+        while accepted < gamma and k + accepted < n and matches[k + accepted]:
+            accepted += 1
+        for position in range(k, min(k + min(accepted + 1, gamma), n)):
+            starts[position] = k
+        k += accepted + 1
+    return starts
+
+
 @dataclass(frozen=True)
 class AcceptanceProfile:
     """Per-position acceptance of one mask on one prompt set (one row per prompt).

@@ -15,7 +15,7 @@ from functools import cached_property, partial
 import torch
 
 from skipsearch.acceptance.estimator import Estimator
-from skipsearch.acceptance.measure_config import MeasureConfig
+from skipsearch.acceptance.measure_config import MODES_WITH_KV, MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts, select_prompts
 from skipsearch.acceptance.reference import ReferenceCache, build_reference, reference_key
 from skipsearch.acceptance.rounds import Evaluator
@@ -92,7 +92,7 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
         )
     if check is not None:
         check(runner.num_layers)
-    with_kv = config.mode == "shared-kv"
+    with_kv = config.mode in MODES_WITH_KV
     dtype = str(loaded.model.dtype)
     # A cache holding K/V also serves `self` mode, so look for it first.
     candidates = [reference_key(loaded.source, dtype, config.prompts.key(), kv) for kv in (True, with_kv)]
@@ -110,7 +110,11 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
         )
         log.info("reference cache saved to %s", path)
     measurement = Measurement(
-        loaded, runner, Estimator(runner, reference, config.mode), str(path), config.prompts
+        loaded,
+        runner,
+        Estimator(runner, reference, config.mode, round_gamma=config.round_gamma),
+        str(path),
+        config.prompts,
     )
     measurement.estimator.vocab_ids = measurement.vocab_ids
     return measurement

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from skipsearch.acceptance.measure_config import MeasureConfig
+from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, resolve_source
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask, parse_draft_vocab, parse_layer_list
@@ -67,9 +67,17 @@ def add_prompt_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--mode",
-        choices=("shared-kv", "self"),
+        choices=ESTIMATOR_MODES,
         default="shared-kv",
-        help="estimator: draft reads the full model's K/V for earlier positions (shared-kv) or its own",
+        help="estimator: the draft reads the full model's K/V for earlier positions (shared-kv), "
+        "its own within each round simulated at --round-gamma (rounds: exact for the engine at that "
+        "gamma, 2-4 passes per mask), or its own everywhere (self)",
+    )
+    parser.add_argument(
+        "--round-gamma",
+        type=int,
+        default=3,
+        help="the draft length whose rounds --mode rounds simulates (default %(default)s)",
     )
 
 
@@ -115,6 +123,7 @@ def measure_config(args: argparse.Namespace) -> MeasureConfig:
         model=args.model,
         prompts=prompt_spec(args),
         mode=args.mode,
+        round_gamma=args.round_gamma,
         device=args.device,
         dtype=args.dtype,
         draft_vocabs=() if size is None else (size,),

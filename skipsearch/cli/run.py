@@ -87,6 +87,7 @@ STORED_OPTIONS = {
     "device": "measure.device",
     "dtype": "measure.dtype",
     "mode": "measure.mode",
+    "round_gamma": "measure.round_gamma",
     "prompts": "measure.prompts.source",
     "n_prompts": "measure.prompts.n_prompts",
     "max_prompt_tokens": "measure.prompts.max_prompt_tokens",

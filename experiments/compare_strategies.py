@@ -1,19 +1,20 @@
 """Six strategies at equal budget, plus random at 5x the budget (issues 4 and 13, DESIGN §3, §9).
 
-Runs `skipsearch compare` (sparse space, 3 seeds, one shared evaluation cache) with random,
-uniform, ranking, knapsack, learned (TPE) and knapsack+tpe at budget 100 on the embedded model
-and, when `make qwen` has installed it, at budget 40 on qwen2.5-coder-0.5b; each also gets random
-search at 5x the budget (`random@5x`), the reference the learned strategies should beat. Writes
-`results/compare/<model>/`: comparison.csv, comparison.md (best score, masks to reach 95% of the
-final, model seconds), convergence.png (mean ± range over seeds), importance.json / .png, trials
-of every study (`<study>.csv`) and run.yaml. The Optuna journal and the evaluation cache stay in
-`runs/compare/<model>/` (large, not committed); rerunning with `--resume` continues them.
+Runs `skipsearch compare` (`compare_space.yaml`: the sparse space up to 70% skipped; 3 seeds, one
+shared evaluation cache) with random, uniform, ranking, knapsack, learned (TPE) and knapsack+tpe at
+budget 100 on the embedded model and, when `make qwen` has installed it, at budget 40 on
+qwen2.5-coder-0.5b; each also gets random search at 5x the budget (`random@5x`), the reference the
+learned strategies should beat. Writes `results/compare/<model>/`: comparison.csv, comparison.md
+(best score, masks to reach 95% of the final, model seconds), convergence.png (mean ± range over
+seeds), importance.json / .png, trials of every study (`<study>.csv`) and run.yaml. The Optuna
+journal and the evaluation cache stay in `runs/compare/<model>/` (large, not committed); rerunning
+with `--resume` continues them.
 
 Cost model: the calibrated one when a latency profile of the model is cached on this device
 (`skipsearch profile`), else the closed form; run.yaml records which (`cost`). Prompt options are
 smaller than the CLI defaults (8 HumanEval prompts, 48 new tokens); the settings are in run.yaml.
-The full benchmark is about 6 x 100 + 500 distinct masks per seed before cache sharing: hours on
-two CPU cores, so run it on an idle machine:
+The full benchmark is about 6 x 100 + 500 distinct masks per seed before cache sharing: 25 minutes
+for SmolLM2 and 31 for Qwen on two idle cores (2026-11-30), so run it on an idle machine:
 
     .venv/bin/python experiments/compare_strategies.py --budget 100 --seeds 3 --qwen-budget 40
 
@@ -51,7 +52,8 @@ COPIED = (
 
 def compare(model: str, budget: int, seeds: int, resume: bool, out_name: str) -> None:
     work = ROOT / "runs" / out_name / model
-    args = ["compare", "--model", model, "--space", "sparse", "--budget", str(budget), "--seeds", str(seeds)]
+    space = str(ROOT / "experiments" / "compare_space.yaml")
+    args = ["compare", "--model", model, "--space", space, "--budget", str(budget), "--seeds", str(seeds)]
     args += [*PROMPTS, "--cost", "auto", "--strategies", STRATEGIES]
     args += ["--random-multiple", str(RANDOM_MULTIPLE), "--out", str(work)]
     if resume and work.exists():

@@ -1,94 +1,93 @@
-"""The comparison's winning mask, decoded for real: does the predicted speedup show up? (issue 4)
+"""Each strategy's best mask, decoded for real: does the predicted speedup show up? (issues 4, 13)
 
-For each model with a committed `results/compare/<model>/comparison.csv`, takes the mask with
-the highest predicted speedup over every strategy and seed, and runs `skipsearch decode` with it
-at its γ* on the prompts the comparison measured (8 HumanEval prompts, 48 new tokens), greedy.
-Writes `results/compare/<model>/winner_decode.json` (the command's own JSON) and
-`winner_decode.md`: predicted speedup (closed form, as the comparison scored it, and calibrated
-with `results/profile/profile.json` where that profile is of this model) next to the measured
-one, the estimator's acceptance next to the engine's, and the lossless check.
+For each model with a committed `results/compare/<model>/comparison.csv`, takes every strategy's
+best mask over its seeds and runs `skipsearch decode` with it at its γ* on the prompts the
+comparison measured (8 HumanEval prompts, 48 new tokens), greedy; each decode interleaves its own
+autoregressive baseline. Writes `results/compare/<model>/winner_decode.json` (the commands' own
+JSON, by strategy) and `winner_decode.md`: the speedup the comparison predicted (with the cost
+model it scored with) next to the measured one, the estimator's acceptance next to the engine's,
+and the lossless check; the load average before and after each decode.
 
-Run: `.venv/bin/python experiments/decode_winners.py [--repeats 2]` (SmolLM2 about 2 minutes,
-Qwen2.5-Coder-0.5B about 6, on two idle cores; models not installed are skipped);
-`--report-only` rewrites the Markdown from the saved JSON.
+Run alone on an idle machine (it times): `.venv/bin/python experiments/decode_winners.py
+[--repeats 2] [--models smollm2-135m]` (SmolLM2 about 1.5 minutes per mask on two idle cores;
+models not installed are skipped); `--report-only` rewrites the Markdown from the saved JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import pandas as pd
+import yaml
 from _cli import skipsearch
 from _common import fmt, markdown_table
 from compare_strategies import PROMPTS
 
-from skipsearch.cost.calibrated import Calibrated
-from skipsearch.cost.latency import LatencyProfile
-from skipsearch.masks import SkipMask
 from skipsearch.models.registry import REGISTRY, available_offline
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b")
-PROFILE = ROOT / "results" / "profile" / "profile.json"
 
 
-def winner(comparison: pd.DataFrame) -> pd.Series:
-    return comparison.loc[comparison["best_score"].idxmax()]
+def winners(comparison: pd.DataFrame) -> pd.DataFrame:
+    """Each strategy's best row over its seeds, best first."""
+    best = comparison.loc[comparison.groupby("strategy")["best_score"].idxmax()]
+    return best.sort_values("best_score", ascending=False)
 
 
 def decode(model: str, best: pd.Series, repeats: int, out: Path) -> dict:
     args = ["decode", "--model", model, "--mask", best["best_mask"], "--gamma", str(int(best["gamma_best"]))]
     args += [*PROMPTS, "--repeats", str(repeats), "--json", str(out)]
+    load = os.getloadavg()[0]
     if skipsearch(args) not in (0, 1):  # 1: ran, but not lossless (reported below)
         raise SystemExit(f"decode on {model} failed")
-    return json.loads(out.read_text())
+    return {**json.loads(out.read_text()), "load_before": load, "load_after": os.getloadavg()[0]}
 
 
-def calibrated_speedup(model: str, result: dict, tokens_per_round: float) -> float | None:
-    """The estimator's tokens per round over the calibrated round cost, at the decode's mean
-    context; None without a committed profile of this model."""
-    latency = LatencyProfile.load(PROFILE)
-    if latency.meta.get("model") != model:
-        return None
-    lengths = [run["prompt_length"] for run in result["runs"]["ssd"]]
-    context = sum(lengths) / len(lengths) + result["max_new_tokens"] / 2
-    mask = SkipMask.parse(result["mask"], latency.num_layers)
-    return tokens_per_round / Calibrated(latency, mask, context).round_cost(result["gamma"])
-
-
-def report(model: str, best: pd.Series, result: dict) -> list[str]:
-    ssd, ar = result["summaries"]["ssd"], result["summaries"]["autoregressive"]
-    estimator, gamma = result["estimators"][0], int(best["gamma_best"])
-    calibrated = calibrated_speedup(model, result, estimator["tokens_per_round"])
-    rows = [
-        [
-            "speedup (tokens/s over autoregressive)",
-            f"{best['best_score']:.3f}",
-            fmt(calibrated),
-            fmt(ssd["tokens_per_second"] / ar["tokens_per_second"]),
-        ],
-        ["acceptance α", fmt(estimator["alpha"]), "", fmt(ssd["acceptance"])],
-        ["tokens per round", fmt(estimator["tokens_per_round"]), "", fmt(ssd["tokens_per_round"])],
-    ]
+def report(model: str, best: pd.DataFrame, results: dict[str, dict], cost: str) -> list[str]:
+    rows = []
+    for _, row in best.iterrows():
+        result = results[row["strategy"]]
+        ssd, ar = result["summaries"]["ssd"], result["summaries"]["autoregressive"]
+        estimator = result["estimators"][0]
+        rows.append(
+            [
+                row["strategy"],
+                f"`{row['best_mask']}`",
+                str(int(row["gamma_best"])),
+                f"{row['best_score']:.3f}",
+                fmt(ssd["tokens_per_second"] / ar["tokens_per_second"]),
+                f"{estimator['alpha']:.3f} / {ssd['acceptance']:.3f}",
+                f"{estimator['tokens_per_round']:.3f} / {ssd['tokens_per_round']:.3f}",
+                str(result["lossless"]),
+                f"{result['load_before']:.2f} / {result['load_after']:.2f}",
+            ]
+        )
     header = [
-        "",
-        f"predicted, closed form ({estimator['mode']} estimator)",
-        "predicted, calibrated",
+        "strategy",
+        "best mask (over seeds)",
+        "γ*",
+        f"predicted ({cost})",
         "measured",
+        "α estimator / engine",
+        "tokens/round estimator / engine",
+        "lossless",
+        "load before / after",
     ]
+    first = next(iter(results.values()))
     return [
-        f"# The winning mask of the comparison, decoded — {model}",
+        f"# Each strategy's best mask, decoded — {model}",
         "",
-        f"Mask `{best['best_mask']}` ({best['strategy']}, seed {best['seed']}), γ = {gamma}, greedy, "
-        f"{result['prompts']} prompts × {result['max_new_tokens']} new tokens, {result['repeats']} timed "
-        "passes. Generated by `experiments/decode_winners.py`.",
+        f"Greedy, {first['prompts']} prompts × {first['max_new_tokens']} new tokens, "
+        f"{first['repeats']} timed passes per mask, SSD and autoregressive decodes interleaved within "
+        "each mask's command; speedup is tokens/s over autoregressive. Generated by "
+        "`experiments/decode_winners.py`.",
         "",
         *markdown_table(header, rows),
-        "",
-        f"Lossless (greedy SSD output == autoregressive, every prompt): {result['lossless']}. "
-        f"Autoregressive {ar['tokens_per_second']:.1f} tokens/s, SSD {ssd['tokens_per_second']:.1f}.",
     ]
 
 
@@ -96,20 +95,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="timed passes over the prompts")
     parser.add_argument("--report-only", action="store_true", help="Markdown from the saved JSON")
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
     args = parser.parse_args()
-    for model in MODELS:
+    for model in args.models:
         folder = ROOT / "results" / "compare" / model
         saved = folder / "winner_decode.json"
         ready = saved.is_file() if args.report_only else available_offline(REGISTRY[model])
         if not (folder / "comparison.csv").is_file() or not ready:
             print(f"skipping {model}: no comparison, or the model (or its saved decode) is missing")
             continue
-        best = winner(pd.read_csv(folder / "comparison.csv"))
+        best = winners(pd.read_csv(folder / "comparison.csv"))
+        cost = yaml.safe_load((folder / "run.yaml").read_text())["config"]["cost"]
         if args.report_only:
-            result = json.loads(saved.read_text())
+            results = json.loads(saved.read_text())
         else:
-            result = decode(model, best, args.repeats, saved)
-        lines = report(model, best, result)
+            with tempfile.TemporaryDirectory() as scratch:
+                results = {
+                    row["strategy"]: decode(model, row, args.repeats, Path(scratch) / "decode.json")
+                    for _, row in best.iterrows()
+                }
+            saved.write_text(json.dumps(results, indent=1))
+        lines = report(model, best, results, cost)
         (folder / "winner_decode.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
 

@@ -76,8 +76,7 @@ def add_prompt_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--round-gamma",
         type=int,
-        default=3,
-        help="the draft length whose rounds --mode rounds simulates (default %(default)s)",
+        help="the draft length whose rounds --mode rounds simulates (default 3; decode: its --gamma)",
     )
 
 
@@ -123,7 +122,7 @@ def measure_config(args: argparse.Namespace) -> MeasureConfig:
         model=args.model,
         prompts=prompt_spec(args),
         mode=args.mode,
-        round_gamma=args.round_gamma,
+        round_gamma=MeasureConfig.round_gamma if args.round_gamma is None else args.round_gamma,
         device=args.device,
         dtype=args.dtype,
         draft_vocabs=() if size is None else (size,),

@@ -125,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
     policy = GammaPolicy(initial=gamma) if args.dynamic_gamma else GammaPolicy.fixed(gamma)
 
     config = measure_config(args)
+    if args.round_gamma is None:  # the round-aware estimator simulates the rounds this decode runs
+        config = replace(config, round_gamma=gamma)
     depth = known_depth(args.model)
     if mask_text is None:
         check_mask_args(args, depth)

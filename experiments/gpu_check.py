@@ -333,7 +333,7 @@ def cpu_masks(folder: Path) -> list[dict[str, Any]]:
     for row in best:
         if row["best_mask"] in found:
             continue
-        with (folder / f"{row['strategy']}-s{row['seed']}.csv").open() as handle:
+        with (folder / f"{row['strategy'].replace('@', '-')}-s{row['seed']}.csv").open() as handle:
             trial = next(t for t in csv.DictReader(handle) if t["mask"] == row["best_mask"])
         found[row["best_mask"]] = {
             "mask": row["best_mask"],

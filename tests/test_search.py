@@ -148,7 +148,7 @@ def test_contiguous_exhaustive_finds_the_brute_force_best_exit(tmp_path: Path) -
 
 
 def test_exhaustive_refuses_a_space_beyond_its_budget_or_limit(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="raise the budget to 1002"):
+    with pytest.raises(ConfigError, match="raise the budget to 837"):
         search(tmp_path / "a", "exhaustive", CountingEvaluator(), budget=50)
     with pytest.raises(ConfigError, match="can be enumerated"):
         search(tmp_path / "b", make_strategy("exhaustive", limit=100), CountingEvaluator(), budget=5000)
@@ -408,7 +408,11 @@ def test_resume_after_sigkill_never_reevaluates_a_finished_mask(tmp_path: Path) 
     proc.wait()
 
     study = load_study(run_dir, "learned")
-    finished = {t.user_attrs["mask"] for t in study.get_trials(states=(TrialState.COMPLETE,))}
+    finished = {  # infeasible proposals complete too, unevaluated: they cost no budget
+        t.user_attrs["mask"]
+        for t in study.get_trials(states=(TrialState.COMPLETE,))
+        if t.user_attrs.get("feasible", True)
+    }
     (running,) = study.get_trials(states=(TrialState.RUNNING,))
     assert len(finished) == 3 and log.read_text().splitlines()[3] == running.user_attrs["mask"]
 

@@ -10,7 +10,7 @@ target's correction or bonus), jump past it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,28 +18,29 @@ import numpy as np
 from skipsearch.masks import SkipMask, vocab_label
 
 
-def simulate_rounds(matches: Sequence[bool], gamma: int) -> list[int]:
-    """Accepted draft tokens of each round over one continuation, in order.
+def _walk(matches: Sequence[bool], gamma: int) -> Iterator[tuple[int, int, bool]]:
+    """(start, accepted, censored) of every round over one continuation, in order.
 
-    A round starting at position `k` accepts the leading matches of `matches[k:k+gamma]` and
-    then emits one more token, so the next round starts at `k + accepted + 1`. A round whose
-    window runs past the end while every observed position matched is censored (its length is
-    unknown) and is not counted.
+    A round starting at `k` accepts the leading matches of `matches[k:k+gamma]` and then emits one
+    more token, so the next round starts at `k + accepted + 1`. A round whose window runs past the
+    end while every observed position matched is censored: its length is unknown (it is the last).
     """
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
     n = len(matches)
-    rounds: list[int] = []
     k = 0
     while k < n:
         accepted = 0
         while accepted < gamma and k + accepted < n and matches[k + accepted]:
             accepted += 1
-        if accepted < gamma and k + accepted >= n:
-            break
-        rounds.append(accepted)
+        yield k, accepted, accepted < gamma and k + accepted >= n
         k += accepted + 1
-    return rounds
+
+
+def simulate_rounds(matches: Sequence[bool], gamma: int) -> list[int]:
+    """Accepted draft tokens of each round over one continuation, in order (`_walk`); a censored
+    last round is not counted."""
+    return [accepted for _, accepted, censored in _walk(matches, gamma) if not censored]
 
 
 def round_starts(matches: Sequence[bool], gamma: int) -> list[int]:
@@ -51,18 +52,10 @@ def round_starts(matches: Sequence[bool], gamma: int) -> list[int]:
     estimator lets a draft at `p` see its own K/V from `starts[p]` to `p` and the full model's
     before `starts[p]`, which is what the engine's draft sees.
     """
-    if gamma < 1:
-        raise ValueError(f"gamma must be >= 1, got {gamma}")
-    n = len(matches)
-    starts = list(range(n))
-    k = 0
-    while k < n:
-        accepted = 0
-        while accepted < gamma and k + accepted < n and matches[k + accepted]:
-            accepted += 1
-        for position in range(k, min(k + min(accepted + 1, gamma), n)):
+    starts = list(range(len(matches)))
+    for k, accepted, _ in _walk(matches, gamma):
+        for position in range(k, min(k + min(accepted + 1, gamma), len(matches))):
             starts[position] = k
-        k += accepted + 1
     return starts
 
 

@@ -1,17 +1,13 @@
-from types import SimpleNamespace
-
 import pytest
 import torch
 from transformers import DynamicCache
 
 from skipsearch.acceptance.estimator import Estimator, sampling_acceptance
-from skipsearch.acceptance.prompts import EncodedPrompt
-from skipsearch.acceptance.reference import ReferenceCache, build_reference
+from skipsearch.acceptance.reference import ReferenceCache
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import direct_matches, tiny_model
+from tests.conftest import direct_matches, random_reference, tiny_model
 
-TOKENIZER = SimpleNamespace(pad_token_id=0, eos_token_id=None)
 MASKS = [
     SkipMask.from_layers(6, [0]),
     SkipMask.from_layers(6, [2]),
@@ -26,12 +22,7 @@ def setup():
     model = tiny_model("llama", layers=6, seed=1)
     model.generation_config.eos_token_id = None
     runner = LayerwiseRunner(model)
-    generator = torch.Generator().manual_seed(3)
-    prompts = [
-        EncodedPrompt(f"p{i}", tuple(torch.randint(3, 61, (n,), generator=generator).tolist()))
-        for i, n in enumerate([7, 12, 4, 9])
-    ]
-    reference = build_reference(runner, TOKENIZER, prompts, new_tokens=10, with_kv=True)
+    reference = random_reference(runner, [7, 12, 4, 9], new_tokens=10)
     return model, runner, reference
 
 

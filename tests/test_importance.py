@@ -1,32 +1,22 @@
 """Sub-layer importance: the stream-cosine proxy from the reference cache, and the measured form."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from skipsearch.acceptance.importance import SublayerImportance, measured_importance
-from skipsearch.acceptance.prompts import EncodedPrompt
-from skipsearch.acceptance.reference import build_reference
 from skipsearch.acceptance.stream_proxy import proxy_importance
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import tiny_model
+from tests.conftest import random_reference, tiny_model
 
-TOKENIZER = SimpleNamespace(pad_token_id=0, eos_token_id=None)
 LAYERS = 6
 
 
 def importance_of(model: torch.nn.Module) -> SublayerImportance:
     model.generation_config.eos_token_id = None
     runner = LayerwiseRunner(model)
-    generator = torch.Generator().manual_seed(3)
-    prompts = [
-        EncodedPrompt(f"p{i}", tuple(torch.randint(3, 61, (n,), generator=generator).tolist()))
-        for i, n in enumerate([7, 12, 4])
-    ]
-    reference = build_reference(runner, TOKENIZER, prompts, new_tokens=8, with_kv=False)
+    reference = random_reference(runner, [7, 12, 4], new_tokens=8, with_kv=False)
     return proxy_importance(runner, reference)
 
 

@@ -5,19 +5,14 @@ The engine's draft reads the full model's K/V before its round and its own K/V w
 must equal the engine's accept decision — where `shared-kv` (full K/V within the round too) may not.
 """
 
-from types import SimpleNamespace
-
 import pytest
-import torch
 
 from skipsearch.acceptance.estimator import Estimator
-from skipsearch.acceptance.prompts import EncodedPrompt
-from skipsearch.acceptance.reference import build_reference
 from skipsearch.acceptance.rounds import round_starts, simulate_rounds
 from skipsearch.engine import speculative_decode
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import tiny_model
+from tests.conftest import random_reference, tiny_model
 
 LAYERS = 6
 NEW_TOKENS = 24
@@ -35,13 +30,7 @@ def setup():
     model = tiny_model("llama", layers=LAYERS, seed=1)
     model.generation_config.eos_token_id = None
     runner = LayerwiseRunner(model)
-    generator = torch.Generator().manual_seed(5)
-    prompts = [
-        EncodedPrompt(f"p{i}", tuple(torch.randint(3, 61, (n,), generator=generator).tolist()))
-        for i, n in enumerate([7, 12, 5, 9])
-    ]
-    tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=None)
-    reference = build_reference(runner, tokenizer, prompts, new_tokens=NEW_TOKENS, with_kv=True)
+    reference = random_reference(runner, [7, 12, 5, 9], new_tokens=NEW_TOKENS, seed=5)
     return runner, reference
 
 

@@ -57,8 +57,11 @@ from skipsearch.cost.processes import profile_processes
 from skipsearch.cost.profiler import summary
 from skipsearch.engine import GammaPolicy, Summary
 from skipsearch.engine.bench import AR, EARLY_EXIT, HF, SSD, benchmark, make_decoders
+from skipsearch.engine.cache import crop
+from skipsearch.engine.graphs import GraphSteps
 from skipsearch.engine.lossless import check_runs
 from skipsearch.engine.sampling import GREEDY
+from skipsearch.engine.ssd import Proposal, Round
 from skipsearch.masks import SkipMask
 from skipsearch.models.loading import load_model
 from skipsearch.models.random_weights import RandomWeights, random_prompts
@@ -394,10 +397,6 @@ def run_graphed(plan: Plan, out: Path) -> dict[str, Any]:
 
 def time_graphed(plan: Plan, runner: LayerwiseRunner, masks: list[SkipMask]) -> dict[str, float]:
     """Median seconds per call of each graphed step; `draft i` drafts max(graph_gammas) tokens."""
-    from skipsearch.engine.cache import crop
-    from skipsearch.engine.graphs import GraphSteps
-    from skipsearch.engine.ssd import Proposal, Round
-
     gamma = max(plan.graph_gammas)
     context = plan.graph_context
     steps = GraphSteps(runner, masks, [gamma] * len(masks), context + gamma + 2)

@@ -166,22 +166,13 @@ def shared_ray() -> Iterator[None]:
 @pytest.mark.usefixtures("shared_ray")
 class TestOnASharedRay:
     def test_two_workers_return_exactly_the_local_profiles(self, tmp_path: Path) -> None:
-        import torch
-
-        from skipsearch.acceptance.prompts import EncodedPrompt
-        from skipsearch.acceptance.reference import build_reference
         from skipsearch.models.runner import LayerwiseRunner
-        from tests.conftest import tiny_model
-        from tests.test_estimator import MASKS, TOKENIZER
+        from tests.conftest import random_reference, tiny_model
+        from tests.test_estimator import MASKS
 
         model = tiny_model("llama", layers=6, seed=1)
         model.generation_config.eos_token_id = None
-        generator = torch.Generator().manual_seed(3)
-        prompts = [
-            EncodedPrompt(f"p{i}", tuple(torch.randint(3, 61, (n,), generator=generator).tolist()))
-            for i, n in enumerate([7, 12, 4, 9])
-        ]
-        reference = build_reference(LayerwiseRunner(model), TOKENIZER, prompts, new_tokens=10, with_kv=True)
+        reference = random_reference(LayerwiseRunner(model), [7, 12, 4, 9], new_tokens=10)
         reference.save(tmp_path / "reference.safetensors", {"model": "tiny"})
         worker = TinyModelWorker(str(tmp_path / "reference.safetensors"))
 

@@ -104,6 +104,7 @@ class Estimator:
         mode: str = "self",
         vocab_ids: VocabIds | None = None,
         round_gamma: int = 3,
+        round_vocab: int | None = None,
     ) -> None:
         if mode not in ESTIMATOR_MODES:
             raise ConfigError(f"unknown estimator mode {mode!r}: use one of {', '.join(ESTIMATOR_MODES)}")
@@ -114,6 +115,7 @@ class Estimator:
         self.mode = mode
         self.vocab_ids = vocab_ids
         self.round_gamma = round_gamma
+        self.round_vocab = round_vocab  # `rounds` mode: the draft vocabulary whose argmax drafts
         self.passes: list[int] = []  # `rounds` mode: forward passes each evaluation took
         self._subsets: dict[int, torch.Tensor] = {}
         self.rows, self.cols = reference.prediction_index()
@@ -144,12 +146,20 @@ class Estimator:
         starts = None
         for passes in range(1, self.target_tokens.numel() + 2):
             logits = self._shared_kv_logits(mask, starts)
-            found = self._round_starts(logits.argmax(-1) == self.target_tokens)
+            found = self._round_starts(self._drafted(logits) == self.target_tokens)
             if starts is not None and torch.equal(found, starts):
                 self.passes.append(passes)
                 return logits
             starts = found
         raise RuntimeError(f"round-aware estimation of {mask} found no fixed point: a bug")
+
+    def _drafted(self, logits: torch.Tensor) -> torch.Tensor:
+        """The token a greedy draft proposes: the argmax over `round_vocab` (all ids when None),
+        so the rounds simulated are those of a draft with that vocabulary."""
+        if self.round_vocab is None:
+            return logits.argmax(-1)
+        subset = self.subset(self.round_vocab)
+        return subset[logits[:, subset].argmax(-1)]
 
     def _round_starts(self, matches: torch.Tensor) -> torch.Tensor:
         """`[prompts, queries]` round-start offsets; padding queries start at themselves."""

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import DynamicCache
 
 from skipsearch.acceptance.prompts import EncodedPrompt
+from skipsearch.models.kernels import new_cache
 from skipsearch.models.loading import eos_ids
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.progress import progress_bar
@@ -116,6 +116,7 @@ def generate_continuations(
                     max_new_tokens=new_tokens,
                     do_sample=False,
                     pad_token_id=pad,
+                    cache=new_cache(model.config),
                 )
             for row in out[:, width:].tolist():
                 cut = next((i + 1 for i, token in enumerate(row) if token in stop), len(row))
@@ -142,14 +143,15 @@ def build_reference(
         for start in range(0, len(sequences), FORWARD_BATCH):
             chunk = input_ids[start : start + FORWARD_BATCH]
             states: list[torch.Tensor] = []
-            cache = DynamicCache(config=runner.config) if with_kv else None
+            cache = runner.new_cache() if with_kv else None
             runner.run_layers(
                 runner.embed(chunk), 0, runner.num_layers, position_ids, cache=cache, collect=states
             )
             hidden_parts.append(torch.stack(states))
-            if cache is not None:
-                key_parts.append(torch.stack([layer.keys for layer in cache.layers]))
-                value_parts.append(torch.stack([layer.values for layer in cache.layers]))
+            if cache is not None:  # stored in the model's dtype: an fp32 cache only upcast them (exact)
+                dtype = states[0].dtype
+                key_parts.append(torch.stack([layer.keys.to(dtype) for layer in cache.layers]))
+                value_parts.append(torch.stack([layer.values.to(dtype) for layer in cache.layers]))
             bar.advance(bar.task_ids[0], len(chunk))
     return ReferenceCache(
         input_ids=input_ids,

@@ -93,7 +93,8 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
     if check is not None:
         check(runner.num_layers)
     with_kv = config.mode in MODES_WITH_KV
-    dtype = str(loaded.model.dtype)
+    # The attention path is part of the numbers: a bf16 model's continuations differ under fp32 attention.
+    dtype = f"{loaded.model.dtype}/{loaded.model.config._attn_implementation}"
     # A cache holding K/V also serves `self` mode, so look for it first.
     candidates = [reference_key(loaded.source, dtype, config.prompts.key(), kv) for kv in (True, with_kv)]
     paths = [cache_dir() / "reference" / f"{key}.safetensors" for key in candidates]

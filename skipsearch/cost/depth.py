@@ -30,8 +30,10 @@ def scale_to_depth(profile: LatencyProfile, num_layers: int) -> LatencyProfile:
         for tables in (data, data["spread"]):
             mean = np.asarray(tables[name]).mean(axis=0)
             tables[name] = np.repeat(mean[None], num_layers, axis=0).tolist()
+    # The bytes a step reads were counted on the cut model: no memory floor for the real depth.
+    meta = {k: v for k, v in data["meta"].items() if k not in ("weight_bytes", "kv_bytes_per_position")}
     data["meta"] = {
-        **data["meta"],
+        **meta,
         "num_layers": num_layers,
         "measured_layers": measured,
         "depth_scaled": f"per-layer entries are the mean of {measured} measured layers, repeated to "

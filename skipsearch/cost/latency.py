@@ -254,6 +254,16 @@ class LatencyProfile:
         value = (1.0 - t) * self.round_overhead[gammas[i]] + t * self.round_overhead[gammas[j]]
         return max(value, 0.0)
 
+    def floor_time(self, context: float) -> float | None:
+        """Seconds a decode step cannot beat at `context`: the bytes it must read (weights plus
+        the K/V of `context` positions) over this machine's measured copy bandwidth; None for a
+        profile taken before these were recorded."""
+        needed = [self.meta.get(key) for key in ("weight_bytes", "kv_bytes_per_position", "copy_bandwidth")]
+        if None in needed:
+            return None
+        weights, per_position, bandwidth = needed
+        return (weights + per_position * context) / bandwidth
+
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {

@@ -59,6 +59,8 @@ DEFAULT_WARMUP = 2
 DEFAULT_HEAD_ROWS = (1024, 2048, 4096, 8192, 16384, 32768)
 SUMMARY_GAMMAS = tuple(range(1, 9))
 NOISY = 1.0  # typical IQR / median of a sub-layer above which the device was busy
+COPY_BYTES = 1 << 28  # 256 MiB: far beyond any CPU cache, so a copy streams from memory
+COPY_REPEATS = 7
 
 
 # -- where profiles live -------------------------------------------------------------------------
@@ -185,9 +187,8 @@ def prefill_cache(runner: LayerwiseRunner, context: int, generator: torch.Genera
     Past recording is switched on afterwards so sliding-window layers can be cropped back too.
     """
     import torch
-    from transformers import DynamicCache
 
-    cache = DynamicCache(config=runner.config)
+    cache = runner.new_cache()
     ids = _random_ids(runner, context, generator)
     position_ids = torch.arange(context, device=runner.device)[None]
     with torch.no_grad():
@@ -410,7 +411,10 @@ def process_meta(runner: LayerwiseRunner, model: str) -> dict[str, Any]:
     import torch
     import transformers
 
+    from skipsearch.models.kernels import step_bytes
+
     device = runner.device
+    weight_bytes, kv_bytes = step_bytes(runner.model)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
     return {
         "device": str(device),
@@ -422,18 +426,34 @@ def process_meta(runner: LayerwiseRunner, model: str) -> dict[str, Any]:
         "num_layers": runner.num_layers,
         "vocab_size": int(runner.model.lm_head.weight.shape[0]),
         "threads": torch.get_num_threads(),
+        "attention": runner.model.config._attn_implementation,
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_position": kv_bytes,
     }
 
 
 @dataclass(frozen=True)
 class ProcessTimings:
-    """Every sample one process took: the forward-pass tables, the round overhead per γ, and the
-    draft head with `head_rows[i]` rows in `draft_head[i]`."""
+    """Every sample one process took: the forward-pass tables, the round overhead per γ, the
+    draft head with `head_rows[i]` rows in `draft_head[i]`, and the copy bandwidth (bytes/s)."""
 
     samples: Samples
     overhead: dict[int, np.ndarray]
     head_rows: tuple[int, ...]
     draft_head: np.ndarray
+    copy_bandwidth: float
+
+
+def copy_bandwidth(device: torch.device, sync: Sync) -> float:
+    """Bytes per second this device moves in a large tensor copy (read plus write, as STREAM's
+    copy counts them), the best of `COPY_REPEATS`: the bandwidth a memory-bound step can reach."""
+    import torch
+
+    source = torch.ones(COPY_BYTES // 4, device=device)
+    target = torch.empty_like(source)
+    target.copy_(source)  # touch every page first
+    best = min(_timed(sync, target.copy_, source)[1] for _ in range(COPY_REPEATS))
+    return 2 * COPY_BYTES / best
 
 
 def check_axes(
@@ -474,8 +494,10 @@ def measure_samples(
         gammas = range(1, steps[-1])
         overhead = _time_round_overhead(runner, caches[0], gammas, repeats, warmup, sync, generator)
         draft_head = _time_draft_heads(runner, caches[0], rows, repeats, warmup, sync, generator)
+    del caches
+    bandwidth = copy_bandwidth(runner.device, sync)
     log.info("timed %d layers in %.1f s", runner.num_layers, time.perf_counter() - started)
-    return ProcessTimings(samples, overhead, rows, draft_head)
+    return ProcessTimings(samples, overhead, rows, draft_head, bandwidth)
 
 
 def _pooled(measurements: Sequence[ProcessTimings]) -> Samples:
@@ -524,6 +546,7 @@ def combine(
         # Each process's full pass at the shortest context and the most positions: its speed draw.
         "process_pass_ms": [round(1e3 * _pass_median(m.samples), 3) for m in measurements],
         "load_average": os.getloadavg()[0],  # ~threads when idle: more means the device was shared
+        "copy_bandwidth": float(np.mean([m.copy_bandwidth for m in measurements])),
     }
     # Built from its JSON form, so the profile in memory equals the one `LatencyProfile.load` reads.
     return LatencyProfile.from_dict(

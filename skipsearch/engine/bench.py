@@ -28,6 +28,7 @@ from skipsearch.engine.sampling import Sampling
 from skipsearch.engine.ssd import speculative_decode
 from skipsearch.masks import SkipMask
 from skipsearch.models.draft_head import DraftHead
+from skipsearch.models.kernels import new_cache
 from skipsearch.models.loading import LoadedModel, eos_ids
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.progress import progress_bar
@@ -105,6 +106,7 @@ def hf_generate(
     out = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),
+        cache=new_cache(model.config),  # the same kernel plan as ours (fp32 K/V beside fp32 attention)
         max_new_tokens=max_new_tokens,
         pad_token_id=pad,
         **options,

@@ -47,7 +47,7 @@ def prefilled_cache(runner: LayerwiseRunner, prompt: Sequence[int]) -> DynamicCa
 
     Sliding-window layers record their past so rollback can restore states beyond the window.
     """
-    cache = DynamicCache(config=runner.config)
+    cache = runner.new_cache()
     if len(prompt) > 1:
         ids = torch.tensor([list(prompt[:-1])], device=runner.device)
         positions = torch.arange(ids.shape[1], device=runner.device)[None]

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from skipsearch.errors import ModelLoadError
+from skipsearch.models.dtypes import DtypeChoice, choose_dtype
 from skipsearch.models.random_weights import RandomWeights, random_model
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
+from skipsearch.models.threads import busy_cpu_warning
+from skipsearch.progress import console
 from skipsearch.store import cache_dir
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,7 @@ class LoadedModel:
     model_id: str  # the alias or path the user gave, resolved
     source: str  # where the weights came from (file, directory or hub id, or random weights)
     random_weights: RandomWeights | None = None
+    plan: str = ""  # the kernel plan in words: dtype, attention path and why
 
     @property
     def num_layers(self) -> int:
@@ -115,25 +119,38 @@ def check_gguf(path: Path) -> None:
             raise ModelLoadError(f"{path} is not a GGUF file (bad magic bytes): pass a .gguf model file")
 
 
-def converted_gguf_dir(gguf: Path) -> Path:
-    """De-quantize a GGUF once into a safetensors directory and return that directory."""
+def converted_gguf_dir(gguf: Path, dtype: str = "float32") -> Path:
+    """De-quantize a GGUF once into a safetensors directory in `dtype` and return that directory.
+
+    One directory per dtype (bf16 halves it: 513 MB -> 257 MB for SmolLM2); the float32 one keeps
+    the name it had before dtypes were part of it, so caches already on disk still load. A missing
+    half-precision directory is cast from an existing float32 one (exact, and without the ~15 s
+    de-quantization); a float32 one is never made from half precision.
+    """
     check_gguf(gguf)
-    target = cache_dir() / "converted" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
+    base = cache_dir() / "converted" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
+    target = base if dtype == "float32" else base.with_name(f"{base.name}-{dtype}")
     if (target / "config.json").is_file():
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.warning("converting %s to safetensors once (cached in %s)", gguf.name, target)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    except (ValueError, KeyError, RuntimeError) as error:
-        raise ModelLoadError(f"cannot convert {gguf}: {error}") from None
-    check_architecture(model.config)
-    # The de-quantized weights are plain float tensors; drop the GGUF marker so they can be saved.
-    del model.config.quantization_config
-    model.hf_quantizer = None
+    torch_dtype = getattr(torch, dtype)
+    if target != base and (base / "config.json").is_file():
+        log.warning("casting the converted %s to %s once (cached in %s)", gguf.name, dtype, target)
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)
+    else:
+        log.warning("converting %s to %s safetensors once (cached in %s)", gguf.name, dtype, target)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
+        except (ValueError, KeyError, RuntimeError) as error:
+            raise ModelLoadError(f"cannot convert {gguf}: {error}") from None
+        check_architecture(model.config)
+        # The de-quantized weights are plain float tensors; drop the GGUF marker so they can be saved.
+        del model.config.quantization_config
+        model.hf_quantizer = None
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent))
     model.save_pretrained(staging)
@@ -163,17 +180,18 @@ def hub_load_error(repo_id: str, reason: str) -> ModelLoadError:
     )
 
 
-def resolve_model_dir(name: str) -> tuple[str, str]:
-    """Map `--model` to (what from_pretrained should load, a description of the source)."""
+def resolve_model_dir(name: str, dtype: str = "float32") -> tuple[str, str]:
+    """Map `--model` to (what from_pretrained should load, a description of the source); a GGUF
+    resolves to its converted directory in `dtype`."""
     entry = REGISTRY.get(name)
     if entry is not None and entry.kind != "hub":
         gguf = resolve_gguf(entry)
-        return str(converted_gguf_dir(gguf)), str(gguf)
+        return str(converted_gguf_dir(gguf, dtype)), str(gguf)
     if entry is not None:
         return entry.source, f"hub:{entry.source}"
     path = Path(name).expanduser()
     if path.suffix == ".gguf":
-        return str(converted_gguf_dir(path)), str(path)
+        return str(converted_gguf_dir(path, dtype)), str(path)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} has no config.json: pass a Hugging Face model directory")
@@ -186,11 +204,15 @@ def resolve_model_dir(name: str) -> tuple[str, str]:
     )
 
 
+def dtype_choice(device: str, dtype: str) -> DtypeChoice:
+    """The dtype `--dtype` resolves to on `device`, and why (`kernels.choose_dtype`)."""
+    return choose_dtype(device_type(device), dtype)
+
+
 def dtype_name(device: str, dtype: str) -> str:
-    """`auto` is float32 on a CPU and bfloat16 on an accelerator; anything else names a torch dtype."""
-    if dtype != "auto":
-        return dtype.removeprefix("torch.")
-    return "float32" if device_type(device) == "cpu" else "bfloat16"
+    """`auto` is bfloat16 on an accelerator and on a CPU with native bf16, else float32; anything
+    else names a torch dtype."""
+    return dtype_choice(device, dtype).name
 
 
 def resolve_dtype(device: str, dtype: str) -> Any:
@@ -209,34 +231,53 @@ def device_type(device: str) -> str:
 
 
 def load_model(
-    name: str, device: str = "cpu", dtype: str = "auto", random_weights: RandomWeights | None = None
+    name: str,
+    device: str = "cpu",
+    dtype: str = "auto",
+    random_weights: RandomWeights | None = None,
+    announce: bool = True,
 ) -> LoadedModel:
-    """Load `--model` for layer-wise running (eval mode, no gradients).
+    """Load `--model` for layer-wise running (eval mode, no gradients) on this device's kernel plan.
 
-    With `random_weights` the architecture is built from its config with seeded random weights and
-    no tokenizer; nothing is read from the hub or a weight file.
+    The plan (DESIGN §11) is the dtype `--dtype` resolves to and the attention path measured
+    fastest for it (`models.kernels`); with `announce` it is printed as one line, so every
+    command says what it runs. With `random_weights` the architecture is built from its config
+    with seeded random weights and no tokenizer; nothing is read from the hub or a weight file.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from skipsearch.models.kernels import apply_attention, choose_attention
+
+    choice = dtype_choice(device, dtype)
     torch_dtype = resolve_dtype(device, dtype)
     if random_weights is not None:
         model = random_model(name, device, torch_dtype, random_weights)
         check_architecture(model.config)
-        return LoadedModel(model, None, name, f"random-weights:{name}", random_weights)
-    location, source = resolve_model_dir(name)
-    is_hub = source.startswith("hub:")
-    if is_hub and not hub_cached(location) and not hub_reachable():
-        raise hub_load_error(location, "offline")
-    hf_logging.disable_progress_bar()  # loading safetensors is quick; keep stderr for errors
-    try:
-        config = AutoConfig.from_pretrained(location)
-        check_architecture(config)
-        tokenizer = AutoTokenizer.from_pretrained(location)
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
-    except OSError as error:
-        if is_hub:
-            raise hub_load_error(location, type(error).__name__) from None
-        raise ModelLoadError(f"cannot load {location}: {error}") from None
-    model.to(device).eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, model_id=name, source=source)
+        loaded = LoadedModel(model, None, name, f"random-weights:{name}", random_weights)
+    else:
+        location, source = resolve_model_dir(name, choice.name)
+        is_hub = source.startswith("hub:")
+        if is_hub and not hub_cached(location) and not hub_reachable():
+            raise hub_load_error(location, "offline")
+        hf_logging.disable_progress_bar()  # loading safetensors is quick; keep stderr for errors
+        try:
+            config = AutoConfig.from_pretrained(location)
+            check_architecture(config)
+            tokenizer = AutoTokenizer.from_pretrained(location)
+            model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
+        except OSError as error:
+            if is_hub:
+                raise hub_load_error(location, type(error).__name__) from None
+            raise ModelLoadError(f"cannot load {location}: {error}") from None
+        model.to(device).eval()
+        loaded = LoadedModel(model=model, tokenizer=tokenizer, model_id=name, source=source)
+    attention = choose_attention(torch_dtype, device_type(device))
+    apply_attention(loaded.model, attention)
+    loaded.plan = f"{choice.name} ({choice.reason}); {attention.describe()}"
+    if announce:
+        console.print(f"kernel plan: {loaded.plan}", highlight=False, soft_wrap=True)
+        busy = busy_cpu_warning()
+        if busy is not None:
+            console.print(f"warning: {busy}", highlight=False, soft_wrap=True)
+    return loaded

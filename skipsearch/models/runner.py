@@ -15,6 +15,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from skipsearch.masks import SkipMask
 from skipsearch.models.compat import check_installed_transformers
+from skipsearch.models.kernels import new_cache
 from skipsearch.models.loading import check_architecture
 
 check_installed_transformers()
@@ -46,6 +47,10 @@ class LayerwiseRunner:
     @property
     def device(self) -> torch.device:
         return self.decoder.embed_tokens.weight.device
+
+    def new_cache(self) -> Any:
+        """An empty KV cache on the model's kernel plan (fp32 K/V beside fp32 attention)."""
+        return new_cache(self.config)
 
     # -- pieces -------------------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,215 @@
+"""The attention half of the kernel plan: which attention path a model runs on this device (DESIGN §11).
+
+A speedup is a ratio of two decoders, so both must run on the fastest kernels the device offers.
+The dtype of weights and activations is chosen from the CPU's flags (`models.dtypes`); then:
+- **Attention** in float32 over a float32 K/V cache when that is faster than attention in the
+  weights' dtype: torch's bf16 SDPA at one query reads bf16 keys slowly on such CPUs (8x slower
+  than fp32 at 8k keys on an EPYC). The choice is measured once per machine on a fixed shape, at
+  one query (a decode or draft step) and at four (a verify of 3 drafts), and cached beside the
+  converted models, so every process of a run — driver, profile processes, Ray workers — runs the
+  same plan, and the measurement is shown next to the choice.
+
+Upcasting is exact (a bf16 value is an fp32 value), so the fp32 cache holds exactly the K/V the
+bf16 projections computed; only the attention arithmetic is wider. The draft, the verify, the
+autoregressive baseline, the estimator and HF `generate` all run through the model's attention
+implementation and `new_cache`, so they share the plan.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from skipsearch.store import cache_dir, write_text_atomic
+
+NATIVE_ATTENTION = "sdpa"
+FP32_ATTENTION = "sdpa_fp32kv"  # registered with transformers below
+# The shape the attention paths are compared on: SmolLM2's heads at a 2k context (the choice is
+# about the kernel, which is the same for every model of this family).
+PROBE_HEADS, PROBE_KV_HEADS, PROBE_HEAD_DIM, PROBE_KEYS = 9, 3, 64, 2048
+PROBE_QUERIES = (1, 4)
+PROBE_REPEATS = 9
+DECISIVE = 0.15  # the least relative gap between the paths that decides
+
+log = logging.getLogger(__name__)
+
+
+# -- the fp32 attention path ----------------------------------------------------------------------
+def sdpa_fp32kv(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA in float32 (K/V come fp32 from `new_cache`); the output back in the
+    query's dtype for the output projection."""
+    if attention_mask is not None and attention_mask.is_floating_point():
+        attention_mask = attention_mask.float()
+    out, weights = sdpa_attention_forward(
+        module, query.float(), key.float(), value.float(), attention_mask, **kwargs
+    )
+    return out.to(query.dtype), weights
+
+
+AttentionInterface.register(FP32_ATTENTION, sdpa_fp32kv)
+AttentionMaskInterface.register(FP32_ATTENTION, sdpa_mask)
+
+
+class Fp32KVCache(DynamicCache):
+    """A DynamicCache that stores K/V in float32 whatever the projections' dtype (exact upcast)."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().update(key_states.float(), value_states.float(), layer_idx, *args, **kwargs)
+
+
+def uses_fp32_attention(config: Any) -> bool:
+    return getattr(config, "_attn_implementation", None) == FP32_ATTENTION
+
+
+def new_cache(config: Any) -> DynamicCache:
+    """The KV cache the model's plan wants: float32 beside the fp32 attention path, else native."""
+    return (Fp32KVCache if uses_fp32_attention(config) else DynamicCache)(config=config)
+
+
+# -- choosing the attention path ------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttentionChoice:
+    """Which attention path a dtype runs on this machine, and the measurement behind it (ms per
+    call at `PROBE_KEYS` keys, by query count)."""
+
+    dtype: str
+    path: str  # NATIVE_ATTENTION or FP32_ATTENTION
+    native_ms: dict[str, float]
+    fp32_ms: dict[str, float]
+
+    def describe(self) -> str:
+        if self.path == NATIVE_ATTENTION:
+            return f"attention in {self.dtype}"
+        cells = ", ".join(
+            f"{q} quer{'y' if q == '1' else 'ies'} {self.native_ms[q]:.2f} vs {self.fp32_ms[q]:.2f} ms"
+            for q in self.native_ms
+        )
+        return (
+            f"attention in float32 over a float32 K/V cache "
+            f"({self.dtype} SDPA vs fp32 at {PROBE_KEYS} keys: {cells})"
+        )
+
+
+def _median_ms(call: Callable[[], Any]) -> float:
+    times = []
+    for _ in range(PROBE_REPEATS):
+        began = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - began)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def _native_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def _fp32_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask, enable_gqa=True).to(q.dtype)
+
+
+def measure_attention_paths(dtype: torch.dtype) -> tuple[dict[str, float], dict[str, float]]:
+    """Median ms of SDPA over `dtype` K/V against fp32 K/V (query upcast), per query count; the
+    best of three interleaved medians each, so a burst of load hits both paths alike."""
+    generator = torch.Generator().manual_seed(0)
+    native: dict[str, float] = {}
+    fp32: dict[str, float] = {}
+    for queries in PROBE_QUERIES:
+        q = torch.randn(1, PROBE_HEADS, queries, PROBE_HEAD_DIM, generator=generator).to(dtype)
+        k, v = (torch.randn(1, PROBE_KV_HEADS, PROBE_KEYS, PROBE_HEAD_DIM, generator=generator) for _ in "kv")
+        mask = torch.ones(queries, PROBE_KEYS, dtype=torch.bool).tril(PROBE_KEYS - queries)
+        calls = (partial(_native_sdpa, q, k.to(dtype), v.to(dtype), mask), partial(_fp32_sdpa, q, k, v, mask))
+        for call in calls:
+            call()  # warm-up
+        pairs = [(_median_ms(calls[0]), _median_ms(calls[1])) for _ in range(3)]
+        native[str(queries)] = min(a for a, _ in pairs)
+        fp32[str(queries)] = min(b for _, b in pairs)
+    return native, fp32
+
+
+def choice_path(dtype_name: str) -> Path:
+    """One measurement per machine, torch version and dtype."""
+    machine = f"{platform.machine()}-{platform.processor() or 'cpu'}-torch{torch.__version__}"
+    return cache_dir() / "kernels" / f"{machine}-{dtype_name}.json".replace("/", "_")
+
+
+def choose_attention(dtype: torch.dtype, device_kind: str) -> AttentionChoice:
+    """The faster attention path for `dtype` on this device, measured once and cached.
+
+    float32 models and accelerators (whose bf16 SDPA kernels are the fast ones) run the native
+    path unmeasured. On a CPU with a half dtype, fp32 attention is chosen when its summed time over
+    one and four queries is lower. A measurement whose two paths lie within `DECISIVE` of each
+    other says nothing (on a loaded CPU both wait on the scheduler): it is not cached, and the fp32
+    path — which every idle measurement on this project's CPUs chose — is used until a later
+    process measures decisively.
+    """
+    name = str(dtype).removeprefix("torch.")
+    if device_kind != "cpu" or dtype == torch.float32:
+        return AttentionChoice(name, NATIVE_ATTENTION, {}, {})
+    path = choice_path(name)
+    if path.is_file():
+        try:
+            return AttentionChoice(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            pass  # a damaged or older file: measure again
+    native, fp32 = measure_attention_paths(dtype)
+    ratio = sum(fp32.values()) / sum(native.values())
+    faster = FP32_ATTENTION if ratio < 1 else NATIVE_ATTENTION
+    choice = AttentionChoice(name, faster, native, fp32)
+    if abs(ratio - 1) < DECISIVE:
+        log.warning("attention paths measured alike (%s); is the CPU busy? using fp32 for now", choice)
+        return replace(choice, path=FP32_ATTENTION)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(asdict(choice), indent=1))
+    return choice
+
+
+def apply_attention(model: Any, choice: AttentionChoice) -> None:
+    """Switch the model to the chosen path (transformers dispatches attention through its config)."""
+    if choice.path != model.config._attn_implementation:
+        model.set_attn_implementation(choice.path)
+
+
+# -- what a step must read ------------------------------------------------------------------------
+def step_bytes(model: Any) -> tuple[int, int]:
+    """(weight bytes, K/V bytes per cached position) that one decode step must read.
+
+    Every weight matrix is read once per step except the input embedding, of which a step reads one
+    row per position — unless it is tied to the LM head, which reads it whole. The K/V of every
+    cached position is read in every layer, in the cache's dtype (float32 beside fp32 attention).
+    """
+    embedding = model.get_input_embeddings().weight
+    tied = embedding.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    seen: set[int] = set()
+    weights = 0
+    for parameter in model.parameters():
+        if parameter.data_ptr() in seen or (parameter is embedding and not tied):
+            continue
+        seen.add(parameter.data_ptr())
+        weights += parameter.numel() * parameter.element_size()
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_element = 4 if uses_fp32_attention(config) else embedding.element_size()
+    per_position = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * kv_element
+    return weights, per_position

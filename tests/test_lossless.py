@@ -6,11 +6,19 @@ when the gap to the top logit is within epsilon, and a divergence when it is not
 rank of the token taken.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from skipsearch.engine import autoregressive_decode, speculative_decode, ssd
-from skipsearch.engine.lossless import check_lossless, first_divergence, tie_epsilon
+from skipsearch.engine.lossless import (
+    check_lossless,
+    check_runs,
+    first_divergence,
+    measure_tolerance,
+    tie_epsilon,
+)
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model
@@ -65,7 +73,9 @@ def test_a_flip_within_epsilon_is_numerical_and_beyond_it_a_divergence(runner, m
     assert (
         check_lossless(runner, [PROMPT], [ar], [flipped], epsilon=2 * margin).verdict().startswith("PASS (1")
     )
-    assert check_lossless(runner, [PROMPT], [ar], [flipped], epsilon=margin / 2).verdict() == "FAIL"
+    assert check_lossless(runner, [PROMPT], [ar], [flipped], epsilon=margin / 2).verdict() == (
+        "FAIL (0 numerical near-tie flip(s), 1 real divergence(s))"
+    )
 
 
 def wrong_at_flip(runner, rank: int) -> tuple[tuple[int, ...], tuple[int, ...], float]:
@@ -103,3 +113,28 @@ def test_epsilon_is_a_few_ulps_of_the_top_logit() -> None:
     assert tie_epsilon(torch.float32, 20.0) == pytest.approx(8 * 20 * 2**-23)
     assert tie_epsilon(torch.bfloat16, 20.0) == pytest.approx(8 * 20 * 2**-7)
     assert tie_epsilon(torch.bfloat16, 0.1) == pytest.approx(8 * 2**-7)
+
+
+def test_the_tolerance_is_measured_between_the_decoding_paths(runner) -> None:
+    """fp32 paths differ in their last bits only; the same model in bf16 differs by far more, and
+    the epsilon it judges by covers both gaps twice (module docstring of engine.lossless)."""
+    ar = autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
+    fp32 = measure_tolerance(runner, [PROMPT], [ar], width=4)
+    assert (fp32.positions, fp32.prompts, fp32.width) == (len(ar), 1, 4)
+    assert fp32.verify_gap < 1e-4 and fp32.judge_gap < 1e-4
+    half = LayerwiseRunner(tiny_model("llama", layers=6).to(torch.bfloat16))
+    bf16 = measure_tolerance(half, [PROMPT], [autoregressive_decode(half, PROMPT, NEW_TOKENS).tokens], 4)
+    assert bf16.verify_gap > 100 * max(fp32.verify_gap, 1e-7)
+    assert bf16.epsilon == 2 * (bf16.verify_gap + bf16.judge_gap)
+
+
+def test_a_decode_check_judges_by_its_measured_tolerance(runner, monkeypatch) -> None:
+    ar = autoregressive_decode(runner, PROMPT, NEW_TOKENS)
+    flipped, margin, _ = perturbed_decode(runner, monkeypatch, ar.tokens)
+    ssd_run = replace(ar, tokens=flipped)
+    check = check_runs(runner, [PROMPT], [ar], [ssd_run], width=4)
+    assert check.tolerance is not None and check.tolerance.epsilon < margin  # fp32: a flip is real
+    assert check.real_divergences == 1 and check.verdict().startswith("FAIL")
+    assert check.to_dict()["tolerance"]["epsilon"] == check.tolerance.epsilon
+    same = check_runs(runner, [PROMPT], [ar], [ar], width=4)
+    assert same.identical and "tolerance" in same.verdict()

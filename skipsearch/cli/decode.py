@@ -175,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
     else:  # sampled runs differ by chance: check losslessness on greedy reruns
         greedy = make_decoders(runner, loaded, mask, policy, GREEDY, args.new_tokens, head)
         checked = {name: [greedy[name](p, None) for p in prompts] for name in (AR, SSD)}
-    lossless = check_runs(runner, prompts, checked[AR], checked[SSD])
+    widest = (policy.initial if policy.is_fixed else policy.gamma_max) + 1
+    lossless = check_runs(runner, prompts, checked[AR], checked[SSD], widest)
     summaries = {name: Summary.of(results) for name, results in runs.items()}
     estimates = [
         estimator_dict(

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from skipsearch.models.threads import busy_cpu_warning
 
 
 def fmt(value: float | None, spec: str = ".3f") -> str:
@@ -17,13 +18,23 @@ def fmt(value: float | None, spec: str = ".3f") -> str:
 
 
 def verdict(result: Mapping[str, Any]) -> str:
-    """PASS, PASS with the count of numerical near-tie flips, or FAIL (`engine.lossless`)."""
+    """PASS or FAIL with the near-tie and real-divergence counts and the measured tolerance they were
+    judged by (`engine.lossless`)."""
     check = result["lossless_check"]
+    tolerance = check.get("tolerance")
+    judged = (
+        ""
+        if tolerance is None
+        else f"; tolerance {tolerance['epsilon']:.3g} logits measured between 1- and "
+        f"{tolerance['width']}-position passes over {tolerance['positions']} positions"
+    )
     if check["identical"]:
-        return "[green]PASS[/]"
+        return f"[green]PASS[/] (identical{judged})"
+    real = check.get("real_divergences", 0)
+    counts = f"{check['near_ties']} numerical near-tie flip(s), {real} real divergence(s)"
     if check["passed"]:
-        return f"[green]PASS[/] ({check['near_ties']} numerical near-tie flip(s), see lossless_check)"
-    return "[red]FAIL[/] (first divergences in lossless_check)"
+        return f"[green]PASS[/] ({counts}{judged})"
+    return f"[red]FAIL[/] ({counts}{judged}; first divergences in lossless_check)"
 
 
 def summary_table(
@@ -79,12 +90,9 @@ def timing_caveats(repeats: int) -> list[str]:
             f"only {repeats} repeat(s): speeds are single draws, not averages; use --repeats {FEW_REPEATS} "
             "or more before quoting them"
         )
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if load > cores:
-        caveats.append(
-            f"load average {load:.2f} exceeds the {cores} cores: other processes shared the CPU, so the "
-            "speeds and the speedup are noisy; rerun on an idle machine"
-        )
+    busy = busy_cpu_warning()
+    if busy is not None:
+        caveats.append(f"{busy}; rerun on an idle machine before quoting the speeds and the speedup")
     return caveats
 
 

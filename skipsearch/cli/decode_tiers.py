@@ -115,7 +115,7 @@ def run_tiers(args: argparse.Namespace) -> int:
     else:  # sampled runs differ by chance: check losslessness on greedy reruns
         greedy = decoders(GREEDY)
         checked = {name: [greedy[name](p, None) for p in prompts] for name in (AR, TIERS)}
-    lossless = check_runs(runner, prompts, checked[AR], checked[TIERS])
+    lossless = check_runs(runner, prompts, checked[AR], checked[TIERS], max(gammas) + 1)
     summaries = {name: Summary.of(results) for name, results in runs.items()}
     rounds = [t for r in timed_tiers for t in r.tiers]
     result = {

@@ -31,6 +31,7 @@ EXPORT_README = "README.md"
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 IMPORTANCE_FILE = "importance.json"
 IMPORTANCE_PLOT = "importance.png"
+FINALISTS_FILE = "finalists.json"  # the best drafts re-scored exactly (`run.finalists`)
 
 
 # -- caches shared by runs ------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.progress import console
+from skipsearch.run.finalists import FINALISTS
 from skipsearch.run.preflight import SearchSetup, build_search, check_searches, preflight, resumed_config
 from skipsearch.search.study import ProgressCallback, SearchResult
 from skipsearch.store import CACHE_DIR, DRAFT_VOCAB_FILE, JOURNAL_FILE, RUN_FILE
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # heavy (torch) types: imported where they are used
     from skipsearch.acceptance.worker import Measurement
     from skipsearch.cost.latency import LatencyProfile
     from skipsearch.search import EvaluationCache
+    from skipsearch.search.score import Scorer
     from skipsearch.search.strategies import Strategy
 
 
@@ -107,6 +109,7 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
     measurement = prepare(config.measure, check=lambda depth: check_searches(config, depth, searched))
     provenance = {
         "model_source": measurement.loaded.source,
+        "kernel_plan": measurement.loaded.plan,
         "num_layers": measurement.num_layers,
         "prompt_set": config.measure.prompts.key(),
         "reference_cache": measurement.reference_path,
@@ -179,7 +182,9 @@ def start_run(
         console.print(cost_note(config, context))
         save_run(config, context, out)
         with make_executor(config.measure, config.temperature, context.measurement) as executor:
-            return search_one(config, context, out, resume, on_trial=on_start(config), executor=executor)
+            result = search_one(config, context, out, resume, on_trial=on_start(config), executor=executor)
+    rescore_finalists(config, context, out)
+    return result
 
 
 def cost_note(config: RunConfig, context: RunContext) -> str:
@@ -207,26 +212,13 @@ def search_one(
     Masks are evaluated on `executor` (the caller closes it), by default in this process."""
     import optuna
 
-    from skipsearch.cost.closed_forms import head_share_from_config
     from skipsearch.search import EvaluationCache, SearchConfig, run_search
-    from skipsearch.search.objective import make_scorer
     from skipsearch.search.space_spec import TierSpace
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar reports trials
     measurement = context.measurement
     setup = build_search(config, measurement.num_layers)
-    model_config = measurement.runner.config
-    scorer = make_scorer(
-        config.objective,
-        config.cost,
-        context.latency,
-        config.gamma_max,
-        config.context,
-        config.extrapolate_context,
-        draft_vocab=config.draft_vocab or (None,),
-        vocab_size=int(model_config.vocab_size),
-        head_share=None if context.latency else head_share_from_config(model_config.to_dict()),
-    )
+    scorer = run_scorer(config, context)
     cache = cache if cache is not None else EvaluationCache(out / CACHE_DIR)
     owned = local_executor(config.measure, config.temperature, measurement) if executor is None else None
     with owned or nullcontext(executor) as evaluating:
@@ -249,6 +241,48 @@ def search_one(
 
         search_space_tiers(out, setup.resolved, config.cost, context.latency, seed=config.seed)
     return result
+
+
+def run_scorer(config: RunConfig, context: RunContext) -> Scorer:
+    """The run's objective under its cost model, as the search and the finalists' re-score use it."""
+    from skipsearch.cost.closed_forms import head_share_from_config
+    from skipsearch.search.objective import make_scorer
+
+    model_config = context.measurement.runner.config
+    return make_scorer(
+        config.objective,
+        config.cost,
+        context.latency,
+        config.gamma_max,
+        config.context,
+        config.extrapolate_context,
+        draft_vocab=config.draft_vocab or (None,),
+        vocab_size=int(model_config.vocab_size),
+        head_share=None if context.latency else head_share_from_config(model_config.to_dict()),
+    )
+
+
+def rescore_finalists(config: RunConfig, context: RunContext, out: Path) -> None:
+    """Re-score the search's best drafts exactly (`run.finalists`) while the model is loaded; the
+    verdict ranks by that score. Skipped, with a line saying why, where the driver holds no live
+    model (released to Ray GPU workers) or no reference K/V (`--mode self`)."""
+    from skipsearch.acceptance.measure_config import MODES_WITH_KV
+    from skipsearch.run.finalists import rescore, save_finalists
+    from skipsearch.search import load_study
+    from skipsearch.search.results import trial_records
+
+    measurement = context.measurement
+    if config.measure.mode not in MODES_WITH_KV or measurement.loaded.model.device.type == "meta":
+        console.print(
+            "finalists not re-scored: the rounds estimator needs the model and the reference K/V here"
+        )
+        return
+    records = [r for r in trial_records(load_study(out, config.strategy)) if not r.repeat]
+    with console.status(
+        f"re-scoring the {min(FINALISTS, len(records))} best drafts with the rounds estimator"
+    ):
+        finalists = rescore(records, measurement, run_scorer(config, context), config.temperature)
+    save_finalists(out, finalists)
 
 
 def _strategy(

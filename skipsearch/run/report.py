@@ -7,7 +7,7 @@ Pure read of the run directory (no model), so a copied run can be reported anywh
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import matplotlib
@@ -20,8 +20,9 @@ import pandas as pd
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.masks import FULL_VOCAB
+from skipsearch.run.finalists import load_finalists
 from skipsearch.search import best_trial, load_study, pareto_front, study_trials_frame
-from skipsearch.search.results import TrialRecord
+from skipsearch.search.results import TrialRecord, trial_records
 from skipsearch.store import (
     BEST_FILE,
     DRAFT_VOCAB_FILE,
@@ -55,12 +56,17 @@ def write_run_outputs(run_dir: Path, study_name: str | None = None) -> dict:
     best = best_trial(study)
     if best is None or frame.empty:
         raise ConfigError(f"{run_dir} has no finished trial yet: run or --resume it first")
+    finalists = load_finalists(run_dir) if study_name is None else []
+    if finalists:  # the verdict's best is the finalist with the best exact score
+        best = next((r for r in trial_records(study) if r.number == finalists[0].trial), best)
     run_dir = study_dir(run_dir, study_name)
     run_dir.mkdir(parents=True, exist_ok=True)
     frame.insert(0, "seed", config.seed)
     write_text_atomic(run_dir / "trials.csv", frame.to_csv(index=False))
     front = pareto_front(study)
     summary = best_summary(best, config, provenance)
+    if finalists:
+        summary["finalists"] = [asdict(f) for f in finalists]
     write_text_atomic(run_dir / BEST_FILE, json.dumps(summary, indent=2))
     write_text_atomic(run_dir / SUMMARY_FILE, verdict(summary, frame, front))
     plot_convergence(frame, run_dir / "convergence.png")
@@ -128,13 +134,18 @@ def predicted_speedups(summary: dict) -> str:
 
 def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str:
     """A plain-words verdict: the best configuration, and whether SSD pays off at all, by the cost
-    model the run ranked with (the one the progress bar showed), named."""
+    model the run ranked with (the one the progress bar showed), named — and, where the finalists
+    were re-scored exactly (`run.finalists`), by their exact score."""
     cost = summary["cost"]
     best_speed = summary["predicted_speedup"][cost.replace("-", "_")]
     by = {
         "closed-form": "by the closed-form cost model",
         "calibrated": "by the cost model calibrated on this device",
     }[cost]
+    finalists = summary.get("finalists") or []
+    if finalists:
+        best_speed = finalists[0]["exact_score"]
+        by += f", re-scored exactly (rounds estimator at γ = {finalists[0]['gamma']})"
     pays = best_speed >= PAYS_OFF
     acceptance = summary["acceptance"]
     lines = [
@@ -156,6 +167,8 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
         f"- draft cost r_draft = {summary['r_draft']:.3f}, KV reuse r_reuse = {summary['r_reuse']:.3f}",
         f"- {int((~frame['repeat']).sum())} distinct masks measured ({summary['strategy']} strategy, seed "
         f"{summary['seed']}); Pareto front (speedup vs r_draft): {len(front)} masks",
+        f"- kernel plan: {summary.get('kernel_plan') or 'not recorded (a run from before plans were)'}",
+        *finalist_lines(finalists, summary.get("estimator_mode", "shared-kv")),
         "",
         "## Verdict",
         "",
@@ -174,6 +187,27 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
         )
     lines.append("")
     return "\n".join(lines)
+
+
+def finalist_lines(finalists: list[dict], mode: str) -> list[str]:
+    """The finalists' table: search score against the exact re-score, best exact first."""
+    if not finalists:
+        return []
+    lines = [
+        "",
+        f"Finalists re-scored exactly (rounds estimator at each one's γ; the search used {mode}):",
+        "",
+        "| mask | draft vocabulary | γ | search score | exact score | tokens/round search → exact |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in finalists:
+        searched = f["search_tokens_per_round"]
+        rounds = f"{'?' if searched is None else f'{searched:.3f}'} → {f['exact_tokens_per_round']:.3f}"
+        lines.append(
+            f"| `{f['mask']}` | {f['draft_vocab']} | {f['gamma']} | {f['search_score']:.3f} | "
+            f"{f['exact_score']:.3f} | {rounds} |"
+        )
+    return lines
 
 
 def save_figure(fig: plt.Figure, path: Path) -> None:

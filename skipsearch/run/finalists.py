@@ -1,0 +1,100 @@
+"""The verdict's finalists, re-scored exactly: the top masks of a search in `rounds` mode at their γ*.
+
+A search ranks masks with the cheap `shared-kv` estimator, which sees every draft step as the first
+of its round and so overrates sparse masks by up to 6% (results/fidelity). The `rounds` estimator
+simulates the engine's own rounds at one γ and matches the engine exactly there, at three times
+the cost — too dear for every mask, cheap for a few. So once the search ends, its `FINALISTS`
+best distinct drafts (mask plus draft vocabulary) are measured again in `rounds` mode at their own
+γ*, scored by the run's own cost model at that γ, and the verdict ranks them by that exact score.
+The finalists are written to `finalists.json`, which `report` reads back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from skipsearch.masks import FULL_VOCAB, SkipMask, parse_draft_vocab
+from skipsearch.search.results import TrialRecord
+from skipsearch.store import FINALISTS_FILE, write_text_atomic
+
+if TYPE_CHECKING:
+    from skipsearch.acceptance.worker import Measurement
+    from skipsearch.search.score import Scorer
+
+FINALISTS = 3
+
+
+@dataclass(frozen=True)
+class Finalist:
+    """One finalist: its search score (`shared-kv` or the run's mode) and its exact score (`rounds`
+    at γ*), with the tokens per round each predicts at γ*."""
+
+    trial: int
+    mask: str
+    draft_vocab: int | str
+    gamma: int
+    search_score: float
+    exact_score: float
+    search_tokens_per_round: float | None
+    exact_tokens_per_round: float
+
+
+def finalist_records(records: list[TrialRecord], count: int = FINALISTS) -> list[TrialRecord]:
+    """The `count` best distinct drafts (mask and draft vocabulary), best first."""
+    chosen: dict[tuple[str, object], TrialRecord] = {}
+    for record in sorted(records, key=lambda r: (-r.score, r.number)):
+        key = (record.mask, record.details.get("draft_vocab", FULL_VOCAB))
+        chosen.setdefault(key, record)
+    return list(chosen.values())[:count]
+
+
+def rescore(
+    records: list[TrialRecord], measurement: Measurement, scorer: Scorer, temperature: float
+) -> list[Finalist]:
+    """Each finalist measured in `rounds` mode at its γ* and scored by `scorer` at that γ; best first."""
+    from skipsearch.acceptance.estimator import Estimator
+
+    estimator = measurement.estimator
+    finalists = []
+    for record in finalist_records(records):
+        vocab = parse_draft_vocab(record.details.get("draft_vocab", FULL_VOCAB))
+        exact = Estimator(
+            estimator.runner,
+            estimator.reference,
+            "rounds",
+            estimator.vocab_ids,
+            round_gamma=record.gamma_best,
+            round_vocab=vocab,
+        )
+        mask = SkipMask.parse(record.mask, record.num_layers)
+        profile = exact.evaluate(mask, temperature, () if vocab is None else (vocab,)).for_vocab(vocab)
+        score = scorer(mask, profile)
+        gamma = record.gamma_best
+        finalists.append(
+            Finalist(
+                trial=record.number,
+                mask=record.mask,
+                draft_vocab=record.details.get("draft_vocab", FULL_VOCAB),
+                gamma=gamma,
+                search_score=record.per_gamma[gamma],
+                exact_score=score.per_gamma[gamma],
+                search_tokens_per_round=record.details.get(f"tokens_per_round_{gamma}"),
+                exact_tokens_per_round=profile.tokens_per_round(gamma),
+            )
+        )
+    return sorted(finalists, key=lambda f: -f.exact_score)
+
+
+def save_finalists(run_dir: Path, finalists: list[Finalist]) -> None:
+    write_text_atomic(run_dir / FINALISTS_FILE, json.dumps([asdict(f) for f in finalists], indent=2))
+
+
+def load_finalists(run_dir: Path) -> list[Finalist]:
+    """The finalists a run wrote, best first; none for a run that ended before they were re-scored."""
+    path = run_dir / FINALISTS_FILE
+    if not path.is_file():
+        return []
+    return [Finalist(**item) for item in json.loads(path.read_text())]

@@ -149,11 +149,23 @@ def _per_layer(times: Sequence[float]) -> str:
 def sublayer_table(profile: LatencyProfile) -> Table:
     meta = profile.meta
     table = Table(title=f"Median ms on {meta.get('device')} ({meta.get('dtype')}), {meta.get('model')}")
-    for column in ("context", "positions", "embed", "attn / layer", "mlp / layer", "head", "step"):
+    columns = (
+        "context",
+        "positions",
+        "embed",
+        "attn / layer",
+        "mlp / layer",
+        "head",
+        "step",
+        "floor",
+        "÷ floor",
+    )
+    for column in columns:
         table.add_column(column, justify="right")
     for context in profile.context_lengths:
         for positions in sorted({profile.positions[0], profile.positions[-1]}):
             weights = profile.weights(context, positions)
+            floor = profile.floor_time(context) if positions == 1 else None
             table.add_row(
                 str(context),
                 str(positions),
@@ -162,7 +174,15 @@ def sublayer_table(profile: LatencyProfile) -> Table:
                 _per_layer(weights.mlp),
                 _ms(weights.head),
                 _ms(weights.total),
+                "" if floor is None else _ms(floor),
+                "" if floor is None else f"{weights.total / floor:.2f}",
             )
+    if "copy_bandwidth" in meta:
+        table.caption = (
+            f"floor: the bytes a step reads (weights {meta['weight_bytes'] / 1e6:.0f} MB + K/V "
+            f"{meta['kv_bytes_per_position'] / 1e3:.1f} kB per position) over the measured copy bandwidth "
+            f"{meta['copy_bandwidth'] / 1e9:.1f} GB/s; attention path {meta.get('attention', '?')}"
+        )
     return table
 
 

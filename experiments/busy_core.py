@@ -1,0 +1,144 @@
+"""A decode step when another process keeps one core busy, against the idle step (issue 19, item 5).
+
+A CPU user shares the machine. With OpenMP's default wait policy, torch's worker threads spin
+after each parallel region; when another process holds one of the cores, the thread that shares
+its core is descheduled mid-kernel and the other waits for it. This experiment times the
+autoregressive step of the embedded model on the default kernel plan (bf16 weights, fp32 K/V and
+attention) at a 512-token context, in a fresh child process per configuration (OpenMP reads its
+wait policy once, at start-up):
+
+- wait policy: OpenMP's default, or `OMP_WAIT_POLICY=PASSIVE` (what the skipsearch CLI sets);
+- torch threads: 1 or 2;
+- load: idle, or one core kept at 100% by a spinning Python process.
+
+Configurations are interleaved, each repeated `--rounds` times in new processes; the table gives
+the median of the per-process medians and their range. Run it alone on an idle machine:
+
+    python experiments/busy_core.py            # ~4 min, writes results/threads/
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "threads"
+CONTEXT = 512
+STEPS = 60
+POLICIES = ("default", "PASSIVE")
+THREADS = (1, 2)
+LOADS = ("idle", "one core busy")
+
+
+def child(threads: int) -> None:
+    """Median ms of `STEPS` one-position steps after a `CONTEXT`-token cache, printed as JSON."""
+    import torch
+
+    from skipsearch.models.loading import load_model
+    from skipsearch.models.runner import LayerwiseRunner
+
+    torch.set_num_threads(threads)
+    loaded = load_model("smollm2-135m", announce=False)
+    runner = LayerwiseRunner(loaded.model)
+    cache = runner.new_cache()
+    ids = torch.randint(0, runner.config.vocab_size, (1, CONTEXT), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        runner.forward(ids, cache=cache)
+        times = []
+        for step in range(STEPS + 5):
+            began = time.perf_counter()
+            runner.forward(ids[:, step : step + 1], cache=cache)
+            if step >= 5:
+                times.append(time.perf_counter() - began)
+            for layer in cache.layers:
+                layer.crop(-1)
+    print(json.dumps({"median_ms": 1e3 * statistics.median(times), "plan": loaded.plan}))
+
+
+def run_child(policy: str, threads: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if policy != "default":
+        env["OMP_WAIT_POLICY"] = policy
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", "--threads", str(threads)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.threads)
+        return
+    load_before = os.getloadavg()
+    samples: dict[tuple[str, int, str], list[float]] = {}
+    plan = ""
+    for round_index in range(args.rounds):
+        for load in LOADS:
+            spinner = None
+            if load != "idle":
+                spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                time.sleep(1)
+            configs = list(itertools.product(POLICIES, THREADS))
+            shift = round_index % len(configs)
+            for policy, threads in configs[shift:] + configs[:shift]:
+                result = run_child(policy, threads)
+                plan = result["plan"]
+                samples.setdefault((policy, threads, load), []).append(result["median_ms"])
+                ms = result["median_ms"]
+                print(f"round {round_index + 1} {load:14} {policy:8} {threads} thread(s): {ms:.1f} ms")
+            if spinner is not None:
+                spinner.kill()
+                spinner.wait()
+    load_after = os.getloadavg()
+    cells = list(itertools.product(POLICIES, THREADS))
+    idle = {(p, t): statistics.median(samples[(p, t, "idle")]) for p, t in cells}
+    lines = [
+        "# A decode step with one core busy (issue 19, item 5)",
+        "",
+        f"`python experiments/busy_core.py --rounds {args.rounds}`: SmolLM2-135M, {CONTEXT}-token context, "
+        f"median of {STEPS} one-position steps per process, {args.rounds} fresh processes per cell, "
+        "interleaved.",
+        f"Kernel plan: {plan}.",
+        "Load average (1, 5, 15 min) before: "
+        + ", ".join(f"{x:.2f}" for x in load_before)
+        + "; after: "
+        + ", ".join(f"{x:.2f}" for x in load_after)
+        + " (the busy phases add one).",
+        "",
+        "| wait policy | threads | load | step ms (median of processes) | range | ÷ its idle step "
+        "| ÷ best idle step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    best = min(idle.values())
+    for (policy, threads, load), values in sorted(samples.items()):
+        median = statistics.median(values)
+        lines.append(
+            f"| {policy} | {threads} | {load} | {median:.1f} | {min(values):.1f}–{max(values):.1f} | "
+            f"{median / idle[(policy, threads)]:.2f} | {median / best:.2f} |"
+        )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "busy_core.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / "busy_core.json").write_text(
+        json.dumps({" / ".join(map(str, k)): v for k, v in samples.items()}, indent=1)
+    )
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

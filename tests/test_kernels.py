@@ -1,0 +1,182 @@
+"""The kernel plan: `--dtype auto` from the CPU's flags, the fp32 attention path, and what a step reads."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from skipsearch.models import kernels
+from skipsearch.models.dtypes import choose_dtype, cpu_flags
+from skipsearch.models.kernels import (
+    FP32_ATTENTION,
+    NATIVE_ATTENTION,
+    Fp32KVCache,
+    apply_attention,
+    choose_attention,
+    new_cache,
+    step_bytes,
+)
+from skipsearch.models.runner import LayerwiseRunner
+from tests.conftest import tiny_model
+
+AVX512_BF16 = frozenset({"avx512f", "avx512_bf16", "fma"})
+NO_BF16 = frozenset({"avx2", "fma", "avx512f"})
+
+
+@pytest.fixture
+def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+# -- the dtype ------------------------------------------------------------------------------------
+def test_auto_is_bf16_on_a_cpu_with_native_bf16() -> None:
+    choice = choose_dtype("cpu", "auto", AVX512_BF16)
+    assert choice.name == "bfloat16" and "avx512_bf16" in choice.reason
+    assert choose_dtype("cpu", "auto", frozenset({"amx_bf16"})).name == "bfloat16"
+
+
+def test_a_cpu_without_native_bf16_falls_back_to_fp32_and_says_so() -> None:
+    choice = choose_dtype("cpu", "auto", NO_BF16)
+    assert choice.name == "float32"
+    assert "no native bf16" in choice.reason and "avx512_bf16" in choice.reason
+
+
+def test_unreadable_flags_fall_back_to_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("skipsearch.models.dtypes.cpu_flags", lambda: None)
+    choice = choose_dtype("cpu", "auto")
+    assert choice.name == "float32" and "could not be read" in choice.reason
+
+
+def test_an_explicit_dtype_and_an_accelerator_are_not_second_guessed() -> None:
+    assert choose_dtype("cpu", "float32", AVX512_BF16).name == "float32"
+    assert choose_dtype("cpu", "torch.bfloat16", NO_BF16).name == "bfloat16"
+    assert choose_dtype("cuda", "auto", NO_BF16).name == "bfloat16"
+
+
+def test_cpu_flags_are_read_from_the_kernels_report(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx512_bf16 fma\n\n")
+    assert cpu_flags(cpuinfo) == frozenset({"fpu", "avx512_bf16", "fma"})
+    assert cpu_flags(tmp_path / "missing") is None
+
+
+# -- the attention path ---------------------------------------------------------------------------
+def test_fp32_attention_matches_upcast_attention_and_keeps_fp32_kv() -> None:
+    """bf16 weights with fp32 attention: the cache holds the bf16 projections upcast (exactly), and a
+    cached step-by-step decode equals the whole-sequence pass up to bf16 rounding of the rest."""
+    model = tiny_model("llama", layers=3).to(torch.bfloat16)
+    apply_attention(model, kernels.AttentionChoice("bfloat16", FP32_ATTENTION, {}, {}))
+    runner = LayerwiseRunner(model)
+    cache = runner.new_cache()
+    assert isinstance(cache, Fp32KVCache)
+    ids = torch.tensor([[5, 17, 3, 42, 8, 23]])
+    whole = runner.forward(ids)[0].float()
+    steps = torch.cat(
+        [runner.forward(ids[:, i : i + 1], cache=cache)[0] for i in range(ids.shape[1])]
+    ).float()
+    assert cache.layers[0].keys.dtype == torch.float32
+    assert torch.equal(cache.layers[0].keys, cache.layers[0].keys.to(torch.bfloat16).float())  # exact upcast
+    assert (whole - steps).abs().max() < 0.1 * whole.abs().max()
+    assert torch.equal(whole.argmax(-1), steps.argmax(-1))
+
+
+def test_native_models_get_the_native_cache() -> None:
+    model = tiny_model("llama", layers=2)
+    assert model.config._attn_implementation == NATIVE_ATTENTION
+    assert type(new_cache(model.config)).__name__ == "DynamicCache"
+
+
+def test_fp32_models_and_accelerators_are_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "measure_attention_paths", lambda dtype: pytest.fail("measured"))
+    assert choose_attention(torch.float32, "cpu").path == NATIVE_ATTENTION
+    assert choose_attention(torch.bfloat16, "cuda").path == NATIVE_ATTENTION
+
+
+def test_the_attention_choice_is_measured_once_and_cached(
+    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+
+    def measured(dtype: torch.dtype) -> tuple[dict, dict]:
+        calls.append(dtype)
+        return {"1": 0.9, "4": 0.3}, {"1": 0.1, "4": 0.2}
+
+    monkeypatch.setattr(kernels, "measure_attention_paths", measured)
+    first = choose_attention(torch.bfloat16, "cpu")
+    again = choose_attention(torch.bfloat16, "cpu")
+    assert first == again and first.path == FP32_ATTENTION and len(calls) == 1
+    stored = json.loads(kernels.choice_path("bfloat16").read_text())
+    assert stored["path"] == FP32_ATTENTION and stored["native_ms"]["1"] == 0.9
+    assert "0.90 vs 0.10 ms" in first.describe()
+
+
+def test_a_native_path_that_measures_faster_is_kept(
+    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        kernels, "measure_attention_paths", lambda d: ({"1": 0.1, "4": 0.2}, {"1": 0.3, "4": 0.4})
+    )
+    assert choose_attention(torch.bfloat16, "cpu").path == NATIVE_ATTENTION
+
+
+def test_an_inconclusive_measurement_is_not_cached(
+    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load both paths wait on the scheduler and measure alike: no decision is stored."""
+    monkeypatch.setattr(
+        kernels, "measure_attention_paths", lambda d: ({"1": 8.0, "4": 8.0}, {"1": 8.0, "4": 7.9})
+    )
+    assert choose_attention(torch.bfloat16, "cpu").path == FP32_ATTENTION
+    assert not kernels.choice_path("bfloat16").exists()
+
+
+def test_the_real_measurement_times_both_paths_at_each_query_count() -> None:
+    native, fp32 = kernels.measure_attention_paths(torch.bfloat16)
+    assert set(native) == set(fp32) == {str(q) for q in kernels.PROBE_QUERIES}
+    assert all(v > 0 for v in [*native.values(), *fp32.values()])
+
+
+# -- the bytes a step reads -----------------------------------------------------------------------
+def test_step_bytes_count_a_tied_embedding_once_and_an_untied_one_not_at_all() -> None:
+    tied = tiny_model("llama", layers=2, tie_word_embeddings=True)
+    untied = tiny_model("llama", layers=2, tie_word_embeddings=False)
+    embedding = 61 * 32 * 4
+    all_untied = sum(p.numel() * 4 for p in untied.parameters())
+    assert step_bytes(untied)[0] == all_untied - embedding
+    assert step_bytes(tied)[0] == all_untied - embedding  # the head is the embedding, read once
+    # K/V per position: 2 (K and V) x 2 layers x 2 KV heads x head dim 8 x 4 bytes
+    assert step_bytes(untied)[1] == 2 * 2 * 2 * 8 * 4
+
+
+def test_fp32_attention_doubles_the_kv_bytes_of_a_bf16_model() -> None:
+    model = tiny_model("llama", layers=2).to(torch.bfloat16)
+    native = step_bytes(model)[1]
+    apply_attention(model, kernels.AttentionChoice("bfloat16", FP32_ATTENTION, {}, {}))
+    assert step_bytes(model)[1] == 2 * native
+
+
+# -- threads --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_cli_prefers_passive_waiting_unless_the_user_chose(given: str | None, expected: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    code = (
+        "import os; from skipsearch.models.threads import prefer_passive_waiting; "
+        "prefer_passive_waiting(); print(os.environ['OMP_WAIT_POLICY'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected
+
+
+def test_passive_waiting_is_not_claimed_once_torch_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    from skipsearch.models.threads import prefer_passive_waiting
+
+    prefer_passive_waiting()  # torch is imported in this process: too late to set it
+    assert "OMP_WAIT_POLICY" not in os.environ

@@ -180,3 +180,19 @@ def test_passive_waiting_is_not_claimed_once_torch_started(monkeypatch: pytest.M
 
     prefer_passive_waiting()  # torch is imported in this process: too late to set it
     assert "OMP_WAIT_POLICY" not in os.environ
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_the_fp32_path_equals_transformers_sdpa_on_an_fp32_model(family: str) -> None:
+    """Same arithmetic, other call: prefill, a cached 3-position verify and a cached single step."""
+    native = LayerwiseRunner(tiny_model(family, layers=3))
+    upcast_model = tiny_model(family, layers=3)
+    apply_attention(upcast_model, kernels.AttentionChoice("float32", FP32_ATTENTION, {}, {}))
+    upcast = LayerwiseRunner(upcast_model)
+    ids = torch.tensor([[5, 17, 3, 42, 8, 23, 11, 2, 9]])
+    outputs = []
+    for runner in (native, upcast):
+        cache = runner.new_cache()
+        chunks = (ids[:, :5], ids[:, 5:8], ids[:, 8:])
+        outputs.append(torch.cat([runner.forward(chunk, cache=cache)[0] for chunk in chunks]))
+    assert torch.allclose(outputs[0], outputs[1], atol=1e-5)

@@ -1,0 +1,133 @@
+"""Where a decode step's time goes, kernel by kernel, against the bytes it must read (issue 19, item 3).
+
+The memory floor of a decode step is the bytes it must read — every weight once, plus the K/V of
+every cached position — over the machine's copy bandwidth. This experiment times the embedded
+model's autoregressive step at each context on the default kernel plan, measures the copy
+bandwidth the same way `skipsearch profile` does, and traces a few steps with `torch.profiler` to
+split the step into: linear layers (the weights' bytes), attention kernels (the K/V's bytes), K/V
+cache writes (`cat`/`copy_`), and everything else (norms, rotary, element-wise ops, and the
+per-operator dispatch of eager PyTorch, which a 135M model pays ~20 times per layer).
+
+    python experiments/step_anatomy.py                 # ~1 min; writes results/profile/step_anatomy.md
+
+Run it alone on an idle machine; the load average is recorded before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (models.threads), before torch
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from skipsearch.cost.profiler import WallClock, copy_bandwidth
+from skipsearch.models.kernels import step_bytes
+from skipsearch.models.loading import load_model
+from skipsearch.models.runner import LayerwiseRunner
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "profile"
+GROUPS = {
+    "linear (weights)": ("aten::linear", "aten::mm", "aten::addmm", "aten::matmul"),
+    "attention kernel (K/V)": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
+    "K/V cache write": ("aten::cat",),
+}
+
+
+def group_of(name: str) -> str:
+    return next((group for group, prefixes in GROUPS.items() if name.startswith(prefixes)), "other ops")
+
+
+def steps(runner: LayerwiseRunner, context: int, count: int) -> tuple[list[float], dict[str, float], int]:
+    """`count` timed one-position steps after `context` cached positions, then one traced step:
+    (step seconds, self CPU ms per group in the traced steps, traced steps)."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, runner.config.vocab_size, (1, context + count + 8), generator=generator)
+    cache = runner.new_cache()
+    times = []
+    with torch.no_grad():
+        runner.forward(ids[:, :context], cache=cache)
+
+        def step(position: int) -> None:
+            runner.forward(ids[:, position : position + 1], cache=cache)
+            for layer in cache.layers:
+                layer.crop(-1)
+
+        for index in range(count + 3):
+            began = time.perf_counter()
+            step(context + index)
+            if index >= 3:
+                times.append(time.perf_counter() - began)
+        traced = 3
+        with profile(activities=[ProfilerActivity.CPU]) as trace:
+            for index in range(traced):
+                step(context + index)
+    groups: dict[str, float] = collections.defaultdict(float)
+    for event in trace.key_averages():
+        groups[group_of(event.key)] += event.self_cpu_time_total / 1e3
+    return times, dict(groups), traced
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--contexts", default="512,2048,8000")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--dtype", default="auto")
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    loaded = load_model(args.model, dtype=args.dtype)
+    runner = LayerwiseRunner(loaded.model)
+    weights, per_position = step_bytes(loaded.model)
+    bandwidth = copy_bandwidth(runner.device, WallClock())
+    lines = [
+        f"# Anatomy of a decode step: {args.model}",
+        "",
+        f"`python experiments/step_anatomy.py --model {args.model} --contexts {args.contexts} "
+        f"--dtype {args.dtype}`",
+        f"Kernel plan: {loaded.plan}; {torch.get_num_threads()} threads, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}.",
+        f"A step reads {weights / 1e6:.0f} MB of weights + {per_position / 1e3:.1f} kB of K/V per cached "
+        f"position; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + write of a 256 MiB copy, best of 7).",
+        "",
+        "| context | step ms (median, IQR) | floor ms | step ÷ floor | "
+        + " | ".join(f"{g} ms" for g in [*GROUPS, "other ops"])
+        + " |",
+        "|---|---|---|---|" + "---|" * (len(GROUPS) + 1),
+    ]
+    for context in (int(c) for c in args.contexts.split(",")):
+        times, groups, traced = steps(runner, context, args.steps)
+        median = statistics.median(times)
+        quartiles = statistics.quantiles(times, n=4)
+        floor = (weights + per_position * context) / bandwidth
+        shares = " | ".join(f"{groups.get(g, 0.0) / traced:.2f}" for g in [*GROUPS, "other ops"])
+        spread = 1e3 * (quartiles[2] - quartiles[0])
+        lines.append(
+            f"| {context} | {1e3 * median:.2f} ({spread:.2f}) | {1e3 * floor:.2f} | {median / floor:.2f} | "
+            f"{shares} |"
+        )
+        print(lines[-1])
+    load_after = os.getloadavg()
+    lines += [
+        "",
+        "Group columns are self CPU time per step from `torch.profiler` (which adds its own overhead, so "
+        "they sum to more than the untraced step).",
+        "Load average (1, 5, 15 min) before: "
+        + ", ".join(f"{x:.2f}" for x in load_before)
+        + "; after: "
+        + ", ".join(f"{x:.2f}" for x in load_after)
+        + ".",
+    ]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = f"step_anatomy-{args.model}-{loaded.model.dtype}".replace("torch.", "")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -196,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
         "gamma": gamma,
         "dynamic_gamma": args.dynamic_gamma,
         "random_weights": weights is not None,
+        "kernel_plan": loaded.plan,
         **run_settings(args, len(prompts)),
         "summaries": {name: s.to_dict(summaries[HF], "hf") for name, s in summaries.items()},
         "estimators": estimates,

@@ -1,0 +1,114 @@
+"""fp32 against the default kernel plan, side by side: autoregressive, HF generate and one SSD probe.
+
+The kernel plan (issue 19, DESIGN §11) runs a CPU with native bf16 on bf16 weights with fp32 K/V
+and attention. This experiment runs `skipsearch decode` of one probe mask per model in both
+plans — `--dtype float32` and the default — alternating the two in fresh processes for
+`--rounds` rounds, so drift hits both alike; within each process autoregressive decoding, HF
+`generate` (in the same plan) and SSD are interleaved by the decode itself. Writes
+`results/kernels/kernel_plan.md` and the decodes' JSON.
+
+    python experiments/kernel_plan.py              # ~10 min on two idle cores
+
+Run it alone; the load average is recorded before and after each decode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from _cli import skipsearch
+
+from skipsearch.models.registry import available_offline
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "kernels"
+# One probe per model: issue 19's unsearched drafts, at their gamma; n prompts x 48 new tokens.
+PROBES = {
+    "smollm2-135m": (["--skip", "14", "--gamma", "1"], 8),
+    "qwen2.5-coder-0.5b": (["--mask", "a:3,4,5,6,7,10,12,13|m:3,4,5,6,7,10,12,13", "--gamma", "2"], 4),
+}
+PLANS = {"fp32": "float32", "default plan": "auto"}
+DECODERS = ("autoregressive", "hf-generate", "ssd")
+
+
+def decode(model: str, dtype: str, repeats: int) -> dict:
+    probe, prompts = PROBES[model]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "decode.json"
+        args = ["decode", "--model", model, *probe, "--dtype", dtype, "--n-prompts", str(prompts)]
+        args += ["--new-tokens", "48", "--repeats", str(repeats), "--json", str(out)]
+        before = os.getloadavg()[0]
+        if skipsearch(args) not in (0, 1):
+            raise SystemExit(f"decode of {model} in {dtype} failed")
+        return {**json.loads(out.read_text()), "load_before": before, "load_after": os.getloadavg()[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--models", default=",".join(PROBES))
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# fp32 against the default kernel plan (issue 19)",
+        "",
+        f"`python experiments/kernel_plan.py --rounds {args.rounds} --repeats {args.repeats}`: "
+        f"`skipsearch decode` per plan in fresh processes, alternating, {args.rounds} rounds; 48 new tokens "
+        "per prompt, greedy. tok/s is the mean over rounds (range in brackets).",
+        "",
+        "| model | probe | plan | autoregressive tok/s | HF generate tok/s | SSD tok/s | SSD ÷ AR | "
+        "AR ÷ fp32 AR | lossless | load before → after |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    raw: dict[str, dict[str, list[dict]]] = {}
+    for model in args.models.split(","):
+        if not available_offline(model):
+            print(f"skipping {model}: not installed")
+            continue
+        runs: dict[str, list[dict]] = {plan: [] for plan in PLANS}
+        for round_index in range(args.rounds):
+            order = list(PLANS) if round_index % 2 == 0 else list(reversed(PLANS))
+            for plan in order:
+                runs[plan].append(decode(model, PLANS[plan], args.repeats))
+        raw[model] = runs
+
+        def speeds(plan: str, name: str, runs: dict = runs) -> list[float]:
+            return [r["summaries"][name]["tokens_per_second"] for r in runs[plan]]
+
+        fp32_ar = statistics.mean(speeds("fp32", "autoregressive"))
+        for plan in PLANS:
+            cells = []
+            for name in DECODERS:
+                values = speeds(plan, name)
+                cells.append(f"{statistics.mean(values):.1f} ({min(values):.1f}–{max(values):.1f})")
+            ratios = [s / a for s, a in zip(speeds(plan, "ssd"), speeds(plan, "autoregressive"), strict=True)]
+            ar = statistics.mean(speeds(plan, "autoregressive"))
+            checks = [r["lossless_check"] for r in runs[plan]]
+            lossless = (
+                f"{sum(c['passed'] for c in checks)}/{len(checks)} pass, "
+                f"{sum(c['near_ties'] for c in checks)} near-ties, "
+                f"{sum(c.get('real_divergences', 0) for c in checks)} real"
+            )
+            before = min(r["load_before"] for r in runs[plan])
+            loads = f"{before:.2f} → {max(r['load_after'] for r in runs[plan]):.2f}"
+            probe = " ".join(PROBES[model][0])
+            lines.append(
+                f"| {model} | `{probe}` | {plan} | {' | '.join(cells)} | {statistics.mean(ratios):.3f}× | "
+                f"{ar / fp32_ar:.2f}× | {lossless} | {loads} |"
+            )
+        print("\n".join(lines[-2:]))
+    plan_line = next(iter(raw.values()))["default plan"][0].get("kernel_plan") if raw else None
+    if plan_line:
+        lines += ["", f"Default plan: {plan_line}"]
+    (RESULTS / "kernel_plan.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / "kernel_plan.json").write_text(json.dumps(raw, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -134,7 +134,9 @@ def converted_gguf_dir(gguf: Path, dtype: str = "float32") -> Path:
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one log line says what happens; stderr stays for errors
     torch_dtype = getattr(torch, dtype)
     if target != base and (base / "config.json").is_file():
         log.warning("casting the converted %s to %s once (cached in %s)", gguf.name, dtype, target)

@@ -9,6 +9,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 console = Console(stderr=True)
+# What a command runs on (its kernel plan): stdout, with the command's results, so that stderr holds
+# nothing but progress and a one-line error.
+status = Console(highlight=False, soft_wrap=True)
 
 
 @contextmanager

@@ -6,6 +6,7 @@ import pytest
 
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
+from skipsearch.models.loading import dtype_name
 from skipsearch.run import pipeline
 from skipsearch.run.pipeline import RunContext, cost_note
 from skipsearch.run.preflight import resolve_cost
@@ -31,7 +32,7 @@ def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def write_profile() -> None:
     """Only the file's existence decides `auto` (the model is never touched)."""
-    path = default_profile_path("smollm2-135m", "cpu", "float32")
+    path = default_profile_path("smollm2-135m", "cpu", dtype_name("cpu", "auto"))
     path.parent.mkdir(parents=True)
     path.write_text("{}")
 

@@ -31,7 +31,7 @@ from skipsearch.cost.profiler import (
 )
 from skipsearch.errors import ConfigError
 from skipsearch.models import loading
-from skipsearch.models.loading import LoadedModel
+from skipsearch.models.loading import LoadedModel, dtype_name
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.store import default_profile_path, readable_profile_path
 from tests.conftest import make_tokenizer, tiny_model
@@ -161,17 +161,18 @@ def test_a_busy_device_is_flagged(caplog: pytest.LogCaptureFixture) -> None:
 # -- several processes ---------------------------------------------------------------------------
 
 
-def _measurement(attn: list[float], overhead: list[float]) -> ProcessTimings:
+def _measurement(attn: list[float], overhead: list[float], bandwidth: float = 1e10) -> ProcessTimings:
     """One layer, one context, one position count; every table holds the `attn` samples."""
     samples = Samples.empty(layers=1, contexts=1, positions=1, repeats=len(attn))
     for table in (samples.embed, samples.head, samples.attn, samples.mlp):
         table[...] = attn
-    return ProcessTimings(samples, {1: np.asarray(overhead)}, (4, 8), np.asarray([attn, attn]) / 2)
+    return ProcessTimings(samples, {1: np.asarray(overhead)}, (4, 8), np.asarray([attn, attn]) / 2, bandwidth)
 
 
 def test_processes_are_combined_by_the_mean_of_their_medians() -> None:
     """A fast process (median 1) and a slow one (median 3, one stalled sample) average to 2."""
-    fast, slow = _measurement([1.0, 1.0, 1.2], [0.1, 0.3]), _measurement([2.9, 3.0, 50.0], [0.5, 0.5])
+    fast = _measurement([1.0, 1.0, 1.2], [0.1, 0.3], bandwidth=1e10)
+    slow = _measurement([2.9, 3.0, 50.0], [0.5, 0.5], bandwidth=2e10)
     profile = combine([fast, slow], {"model": "m", "num_layers": 1}, [8], [1])
     assert profile.attn == ((((1.0 + 3.0) / 2,),),)
     assert profile.embed == ((2.0,),) and profile.mlp == profile.attn
@@ -183,6 +184,7 @@ def test_processes_are_combined_by_the_mean_of_their_medians() -> None:
     assert profile.meta["process_pass_ms"] == [4000.0, 12000.0]
     # The draft head took half of `attn` in each process: medians 0.5 and 1.5.
     assert (profile.head_rows, profile.head_by_rows) == ((4, 8), (pytest.approx(1.0), pytest.approx(1.0)))
+    assert profile.meta["copy_bandwidth"] == pytest.approx(1.5e10)  # the processes' mean
 
 
 @pytest.fixture(scope="module")
@@ -324,7 +326,8 @@ def test_cli_default_output_is_where_measure_looks(tiny_loader, capsys) -> None:
         "1",
     ]
     assert cli.main(["profile", *args]) == 0
-    assert LatencyProfile.load(default_profile_path("tiny", "cpu", "float32")).context_lengths == (8,)
+    written = default_profile_path("tiny", "cpu", dtype_name("cpu", "auto"))
+    assert LatencyProfile.load(written).context_lengths == (8,)
 
 
 @pytest.mark.parametrize(

@@ -177,7 +177,7 @@ def sublayer_table(profile: LatencyProfile) -> Table:
                 "" if floor is None else _ms(floor),
                 "" if floor is None else f"{weights.total / floor:.2f}",
             )
-    if "copy_bandwidth" in meta:
+    if profile.floor_time(profile.context_lengths[0]) is not None:
         table.caption = (
             f"floor: the bytes a step reads (weights {meta['weight_bytes'] / 1e6:.0f} MB + K/V "
             f"{meta['kv_bytes_per_position'] / 1e3:.1f} kB per position) over the measured copy bandwidth "

@@ -54,16 +54,21 @@ def _measure_in_this_process(
     seed: int,
     label: str,
     head_rows: tuple[int, ...],
+    announce: bool,
 ) -> tuple[ProcessTimings, dict[str, Any]]:
     """The body of one fresh process: load the model, take its samples, say what it ran on."""
     from skipsearch.models.loading import load_model
     from skipsearch.models.runner import LayerwiseRunner
 
-    loaded = load_model(model, device, dtype, random_weights)
+    loaded = load_model(model, device, dtype, random_weights, announce=announce)
     runner = LayerwiseRunner(loaded.model)
     measured = measure_samples(runner, contexts, positions, repeats, warmup, seed, label, head_rows)
     config = loaded.model.config
-    meta = {**process_meta(runner, loaded.model_id), "hidden_size": config.hidden_size}
+    meta = {
+        **process_meta(runner, loaded.model_id),
+        "hidden_size": config.hidden_size,
+        "kernel_plan": loaded.plan,
+    }
     if random_weights is not None:
         meta |= {"random_weights": True, "real_num_layers": loaded.model.config.real_num_layers}
     return measured, meta
@@ -105,7 +110,7 @@ def profile_processes(
     meta: dict[str, Any] = {}
     for index in range(processes):
         label = f"profile: process {index + 1}/{processes}"
-        settings = (contexts, steps, share, warmup, seed + index, label, head_rows)
+        settings = (contexts, steps, share, warmup, seed + index, label, head_rows, index == 0)
         measured, meta = _run(processes > 1, model, device, dtype, random_weights, *settings)
         measurements.append(measured)
     profile = combine(measurements, {**meta, "warmup": warmup}, contexts, steps)

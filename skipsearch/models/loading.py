@@ -21,7 +21,7 @@ from skipsearch.models.dtypes import DtypeChoice, choose_dtype
 from skipsearch.models.random_weights import RandomWeights, random_model
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
 from skipsearch.models.threads import busy_cpu_warning
-from skipsearch.progress import console
+from skipsearch.progress import status
 from skipsearch.store import cache_dir
 
 log = logging.getLogger(__name__)
@@ -242,8 +242,8 @@ def load_model(
     """Load `--model` for layer-wise running (eval mode, no gradients) on this device's kernel plan.
 
     The plan (DESIGN §11) is the dtype `--dtype` resolves to and the attention path measured
-    fastest for it (`models.kernels`); with `announce` it is printed as one line, so every
-    command says what it runs. With `random_weights` the architecture is built from its config
+    fastest for it (`models.kernels`); with `announce` it is printed as one line on stdout, so
+    every command says what it runs. With `random_weights` the architecture is built from its config
     with seeded random weights and no tokenizer; nothing is read from the hub or a weight file.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -278,8 +278,8 @@ def load_model(
     apply_attention(loaded.model, attention)
     loaded.plan = f"{choice.name} ({choice.reason}); {attention.describe()}"
     if announce:
-        console.print(f"kernel plan: {loaded.plan}", highlight=False, soft_wrap=True)
+        status.print(f"kernel plan: {loaded.plan}")
         busy = busy_cpu_warning()
         if busy is not None:
-            console.print(f"warning: {busy}", highlight=False, soft_wrap=True)
+            status.print(f"warning: {busy}")
     return loaded

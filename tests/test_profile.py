@@ -296,7 +296,9 @@ def tiny_loader(monkeypatch: pytest.MonkeyPatch, cache_in_tmp: Path) -> None:
     monkeypatch.setattr(
         loading,
         "load_model",
-        lambda name, device, dtype, random_weights=None: LoadedModel(model, None, name, "test"),
+        lambda name, device, dtype, random_weights=None, announce=True: LoadedModel(
+            model, None, name, "test"
+        ),
     )
 
 

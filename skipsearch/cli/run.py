@@ -81,8 +81,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-# Option dest -> the `RunConfig` field it sets: `--resume` refuses a typed one that differs.
+# Option dest -> the `RunConfig` field it sets: `--resume` refuses a typed one that differs, but for
+# the budget, which a typed `--budget` changes (and an untyped one keeps).
 STORED_OPTIONS = {
+    "budget": "budget",
     "model": "measure.model",
     "device": "measure.device",
     "dtype": "measure.dtype",

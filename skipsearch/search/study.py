@@ -36,12 +36,12 @@ from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, Outcome
 from skipsearch.masks import SkipMask, SublayerWeights
 from skipsearch.search.cache import EvaluationCache
-from skipsearch.search.journal import repair_journal
+from skipsearch.search.journal import FlockLock, repair_journal
 from skipsearch.search.results import DETAIL_PREFIX, TrialRecord, best_trial, pareto_front
 from skipsearch.search.score import Scorer
 from skipsearch.search.spaces import ConcreteSpace
 from skipsearch.search.strategies import PlanContext, Strategy
-from skipsearch.store import JOURNAL_FILE
+from skipsearch.store import JOURNAL_FILE, refuse_symlinks
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +95,13 @@ class SearchResult:
 
 def journal_storage(run_dir: Path) -> JournalStorage:
     """The run's journal, repaired first if a killed writer tore its last record (so nothing is
-    ever appended after a torn line)."""
+    ever appended after a torn line); refused when a file of the run is a symlink, which the
+    appends and the repair would write through."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    repair_journal(run_dir / JOURNAL_FILE)
-    return JournalStorage(JournalFileBackend(str(run_dir / JOURNAL_FILE)))
+    refuse_symlinks(run_dir)
+    path = run_dir / JOURNAL_FILE
+    repair_journal(path)
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=FlockLock(path)))
 
 
 def load_study(run_dir: Path, study_name: str) -> optuna.Study:

@@ -137,7 +137,6 @@ def run(args: argparse.Namespace) -> int:
     if file_vocab is not None and args.draft_vocab is None:  # the file's draft vocabulary
         config = replace(config, draft_vocabs=(file_vocab,))
 
-    from skipsearch.acceptance.prompts import encode_prompts
     from skipsearch.acceptance.worker import prepare
     from skipsearch.engine.bench import AR, HF, SSD, benchmark, estimator_dict, estimators, make_decoders
     from skipsearch.models.draft_head import DraftHead
@@ -155,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         measurement = prepare(config)
         draft = pick_draft(measurement.num_layers)
         runner, loaded = measurement.runner, measurement.loaded
-        prompts = [p.ids for p in encode_prompts(config.prompts, loaded.tokenizer)]
+        prompts = measurement.prompt_ids()
         vocab_ids = measurement.vocab_ids
     else:  # timing only: no reference, no estimator, random prompt ids, the first k ids as vocabulary
         measurement = None

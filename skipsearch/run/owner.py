@@ -32,6 +32,7 @@ _ATTEMPTS = 10  # a previous owner may remove the directory between our open and
 def run_owner(out: Path, resume: bool) -> Iterator[None]:
     """Own `out` for the duration: lock it, check it suits a new run or a resume, and on failure
     before the first trial of a new run remove what this command created."""
+    _refuse_foreign(out, resume)
     created_dir, before, handle = _acquire(out)
     try:
         try:
@@ -43,6 +44,29 @@ def run_owner(out: Path, resume: bool) -> Iterator[None]:
             raise
     finally:
         os.close(handle)  # releases the lock
+
+
+def _refuse_foreign(out: Path, resume: bool) -> None:
+    """Refuse, before writing anything, an `--out` that is a file, a non-empty directory that is
+    not a run (`--out /`, a source tree), or no run to resume: even the lock file does not belong
+    there. Checked again under the lock (`_check_contents`), where the answer cannot change; a
+    directory with a lock file is left to that check, as its owner may be half-way through."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file: pass a directory")
+    if not is_run(out) and not (out / LOCK_FILE).exists():
+        if resume:
+            raise ConfigError(f"{out} holds no run to resume: drop --resume to start one there")
+        if out.is_dir():
+            _refuse_others(out)
+
+
+def _refuse_others(out: Path) -> None:
+    others = sorted(path.name for path in out.iterdir() if path.name != LOCK_FILE)
+    if others:
+        raise ConfigError(
+            f"--out {out} is not empty and holds no run (it has {others[0]}"
+            f"{f' and {len(others) - 1} more' if len(others) > 1 else ''}): pass a new or empty directory"
+        )
 
 
 def _acquire(out: Path) -> tuple[bool, set[Path], int]:
@@ -118,12 +142,7 @@ def _check_contents(out: Path, resume: bool) -> None:
         return
     if resume:
         raise ConfigError(f"{out} holds no run to resume: drop --resume to start one there")
-    others = sorted(path.name for path in out.iterdir() if path.name != LOCK_FILE)
-    if others:
-        raise ConfigError(
-            f"--out {out} is not empty and holds no run (it has {others[0]}"
-            f"{f' and {len(others) - 1} more' if len(others) > 1 else ''}): pass a new or empty directory"
-        )
+    _refuse_others(out)
 
 
 def _has_trials(out: Path) -> bool:

@@ -234,6 +234,7 @@ class _Search:
     # -- the loop -----------------------------------------------------------------------------
     def run(self, study: optuna.Study, journal: Path) -> SearchResult:
         self.study = study
+        study.set_user_attr("budget", self.config.budget)  # for `report`: is the study complete?
         self.guard_rng = np.random.default_rng([self.config.seed, len(study.trials)])
         for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if trial.user_attrs.get("feasible") and not trial.user_attrs.get("repeat"):
@@ -248,6 +249,7 @@ class _Search:
             else:
                 break
         if exhausted:
+            study.set_user_attr("exhausted", True)
             logger.warning(
                 "strategy %s has nothing new to propose: stopped after %d of a budget of %d masks",
                 self.strategy.name,

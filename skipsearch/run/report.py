@@ -23,7 +23,6 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import FULL_VOCAB
 from skipsearch.search import best_trial, load_study, pareto_front, study_trials_frame
 from skipsearch.search.results import TrialRecord
-
 from skipsearch.store import (
     BEST_FILE,
     DRAFT_VOCAB_FILE,

@@ -78,6 +78,8 @@ def _acquire(out: Path) -> tuple[bool, set[Path], int]:
         try:
             handle = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as error:
+            if created:
+                out.rmdir()
             raise ConfigError(
                 f"cannot write to --out {out} ({error.strerror}): pass a directory you can write to"
             ) from None

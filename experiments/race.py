@@ -8,8 +8,9 @@ scenarios taken in turn:
 
 Per scenario it prints how often each pair of exit codes came up, and counts the failures the
 issue is about: a traceback on stderr, a run directory deleted, a run corrupted (a journal that is
-not whole records, or fewer finished trials than the budget), and for `new` more or fewer than one
-owner (exit 0). A sound run directory shows every race as exit codes (0, 2) or, for `resume`,
+not whole records, or fewer finished trials than the budget), and more or fewer than one owner (a
+process that exits 0 having measured masks itself: a resume that starts after the other finished
+measures none). A sound run directory shows every race as exit codes (0, 2) or, for `resume`,
 (0, 0) when the second starts after the first finished, and zeros in the failure columns.
 
 Run: `.venv/bin/python experiments/race.py [--races 100] [--model DIR]` (without `--model`, a
@@ -23,6 +24,7 @@ import argparse
 import collections
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -44,12 +46,21 @@ def command(model: str, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "skipsearch", "run", "--model", model, *SMALL, "--out", str(out), *extra]
 
 
-def race(first: list[str], second: list[str], delay: float) -> list[tuple[int, str]]:
-    """Start `first`, then `second` after `delay` seconds; (exit code, stderr) of each."""
-    one = subprocess.Popen(first, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def race(first: list[str], second: list[str], delay: float) -> list[tuple[int, str, str]]:
+    """Start `first`, then `second` after `delay` seconds; (exit code, stdout, stderr) of each."""
+    one = subprocess.Popen(first, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(delay)
-    two = subprocess.Popen(second, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    return [(process.wait(), process.stderr.read()) for process in (one, two)]
+    two = subprocess.Popen(second, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    outcomes = []
+    for process in (one, two):
+        stdout, stderr = process.communicate()
+        outcomes.append((process.returncode, stdout, stderr))
+    return outcomes
+
+
+def owned(code: int, stdout: str) -> bool:
+    """Whether a process ran the run: it finished and measured masks itself."""
+    return code == 0 and re.search(r"[1-9]\d* measured in this session", stdout) is not None
 
 
 def finished_trials(out: Path) -> int:
@@ -82,13 +93,12 @@ def one_race(scenario: str, model: str, base: Path, out: Path, delay: float) -> 
         first = second = command(model, out, "--budget", "4", "--resume")
         budget = 4
     outcomes = race(first, second, delay)
-    codes = tuple(code for code, _ in outcomes)
     return {
         "scenario": scenario,
-        "codes": codes,
-        "tracebacks": sum("Traceback" in err for _, err in outcomes),
+        "codes": tuple(code for code, _, _ in outcomes),
+        "tracebacks": sum("Traceback" in err for _, _, err in outcomes),
         "damage": damage(out, budget),
-        "owners": codes.count(0),
+        "owners": sum(owned(code, stdout) for code, stdout, _ in outcomes),
     }
 
 
@@ -111,7 +121,7 @@ def table(results: list[dict]) -> str:
             continue
         codes = collections.Counter(r["codes"] for r in rows)
         shown = ", ".join(f"{c}: {n}" for c, n in sorted(codes.items()))
-        owners = sum(r["owners"] != 1 for r in rows) if scenario == "new" else 0
+        owners = sum(r["owners"] != 1 for r in rows)
         lines.append(
             f"{scenario:<9} {len(rows):>5}  {shown:<29} {sum(r['tracebacks'] for r in rows):>10}  "
             f"{sum(r['damage'] == 'deleted' for r in rows):>7}  "
@@ -121,9 +131,7 @@ def table(results: list[dict]) -> str:
 
 
 def failed(result: dict) -> bool:
-    return bool(
-        result["tracebacks"] or result["damage"] or (result["scenario"] == "new" and result["owners"] != 1)
-    )
+    return bool(result["tracebacks"] or result["damage"] or result["owners"] != 1)
 
 
 def main(argv: list[str] | None = None) -> int:

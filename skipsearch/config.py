@@ -19,6 +19,14 @@ from skipsearch.store import write_text_atomic
 IMPORTANCE_SOURCES = ("proxy", "measured")
 
 
+def check_context(context: int | None) -> None:
+    """A scoring context is a positive number of tokens (None: the default)."""
+    if context is not None and context < 1:
+        raise ConfigError(
+            f"--context must be a positive number of tokens, got {context}: pass --context >= 1"
+        )
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One search run; `budget` is the number of distinct masks measured.
@@ -54,8 +62,7 @@ class RunConfig:
             raise ConfigError(f"--gamma-max must be >= 1, got {self.gamma_max}")
         if self.temperature < 0:
             raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
-        if self.context is not None and self.context < 1:
-            raise ConfigError(f"--context must be a positive number of tokens, got {self.context}")
+        check_context(self.context)
         if self.importance not in IMPORTANCE_SOURCES:
             raise ConfigError(
                 f"unknown importance {self.importance!r}: use one of {', '.join(IMPORTANCE_SOURCES)}"

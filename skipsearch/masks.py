@@ -121,12 +121,15 @@ class SkipMask:
     def parse(cls, text: str, num_layers: int) -> SkipMask:
         """Read the stable string form (`a:4,14|m:4,14,20`) or a plain layer list (`4,14`)."""
         text = text.strip()
-        if "a:" not in text and "m:" not in text:
+        if ":" not in text and "|" not in text:
             return cls.from_layers(num_layers, parse_layer_list(text))
-        parts = dict(part.split(":", 1) for part in text.split("|") if ":" in part)
-        unknown = set(parts) - {"a", "m"}
-        if unknown or not parts:
-            raise InvalidMaskError(f"cannot read mask {text!r}: expected the form a:4,14|m:4,14,20")
+        pieces = text.split("|")
+        parts = dict(piece.split(":", 1) for piece in pieces if ":" in piece)
+        if set(parts) - {"a", "m"} or not parts or len(parts) != len(pieces):
+            raise InvalidMaskError(
+                f"cannot read mask {text!r}: expected the form a:4,14|m:4,14,20 (a: attention, m: MLP "
+                "sub-layers skipped), or a plain layer list like 4,14"
+            )
         return cls(num_layers, parse_layer_list(parts.get("a", "")), parse_layer_list(parts.get("m", "")))
 
     @classmethod

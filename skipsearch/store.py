@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from skipsearch.errors import ConfigError
+
 # -- a run directory ------------------------------------------------------------------------------
 RUN_FILE = "run.yaml"
 BEST_FILE = "best.json"
@@ -32,6 +34,29 @@ DRAFT_VOCAB_FILE = "draft_vocab.json"
 IMPORTANCE_FILE = "importance.json"
 IMPORTANCE_PLOT = "importance.png"
 FINALISTS_FILE = "finalists.json"  # the best drafts re-scored exactly (`run.finalists`)
+LOCK_FILE = ".owner.lock"  # held with flock by the one command writing the run (`run/owner.py`)
+LEGACY_JOURNAL_LOCK = f"{JOURNAL_FILE}.lock"  # Optuna's symlink lock, left by older killed runs; unused
+RUN_MARKERS = (RUN_FILE, JOURNAL_FILE)  # either one makes a directory a run
+
+
+def is_run(directory: Path) -> bool:
+    """Whether `directory` holds a run (or a compare): what `--resume` continues."""
+    return any((directory / name).is_file() for name in RUN_MARKERS)
+
+
+def refuse_symlinks(directory: Path) -> None:
+    """Refuse a run directory holding a symbolic link anywhere inside it.
+
+    Appends (the journal, the evaluation cache) and the journal repair open files in place, so a
+    link would have them write, or truncate, a file outside the run.
+    """
+    for parent, folders, files in os.walk(directory):
+        for name in folders + files:
+            if (path := Path(parent) / name).is_symlink() and name != LEGACY_JOURNAL_LOCK:
+                raise ConfigError(
+                    f"{path} is a symbolic link (to {os.readlink(path)}): a run's files must be its own; "
+                    "replace the link with a copy of the file, or start a new run in another --out"
+                )
 
 
 # -- caches shared by runs ------------------------------------------------------------------------

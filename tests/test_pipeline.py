@@ -62,7 +62,7 @@ def test_a_resumed_comparison_keeps_its_settings(
     tmp_path: Path, cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Started in closed form for acceptance: a resume that types neither continues exactly that,
-    to the new budget (the model is never loaded: the test stops where it would be)."""
+    to the new budget it types (the model is never loaded: the test stops where it would be)."""
     RunConfig(cost="closed-form", objective="acceptance", budget=5).save(tmp_path / RUN_FILE, {})
     opened: list[RunConfig] = []
 
@@ -72,7 +72,14 @@ def test_a_resumed_comparison_keeps_its_settings(
 
     monkeypatch.setattr(pipeline, "open_context", stop)
     with pytest.raises(KeyboardInterrupt):
-        pipeline.run_compare(RunConfig(cost="auto", budget=9), 1, tmp_path, resume=True, progress=print)
+        pipeline.run_compare(
+            RunConfig(cost="auto", budget=9),
+            1,
+            tmp_path,
+            resume=True,
+            progress=print,
+            typed={"budget": "--budget"},
+        )
     assert (opened[0].cost, opened[0].objective, opened[0].budget) == ("closed-form", "acceptance", 9)
     assert (tmp_path / RUN_FILE).is_file()  # a resumed run is never removed
 

@@ -289,7 +289,8 @@ def test_decode_command_runs_a_tier_manifest(runner, tmp_path, monkeypatch, caps
     loaded = LoadedModel(runner.model, None, "tiny", "memory")
     monkeypatch.setattr("skipsearch.models.loading.load_model", lambda *args: loaded)
     monkeypatch.setattr(
-        "skipsearch.acceptance.prompts.encode_prompts", lambda spec, tokenizer: [SimpleNamespace(ids=PROMPT)]
+        "skipsearch.acceptance.prompts.encode_prompts",
+        lambda spec, tokenizer, context=None: [SimpleNamespace(ids=PROMPT)],
     )
     out = tmp_path / "decode.json"
     options = ["--from", str(tmp_path / "tiers.json"), "--new-tokens", "16", "--repeats", "1"]

@@ -170,10 +170,15 @@ def select_prompts(spec: PromptSpec) -> list[Prompt]:
     return prompts[: spec.n_prompts]
 
 
-def encode_prompts(spec: PromptSpec, tokenizer: PreTrainedTokenizerBase) -> list[EncodedPrompt]:
+def encode_prompts(
+    spec: PromptSpec, tokenizer: PreTrainedTokenizerBase, context: int | None = None
+) -> list[EncodedPrompt]:
     """Token ids of the selected prompts, each cut to its last `max_prompt_tokens` tokens.
 
     Prompts that encode to zero tokens are dropped (with a warning): there is nothing to continue.
+    With the model's `context` (its `max_position_embeddings`), a prompt whose continuation would
+    run past it is refused here, before the reference build: past its context a model generates
+    slowly, with garbage positions, into a cache file of gigabytes.
     """
     encoded = [
         EncodedPrompt(p.id, _encode(p, tokenizer, spec.max_prompt_tokens)) for p in select_prompts(spec)
@@ -183,6 +188,13 @@ def encode_prompts(spec: PromptSpec, tokenizer: PreTrainedTokenizerBase) -> list
         logger.warning("dropped %d prompts that encode to zero tokens", len(encoded) - len(kept))
     if not kept:
         raise PromptError(f"no usable prompts in {spec.source}: every selected prompt encodes to zero tokens")
+    longest = max(len(e.ids) for e in kept)
+    if context is not None and longest + spec.new_tokens > context:
+        raise PromptError(
+            f"a prompt of {longest} tokens plus --new-tokens {spec.new_tokens} exceeds the model's context "
+            f"of {context} tokens: lower --max-prompt-tokens to at most {max(context - spec.new_tokens, 0)}, "
+            "or --new-tokens"
+        )
     return kept
 
 

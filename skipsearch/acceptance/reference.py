@@ -24,6 +24,7 @@ from skipsearch.models.kernels import new_cache
 from skipsearch.models.loading import eos_ids
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.progress import progress_bar
+from skipsearch.store import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +75,12 @@ class ReferenceCache:
         }
         if self.keys is not None and self.values is not None:
             tensors |= {"keys": self.keys, "values": self.values}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(".tmp")
-        save_file(
-            {k: v.contiguous() for k, v in tensors.items()}, str(staging), metadata={"meta": json.dumps(meta)}
-        )
-        staging.replace(path)
+        with atomic_path(path) as staging:  # a save that fails part-way leaves no file of gigabytes
+            save_file(
+                {k: v.contiguous() for k, v in tensors.items()},
+                str(staging),
+                metadata={"meta": json.dumps(meta)},
+            )
 
     @classmethod
     def load(cls, path: Path, device: torch.device, with_kv: bool = True) -> ReferenceCache:

@@ -47,6 +47,15 @@ class Measurement:
         """Token ids by frequency on text disjoint from the measured prompts (`acceptance.vocab`)."""
         return ranking_for(self.loaded, self.prompts)
 
+    def prompt_ids(self) -> list[tuple[int, ...]]:
+        """The measured prompts' token ids, read back from the reference (encoding them again would
+        repeat every warning the encoding gave)."""
+        reference = self.estimator.reference
+        return [
+            tuple(ids[:length].tolist())
+            for ids, length in zip(reference.input_ids, reference.prompt_lengths.tolist(), strict=True)
+        ]
+
     def vocab_ids(self, size: int) -> tuple[int, ...]:
         """The draft vocabulary of `size`: the ranking's top `size` ids."""
         return self.ranking.top(size)
@@ -103,7 +112,9 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
         reference = ReferenceCache.load(existing, runner.device, with_kv)
         path = existing
     else:
-        prompts = encode_prompts(config.prompts, loaded.tokenizer)
+        prompts = encode_prompts(
+            config.prompts, loaded.tokenizer, getattr(loaded.model.config, "max_position_embeddings", None)
+        )
         reference = build_reference(runner, loaded.tokenizer, prompts, config.prompts.new_tokens, with_kv)
         path = paths[-1]
         reference.save(

@@ -14,13 +14,17 @@ from skipsearch.models.registry import DEFAULT_MODEL
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", default=DEFAULT_MODEL, help="alias (`skipsearch models`), HF id, local dir or .gguf file"
+        "--model",
+        default=DEFAULT_MODEL,
+        help="alias (`skipsearch models`), HF id, local dir or .gguf file (default %(default)s)",
     )
     parser.add_argument(
         "--device", default="cpu", help="torch device, e.g. cpu or cuda (default %(default)s)"
     )
     parser.add_argument(
-        "--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU) or a torch dtype"
+        "--dtype",
+        default="auto",
+        help="auto (float32 on CPU, bfloat16 on GPU) or a torch dtype (default %(default)s)",
     )
 
 
@@ -56,8 +60,15 @@ def add_prompt_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--n-prompts", type=int, default=16, help="prompts to measure on (default %(default)s)"
     )
-    parser.add_argument("--max-prompt-tokens", type=int, default=256, help="keep the last N prompt tokens")
-    parser.add_argument("--new-tokens", type=int, default=64, help="continuation length per prompt")
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=256,
+        help="keep the last N prompt tokens (default %(default)s)",
+    )
+    parser.add_argument(
+        "--new-tokens", type=int, default=64, help="continuation length per prompt (default %(default)s)"
+    )
     parser.add_argument(
         "--prompt-seed",
         type=int,
@@ -71,7 +82,7 @@ def add_prompt_options(parser: argparse.ArgumentParser) -> None:
         default="shared-kv",
         help="estimator: the draft reads the full model's K/V for earlier positions (shared-kv), "
         "its own within each round simulated at --round-gamma (rounds: exact for the engine at that "
-        "gamma, 2-4 passes per mask), or its own everywhere (self)",
+        "gamma, 2-4 passes per mask), or its own everywhere (self) (default %(default)s)",
     )
     parser.add_argument(
         "--round-gamma",

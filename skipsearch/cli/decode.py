@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +25,7 @@ from skipsearch.cli.common import (
     add_weight_options,
     random_weights,
 )
-from skipsearch.errors import ConfigError
+from skipsearch.errors import ConfigError, SkipsearchError
 from skipsearch.masks import parse_draft_vocab
 from skipsearch.store import write_text_atomic
 
@@ -90,11 +92,24 @@ def read_from(path: Path) -> tuple[str, int | None]:
         raise ConfigError(f"cannot read --from {path}: {error}") from None
     if not isinstance(data, dict) or not isinstance(data.get("mask"), str):
         raise ConfigError(f'{path} has no "mask" string: pass a run\'s best.json or {{"mask": "a:4|m:4"}}')
-    gamma = data.get("gamma", data.get("gamma_best"))
-    if gamma is not None and not isinstance(gamma, int):
-        raise ConfigError(f"{path}: gamma must be an integer, got {gamma!r}")
-    vocab = parse_draft_vocab(data.get("draft_vocab"))
+    key = "gamma" if "gamma" in data else "gamma_best"
+    gamma = data.get(key)
+    if gamma is not None and (not isinstance(gamma, int) or gamma < 1):
+        raise ConfigError(
+            f"{path}: {key} must be an integer >= 1, got {gamma!r}: fix the file, or pass --gamma"
+        )
+    with named_file(path):
+        vocab = parse_draft_vocab(data.get("draft_vocab"))
     return data["mask"] + ("" if vocab is None else f"|v:{vocab}"), gamma
+
+
+@contextmanager
+def named_file(path: Path) -> Iterator[None]:
+    """Errors about a value read from `path` (not typed) start with the file's name."""
+    try:
+        yield
+    except SkipsearchError as error:
+        raise type(error)(f"{path}: {error}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,7 +152,6 @@ def run(args: argparse.Namespace) -> int:
     if file_vocab is not None and args.draft_vocab is None:  # the file's draft vocabulary
         config = replace(config, draft_vocabs=(file_vocab,))
 
-    from skipsearch.acceptance.prompts import encode_prompts
     from skipsearch.acceptance.worker import prepare
     from skipsearch.engine.bench import AR, HF, SSD, benchmark, estimator_dict, estimators, make_decoders
     from skipsearch.models.draft_head import DraftHead
@@ -148,14 +162,18 @@ def run(args: argparse.Namespace) -> int:
     weights = random_weights(args)
 
     def pick_draft(num_layers: int) -> Draft:  # checked before anything slow
-        draft = Draft.parse(mask_text, num_layers) if mask_text else Draft(mask_from_args(args, num_layers))
+        if mask_text:
+            with named_file(Path(args.from_path)):
+                draft = Draft.parse(mask_text, num_layers)
+        else:
+            draft = Draft(mask_from_args(args, num_layers))
         return draft if args.draft_vocab is None else Draft(draft.mask, draft_vocab_from_args(args))
 
     if weights is None:
         measurement = prepare(config)
         draft = pick_draft(measurement.num_layers)
         runner, loaded = measurement.runner, measurement.loaded
-        prompts = [p.ids for p in encode_prompts(config.prompts, loaded.tokenizer)]
+        prompts = measurement.prompt_ids()
         vocab_ids = measurement.vocab_ids
     else:  # timing only: no reference, no estimator, random prompt ids, the first k ids as vocabulary
         measurement = None

@@ -62,7 +62,12 @@ def run_tiers(args: argparse.Namespace) -> int:
             f"the tiers are for a {manifest.num_layers}-layer model but {config.model} has "
             f"{runner.num_layers}: pass --model {manifest.model}"
         )
-    prompts = [p.ids for p in encode_prompts(config.prompts, loaded.tokenizer)]
+    prompts = [
+        p.ids
+        for p in encode_prompts(
+            config.prompts, loaded.tokenizer, getattr(loaded.model.config, "max_position_embeddings", None)
+        )
+    ]
     model: Any = loaded.model
     stop = eos_ids(model)
     max_len = max(len(p) for p in prompts) + args.new_tokens + max(gammas) + 2

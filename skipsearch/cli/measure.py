@@ -156,7 +156,10 @@ def print_result(result: dict, prediction: object) -> None:
         )
     else:
         calibrated = prediction.best_calibrated
-        console.print(f"best gamma (calibrated): {calibrated.gamma} -> {calibrated.speedup:.2f}x")
+        console.print(
+            f"best gamma (calibrated, at a context of {result['context']} tokens): {calibrated.gamma} -> "
+            f"{calibrated.speedup:.2f}x"
+        )
     console.print(
         f"evaluation {result['eval_seconds']:.2f} s   vs one full forward over the same batch "
         f"{result['full_forward_seconds']:.2f} s"

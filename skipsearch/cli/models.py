@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from skipsearch.models.registry import ModelEntry
 
 
+PIPE_WIDTH = 250  # wider than any row, so none is folded; the table takes only what it needs
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("models", help="list model aliases")
     parser.add_argument(
@@ -35,7 +38,10 @@ def run(args: argparse.Namespace) -> int:
             )
         print(resolve_gguf(entry))
         return 0
-    Console().print(models_table(REGISTRY.values(), available_offline))
+    console = Console()
+    if not console.is_terminal:  # a pipe has no width: one line per alias, for grep and less -S
+        console.width = PIPE_WIDTH
+    console.print(models_table(REGISTRY.values(), available_offline))
     return 0
 
 

@@ -19,9 +19,21 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--budget", type=int, default=60, help="distinct masks to measure (default %(default)s)"
     )
-    parser.add_argument("--space", default="sparse", help="search space name (search_spaces/) or YAML path")
-    parser.add_argument("--gamma-max", type=int, default=8, help="largest draft length scored (default 8)")
-    parser.add_argument("--objective", choices=("speedup", "acceptance"), default="speedup")
+    parser.add_argument(
+        "--space",
+        default="sparse",
+        help="search space name (search_spaces/) or YAML path (default %(default)s)",
+    )
+    parser.add_argument(
+        "--gamma-max", type=int, default=8, help="largest draft length scored (default %(default)s)"
+    )
+    parser.add_argument(
+        "--objective",
+        choices=("speedup", "acceptance"),
+        default="speedup",
+        help="what a mask is scored by: its modelled speedup at the best gamma, or its acceptance rate "
+        "(default %(default)s)",
+    )
     parser.add_argument(
         "--cost",
         choices=("auto", "closed-form", "calibrated"),
@@ -33,10 +45,15 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="search seed: sampler and random masks (default %(default)s)"
     )
-    parser.add_argument("--sampler", choices=("tpe", "gp", "cmaes", "nsga2"), default="tpe")
+    parser.add_argument(
+        "--sampler",
+        choices=("tpe", "gp", "cmaes", "nsga2"),
+        default="tpe",
+        help="the Optuna sampler of --strategy learned (default %(default)s)",
+    )
     parser.add_argument("--warm-start", action="store_true", help="learned: start from the best baselines")
     parser.add_argument(
-        "--temperature", type=float, default=1.0, help="for sampling acceptance (default 1.0)"
+        "--temperature", type=float, default=1.0, help="for sampling acceptance (default %(default)s)"
     )
     add_draft_vocab_option(parser, "score every mask with this draft vocabulary only (overrides the space)")
     add_context_options(parser)
@@ -81,8 +98,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-# Option dest -> the `RunConfig` field it sets: `--resume` refuses a typed one that differs.
+# Option dest -> the `RunConfig` field it sets: `--resume` refuses a typed one that differs, but for
+# the budget, which a typed `--budget` changes (and an untyped one keeps).
 STORED_OPTIONS = {
+    "budget": "budget",
     "model": "measure.model",
     "device": "measure.device",
     "dtype": "measure.dtype",

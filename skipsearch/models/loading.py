@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import pickle
 import shutil
 import socket
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,7 @@ from skipsearch.store import cache_dir
 log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
+GGUF_HEADER_BYTES = 24  # magic, version (u32), tensor and metadata counts (u64 each)
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
 
@@ -115,8 +118,13 @@ def check_gguf(path: Path) -> None:
     if not path.is_file():
         raise ModelLoadError(f"GGUF file {path} does not exist: check the path")
     with path.open("rb") as handle:
-        if handle.read(4) != GGUF_MAGIC:
-            raise ModelLoadError(f"{path} is not a GGUF file (bad magic bytes): pass a .gguf model file")
+        header = handle.read(GGUF_HEADER_BYTES)
+    if header[:4] != GGUF_MAGIC:
+        raise ModelLoadError(f"{path} is not a GGUF file (bad magic bytes): pass a .gguf model file")
+    if len(header) < GGUF_HEADER_BYTES:
+        raise ModelLoadError(
+            f"{path} is truncated ({len(header)} bytes, shorter than a GGUF header): download it again"
+        )
 
 
 def converted_gguf_dir(gguf: Path, dtype: str = "float32") -> Path:
@@ -147,7 +155,7 @@ def converted_gguf_dir(gguf: Path, dtype: str = "float32") -> Path:
         try:
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
-        except (ValueError, KeyError, RuntimeError) as error:
+        except (ValueError, KeyError, RuntimeError, struct.error) as error:  # struct: a truncated header
             raise ModelLoadError(f"cannot convert {gguf}: {error}") from None
         check_architecture(model.config)
         # The de-quantized weights are plain float tensors; drop the GGUF marker so they can be saved.
@@ -267,7 +275,16 @@ def load_model(
             config = AutoConfig.from_pretrained(location)
             check_architecture(config)
             tokenizer = AutoTokenizer.from_pretrained(location)
-            model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
+            # Safetensors where a directory has them: a pickled .bin can carry code, not just weights.
+            safetensors = any(Path(location).glob("*.safetensors")) or None
+            model = AutoModelForCausalLM.from_pretrained(
+                location, dtype=torch_dtype, use_safetensors=safetensors
+            )
+        except pickle.UnpicklingError:
+            raise ModelLoadError(
+                f"{location}: torch refused to unpickle its weights, which hold more than tensors "
+                "(code, perhaps): load a safetensors copy from a source you trust"
+            ) from None
         except OSError as error:
             if is_hub:
                 raise hub_load_error(location, type(error).__name__) from None

@@ -1,19 +1,18 @@
 """`skipsearch run` and `compare` end to end: validate, measure, search, write the run directory.
 
-Order matters for "nothing half-written": everything that needs no model is checked first
-(`preflight`), the depth-dependent checks run right after the model loads and before the slow
-reference build, and only then are `run.yaml` and the study journal written. A new run that still
-fails before its first trial (a Ray cluster that does not start, an interrupt while loading)
-removes what it created, so the rerun is not told to `--resume` a run that never ran. The report
-files are rewritten from the journal at the end, so a killed run loses nothing that `--resume`
-cannot rebuild.
+Order matters for "nothing half-written": the run directory is locked for this command alone
+(`run_owner`), everything that needs no model is checked first (`preflight`), the depth-dependent
+checks run right after the model loads and before the slow reference build, and only then are
+`run.yaml` and the study journal written. A new run that still fails before its first trial (a Ray
+cluster that does not start, an interrupt while loading) removes what it created, so the rerun is
+not told to `--resume` a run that never ran. The report files are rewritten from the journal at the
+end, so a killed run loses nothing that `--resume` cannot rebuild.
 """
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,9 +22,10 @@ from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.progress import console
 from skipsearch.run.finalists import FINALISTS
+from skipsearch.run.owner import run_owner
 from skipsearch.run.preflight import SearchSetup, build_search, check_searches, preflight, resumed_config
 from skipsearch.search.study import ProgressCallback, SearchResult
-from skipsearch.store import CACHE_DIR, DRAFT_VOCAB_FILE, JOURNAL_FILE, RUN_FILE
+from skipsearch.store import CACHE_DIR, DRAFT_VOCAB_FILE, RUN_FILE
 
 if TYPE_CHECKING:  # heavy (torch) types: imported where they are used
     from skipsearch.acceptance.worker import Measurement
@@ -33,17 +33,6 @@ if TYPE_CHECKING:  # heavy (torch) types: imported where they are used
     from skipsearch.search import EvaluationCache
     from skipsearch.search.score import Scorer
     from skipsearch.search.strategies import Strategy
-
-
-def check_run_dir(out: Path, resume: bool) -> None:
-    """A run directory is either new, or an existing run continued with `--resume`."""
-    exists = (out / RUN_FILE).is_file() or (out / JOURNAL_FILE).is_file()
-    if exists and not resume:
-        raise ConfigError(f"{out} already holds a run: pass --resume to continue it, or another --out")
-    if resume and not exists:
-        raise ConfigError(f"{out} holds no run to resume: drop --resume to start one there")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file: pass a directory")
 
 
 def resolve_draft_vocab(config: RunConfig) -> RunConfig:
@@ -64,10 +53,9 @@ def resolve_draft_vocab(config: RunConfig) -> RunConfig:
 def prepare_config(
     config: RunConfig, out: Path, resume: bool, typed: Mapping[str, str], strategies: Sequence[str]
 ) -> RunConfig:
-    """The config a run will use, with every model-free check done: the run directory, the stored
-    settings of a resumed run (`typed` as in `resumed_config`), the draft vocabularies, the cost
-    model, the search of each of `strategies`, the device."""
-    check_run_dir(out, resume)
+    """The config a run will use, with every model-free check done: the stored settings of a
+    resumed run (`typed` as in `resumed_config`), the draft vocabularies, the cost model, the
+    search of each of `strategies`, the device. The run directory itself is `run_owner`'s."""
     if resume:
         config = resumed_config(out, config, typed)
     return preflight(resolve_draft_vocab(config), strategies)
@@ -128,42 +116,6 @@ def save_run(config: RunConfig, context: RunContext, out: Path, extra: dict | No
         context.measurement.ranking.save(out / DRAFT_VOCAB_FILE)
 
 
-def _has_trials(out: Path) -> bool:
-    """Whether any study in `out` finished a trial: then the run is worth a `--resume`."""
-    if not (out / JOURNAL_FILE).is_file():
-        return False
-    import optuna
-    from optuna.trial import TrialState
-
-    from skipsearch.search.study import journal_storage
-
-    storage = journal_storage(out)
-    return any(
-        optuna.load_study(study_name=name, storage=storage).get_trials(
-            deepcopy=False, states=(TrialState.COMPLETE,)
-        )
-        for name in optuna.study.get_all_study_names(storage)
-    )
-
-
-@contextmanager
-def removed_if_unused(out: Path, resume: bool) -> Iterator[None]:
-    """A new run that fails before its first trial removes what it created in `out` (the
-    directory itself when it made it); a resumed run, or one with a finished trial, is kept."""
-    before = set(out.iterdir()) if out.is_dir() else None
-    try:
-        yield
-    except BaseException:
-        if not resume and out.is_dir() and not _has_trials(out):
-            created = [out] if before is None else sorted(set(out.iterdir()) - before)
-            for path in created:
-                if path.is_dir():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
-        raise
-
-
 def start_run(
     config: RunConfig,
     out: Path,
@@ -176,14 +128,14 @@ def start_run(
 
     `on_start(config)` is called once the model is loaded (with the run's final config) and
     returns the per-trial progress callback."""
-    config = prepare_config(config, out, resume, typed, (config.strategy,))
-    with removed_if_unused(out, resume):
+    with run_owner(out, resume):
+        config = prepare_config(config, out, resume, typed, (config.strategy,))
         context = open_context(config)
         console.print(cost_note(config, context))
         save_run(config, context, out)
         with make_executor(config.measure, config.temperature, context.measurement) as executor:
             result = search_one(config, context, out, resume, on_trial=on_start(config), executor=executor)
-    rescore_finalists(config, context, out)
+        rescore_finalists(config, context, out)  # still the owner: it writes into the run
     return result
 
 
@@ -339,11 +291,11 @@ def run_compare(
         raise ConfigError(f"unknown strategies {unknown or strategies}: use some of {', '.join(STRATEGIES)}")
     if random_multiple < 0 or random_multiple == 1:
         raise ConfigError(f"--random-multiple must be 0 (none) or >= 2, got {random_multiple}")
-    config = prepare_config(config, out, resume, typed or {}, tuple(strategies))
-    studies_of = [(s, s, config.budget) for s in strategies]
-    if random_multiple:
-        studies_of.append((f"random@{random_multiple}x", "random", config.budget * random_multiple))
-    with removed_if_unused(out, resume):
+    with run_owner(out, resume):
+        config = prepare_config(config, out, resume, typed or {}, tuple(strategies))
+        studies_of = [(s, s, config.budget) for s in strategies]
+        if random_multiple:
+            studies_of.append((f"random@{random_multiple}x", "random", config.budget * random_multiple))
         return _compare(config, seeds, out, resume, progress, executor_factory, studies_of)
 
 

@@ -121,25 +121,26 @@ def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def resumed_config(out: Path, requested: RunConfig, typed: Mapping[str, str]) -> RunConfig:
-    """The settings a run started with, from its `run.yaml`, to the requested budget.
+    """The settings a run started with, from its `run.yaml`, to the budget typed, else the stored one.
 
     Only the budget may change on resume, or one study would mix trials scored, measured or
     constrained in two ways. `typed` maps the `RunConfig` fields (dotted: `measure.prompts.
     n_prompts`) the user set on this command line to the option that set them; one that differs
-    from the stored value would be ignored, so it is refused, naming the stored value.
+    from the stored value would be ignored, so it is refused, naming the stored value. An untyped
+    setting is the parser's default, not a request, so it never replaces a stored value.
     """
     stored = RunConfig.load(out / RUN_FILE)[0]
     old, new = _flat(stored.to_dict()), _flat(requested.to_dict())
     for field, option in typed.items():
-        if field == "cost" and new[field] == "auto":
-            continue  # auto means "whatever the run resolved to"
+        if field == "budget" or (field == "cost" and new[field] == "auto"):
+            continue  # a new budget is the point of a resume; auto means "whatever the run resolved to"
         if new[field] != old[field]:
             raise ConfigError(
                 f"{option} {new[field]} would be ignored: the run in {out} continues with its stored "
                 f"{field.rsplit('.', 1)[-1]}={old[field]!r} ({out / RUN_FILE}); drop {option}, or start a "
                 "new run in another --out"
             )
-    return stored.with_budget(requested.budget)
+    return stored.with_budget(requested.budget) if "budget" in typed else stored
 
 
 def check_searches(config: RunConfig, num_layers: int, strategies: Iterable[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -32,6 +33,9 @@ from skipsearch.store import (
     atomic_path,
     write_text_atomic,
 )
+
+if TYPE_CHECKING:
+    import optuna
 
 PAYS_OFF = 1.05  # below this predicted speedup, overheads the model ignores eat the gain
 
@@ -68,7 +72,7 @@ def write_run_outputs(run_dir: Path, study_name: str | None = None) -> dict:
     if finalists:
         summary["finalists"] = [asdict(f) for f in finalists]
     write_text_atomic(run_dir / BEST_FILE, json.dumps(summary, indent=2))
-    write_text_atomic(run_dir / SUMMARY_FILE, verdict(summary, frame, front))
+    write_text_atomic(run_dir / SUMMARY_FILE, completeness(study, frame) + verdict(summary, frame, front))
     plot_convergence(frame, run_dir / "convergence.png")
     plot_alpha_vs_r_draft(frame, front, run_dir / "alpha_vs_r_draft.png")
     plot_skip_frequency(frame, best.num_layers, run_dir / "skip_frequency.png")
@@ -130,6 +134,16 @@ def predicted_speedups(summary: dict) -> str:
         if labelled[c] is not None
     ]
     return ", ".join(parts)
+
+
+def completeness(study: optuna.Study, frame: pd.DataFrame) -> str:
+    """A first line for a study stopped short of its budget (a run killed part-way), so its
+    verdict is not read as final; '' for a finished one, or one whose strategy ran out of masks."""
+    budget = study.user_attrs.get("budget")
+    measured = int((~frame["repeat"].astype(bool)).sum())
+    if budget is None or measured >= budget or study.user_attrs.get("exhausted"):
+        return ""
+    return f"**incomplete: {measured} of {budget} masks measured; `--resume` to finish**\n\n"
 
 
 def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str:

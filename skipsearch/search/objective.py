@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.config import check_context
 from skipsearch.cost.calibrated import predict
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
@@ -32,6 +33,7 @@ def scoring_latency(
     Only the calibrated cost model reads context (the closed form counts sub-layers), so asking
     for one without it is an error rather than a flag that silently does nothing.
     """
+    check_context(context)
     if context is None:
         return latency
     if cost != "calibrated" or latency is None:

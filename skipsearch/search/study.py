@@ -36,12 +36,12 @@ from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, Outcome
 from skipsearch.masks import SkipMask, SublayerWeights
 from skipsearch.search.cache import EvaluationCache
-from skipsearch.search.journal import repair_journal
+from skipsearch.search.journal import FlockLock, repair_journal
 from skipsearch.search.results import DETAIL_PREFIX, TrialRecord, best_trial, pareto_front
 from skipsearch.search.score import Scorer
 from skipsearch.search.spaces import ConcreteSpace
 from skipsearch.search.strategies import PlanContext, Strategy
-from skipsearch.store import JOURNAL_FILE
+from skipsearch.store import JOURNAL_FILE, refuse_symlinks
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +95,13 @@ class SearchResult:
 
 def journal_storage(run_dir: Path) -> JournalStorage:
     """The run's journal, repaired first if a killed writer tore its last record (so nothing is
-    ever appended after a torn line)."""
+    ever appended after a torn line); refused when a file of the run is a symlink, which the
+    appends and the repair would write through."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    repair_journal(run_dir / JOURNAL_FILE)
-    return JournalStorage(JournalFileBackend(str(run_dir / JOURNAL_FILE)))
+    refuse_symlinks(run_dir)
+    path = run_dir / JOURNAL_FILE
+    repair_journal(path)
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=FlockLock(path)))
 
 
 def load_study(run_dir: Path, study_name: str) -> optuna.Study:
@@ -231,6 +234,7 @@ class _Search:
     # -- the loop -----------------------------------------------------------------------------
     def run(self, study: optuna.Study, journal: Path) -> SearchResult:
         self.study = study
+        study.set_user_attr("budget", self.config.budget)  # for `report`: is the study complete?
         self.guard_rng = np.random.default_rng([self.config.seed, len(study.trials)])
         for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if trial.user_attrs.get("feasible") and not trial.user_attrs.get("repeat"):
@@ -245,6 +249,7 @@ class _Search:
             else:
                 break
         if exhausted:
+            study.set_user_attr("exhausted", True)
             logger.warning(
                 "strategy %s has nothing new to propose: stopped after %d of a budget of %d masks",
                 self.strategy.name,

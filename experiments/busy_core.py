@@ -7,8 +7,9 @@ autoregressive step of the embedded model on the default kernel plan (bf16 weigh
 attention) at a 512-token context, in a fresh child process per configuration (OpenMP reads its
 wait policy once, at start-up):
 
-- wait policy: OpenMP's default, or `OMP_WAIT_POLICY=PASSIVE` (what the skipsearch CLI sets);
-- torch threads: 1 or 2;
+- wait policy: OpenMP's default, or `OMP_WAIT_POLICY=PASSIVE` (sleep instead of spin);
+- torch threads: 1 or 2 (`OMP_NUM_THREADS`), or `auto`: what `load_model` fits to the load at
+  start-up (`models.threads`: one thread per core that other processes leave free);
 - load: idle, or one core kept at 100% by a spinning Python process.
 
 Configurations are interleaved, each repeated `--rounds` times in new processes; the table gives
@@ -33,18 +34,17 @@ RESULTS = Path(__file__).resolve().parents[1] / "results" / "threads"
 CONTEXT = 512
 STEPS = 60
 POLICIES = ("default", "PASSIVE")
-THREADS = (1, 2)
+THREADS = ("1", "2", "auto")
 LOADS = ("idle", "one core busy")
 
 
-def child(threads: int) -> None:
+def child() -> None:
     """Median ms of `STEPS` one-position steps after a `CONTEXT`-token cache, printed as JSON."""
     import torch
 
     from skipsearch.models.loading import load_model
     from skipsearch.models.runner import LayerwiseRunner
 
-    torch.set_num_threads(threads)
     loaded = load_model("smollm2-135m", announce=False)
     runner = LayerwiseRunner(loaded.model)
     cache = runner.new_cache()
@@ -59,15 +59,22 @@ def child(threads: int) -> None:
                 times.append(time.perf_counter() - began)
             for layer in cache.layers:
                 layer.crop(-1)
-    print(json.dumps({"median_ms": 1e3 * statistics.median(times), "plan": loaded.plan}))
+    result = {
+        "median_ms": 1e3 * statistics.median(times),
+        "plan": loaded.plan,
+        "threads": torch.get_num_threads(),
+    }
+    print(json.dumps(result))
 
 
-def run_child(policy: str, threads: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+def run_child(policy: str, threads: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     if policy != "default":
         env["OMP_WAIT_POLICY"] = policy
+    if threads != "auto":
+        env["OMP_NUM_THREADS"] = threads
     out = subprocess.run(
-        [sys.executable, __file__, "--child", "--threads", str(threads)],
+        [sys.executable, __file__, "--child"],
         env=env,
         capture_output=True,
         text=True,
@@ -80,13 +87,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.threads)
+        child()
         return
     load_before = os.getloadavg()
-    samples: dict[tuple[str, int, str], list[float]] = {}
+    samples: dict[tuple[str, str, str], list[float]] = {}
+    chosen: dict[tuple[str, str, str], list[int]] = {}
     plan = ""
     for round_index in range(args.rounds):
         for load in LOADS:
@@ -100,6 +107,7 @@ def main() -> None:
                 result = run_child(policy, threads)
                 plan = result["plan"]
                 samples.setdefault((policy, threads, load), []).append(result["median_ms"])
+                chosen.setdefault((policy, threads, load), []).append(result["threads"])
                 ms = result["median_ms"]
                 print(f"round {round_index + 1} {load:14} {policy:8} {threads} thread(s): {ms:.1f} ms")
             if spinner is not None:
@@ -121,15 +129,17 @@ def main() -> None:
         + ", ".join(f"{x:.2f}" for x in load_after)
         + " (the busy phases add one).",
         "",
-        "| wait policy | threads | load | step ms (median of processes) | range | ÷ its idle step "
-        "| ÷ best idle step |",
-        "|---|---|---|---|---|---|---|",
+        "| wait policy | threads | load | threads used | step ms (median of processes) | range "
+        "| ÷ its idle step | ÷ best idle step |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     best = min(idle.values())
     for (policy, threads, load), values in sorted(samples.items()):
         median = statistics.median(values)
+        used = sorted(set(chosen[policy, threads, load]))
         lines.append(
-            f"| {policy} | {threads} | {load} | {median:.1f} | {min(values):.1f}–{max(values):.1f} | "
+            f"| {policy} | {threads} | {load} | {used} | {median:.1f} | "
+            f"{min(values):.1f}–{max(values):.1f} | "
             f"{median / idle[(policy, threads)]:.2f} | {median / best:.2f} |"
         )
     RESULTS.mkdir(parents=True, exist_ok=True)

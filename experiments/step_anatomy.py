@@ -22,7 +22,6 @@ import statistics
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it (models.threads), before torch
 import torch
 from torch.profiler import ProfilerActivity, profile
 

@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from skipsearch.models.kernels import (
     step_bytes,
 )
 from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.models.threads import busy_cores, choose_threads
 from tests.conftest import tiny_model
 
 AVX512_BF16 = frozenset({"avx512f", "avx512_bf16", "fma"})
@@ -161,25 +160,36 @@ def test_fp32_attention_doubles_the_kv_bytes_of_a_bf16_model() -> None:
 
 
 # -- threads --------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_the_cli_prefers_passive_waiting_unless_the_user_chose(given: str | None, expected: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if given is not None:
-        env["OMP_WAIT_POLICY"] = given
-    code = (
-        "import os; from skipsearch.models.threads import prefer_passive_waiting; "
-        "prefer_passive_waiting(); print(os.environ['OMP_WAIT_POLICY'])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == expected
+def test_one_thread_per_free_core_unless_the_user_chose() -> None:
+    assert choose_threads(current=2, cores=2, busy=0.1, user_set=False).threads == 2
+    busy = choose_threads(current=2, cores=2, busy=1.0, user_set=False)
+    assert busy.threads == 1 and "1.0 cores busy" in busy.reason
+    assert choose_threads(current=8, cores=8, busy=7.9, user_set=False).threads == 1  # never zero
+    assert choose_threads(current=2, cores=2, busy=1.0, user_set=True).threads == 2  # OMP_NUM_THREADS
+    assert choose_threads(current=1, cores=2, busy=0.0, user_set=False).threads == 1  # set before
 
 
-def test_passive_waiting_is_not_claimed_once_torch_started(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    from skipsearch.models.threads import prefer_passive_waiting
+def test_busy_cores_come_from_the_kernels_cpu_counters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stat = tmp_path / "stat"
+    readings = iter(["cpu  100 0 100 800 0 0 0 0 0 0\n", "cpu  150 0 100 850 0 0 0 0 0 0\n"])
 
-    prefer_passive_waiting()  # torch is imported in this process: too late to set it
-    assert "OMP_WAIT_POLICY" not in os.environ
+    def read_text(self: Path) -> str:
+        return next(readings)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    # 50 busy jiffies of 100 on all cores together: half of two cores, one core's worth
+    assert busy_cores(seconds=0, path=stat) == pytest.approx(1.0)
+
+
+def test_the_load_average_stands_in_without_proc_stat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert busy_cores(seconds=0, path=tmp_path / "missing") == 1.5
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])

@@ -12,7 +12,6 @@ import logging
 import sys
 
 from skipsearch.errors import SkipsearchError
-from skipsearch.models.threads import prefer_passive_waiting
 
 COMMANDS = ("models", "measure", "speedup", "profile", "decode", "run", "compare", "report", "export")
 
@@ -47,7 +46,6 @@ def typed_options(argv: list[str], args: argparse.Namespace) -> frozenset[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    prefer_passive_waiting()  # before any command imports torch
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     args.typed = typed_options(argv, args)

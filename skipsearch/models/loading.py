@@ -22,7 +22,7 @@ from skipsearch.errors import ModelLoadError
 from skipsearch.models.dtypes import DtypeChoice, choose_dtype
 from skipsearch.models.random_weights import RandomWeights, random_model
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
-from skipsearch.models.threads import busy_cpu_warning
+from skipsearch.models.threads import busy_cpu_warning, fit_threads_to_load
 from skipsearch.progress import status
 from skipsearch.store import cache_dir
 
@@ -294,6 +294,8 @@ def load_model(
     attention = choose_attention(torch_dtype, device_type(device))
     apply_attention(loaded.model, attention)
     loaded.plan = f"{choice.name} ({choice.reason}); {attention.describe()}"
+    if device_type(device) == "cpu":
+        loaded.plan += f"; {fit_threads_to_load().reason}"
     if announce:
         status.print(f"kernel plan: {loaded.plan}")
         busy = busy_cpu_warning()

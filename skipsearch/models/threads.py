@@ -1,33 +1,85 @@
-"""How torch's CPU threads wait, so that a core another process keeps busy does not stall decoding.
+"""How many CPU threads a decode uses, fitted to the load at start-up (issue 19, item 5).
 
-torch runs its CPU kernels on OpenMP threads, one per core. With OpenMP's default wait policy a
-thread that finishes its share of a parallel region spins, waiting for the next; when another
-process holds one of the cores, the thread scheduled there is descheduled mid-kernel, and every
-parallel region waits for it. `OMP_WAIT_POLICY=PASSIVE` makes idle threads sleep instead: on the
-project's 2-core CPU with one core busy, a SmolLM2 bf16 step went from 49.8 ms (default) to
-33.3 ms, within 1.5x of the idle step (results/threads/busy_core.md measures both, idle and busy).
-
-OpenMP reads the policy once, when the runtime starts, so `prefer_passive_waiting` must run before
-torch is imported; a user's own `OMP_WAIT_POLICY` is kept. Pure: no torch.
+torch runs its CPU kernels on OpenMP threads, one per core by default, and OpenMP's default wait
+policy lets a thread spin between parallel regions. On an idle machine that is the fastest choice.
+When another process keeps one core busy, the thread that shares its core is descheduled
+mid-kernel and every parallel region waits for it: on the project's 2-core CPU a SmolLM2 bf16 step
+went from 22 ms to 47 ms. One thread fewer than the cores that are free does not wait for anyone
+(30 ms), and sleeping instead of spinning (`OMP_WAIT_POLICY=PASSIVE`) helps less when busy
+(34 ms) and costs an idle machine 64% (36 ms): results/threads/busy_core.md. So at start-up the
+busy cores are read from /proc/stat over a short window and torch gets one thread per free core;
+a thread count the user chose (`OMP_NUM_THREADS`, or fewer threads than cores already set) is kept.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
-WAIT_POLICY = "PASSIVE"
+SAMPLE_SECONDS = 0.2
+PROC_STAT = Path("/proc/stat")
 
-log = logging.getLogger(__name__)
+
+def _cpu_times(path: Path) -> tuple[int, int] | None:
+    """(busy, total) jiffies of all cores since boot, or None where /proc/stat cannot be read."""
+    try:
+        fields = path.read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    values = [int(v) for v in fields[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return sum(values) - idle, sum(values)
 
 
-def prefer_passive_waiting() -> None:
-    """Set `OMP_WAIT_POLICY=PASSIVE` unless the user set a policy or torch already started."""
-    if "torch" in sys.modules:
-        log.debug("torch is already imported: OpenMP's wait policy stays as it started")
-        return
-    os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
+def busy_cores(seconds: float = SAMPLE_SECONDS, path: Path = PROC_STAT) -> float:
+    """Cores other processes keep busy now: the busy share of all cores over `seconds` (this
+    process sleeps meanwhile), times the core count; the 1-minute load average where /proc/stat
+    is unreadable."""
+    cores = os.cpu_count() or 1
+    first = _cpu_times(path)
+    if first is None:
+        return min(os.getloadavg()[0], cores)
+    time.sleep(seconds)
+    second = _cpu_times(path)
+    if second is None or second[1] == first[1]:
+        return 0.0
+    return cores * (second[0] - first[0]) / (second[1] - first[1])
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    threads: int
+    reason: str
+
+
+def choose_threads(current: int, cores: int, busy: float, user_set: bool) -> ThreadChoice:
+    """One thread per core that is not busy, unless the user chose the count."""
+    if user_set or current < cores:
+        return ThreadChoice(current, f"{current} thread(s), as set")
+    free = max(1, cores - round(busy))
+    if free == cores:
+        return ThreadChoice(cores, f"{cores} thread(s), one per core (other processes use {busy:.1f} cores)")
+    return ThreadChoice(
+        free,
+        f"{free} of {cores} threads: other processes keep {busy:.1f} cores busy, and a thread on a busy "
+        "core stalls every parallel kernel",
+    )
+
+
+def fit_threads_to_load() -> ThreadChoice:
+    """Set torch's intra-op threads from the cores other processes leave free (module docstring)."""
+    import torch
+
+    cores = os.cpu_count() or 1
+    current = torch.get_num_threads()
+    user_set = "OMP_NUM_THREADS" in os.environ
+    busy = 0.0 if user_set or current < cores else busy_cores()
+    choice = choose_threads(current, cores, busy, user_set)
+    if choice.threads != current:
+        torch.set_num_threads(choice.threads)
+    return choice
 
 
 def busy_cpu_warning() -> str | None:

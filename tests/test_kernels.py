@@ -12,7 +12,8 @@ from skipsearch.models.dtypes import choose_dtype, cpu_flags
 from skipsearch.models.kernels import (
     FP32_ATTENTION,
     NATIVE_ATTENTION,
-    Fp32KVCache,
+    GrowingLayer,
+    PlanCache,
     apply_attention,
     choose_attention,
     new_cache,
@@ -72,7 +73,7 @@ def test_fp32_attention_matches_upcast_attention_and_keeps_fp32_kv() -> None:
     apply_attention(model, kernels.AttentionChoice("bfloat16", FP32_ATTENTION, {}, {}))
     runner = LayerwiseRunner(model)
     cache = runner.new_cache()
-    assert isinstance(cache, Fp32KVCache)
+    assert isinstance(cache, PlanCache) and cache.kv_dtype == torch.float32
     ids = torch.tensor([[5, 17, 3, 42, 8, 23]])
     whole = runner.forward(ids)[0].float()
     steps = torch.cat(
@@ -87,7 +88,8 @@ def test_fp32_attention_matches_upcast_attention_and_keeps_fp32_kv() -> None:
 def test_native_models_get_the_native_cache() -> None:
     model = tiny_model("llama", layers=2)
     assert model.config._attn_implementation == NATIVE_ATTENTION
-    assert type(new_cache(model.config)).__name__ == "DynamicCache"
+    cache = new_cache(model.config)
+    assert isinstance(cache, PlanCache) and cache.kv_dtype is None
 
 
 def test_fp32_models_and_accelerators_are_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,3 +208,27 @@ def test_the_fp32_path_equals_transformers_sdpa_on_an_fp32_model(family: str) ->
         chunks = (ids[:, :5], ids[:, 5:8], ids[:, 8:])
         outputs.append(torch.cat([runner.forward(chunk, cache=cache)[0] for chunk in chunks]))
     assert torch.allclose(outputs[0], outputs[1], atol=1e-5)
+
+
+def test_a_growing_layer_holds_what_transformers_layer_holds_through_appends_and_crops() -> None:
+    """Appends past the first capacity, crops back, appends over the rolled-back positions."""
+    from transformers.cache_utils import DynamicLayer
+
+    generator = torch.Generator().manual_seed(0)
+    growing, plain = GrowingLayer(), DynamicLayer()
+    for step, (add, cut) in enumerate([(200, 0), (3, -2), (100, 0), (1, -1), (4, -3), (60, 0)]):
+        keys = torch.randn(1, 2, add, 8, generator=generator)
+        values = torch.randn(1, 2, add, 8, generator=generator)
+        got, want = growing.update(keys, values), plain.update(keys, values)
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), step
+        growing.crop(cut), plain.crop(cut)
+        assert growing.get_seq_length() == plain.get_seq_length()
+        assert torch.equal(growing.keys, plain.keys) and torch.equal(growing.values, plain.values)
+    assert growing._keys.shape[2] >= 2 * 256  # grew by doubling past MIN_CAPACITY
+
+
+def test_a_growing_layer_stores_its_own_dtype() -> None:
+    layer = GrowingLayer(torch.float32)
+    keys = torch.randn(1, 2, 3, 8).bfloat16()
+    stored, _ = layer.update(keys, keys)
+    assert stored.dtype == torch.float32 and torch.equal(stored, keys.float())

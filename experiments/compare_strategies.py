@@ -50,11 +50,11 @@ COPIED = (
 )
 
 
-def compare(model: str, budget: int, seeds: int, resume: bool, out_name: str) -> None:
+def compare(model: str, budget: int, seeds: int, resume: bool, out_name: str, strategies: str) -> None:
     work = ROOT / "runs" / out_name / model
     space = str(ROOT / "experiments" / "compare_space.yaml")
     args = ["compare", "--model", model, "--space", space, "--budget", str(budget), "--seeds", str(seeds)]
-    args += [*PROMPTS, "--cost", "auto", "--strategies", STRATEGIES]
+    args += [*PROMPTS, "--cost", "auto", "--strategies", strategies]
     args += ["--random-multiple", str(RANDOM_MULTIPLE), "--out", str(work)]
     if resume and work.exists():
         args.append("--resume")
@@ -79,11 +79,14 @@ def main() -> None:
     parser.add_argument("--skip-smollm2", action="store_true", help="only the qwen comparison")
     parser.add_argument("--skip-qwen", action="store_true", help="only the smollm2 comparison")
     parser.add_argument("--out-name", default="compare", help="results/<name>/<model> (default compare)")
+    parser.add_argument("--strategies", default=STRATEGIES, help=f"comma-separated (default {STRATEGIES})")
     args = parser.parse_args()
     if not args.skip_smollm2:
-        compare("smollm2-135m", args.budget, args.seeds, args.resume, args.out_name)
+        compare("smollm2-135m", args.budget, args.seeds, args.resume, args.out_name, args.strategies)
     if not args.skip_qwen and available_offline(REGISTRY["qwen2.5-coder-0.5b"]):
-        compare("qwen2.5-coder-0.5b", args.qwen_budget, args.seeds, args.resume, args.out_name)
+        compare(
+            "qwen2.5-coder-0.5b", args.qwen_budget, args.seeds, args.resume, args.out_name, args.strategies
+        )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from skipsearch.engine import autoregressive_decode, speculative_decode
 from skipsearch.engine.bench import benchmark
 from skipsearch.masks import Draft, SkipMask, vocab_label
 from skipsearch.models.draft_head import DraftHead
-from skipsearch.models.loading import eos_ids
+from skipsearch.models.loading import dtype_name, eos_ids
 from skipsearch.run.pipeline import open_context, resolve_draft_vocab, search_one
 from skipsearch.search import EvaluationCache
 from skipsearch.store import JOURNAL_FILE, readable_profile_path
@@ -386,7 +386,7 @@ def main() -> None:
     data: dict[str, Any] = json.loads(saved.read_text()) if saved.is_file() else {}
     if not args.report_only:
         configure(args.threads)
-        if not readable_profile_path(args.model, "cpu", "float32").is_file():
+        if not readable_profile_path(args.model, "cpu", dtype_name("cpu", "auto")).is_file():
             raise SystemExit(
                 f"no latency profile of {args.model}: run `skipsearch profile --model {args.model}` first"
             )

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from _cli import skipsearch
 
-from skipsearch.models.registry import available_offline
+from skipsearch.models.registry import REGISTRY, available_offline
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "kernels"
 # One probe per model: issue 19's unsearched drafts, at their gamma; n prompts x 48 new tokens.
@@ -67,7 +67,7 @@ def main() -> None:
     ]
     raw: dict[str, dict[str, list[dict]]] = {}
     for model in args.models.split(","):
-        if not available_offline(model):
+        if not available_offline(REGISTRY[model]):
             print(f"skipping {model}: not installed")
             continue
         runs: dict[str, list[dict]] = {plan: [] for plan in PLANS}

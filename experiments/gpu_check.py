@@ -41,7 +41,6 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -264,9 +263,8 @@ def run_estimator(plan: Plan, out: Path) -> dict[str, Any]:
     runner = LayerwiseRunner(loaded.model)
     ids = random_prompts(plan.ref_prompts, plan.ref_prompt_tokens, runner.config.vocab_size, seed=1)
     prompts = [EncodedPrompt(str(i), p) for i, p in enumerate(ids)]
-    tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=None)  # generate needs a pad id only
     began = time.perf_counter()
-    reference = build_reference(runner, tokenizer, prompts, plan.ref_new_tokens, with_kv=True)
+    reference = build_reference(runner, prompts, plan.ref_new_tokens, with_kv=True)
     build_seconds = time.perf_counter() - began
     kv = (reference.keys.numel() + reference.values.numel()) * reference.keys.element_size()
     memory = {

@@ -1,7 +1,5 @@
 """Tiny randomly-initialised decoders and a tiny tokenizer for fast tests, built here (no downloads)."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -43,11 +41,6 @@ def tiny_model(family: str = "llama", layers: int = 6, seed: int = 0, **override
     return model
 
 
-REFERENCE_TOKENIZER = SimpleNamespace(
-    pad_token_id=0, eos_token_id=None
-)  # build_reference needs a pad id only
-
-
 def random_reference(runner, lengths, new_tokens: int, seed: int = 3, with_kv: bool = True):
     """A ReferenceCache of seeded random prompts (ids 3..60) of `lengths` and their continuations."""
     generator = torch.Generator().manual_seed(seed)
@@ -55,7 +48,7 @@ def random_reference(runner, lengths, new_tokens: int, seed: int = 3, with_kv: b
         EncodedPrompt(f"p{i}", tuple(torch.randint(3, 61, (n,), generator=generator).tolist()))
         for i, n in enumerate(lengths)
     ]
-    return build_reference(runner, REFERENCE_TOKENIZER, prompts, new_tokens=new_tokens, with_kv=with_kv)
+    return build_reference(runner, prompts, new_tokens=new_tokens, with_kv=with_kv)
 
 
 def eight_token_model():

@@ -158,11 +158,11 @@ def test_measure_on_a_missing_cuda_device_is_one_line(model_dir: str, capsys: py
 
 
 def test_decode_warns_on_few_repeats_and_a_busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("os.getloadavg", lambda: (0.1, 0.1, 0.1))
+    monkeypatch.setattr("skipsearch.models.threads.busy_cores", lambda: 0.1)
     assert timing_caveats(3) == []
     assert "only 1 repeat" in timing_caveats(1)[0]
-    monkeypatch.setattr("os.getloadavg", lambda: (64.0, 1.0, 1.0))
-    assert "load average 64.00" in timing_caveats(3)[0]
+    monkeypatch.setattr("skipsearch.models.threads.busy_cores", lambda: 1.0)
+    assert "other processes keep 1.0 of the" in timing_caveats(3)[0]
 
 
 def test_models_never_cuts_an_alias_at_80_columns() -> None:

@@ -133,3 +133,20 @@ def test_target_logits_carry_no_autograd_graph(setup):
         estimator = Estimator(runner, reference, "self")
     assert estimator.target_logits.grad_fn is None and not estimator.target_logits.requires_grad
     assert estimator.time_full_forward() > 0
+
+
+def test_reference_continuations_are_the_engines_autoregressive_output_in_bf16() -> None:
+    """Decoded as the baseline decodes, the reference is the sequence the engine produces, bit for
+    bit, even in bf16 (a batched generate parts from it at near-ties)."""
+    from skipsearch.engine import autoregressive_decode
+    from skipsearch.models.kernels import FP32_ATTENTION, AttentionChoice, apply_attention
+
+    model = tiny_model("llama", layers=4).to(torch.bfloat16)
+    apply_attention(model, AttentionChoice("bfloat16", FP32_ATTENTION, {}, {}))
+    runner = LayerwiseRunner(model)
+    reference = random_reference(runner, [9, 14, 6], new_tokens=20)
+    for row in range(3):
+        start, end = int(reference.prompt_lengths[row]), int(reference.lengths[row])
+        prompt = tuple(reference.input_ids[row, :start].tolist())
+        expected = reference.input_ids[row, start:end].tolist()
+        assert list(autoregressive_decode(runner, prompt, 20).tokens) == expected

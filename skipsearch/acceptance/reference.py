@@ -13,14 +13,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from skipsearch.acceptance.prompts import EncodedPrompt
-from skipsearch.models.kernels import new_cache
 from skipsearch.models.loading import eos_ids
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.progress import progress_bar
@@ -28,8 +26,7 @@ from skipsearch.store import atomic_path
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 2
-GENERATE_BATCH = 8
+CACHE_FORMAT = 3  # 3: continuations decoded as the engine's baseline decodes (was a batched generate)
 FORWARD_BATCH = 8
 
 
@@ -97,41 +94,34 @@ class ReferenceCache:
         return cls(**tensors)
 
 
-def generate_continuations(
-    model: Any, tokenizer: Any, prompts: Sequence[EncodedPrompt], new_tokens: int
+@torch.no_grad()
+def greedy_continuations(
+    runner: LayerwiseRunner, prompts: Sequence[EncodedPrompt], new_tokens: int
 ) -> list[list[int]]:
-    """The target's greedy continuation of each prompt (stopping after EOS), batched with left padding."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stop = eos_ids(model)
+    """The target's greedy continuation of each prompt (stopping after EOS), decoded one sequence
+    and one position at a time on the model's kernel plan (`runner.prefill`, `runner.step`),
+    exactly as the engine's autoregressive baseline decodes it. A batched, left-padded `generate`
+    runs other kernels: in bf16 they flip near-ties, and the estimator would then teacher-force a
+    sequence the engine never produces (4 of 6 fidelity prompts parted that way)."""
+    stop = eos_ids(runner.model)
     continuations: list[list[int]] = []
     with progress_bar("reference: greedy continuations", len(prompts)) as bar:
-        for start in range(0, len(prompts), GENERATE_BATCH):
-            chunk = prompts[start : start + GENERATE_BATCH]
-            width = max(len(p.ids) for p in chunk)
-            ids = torch.tensor([[pad] * (width - len(p.ids)) + list(p.ids) for p in chunk])
-            attention = torch.tensor([[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in chunk])
-            with torch.no_grad():
-                out = model.generate(
-                    input_ids=ids.to(model.device),
-                    attention_mask=attention.to(model.device),
-                    max_new_tokens=new_tokens,
-                    do_sample=False,
-                    pad_token_id=pad,
-                    cache=new_cache(model.config),
-                )
-            for row in out[:, width:].tolist():
-                cut = next((i + 1 for i, token in enumerate(row) if token in stop), len(row))
-                continuations.append(row[:cut])
-            bar.advance(bar.task_ids[0], len(chunk))
+        for prompt in prompts:
+            cache, tokens, new = runner.prefill(prompt.ids), list(prompt.ids), []
+            while len(new) < new_tokens and not (new and new[-1] in stop):
+                new.append(int(runner.step(tokens[-1], len(tokens) - 1, cache).argmax()))
+                tokens.append(new[-1])
+            continuations.append(new)
+            bar.advance(bar.task_ids[0])
     return continuations
 
 
 @torch.no_grad()
 def build_reference(
-    runner: LayerwiseRunner, tokenizer: Any, prompts: Sequence[EncodedPrompt], new_tokens: int, with_kv: bool
+    runner: LayerwiseRunner, prompts: Sequence[EncodedPrompt], new_tokens: int, with_kv: bool
 ) -> ReferenceCache:
-    """Generate continuations, then one teacher-forced full forward collecting per-layer states."""
-    continuations = generate_continuations(runner.model, tokenizer, prompts, new_tokens)
+    """Greedy continuations, then one teacher-forced full forward collecting per-layer states."""
+    continuations = greedy_continuations(runner, prompts, new_tokens)
     # Rows sorted by length let each forward chunk trim its padding.
     pairs = sorted(zip(prompts, continuations, strict=True), key=lambda pair: len(pair[0].ids) + len(pair[1]))
     prompts = [p for p, _ in pairs]

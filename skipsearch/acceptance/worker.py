@@ -115,7 +115,7 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
         prompts = encode_prompts(
             config.prompts, loaded.tokenizer, getattr(loaded.model.config, "max_position_embeddings", None)
         )
-        reference = build_reference(runner, loaded.tokenizer, prompts, config.prompts.new_tokens, with_kv)
+        reference = build_reference(runner, prompts, config.prompts.new_tokens, with_kv)
         path = paths[-1]
         reference.save(
             path, {"model": config.model, "source": loaded.source, "prompts": config.prompts.to_dict()}

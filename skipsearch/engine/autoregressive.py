@@ -10,7 +10,7 @@ from collections.abc import Collection, Sequence
 
 import torch
 
-from skipsearch.engine.cache import check_lengths, prefilled_cache
+from skipsearch.engine.cache import check_lengths
 from skipsearch.engine.result import DecodeResult, new_tokens
 from skipsearch.engine.sampling import GREEDY, Sampling, sample
 from skipsearch.errors import ConfigError
@@ -30,16 +30,12 @@ def autoregressive_decode(
     if max_new_tokens < 1 or not prompt:
         raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
     began = time.perf_counter()
-    cache = prefilled_cache(runner, prompt)
+    cache = runner.prefill(prompt)
     tokens = list(prompt)
-    token = torch.tensor([[tokens[-1]]], device=runner.device)
     while len(tokens) - len(prompt) < max_new_tokens and (
         len(tokens) == len(prompt) or tokens[-1] not in eos_ids
     ):
-        position = torch.tensor([[len(tokens) - 1]], device=runner.device)
-        hidden = runner.run_layers(runner.embed(token), 0, runner.num_layers, position, cache=cache)
-        logits = runner.head(hidden)[0, -1]
-        token = (logits.argmax() if sampling.greedy else sample(sampling.probs(logits), generator)).view(1, 1)
-        tokens.append(int(token))
+        logits = runner.step(tokens[-1], len(tokens) - 1, cache)
+        tokens.append(int(logits.argmax() if sampling.greedy else sample(sampling.probs(logits), generator)))
         check_lengths(cache, len(tokens) - 1)
     return DecodeResult(len(prompt), new_tokens(tokens, len(prompt), eos_ids), time.perf_counter() - began)

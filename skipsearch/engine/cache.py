@@ -15,14 +15,11 @@ one kernel and `check_lengths` reads in one copy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, StaticLayer
-
-from skipsearch.models.runner import LayerwiseRunner
 
 
 class StaticKV(Cache):
@@ -40,20 +37,6 @@ class StaticKV(Cache):
         self.lengths = torch.zeros(count, dtype=torch.long, device=device)
         for index, layer in enumerate(self.layers):
             layer.cumulative_length = self.lengths[index]  # a view: the layer's in-place updates land here
-
-
-def prefilled_cache(runner: LayerwiseRunner, prompt: Sequence[int]) -> DynamicCache:
-    """A cache holding the prompt's K/V except its last token's, which the first round feeds.
-
-    Sliding-window layers record their past so rollback can restore states beyond the window.
-    """
-    cache = runner.new_cache()
-    if len(prompt) > 1:
-        ids = torch.tensor([list(prompt[:-1])], device=runner.device)
-        positions = torch.arange(ids.shape[1], device=runner.device)[None]
-        runner.run_layers(runner.embed(ids), 0, runner.num_layers, positions, cache=cache)
-    cache.activate_past_recording()
-    return cache
 
 
 def layer_lengths(cache: DynamicCache | StaticKV) -> list[int]:

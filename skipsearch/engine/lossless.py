@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 
-from skipsearch.engine.cache import prefilled_cache
 from skipsearch.engine.result import DecodeResult
 from skipsearch.models.runner import LayerwiseRunner
 
@@ -189,7 +188,7 @@ def path_gaps(
     device = runner.device
 
     def passes(step: int) -> torch.Tensor:
-        cache = prefilled_cache(runner, prompt)
+        cache = runner.prefill(prompt)
         chunks = [fed[i : i + step] for i in range(0, len(fed), step)]
         return torch.cat(
             [runner.forward(torch.tensor([c], device=device), cache=cache)[0] for c in chunks]

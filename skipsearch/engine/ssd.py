@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache
 
-from skipsearch.engine.cache import check_lengths, crop, prefilled_cache
+from skipsearch.engine.cache import check_lengths, crop
 from skipsearch.engine.gamma import GammaController, GammaPolicy
 from skipsearch.engine.result import DecodeResult, new_tokens
 from skipsearch.engine.sampling import GREEDY, Sampling, greedy_accept, sample, sample_accept
@@ -200,7 +200,7 @@ class EagerSteps:
         self.heads = tuple(heads) if heads is not None else (None,) * len(self.masks)
 
     def prefill(self, prompt: Sequence[int]) -> Any:
-        return prefilled_cache(self.runner, prompt)
+        return self.runner.prefill(prompt)
 
     def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
         mask, head = self.masks[at.tier], self.heads[at.tier]

@@ -294,11 +294,12 @@ def load_model(
     attention = choose_attention(torch_dtype, device_type(device))
     apply_attention(loaded.model, attention)
     loaded.plan = f"{choice.name} ({choice.reason}); {attention.describe()}"
-    if device_type(device) == "cpu":
-        loaded.plan += f"; {fit_threads_to_load().reason}"
+    threads = fit_threads_to_load() if device_type(device) == "cpu" else None
+    if threads is not None:
+        loaded.plan += f"; {threads.reason}"
     if announce:
         status.print(f"kernel plan: {loaded.plan}")
-        busy = busy_cpu_warning()
+        busy = busy_cpu_warning(threads.busy) if threads is not None else None
         if busy is not None:
             status.print(f"warning: {busy}")
     return loaded

@@ -8,6 +8,7 @@ states. No model math is re-implemented: with an empty mask the logits equal `mo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -141,6 +142,28 @@ class LayerwiseRunner:
         if collect is not None:
             collect.append(hidden)
         return hidden
+
+    @torch.no_grad()
+    def prefill(self, prompt: Sequence[int]) -> Any:
+        """A cache holding the prompt's K/V except its last token's, which the first step feeds
+        (the engine's invariant, `engine.cache`). Sliding-window layers record their past so
+        rollback can restore states beyond the window."""
+        cache = self.new_cache()
+        if len(prompt) > 1:
+            ids = torch.tensor([list(prompt[:-1])], device=self.device)
+            positions = torch.arange(ids.shape[1], device=self.device)[None]
+            self.run_layers(self.embed(ids), 0, self.num_layers, positions, cache=cache)
+        cache.activate_past_recording()
+        return cache
+
+    @torch.no_grad()
+    def step(self, token: int, position: int, cache: Any) -> torch.Tensor:
+        """Logits `[V]` of the full model for one token at `position`, appending its K/V to `cache`:
+        the one-position pass of autoregressive decoding."""
+        ids = torch.tensor([[token]], device=self.device)
+        positions = torch.tensor([[position]], device=self.device)
+        hidden = self.run_layers(self.embed(ids), 0, self.num_layers, positions, cache=cache)
+        return self.head(hidden)[0, -1]
 
     @torch.no_grad()
     def forward(

@@ -48,23 +48,30 @@ def busy_cores(seconds: float = SAMPLE_SECONDS, path: Path = PROC_STAT) -> float
     return cores * (second[0] - first[0]) / (second[1] - first[1])
 
 
+BUSY = 0.5  # cores other processes use, from which timings are flagged as shared
+
+
 @dataclass(frozen=True)
 class ThreadChoice:
     threads: int
     reason: str
+    busy: float = 0.0  # cores other processes used when the choice was made (0 when not measured)
 
 
 def choose_threads(current: int, cores: int, busy: float, user_set: bool) -> ThreadChoice:
     """One thread per core that is not busy, unless the user chose the count."""
     if user_set or current < cores:
-        return ThreadChoice(current, f"{current} thread(s), as set")
+        return ThreadChoice(current, f"{current} thread(s), as set", busy)
     free = max(1, cores - round(busy))
     if free == cores:
-        return ThreadChoice(cores, f"{cores} thread(s), one per core (other processes use {busy:.1f} cores)")
+        return ThreadChoice(
+            cores, f"{cores} thread(s), one per core (other processes use {busy:.1f} cores)", busy
+        )
     return ThreadChoice(
         free,
         f"{free} of {cores} threads: other processes keep {busy:.1f} cores busy, and a thread on a busy "
         "core stalls every parallel kernel",
+        busy,
     )
 
 
@@ -82,12 +89,15 @@ def fit_threads_to_load() -> ThreadChoice:
     return choice
 
 
-def busy_cpu_warning() -> str | None:
-    """A warning when the 1-minute load average exceeds the cores: timings will be noisy and slow."""
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if load <= cores:
+def busy_cpu_warning(busy: float | None = None) -> str | None:
+    """A warning when other processes keep at least `BUSY` of a core busy (measured now unless
+    given): timings are then slower and noisier than on an idle machine. Measured while this
+    process sleeps, not from the load average, which counts this process's own threads and lags
+    a minute behind a job that just ended."""
+    busy = busy_cores() if busy is None else busy
+    if busy < BUSY:
         return None
     return (
-        f"load average {load:.2f} exceeds the {cores} cores: other processes share the CPU, so "
-        "timings are slower and noisier than on an idle machine"
+        f"other processes keep {busy:.1f} of the {os.cpu_count() or 1} cores busy, so timings are "
+        "slower and noisier than on an idle machine"
     )

@@ -18,18 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from race import tiny_model_dir
+
 SMALL = ["--n-prompts", "1", "--new-tokens", "4", "--max-prompt-tokens", "16"]
-
-
-def tiny_model_dir(directory: Path) -> str:
-    sys.path.insert(0, str(ROOT))  # the repository, for `tests`
-    from tests.conftest import make_tokenizer, tiny_model
-
-    tokenizer = make_tokenizer()
-    tiny_model("llama", layers=6, vocab_size=len(tokenizer)).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
 
 
 def cases(model: str, scratch: Path) -> list[tuple[str, list[str]]]:

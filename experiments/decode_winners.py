@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 import yaml
-from _cli import skipsearch
+from _cli import decode_json
 from _common import fmt, markdown_table
 from compare_strategies import PROMPTS
 
@@ -41,11 +40,7 @@ def winners(comparison: pd.DataFrame) -> pd.DataFrame:
 
 def decode(model: str, best: pd.Series, repeats: int, out: Path) -> dict:
     args = ["decode", "--model", model, "--mask", best["best_mask"], "--gamma", str(int(best["gamma_best"]))]
-    args += [*PROMPTS, "--repeats", str(repeats), "--json", str(out)]
-    load = os.getloadavg()[0]
-    if skipsearch(args) not in (0, 1):  # 1: ran, but not lossless (reported below)
-        raise SystemExit(f"decode on {model} failed")
-    return {**json.loads(out.read_text()), "load_before": load, "load_after": os.getloadavg()[0]}
+    return decode_json([*args, *PROMPTS, "--repeats", str(repeats)], out)
 
 
 def report(model: str, best: pd.DataFrame, results: dict[str, dict], cost: str) -> list[str]:

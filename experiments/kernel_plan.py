@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 from pathlib import Path
 
-from _cli import skipsearch
+from _cli import decode_json
 
 from skipsearch.models.registry import REGISTRY, available_offline
 
@@ -40,11 +39,7 @@ def decode(model: str, dtype: str, repeats: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "decode.json"
         args = ["decode", "--model", model, *probe, "--dtype", dtype, "--n-prompts", str(prompts)]
-        args += ["--new-tokens", "48", "--repeats", str(repeats), "--json", str(out)]
-        before = os.getloadavg()[0]
-        if skipsearch(args) not in (0, 1):
-            raise SystemExit(f"decode of {model} in {dtype} failed")
-        return {**json.loads(out.read_text()), "load_before": before, "load_after": os.getloadavg()[0]}
+        return decode_json([*args, "--new-tokens", "48", "--repeats", str(repeats)], out)
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ import argparse
 from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, resolve_source
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask, parse_draft_vocab, parse_layer_list
+from skipsearch.masks import SkipMask, parse_draft_vocab, parse_layer_list, split_draft
 from skipsearch.models.random_weights import RandomWeights
 from skipsearch.models.registry import DEFAULT_MODEL
 
@@ -24,7 +24,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default="auto",
-        help="auto (float32 on CPU, bfloat16 on GPU) or a torch dtype (default %(default)s)",
+        help="auto (bfloat16 on a GPU and on a CPU that multiplies bf16 natively, else float32; "
+        "the choice and its reason are printed) or a torch dtype (default %(default)s)",
     )
 
 
@@ -101,8 +102,16 @@ def add_draft_vocab_option(parser: argparse.ArgumentParser, help_text: str) -> N
 
 
 def draft_vocab_from_args(args: argparse.Namespace) -> int | None:
-    """`--draft-vocab`: None (full) or the size, a one-line error for anything else."""
-    return parse_draft_vocab(getattr(args, "draft_vocab", None))
+    """`--draft-vocab`, or the `|v:K` of a draft string given to `--mask` (as a run's tables print
+    drafts): None (full) or the size, a one-line error for anything else or for two that differ."""
+    given = parse_draft_vocab(getattr(args, "draft_vocab", None))
+    mask_text = getattr(args, "mask", None)
+    in_mask = split_draft(mask_text)[1] if mask_text else None
+    if given is not None and in_mask is not None and given != in_mask:
+        raise ConfigError(
+            f"two draft vocabularies: --mask says v:{in_mask}, --draft-vocab says {given}; give one"
+        )
+    return given if given is not None else in_mask
 
 
 def add_mask_options(parser: argparse.ArgumentParser) -> None:
@@ -110,7 +119,9 @@ def add_mask_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--skip", help="layers to skip entirely, e.g. 4,14 ('' = empty mask)")
     group.add_argument("--attn-skip", help="attention sub-layers to skip")
     group.add_argument("--mlp-skip", help="MLP sub-layers to skip")
-    group.add_argument("--mask", help="stable mask string, e.g. a:4,14|m:4,14,20")
+    group.add_argument(
+        "--mask", help="stable mask string, e.g. a:4,14|m:4,14,20, or a draft's a:4,14|m:4,14,20|v:8192"
+    )
 
 
 def prompt_spec(args: argparse.Namespace) -> PromptSpec:
@@ -165,5 +176,5 @@ def mask_from_args(args: argparse.Namespace, num_layers: int) -> SkipMask:
     if args.skip is not None:
         return SkipMask.from_layers(num_layers, parse_layer_list(args.skip))
     if args.mask is not None:
-        return SkipMask.parse(args.mask, num_layers)
+        return SkipMask.parse(split_draft(args.mask)[0], num_layers)
     return SkipMask(num_layers, parse_layer_list(args.attn_skip or ""), parse_layer_list(args.mlp_skip or ""))

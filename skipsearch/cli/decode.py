@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
             with named_file(Path(args.from_path)):
                 draft = Draft.parse(mask_text, num_layers)
         else:
-            draft = Draft(mask_from_args(args, num_layers))
+            draft = Draft(mask_from_args(args, num_layers), draft_vocab_from_args(args))
         return draft if args.draft_vocab is None else Draft(draft.mask, draft_vocab_from_args(args))
 
     if weights is None:

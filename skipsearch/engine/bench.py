@@ -168,7 +168,8 @@ def benchmark(
 # -- reporting ------------------------------------------------------------------------------------
 def estimators(measurement: Measurement) -> list[Estimator]:
     """The configured estimator, plus `self` mode when that is `shared-kv`: its reference holds
-    the K/V and serves both, so one run shows which mode predicts the engine (DESIGN §4)."""
+    the K/V and serves both, so one run shows which mode predicts the engine (docs/theory.md,
+    "Measuring acceptance")."""
     configured = measurement.estimator
     if configured.mode == "self":
         return [configured]
@@ -180,9 +181,9 @@ def estimator_dict(
 ) -> dict[str, Any]:
     """The estimator's acceptance and tokens per round for the engine's γ, and the relative error.
 
-    Greedy: the exact round simulation over the teacher-forced match vector (DESIGN §4). Sampling:
-    the i.i.d. closed form `E(γ)` at the mean `sum_x min(p, q)` — the estimator applies no
-    top-k / top-p. A dynamic γ has no single prediction.
+    Greedy: the exact round simulation over the teacher-forced match vector (docs/theory.md, "The
+    round rule"). Sampling: the i.i.d. closed form `E(γ)` at the mean `sum_x min(p, q)` — the
+    estimator applies no top-k / top-p. A dynamic γ has no single prediction.
     """
     alpha = profile.alpha if sampling.greedy else profile.sampling_acceptance
     predicted = None

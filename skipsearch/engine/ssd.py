@@ -1,4 +1,5 @@
-"""Self-speculative decoding with any SkipMask on one shared KV cache (DESIGN §6), batch size 1.
+"""Self-speculative decoding with any SkipMask on one shared KV cache (docs/theory.md, "The engine:
+ground truth"), batch size 1.
 
 A round starts with `n` committed tokens; the cache holds positions `0 .. n-2` in every layer
 and the last token `t` (position `n-1`) is pending (see `engine.cache`).

@@ -1,4 +1,4 @@
-"""Executors: where masks are evaluated, behind one small interface (DESIGN §2).
+"""Executors: where masks are evaluated, behind one small interface (docs/architecture.md, "Data flow").
 
 The search keeps up to `capacity` masks in flight with `submit` and collects whichever finishes
 first with `wait_any`, so the same loop drives one in-process evaluator or N Ray actors. An

@@ -249,10 +249,11 @@ def load_model(
 ) -> LoadedModel:
     """Load `--model` for layer-wise running (eval mode, no gradients) on this device's kernel plan.
 
-    The plan (DESIGN §11) is the dtype `--dtype` resolves to and the attention path measured
-    fastest for it (`models.kernels`); with `announce` it is printed as one line on stdout, so
-    every command says what it runs. With `random_weights` the architecture is built from its config
-    with seeded random weights and no tokenizer; nothing is read from the hub or a weight file.
+    The plan (docs/theory.md, "The kernel plan") is the dtype `--dtype` resolves to and the
+    attention path measured fastest for it (`models.kernels`); with `announce` it is printed as one
+    line on stdout, so every command says what it runs. With `random_weights` the architecture is
+    built from its config with seeded random weights and no tokenizer; nothing is read from the hub
+    or a weight file.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging

@@ -1,4 +1,4 @@
-"""Export a run's best draft as configs other engines read (DESIGN §1, `skipsearch export`).
+"""Export a run's best draft as configs other engines read (`skipsearch export`; README, "Commands").
 
 Formats, each one file, read back after writing to prove it says what was meant:
 - `skipsearch`: `skipsearch.json`, the canonical record — any mask, γ, tiers, predictions,

@@ -1,9 +1,10 @@
-"""The default scorers: predicted speedup (closed form or calibrated) or acceptance (DESIGN §5).
+"""The default scorers: predicted speedup (closed form or calibrated) or acceptance (docs/theory.md,
+"Speedup").
 
 A Score stores every number the trials table and best.json report, so a run directory explains
-itself without the model. A mask measured at several draft-vocabulary sizes (DESIGN §8) is scored
-at each of them and keeps the best, as it keeps the best γ: both are exact optima per mask, found
-by arithmetic on one measurement.
+itself without the model. A mask measured at several draft-vocabulary sizes (docs/theory.md, "The
+draft vocabulary") is scored at each of them and keeps the best, as it keeps the best γ: both are
+exact optima per mask, found by arithmetic on one measurement.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The search loop: Optuna ask/tell in the driver, masks evaluated by an Executor (DESIGN §2).
+"""The search loop: Optuna ask/tell in the driver, masks evaluated by an Executor
+(docs/architecture.md, "Data flow").
 
 Storage is an Optuna journal file under the run directory (`optuna-dashboard optuna.journal`
 reads it). The budget is the number of distinct masks the study scores; the evaluation cache

@@ -200,7 +200,7 @@ layer forfeits all KV reuse (docs/theory.md, 'The skip mask: r_draft, s1 and r_r
 The contiguous form prices γ = 1 at exactly one full step, `1 + (γ - 1) r = 1`, so its speedup
 there is `1 + α` whatever `r` is: the draft comes free. The closed form never runs the last
 draft token through the reused layers, which a real round must do (one position over layers
-`< s1`); the calibrated model (`costmodel.Calibrated`) counts it, so it is the one to trust when
+`< s1`); the calibrated model (`cost.calibrated.Calibrated`) counts it, so it is the one to trust when
 the closed form's best γ is 1.
 """
 

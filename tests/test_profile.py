@@ -1,4 +1,4 @@
-"""`skipsearch.profile` and `skipsearch profile`: shapes, the fixed context, the summary, CLI errors."""
+"""`skipsearch.cost.profiler` and `skipsearch profile`: shapes, the fixed context, the summary, CLI errors."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ A round with γ = 0 is one plain autoregressive step; the γ controller uses it 
 is switched off, and the last round uses a smaller γ so the output never overshoots.
 
 `run_rounds` plays the rounds for any schedule of masks and any implementation of the passes:
-`speculative_decode` drafts every round with one mask, `engine.tiers` picks a mask per round, and
+`speculative_decode` drafts every round with one mask, `engine.tiered` picks a mask per round, and
 `engine.graphs` replays the same passes from CUDA graphs.
 """
 

@@ -55,8 +55,8 @@ from _common import (
 )
 
 from skipsearch.acceptance.estimator import Estimator
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.acceptance.prompts import PromptSpec
-from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.cost.calibrated import Calibrated, predict
 from skipsearch.cost.closed_forms import SelfSpeculative
 from skipsearch.cost.latency import LatencyProfile

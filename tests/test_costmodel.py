@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cost.calibrated import Calibrated, predict
 from skipsearch.cost.closed_forms import (
     Contiguous,

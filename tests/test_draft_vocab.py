@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from skipsearch.acceptance.estimator import subset_acceptance
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.engine import autoregressive_decode, speculative_decode
 from skipsearch.engine import sampling as sampling_ops
 from skipsearch.engine.sampling import Sampling

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.executors.base import Executor, LocalExecutor
 from skipsearch.masks import SkipMask
 

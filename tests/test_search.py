@@ -22,7 +22,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, LocalExecutor, Outcome
 from skipsearch.masks import SkipMask

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MODES_WITH_KV
+from skipsearch.acceptance.profile import AcceptanceProfile, round_starts
 from skipsearch.acceptance.reference import FORWARD_BATCH, ReferenceCache
-from skipsearch.acceptance.rounds import AcceptanceProfile, round_starts
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner

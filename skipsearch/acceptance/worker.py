@@ -16,9 +16,9 @@ import torch
 
 from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.measure_config import MODES_WITH_KV, MeasureConfig
+from skipsearch.acceptance.profile import Evaluator
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts, select_prompts
 from skipsearch.acceptance.reference import ReferenceCache, build_reference, reference_key
-from skipsearch.acceptance.rounds import Evaluator
 from skipsearch.acceptance.vocab import VocabRanking, ranking_for
 from skipsearch.errors import ConfigError
 from skipsearch.models.loading import LoadedModel, load_model

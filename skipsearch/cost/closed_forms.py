@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 

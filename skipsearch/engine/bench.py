@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from skipsearch.acceptance.estimator import Estimator
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.acceptance.worker import Measurement
 from skipsearch.cost.closed_forms import tokens_per_round_iid
 from skipsearch.engine.autoregressive import autoregressive_decode

@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from skipsearch.acceptance.measure_config import MeasureConfig
-from skipsearch.acceptance.rounds import AcceptanceProfile, Evaluator
+from skipsearch.acceptance.profile import AcceptanceProfile, Evaluator
 from skipsearch.masks import SkipMask
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skipsearch.acceptance.measure_config import MeasureConfig
-from skipsearch.acceptance.rounds import AcceptanceProfile, Evaluator
+from skipsearch.acceptance.profile import AcceptanceProfile, Evaluator
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, Outcome
 from skipsearch.masks import SkipMask

@@ -43,7 +43,7 @@ NOTES_FILE = "export_notes.md"  # the prose of every note, per format
 
 
 @dataclass(frozen=True)
-class Draft:
+class ExportedDraft:
     """One exportable draft: a mask, its draft length and what the search predicted for it."""
 
     mask: SkipMask
@@ -59,8 +59,8 @@ class ExportSource:
     path: Path
     run_dir: Path | None
     best_json: Mapping[str, Any]
-    best: Draft
-    contiguous: Draft | None
+    best: ExportedDraft
+    contiguous: ExportedDraft | None
     tiers: TierManifest | None
     study: str | None
     export_key: str | None = None
@@ -86,7 +86,7 @@ class Exported:
 
     format: str
     path: Path
-    draft: Draft | None
+    draft: ExportedDraft | None
     notes: tuple[str, ...]
 
 
@@ -121,7 +121,7 @@ def load_source(path: Path, study: str | None = None, export_key: str | None = N
             f"{path}` or rebuild its report with `skipsearch report {path}`"
         )
     best_json = _read_best(best_path)
-    best = Draft(
+    best = ExportedDraft(
         SkipMask.parse(best_json["mask"], int(best_json["num_layers"])),
         int(best_json["gamma_best"]),
         best_json.get("score"),
@@ -168,13 +168,13 @@ def _is_prefix(mask: SkipMask) -> bool:
     return mask.exit_layer is not None and mask.exit_layer < mask.num_layers
 
 
-def _best_contiguous(run_dir: Path) -> Draft | None:
+def _best_contiguous(run_dir: Path) -> ExportedDraft | None:
     """The highest-scoring early exit any study of the run scored, or None."""
     prefixes = [r for r in run_trials(run_dir) if _is_prefix(r.skip_mask)]
     if not prefixes:
         return None
     record = max(prefixes, key=lambda r: (r.score, -r.number))
-    return Draft(record.skip_mask, record.gamma_best, record.score, record.number)
+    return ExportedDraft(record.skip_mask, record.gamma_best, record.score, record.number)
 
 
 def _study_name(run_dir: Path) -> str:
@@ -199,7 +199,7 @@ def parse_notes(text: str) -> dict[str, tuple[str, ...]]:
 NOTES = parse_notes(resources.files(__package__).joinpath(NOTES_FILE).read_text(encoding="utf-8"))
 
 
-def note_values(source: ExportSource, draft: Draft) -> dict[str, Any]:
+def note_values(source: ExportSource, draft: ExportedDraft) -> dict[str, Any]:
     """What the notes' `{placeholders}` stand for."""
     exit_layer = draft.mask.exit_layer
     best = source.best
@@ -228,7 +228,7 @@ def _key_list(keys: tuple[str, ...]) -> str:
     )
 
 
-def notes(section: str, source: ExportSource, draft: Draft) -> list[str]:
+def notes(section: str, source: ExportSource, draft: ExportedDraft) -> list[str]:
     values = note_values(source, draft)
     return [note.format(**values) for note in NOTES[section]]
 
@@ -244,9 +244,9 @@ class Format:
     name: str
     file: str
     prefix_only: bool
-    write: Callable[[ExportSource, Draft, Path], None]
+    write: Callable[[ExportSource, ExportedDraft, Path], None]
     read: Reader
-    notes: Callable[[ExportSource, Draft], list[str]]
+    notes: Callable[[ExportSource, ExportedDraft], list[str]]
 
 
 def _dump(path: Path, data: Any) -> None:
@@ -268,7 +268,7 @@ def _int(data: Mapping[str, Any], key: str, path: Path, low: int = 1) -> int:
 
 
 # skipsearch --------------------------------------------------------------------------------------
-def write_skipsearch(source: ExportSource, draft: Draft, path: Path) -> None:
+def write_skipsearch(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
     best = source.best_json
     mask = draft.mask
     _dump(
@@ -334,19 +334,19 @@ def read_skipsearch(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
     return mask, _int(data, "gamma", path)
 
 
-def notes_skipsearch(source: ExportSource, draft: Draft) -> list[str]:
+def notes_skipsearch(source: ExportSource, draft: ExportedDraft) -> list[str]:
     tiers = [] if source.tiers is None else notes("skipsearch-tiers", source, draft)
     vocab = [] if source.draft_vocab is None else notes("skipsearch-draft-vocab", source, draft)
     return [*notes("skipsearch", source, draft), *vocab, *tiers]
 
 
-def _full_vocab_note(source: ExportSource, draft: Draft) -> list[str]:
+def _full_vocab_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
     """Engines without a draft-vocabulary option run the mask with the full head: say so."""
     return [] if source.draft_vocab is None else notes("no-draft-vocab", source, draft)
 
 
 # hf ----------------------------------------------------------------------------------------------
-def write_hf(source: ExportSource, draft: Draft, path: Path) -> None:
+def write_hf(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
     from transformers import GenerationConfig
 
     config = GenerationConfig(
@@ -376,7 +376,7 @@ def read_hf(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
     return SkipMask.prefix(num_layers, exit_layer), _int(data, "num_assistant_tokens", path)
 
 
-def notes_hf(source: ExportSource, draft: Draft) -> list[str]:
+def notes_hf(source: ExportSource, draft: ExportedDraft) -> list[str]:
     return [*_fallback_note(source, draft), *_full_vocab_note(source, draft), *notes("hf", source, draft)]
 
 
@@ -397,7 +397,7 @@ def skip_layer_keys(source: ExportSource) -> tuple[str, ...]:
     return (name, f"{name}_{task}")
 
 
-def write_skip_layers(source: ExportSource, draft: Draft, path: Path) -> None:
+def write_skip_layers(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
     entry = {"attention": sorted(draft.mask.attn), "mlp": sorted(draft.mask.mlp)}
     _dump(path, {key: entry for key in skip_layer_keys(source)})
 
@@ -424,12 +424,12 @@ def read_skip_layers(path: Path, num_layers: int) -> tuple[SkipMask, int | None]
     return masks.pop(), None
 
 
-def notes_skip_layers(source: ExportSource, draft: Draft) -> list[str]:
+def notes_skip_layers(source: ExportSource, draft: ExportedDraft) -> list[str]:
     return [*_full_vocab_note(source, draft), *notes("skip-layers", source, draft)]
 
 
 # layerskip ---------------------------------------------------------------------------------------
-def layerskip_argv(draft: Draft) -> list[str]:
+def layerskip_argv(draft: ExportedDraft) -> list[str]:
     return [
         "--generation_strategy",
         "self_speculative",
@@ -440,7 +440,7 @@ def layerskip_argv(draft: Draft) -> list[str]:
     ]
 
 
-def write_layerskip(source: ExportSource, draft: Draft, path: Path) -> None:
+def write_layerskip(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
     argv = layerskip_argv(draft)
     _dump(
         path,
@@ -460,18 +460,18 @@ def read_layerskip(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
     exit_layer, gamma = _int(data, "exit_layer", path), _int(data, "num_speculations", path)
     if exit_layer >= num_layers or data.get("generation_strategy") != "self_speculative":
         raise ConfigError(f"{path}: exit_layer must be below {num_layers} with strategy self_speculative")
-    draft = Draft(SkipMask.prefix(num_layers, exit_layer), gamma, None, None)
+    draft = ExportedDraft(SkipMask.prefix(num_layers, exit_layer), gamma, None, None)
     if data.get("argv") != layerskip_argv(draft):
         raise ConfigError(f"{path}: argv disagrees with exit_layer / num_speculations: export it again")
     return draft.mask, gamma
 
 
-def notes_layerskip(source: ExportSource, draft: Draft) -> list[str]:
+def notes_layerskip(source: ExportSource, draft: ExportedDraft) -> list[str]:
     fallback, full_vocab = _fallback_note(source, draft), _full_vocab_note(source, draft)
     return [*fallback, *full_vocab, *notes("layerskip", source, draft)]
 
 
-def _fallback_note(source: ExportSource, draft: Draft) -> list[str]:
+def _fallback_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
     return [] if draft.mask == source.best.mask else notes("fallback", source, draft)
 
 
@@ -490,7 +490,7 @@ ALL = "all"
 
 
 # -- exporting ------------------------------------------------------------------------------------
-def draft_for(source: ExportSource, fmt: Format) -> Draft:
+def draft_for(source: ExportSource, fmt: Format) -> ExportedDraft:
     """The best mask, or for an early-exit-only engine the best early exit of the run."""
     if not fmt.prefix_only:
         return source.best
@@ -512,7 +512,7 @@ def export(source: ExportSource, formats: Iterable[str], out: Path) -> list[Expo
     if unknown:
         raise ConfigError(f"unknown export format {unknown[0]!r}: use one of {', '.join([*FORMATS, ALL])}")
     wanted = list(FORMATS) if ALL in names else names
-    drafts: dict[str, Draft] = {}
+    drafts: dict[str, ExportedDraft] = {}
     skipped: dict[str, str] = {}
     for name in wanted:
         try:
@@ -531,7 +531,7 @@ def export(source: ExportSource, formats: Iterable[str], out: Path) -> list[Expo
     return exported
 
 
-def _write(source: ExportSource, fmt: Format, draft: Draft, out: Path) -> Exported:
+def _write(source: ExportSource, fmt: Format, draft: ExportedDraft, out: Path) -> Exported:
     path = out / fmt.file
     fmt.write(source, draft, path)
     mask, gamma = fmt.read(path, source.num_layers)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.closed_forms import CostForm, SelfSpeculative, optimal_gamma
 from skipsearch.cost.latency import LatencyProfile

@@ -37,6 +37,8 @@ class Measurement:
     estimator: Estimator
     reference_path: str
     prompts: PromptSpec
+    model_released: bool = False
+    """Set by `release_model`: the weights are gone, so nothing here can compute any more."""
 
     @property
     def num_layers(self) -> int:
@@ -72,6 +74,7 @@ class Measurement:
         7B in bf16) would hold a GPU twice. Anything that computes with it afterwards fails on the
         `meta` device instead of using freed memory.
         """
+        self.model_released = True
         self.loaded.model.to("meta")
         reference, estimator = self.estimator.reference, self.estimator
         for name in ("hidden", "keys", "values"):
@@ -88,7 +91,6 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
     `check(num_layers)` runs between the two, so input that depends on the model's depth (a
     mask) is rejected before the slow reference build.
     """
-    torch.manual_seed(0)
     select_prompts(config.prompts)  # fail on a bad prompt file before the slow model load
     loaded = load_model(config.model, device=config.device, dtype=config.dtype)
     runner = LayerwiseRunner(loaded.model)

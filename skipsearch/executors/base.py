@@ -117,7 +117,10 @@ class LocalExecutor(Executor):
 
 ExecutorFactory = Callable[[MeasureConfig, float, "Measurement"], Executor]
 """`factory(measure, temperature, measurement)`: the executor a command evaluates masks on. The
-driver has already prepared `measurement` (so its ReferenceCache is on disk) before any worker starts."""
+driver has already prepared `measurement` (so its ReferenceCache is on disk) before any worker starts.
+A factory whose workers each hold their own copy of the model on a GPU releases the driver's copy
+(`Measurement.release_model`, which sets `model_released`), so one GPU never holds it twice: the
+caller reads `measurement.model_released` before computing with the model again."""
 
 
 def local_executor(measure: MeasureConfig, temperature: float, measurement: Measurement) -> Executor:

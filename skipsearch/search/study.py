@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,22 @@ _ASK_ATTRS = ("mask", "num_layers", "strategy", "seed", "origin")
 
 ProgressCallback = Callable[[int, int, float | None], None]
 """`on_trial(scored, budget, best_value)`, called after each trial that used budget."""
+
+
+@contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Optuna at WARNING for the block, its previous level back after it.
+
+    Optuna logs a line per trial; a search reports its trials through `on_trial` (the CLI's progress
+    bar) instead. Optuna's level is process-wide and cannot be given to a study, so it is set around
+    the search and restored, never left changed for the rest of the process.
+    """
+    previous = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(previous)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from skipsearch.acceptance.vocab import VocabRanking, ranking_for
 from skipsearch.errors import ConfigError
 from skipsearch.models.loading import LoadedModel, load_model
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.store import cache_dir
+from skipsearch.store import reference_cache_path
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
     dtype = f"{loaded.model.dtype}/{loaded.model.config._attn_implementation}"
     # A cache holding K/V also serves `self` mode, so look for it first.
     candidates = [reference_key(loaded.source, dtype, config.prompts.key(), kv) for kv in (True, with_kv)]
-    paths = [cache_dir() / "reference" / f"{key}.safetensors" for key in candidates]
+    paths = [reference_cache_path(key) for key in candidates]
     existing = next((p for p in paths if p.is_file()), None)
     if existing is not None:
         reference = ReferenceCache.load(existing, runner.device, with_kv)

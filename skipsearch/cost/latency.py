@@ -21,6 +21,7 @@ import numpy as np
 
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SublayerWeights
+from skipsearch.store import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -306,9 +307,7 @@ class LatencyProfile:
             ) from None
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path, model: str | None = None) -> LatencyProfile:

@@ -33,7 +33,15 @@ from skipsearch.masks import SkipMask, parse_draft_vocab, vocab_label
 from skipsearch.run.report import study_dir, write_run_outputs
 from skipsearch.search import load_study
 from skipsearch.search.stored import load_run, run_trials
-from skipsearch.store import BEST_FILE, DRAFT_VOCAB_FILE, EXPORT_README, JOURNAL_FILE, RUN_FILE, TIERS_FILE
+from skipsearch.store import (
+    BEST_FILE,
+    DRAFT_VOCAB_FILE,
+    EXPORT_README,
+    JOURNAL_FILE,
+    RUN_FILE,
+    TIERS_FILE,
+    write_text_atomic,
+)
 from skipsearch.tiers.manifest import TierManifest
 
 log = logging.getLogger(__name__)
@@ -250,7 +258,7 @@ class Format:
 
 
 def _dump(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def _load(path: Path) -> Any:
@@ -525,7 +533,7 @@ def export(source: ExportSource, formats: Iterable[str], out: Path) -> list[Expo
     exported = [_write(source, FORMATS[name], draft, out) for name, draft in drafts.items()]
     if source.tiers is not None:
         exported.append(_write_tiers(source.tiers, out))
-    (out / EXPORT_README).write_text(readme(source, exported, skipped))
+    write_text_atomic(out / EXPORT_README, readme(source, exported, skipped))
     for name, why in skipped.items():
         log.warning("format %s not written: %s", name, why)
     return exported

@@ -43,7 +43,7 @@ from skipsearch.search.results import DETAIL_PREFIX, TrialRecord, best_trial, pa
 from skipsearch.search.score import Scorer
 from skipsearch.search.spaces import ConcreteSpace
 from skipsearch.search.strategies import PlanContext, Strategy
-from skipsearch.store import JOURNAL_FILE, refuse_symlinks
+from skipsearch.store import CACHE_DIR, JOURNAL_FILE, refuse_symlinks
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def run_search(
     defaults to `run_dir/cache`. With `resume`, an existing study is continued to the budget;
     without, finding one is an error so a run is never extended by accident.
     """
-    cache = cache if cache is not None else EvaluationCache(run_dir / "cache")
+    cache = cache if cache is not None else EvaluationCache(run_dir / CACHE_DIR)
     # Plan before touching the journal, so a strategy that cannot run leaves no study behind.
     search = _Search(space, strategy, executor, scorer, config, cache, on_trial)
     study = _open_study(run_dir, study_name or strategy.name, strategy, space, config, resume)

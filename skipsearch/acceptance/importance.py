@@ -21,7 +21,7 @@ from typing import Any
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 
-SOURCES = ("proxy", "measured")
+IMPORTANCE_SOURCES = ("proxy", "measured")
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,10 @@ class SublayerImportance:
     layer: tuple[float | None, ...]
 
     def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise ConfigError(f"unknown importance source {self.source!r}: use one of {', '.join(SOURCES)}")
+        if self.source not in IMPORTANCE_SOURCES:
+            raise ConfigError(
+                f"unknown importance source {self.source!r}: use one of {', '.join(IMPORTANCE_SOURCES)}"
+            )
         if not len(self.attn) == len(self.mlp) == len(self.layer) >= 1:
             raise ConfigError(
                 f"importance must cover the same layers for attn, mlp and layer, got "

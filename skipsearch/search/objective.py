@@ -22,6 +22,9 @@ from skipsearch.search.score import Score, Scorer
 
 OBJECTIVES = ("speedup", "acceptance")
 COSTS = ("closed-form", "calibrated")
+AUTO_COST = "auto"
+"""The cost a run asks for when it leaves the choice to the device: calibrated once `skipsearch
+profile` has measured the model here, else the closed form (resolved by `run.preflight`)."""
 DEFAULT_CONTEXT = 512
 
 

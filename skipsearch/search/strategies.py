@@ -293,9 +293,9 @@ class KnapsackTPEStrategy(KnapsackStrategy):
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls
     for cls in (
+        LearnedStrategy,
         RandomStrategy,
         UniformStrategy,
-        LearnedStrategy,
         ExhaustiveStrategy,
         RankingStrategy,
         KnapsackStrategy,

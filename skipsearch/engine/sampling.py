@@ -96,19 +96,6 @@ def resample(p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None
     return int(sample(weights, generator))
 
 
-def accept_or_resample(
-    p: torch.Tensor, q: torch.Tensor, token: int, generator: torch.Generator | None = None
-) -> tuple[bool, int]:
-    """Rejection-sampling step for one draft token `token ~ q` against the target `p` (1-D).
-
-    Accept with probability `min(1, p(x) / q(x))`; otherwise sample from `norm(max(0, p - q))`.
-    """
-    u = torch.rand((), generator=generator, device=p.device)
-    if u * q[token] < p[token]:  # u < p/q without dividing by q
-        return True, token
-    return False, resample(p, q, generator)
-
-
 def sample_accept(
     draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
 ) -> tuple[int, int]:

@@ -1,4 +1,5 @@
-"""Bottleneck shares: where an SSD round's time goes, by context length (reference 002 §2, §4).
+"""Bottleneck shares: where an SSD round's time goes, by context length (docs/theory.md,
+"Bottleneck share").
 
 The mask is the best of a search run — `runs/demo/best.json`, else the first `results/*/best.json`
 (keys `mask`, `gamma_best`) — or, without one, the fixed mask `FALLBACK` at γ = 3. Prompts of three
@@ -356,7 +357,8 @@ def report(rows: Sequence[BucketCeiling], meta: dict[str, Any]) -> str:
 
 
 def reading(rows: Sequence[BucketCeiling], meta: dict[str, Any]) -> list[str]:
-    """Interpretation against reference 002; every number and every branch follows the measurement."""
+    """Interpretation against docs/theory.md, "Bottleneck share"; every number and every branch
+    follows the measurement."""
     first, last = rows[0], rows[-1]
 
     def span(values: Sequence[float], spec: str) -> str:
@@ -377,8 +379,8 @@ def reading(rows: Sequence[BucketCeiling], meta: dict[str, Any]) -> list[str]:
         if min(steps) > 1:
             binding += (
                 " On this CPU a multi-position pass costs more than one step (it is compute-bound), where "
-                "002 §2.1 (item 2) counts on a bandwidth-bound accelerator checking γ + 1 positions for "
-                "about the price of one."
+                "docs/theory.md, 'Bottleneck share', counts on a bandwidth-bound accelerator checking "
+                "γ + 1 positions for about the price of one."
             )
     else:
         binding = (
@@ -387,21 +389,22 @@ def reading(rows: Sequence[BucketCeiling], meta: dict[str, Any]) -> list[str]:
         )
     if last.verify_steps > 1.05 * first.verify_steps:
         context = (
-            "the prefix-KV cost of 002 §4.2 shows up in the verify pass, whose γ + 1 positions each "
-            "attend over the whole prefix."
+            "the prefix-KV cost (docs/theory.md, 'Bottleneck share') shows up in the verify pass, "
+            "whose γ + 1 positions each attend over the whole prefix."
         )
     else:
         context = "at these lengths the split barely depends on context."
     lines = [
-        "## Reading against reference 002",
+        "## Reading against docs/theory.md, 'Bottleneck share'",
         "",
-        "002 §2.2: the speedup ceiling is `1 / (1 - s)`, `1 - s` the share speculation cannot compress. "
-        "In an SSD round nothing shrinks when acceptance rises — draft, verify and bookkeeping cost the "
-        "same whether 0 or γ drafts are accepted; acceptance only raises the tokens a round yields.",
+        "docs/theory.md, 'Bottleneck share': the speedup ceiling is `1 / (1 - s)`, `1 - s` the share "
+        "speculation cannot compress. In an SSD round nothing shrinks when acceptance rises — draft, "
+        "verify and bookkeeping cost the same whether 0 or γ drafts are accepted; acceptance only "
+        "raises the tokens a round yields.",
         "",
         f"- Shares: draft {span(draft, '.0%')}, verify {span(verify, '.0%')}, accept/sample + cache ops + "
         f"other {span(bookkeeping, '.1%')}: per-round bookkeeping is negligible on this CPU (the launch "
-        "overheads of 002 §5.5 are a GPU concern).",
+        "overheads in docs/theory.md, 'Bottleneck share', are a GPU concern).",
         f"- Every draft accepted at γ = {meta['gamma']}: at most {span(all_accepted, '.2f')}×; a free draft "
         f"at the measured acceptance: at most {span(free_draft, '.2f')}×. " + binding,
     ]

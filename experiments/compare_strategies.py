@@ -1,4 +1,5 @@
-"""Six strategies at equal budget, plus random at 5x the budget (issues 4 and 13, DESIGN §3, §9).
+"""Six strategies at equal budget, plus random at 5x the budget (issues 4 and 13;
+docs/architecture.md, "Strategies").
 
 Runs `skipsearch compare` (`compare_space.yaml`: the sparse space up to 70% skipped; 3 seeds, one
 shared evaluation cache) with random, uniform, ranking, knapsack, learned (TPE) and knapsack+tpe at

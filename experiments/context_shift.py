@@ -1,4 +1,5 @@
-"""How the best mask changes between a 128- and a 2,048-token context (issue 13, DESIGN §9).
+"""How the best mask changes between a 128- and a 2,048-token context (issue 13; docs/theory.md,
+"Scoring context").
 
 Arithmetic only, no model and no timing: every distinct mask the committed SmolLM2 comparison
 measured (`results/compare/smollm2-135m/*-s*.csv`, its tokens per round at γ = 1..8) is re-scored

@@ -4,13 +4,14 @@ On the embedded model, for 12 masks (contiguous exits, single- and multi-layer s
 attention-only and an MLP-only sub-layer mask) at γ = 3, greedy, on the same prompts for the
 estimator and the engine:
 - tokens per round and acceptance: the engine (`speculative_decode`) vs the teacher-forced
-  estimator in `self` and `shared-kv` mode (DESIGN §4), with the estimator's match vector also
-  replayed under the engine's own end-of-output rule to separate end effects from KV effects,
-  and the per-depth disagreement between engine and estimator on the positions a round judged;
+  estimator in `self` and `shared-kv` mode (docs/theory.md, "Measuring acceptance"), with the
+  estimator's match vector also replayed under the engine's own end-of-output rule to separate end
+  effects from KV effects, and the per-depth disagreement between engine and estimator on the
+  positions a round judged;
 - speedup: SSD over our autoregressive decoding, measured with the autoregressive runs
-  interleaved between the SSD runs of each prompt, vs `costmodel.predict` in closed form and
-  calibrated with `results/profile/profile.json` (DESIGN §5), each fed by either estimator mode
-  and by the engine's own tokens per round (which isolates the cost model).
+  interleaved between the SSD runs of each prompt, vs `cost.calibrated.predict` in closed form and
+  calibrated with `results/profile/profile.json` (docs/theory.md, "Calibrated cost"), each fed by
+  either estimator mode and by the engine's own tokens per round (which isolates the cost model).
 
 Writes `results/fidelity/`: `fidelity.csv` (one row per mask), `errors.csv`, `README.md` (error
 statistics, verdicts), `fidelity.png` (predicted vs measured, with y = x) and `measurements.json`.
@@ -54,8 +55,8 @@ from _common import (
 )
 
 from skipsearch.acceptance.estimator import Estimator
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.acceptance.prompts import PromptSpec
-from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.cost.calibrated import Calibrated, predict
 from skipsearch.cost.closed_forms import SelfSpeculative
 from skipsearch.cost.latency import LatencyProfile

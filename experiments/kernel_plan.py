@@ -1,8 +1,8 @@
 """fp32 against the default kernel plan, side by side: autoregressive, HF generate and one SSD probe.
 
-The kernel plan (issue 19, DESIGN §11) runs a CPU with native bf16 on bf16 weights with fp32 K/V
-and attention. This experiment runs `skipsearch decode` of one probe mask per model in both
-plans — `--dtype float32` and the default — alternating the two in fresh processes for
+The kernel plan (issue 19; docs/theory.md, "The kernel plan") runs a CPU with native bf16 on bf16
+weights with fp32 K/V and attention. This experiment runs `skipsearch decode` of one probe mask per
+model in both plans — `--dtype float32` and the default — alternating the two in fresh processes for
 `--rounds` rounds, so drift hits both alike; within each process autoregressive decoding, HF
 `generate` (in the same plan) and SSD are interleaved by the decode itself. Writes
 `results/kernels/kernel_plan.md` and the decodes' JSON.

@@ -5,7 +5,7 @@ Writes `results/profile/`:
 - `per_layer_cost.png`: per-layer attention and MLP time at each context length, the split of one
   step into embedding / attention / MLP / head, and the draft cost `c` against the naive `E / L`;
 - `c_vs_naive.csv` and `.md`: `c` of the contiguous draft `[0, E)` for every exit `E` at each
-  context length next to `E / L` (reference 001 §5.1), plus `f(γ)` and the round overhead.
+  context length next to `E / L` (docs/theory.md, "Calibrated cost"), plus `f(γ)` and the round overhead.
 
 Run: `.venv/bin/python experiments/profile_smollm2.py` (about four minutes on two idle cores);
 `--replot` redraws the outputs from the saved profile.json without measuring.
@@ -153,7 +153,7 @@ def write_markdown(profile: LatencyProfile, digest: ProfileSummary, path: Path) 
         f"{step.total * MS:.1f} ms, of which the LM head is {step.head * MS:.1f} ms "
         f"({step.head / step.total:.0%}) and the embedding {step.embed * MS:.2f} ms: so a one-layer "
         f"draft costs c = {c1:.3f}, {c1 / digest.naive(1):.1f}× the naive 1/{digest.num_layers}. "
-        "Reference 001 §5.1: c is not L_draft/L.",
+        "docs/theory.md, 'Calibrated cost': c is not L_draft/L.",
         "",
         "## c by exit layer",
         "",

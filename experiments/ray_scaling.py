@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from skipsearch.acceptance.measure_config import MeasureConfig
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.acceptance.prompts import PromptSpec
-from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.config import RunConfig
 from skipsearch.executors.base import Evaluator, Executor, LocalExecutor, local_executor
 from skipsearch.executors.ray import RayExecutor, RayOptions, measurement_executor

@@ -29,7 +29,7 @@ import optuna
 import pandas as pd
 from _cli import skipsearch
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.masks import SkipMask
 from skipsearch.search.space_files import load_space

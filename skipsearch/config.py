@@ -11,12 +11,11 @@ from pathlib import Path
 
 import yaml
 
+from skipsearch.acceptance.importance import IMPORTANCE_SOURCES
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.errors import ConfigError
 from skipsearch.masks import parse_draft_vocab, vocab_label
 from skipsearch.store import write_text_atomic
-
-IMPORTANCE_SOURCES = ("proxy", "measured")
 
 
 def check_context(context: int | None) -> None:

@@ -1,13 +1,14 @@
 """SkipMask and Draft: what the self-speculative draft skips, and which tokens it can propose.
 
-A SkipMask says which attention and MLP sub-layers the draft skips (DESIGN §3); a skipped
-sub-layer passes its residual stream through unchanged. The mask also answers the two cost
-questions the cost model needs: how much of a full forward the draft runs (`r_draft`) and how many
-leading layers keep exactly the full model's KV, so that verify can reuse it (`r_reuse`).
+A SkipMask says which attention and MLP sub-layers the draft skips (docs/theory.md, "The skip mask:
+r_draft, s1 and r_reuse"); a skipped sub-layer passes its residual stream through unchanged. The
+mask also answers the two cost questions the cost model needs: how much of a full forward the draft
+runs (`r_draft`) and how many leading layers keep exactly the full model's KV, so that verify can
+reuse it (`r_reuse`).
 
-A Draft is a mask plus a draft vocabulary (DESIGN §8): `full`, or the top-`k` ids of a frequency
-ranking, so that each draft step multiplies only `k` rows of the LM head. Verify always uses the
-full head, so the output stays lossless.
+A Draft is a mask plus a draft vocabulary (docs/theory.md, "The draft vocabulary"): `full`, or the
+top-`k` ids of a frequency ranking, so that each draft step multiplies only `k` rows of the LM head.
+Verify always uses the full head, so the output stays lossless.
 """
 
 from __future__ import annotations
@@ -173,7 +174,8 @@ class SkipMask:
 
     @property
     def first_divergent_layer(self) -> int:
-        """`s1`: the first layer whose input differs from the full model's (DESIGN §3).
+        """`s1`: the first layer whose input differs from the full model's (docs/theory.md, "The
+        skip mask: r_draft, s1 and r_reuse").
 
         A skipped attention at `l` means layer `l` writes no exact KV, so `s1 <= l`; a skipped MLP
         at `l` leaves layer `l`'s KV exact and first changes the input of layer `l + 1`.

@@ -22,6 +22,13 @@ from skipsearch.errors import ConfigError
 RUN_FILE = "run.yaml"
 BEST_FILE = "best.json"
 SUMMARY_FILE = "summary.md"
+TRIALS_TABLE = "trials.csv"
+CONVERGENCE_PLOT = "convergence.png"  # one run's, or a compare's strategies side by side
+ALPHA_PLOT = "alpha_vs_r_draft.png"
+SKIP_FREQUENCY_PLOT = "skip_frequency.png"
+SPEEDUP_PLOT = "speedup_vs_gamma.png"
+COMPARISON_TABLE = "comparison.csv"
+COMPARISON_SUMMARY = "comparison.md"
 TIERS_FILE = "tiers.json"
 TIER_TABLE_FILE = "tier_sets.csv"
 JOURNAL_FILE = "optuna.journal"
@@ -60,9 +67,45 @@ def refuse_symlinks(directory: Path) -> None:
 
 
 # -- caches shared by runs ------------------------------------------------------------------------
+CACHE_ENV = "SKIPSEARCH_CACHE"
+REFERENCE_DIR = "reference"
+REFERENCE_SUFFIX = ".safetensors"
+
+
 def cache_dir() -> Path:
     """Where converted models, reference caches and profiles live (`SKIPSEARCH_CACHE` overrides)."""
-    return Path(os.environ.get("SKIPSEARCH_CACHE", Path.home() / ".cache" / "skipsearch"))
+    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "skipsearch"))
+
+
+def adopt_cache_dir(directory: Path) -> None:
+    """Make `directory` this process's cache for every later lookup.
+
+    For a Ray actor, a process that exists only to evaluate masks for one driver: when it can read
+    the driver's cache, it uses that one for everything (the reference, a converted GGUF, the
+    kernel plan), as the driver does. The environment variable is the process-wide setting every
+    `cache_dir()` reads, and it travels to any child process the actor starts.
+    """
+    os.environ[CACHE_ENV] = str(directory)
+
+
+def reference_cache_path(key: str) -> Path:
+    """Where the ReferenceCache of `key` (`acceptance.reference.reference_key`) is kept."""
+    return cache_dir() / REFERENCE_DIR / f"{key}{REFERENCE_SUFFIX}"
+
+
+def cache_dir_holding(reference: Path) -> Path:
+    """The cache directory a `reference_cache_path` lies in."""
+    return reference.parent.parent
+
+
+def gguf_join_path(gguf_file: str) -> Path:
+    """Where a GGUF shipped in parts (a registry alias) is joined once."""
+    return cache_dir() / "gguf" / gguf_file
+
+
+def converted_gguf_path(stem: str, sha256: str) -> Path:
+    """The float32 safetensors directory a GGUF is de-quantized into once (other dtypes add a suffix)."""
+    return cache_dir() / "converted" / f"{stem}-{sha256[:16]}"
 
 
 def slug(text: str) -> str:

@@ -1,6 +1,6 @@
 import pytest
 
-from skipsearch.acceptance.rounds import AcceptanceProfile, simulate_rounds
+from skipsearch.acceptance.profile import AcceptanceProfile, simulate_rounds
 
 
 def test_rounds_accept_runs_of_matches_then_jump_past_the_target_token():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cost.calibrated import Calibrated, predict
 from skipsearch.cost.closed_forms import (
     Contiguous,
@@ -284,7 +284,8 @@ def test_calibrated_mlp_first_skip_reruns_that_mlp() -> None:
 
 
 def test_calibrated_memory_bound_verify_costs_a_full_step() -> None:
-    """Times independent of positions, no embed/head/overhead: KV reuse saves nothing (DESIGN §5)."""
+    """Times independent of positions, no embed/head/overhead: KV reuse saves nothing
+    (docs/theory.md, "Calibrated cost")."""
     flat = {
         "embed": _tables(0, 0),
         "head": _tables(0, 0),

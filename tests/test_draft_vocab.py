@@ -1,4 +1,5 @@
-"""Draft vocabularies (DESIGN §8): the draft's head over a subset, exact estimation, lossless decoding.
+"""Draft vocabularies (docs/theory.md, "The draft vocabulary"): the draft's head over a subset,
+exact estimation, lossless decoding.
 
 Greedy: SSD with a subset head equals autoregressive decoding token for token. Sampling: the
 first sampled token follows the target even when the subset leaves out its most likely tokens,
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from skipsearch.acceptance.estimator import subset_acceptance
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.engine import autoregressive_decode, speculative_decode
 from skipsearch.engine import sampling as sampling_ops
 from skipsearch.engine.sampling import Sampling

@@ -19,7 +19,7 @@ from skipsearch.engine import (
 )
 from skipsearch.engine import cache as cache_ops
 from skipsearch.engine import sampling as sampling_ops
-from skipsearch.engine.sampling import accept_or_resample, greedy_accept, logits_to_probs, sample_accept
+from skipsearch.engine.sampling import greedy_accept, logits_to_probs, sample_accept
 from skipsearch.engine.timing import RoundTiming
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
@@ -234,20 +234,28 @@ def test_rejection_sampling_with_a_wrong_residual_is_rejected(small_vocab, monke
 
 
 # -- pure functions -------------------------------------------------------------------------------
+def _one_draft(p: torch.Tensor, q: torch.Tensor, token: int, generator: torch.Generator) -> tuple[int, int]:
+    """`sample_accept` over a round of one draft token `token ~ q` against the target `p` (1-D)."""
+    return sample_accept(torch.tensor([token]), q[None], torch.stack([p, p]), generator)
+
+
 def test_residual_all_zero_falls_back_to_p():
     p = torch.tensor([0.0, 0.25, 0.75])
     generator = torch.Generator().manual_seed(0)
-    # p == q: the draft token is always accepted...
-    assert all(accept_or_resample(p, p.clone(), 2, generator) == (True, 2) for _ in range(50))
-    # ...and a forced rejection (u >= p/q never fails here) resamples from p, never from zeros.
-    draws = [accept_or_resample(p, torch.tensor([1.0, 0.0, 0.0]), 0, generator) for _ in range(200)]
-    assert all(not accepted and token in (1, 2) for accepted, token in draws)
+    # p == q: a token both give mass is always accepted...
+    assert all(_one_draft(p, p.clone(), 2, generator)[0] == 1 for _ in range(50))
+    # ...one neither gives mass is rejected (u·0 >= 0), and the all-zero residual falls back to p.
+    draws = [_one_draft(p, p.clone(), 0, generator) for _ in range(200)]
+    assert all(accepted == 0 and token in (1, 2) for accepted, token in draws)
+    # A forced rejection (u >= p/q never fails here) resamples from the residual, never from zeros.
+    draws = [_one_draft(p, torch.tensor([1.0, 0.0, 0.0]), 0, generator) for _ in range(200)]
+    assert all(accepted == 0 and token in (1, 2) for accepted, token in draws)
 
 
 def test_rejection_of_a_token_the_target_never_picks():
     p, q = torch.tensor([0.0, 1.0]), torch.tensor([0.5, 0.5])
     generator = torch.Generator().manual_seed(0)
-    assert all(accept_or_resample(p, q, 0, generator) == (False, 1) for _ in range(50))
+    assert all(_one_draft(p, q, 0, generator) == (0, 1) for _ in range(50))
 
 
 def test_all_accepted_takes_a_bonus_token_from_the_last_target_distribution():

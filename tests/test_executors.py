@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.executors.base import Executor, LocalExecutor
 from skipsearch.masks import SkipMask
 
@@ -54,6 +54,7 @@ def test_ray_gpu_workers_free_the_drivers_model(monkeypatch) -> None:
     import torch
 
     from skipsearch.acceptance.estimator import Estimator
+    from skipsearch.acceptance.measure_config import MeasureConfig
     from skipsearch.acceptance.prompts import PromptSpec
     from skipsearch.acceptance.reference import ReferenceCache
     from skipsearch.acceptance.worker import Measurement
@@ -82,6 +83,7 @@ def test_ray_gpu_workers_free_the_drivers_model(monkeypatch) -> None:
     factory = executor_options.executor_factory(
         parser.parse_args(["--executor", "ray", "--gpus-per-worker", "0.5"])
     )
-    factory(None, 1.0, measurement)
+    factory(MeasureConfig(), 1.0, measurement)
+    assert measurement.model_released
     assert {p.device.type for p in runner.model.parameters()} == {"meta"}
     assert reference.hidden.device.type == "meta" and measurement.num_layers == 3

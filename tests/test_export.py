@@ -17,7 +17,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation import candidate_generator
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cli import main
 from skipsearch.cli.decode import read_from
 from skipsearch.config import RunConfig
@@ -26,7 +26,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.executors.base import LocalExecutor
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.run.export import FORMATS, Draft, ExportSource, export, load_source, write_hf
+from skipsearch.run.export import FORMATS, ExportedDraft, ExportSource, export, load_source, write_hf
 from skipsearch.run.report import write_run_outputs
 from skipsearch.search import SearchConfig, make_strategy, run_search
 from skipsearch.search.objective import make_scorer
@@ -255,7 +255,7 @@ def test_a_broken_best_json_is_one_line(tmp_path, capsys):
 
 # -- the HF export drives transformers' early-exit assisted generation ------------------------------
 def hf_source(num_layers: int) -> ExportSource:
-    best = Draft(SkipMask.prefix(num_layers, num_layers // 2), 3, 1.2, 0)
+    best = ExportedDraft(SkipMask.prefix(num_layers, num_layers // 2), 3, 1.2, 0)
     return ExportSource(Path("run"), None, {"model": "m"}, best, best, None, None)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from skipsearch.acceptance.importance import SublayerImportance
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask, SublayerWeights

@@ -1,4 +1,4 @@
-"""`skipsearch.profile` and `skipsearch profile`: shapes, the fixed context, the summary, CLI errors."""
+"""`skipsearch.cost.profiler` and `skipsearch profile`: shapes, the fixed context, the summary, CLI errors."""
 
 from __future__ import annotations
 
@@ -384,7 +384,7 @@ def test_cli_on_the_embedded_model(tmp_path: Path, capsys) -> None:
     assert (profile.meta["model"], profile.meta["processes"]) == ("smollm2-135m", 2)
     digest = summary(profile)
     assert digest.draft_cost[0][-1] == pytest.approx(1.0)
-    # Reference 001 §5.1: embedding and head make a one-layer draft cost far more than 1/L.
+    # docs/theory.md, "Calibrated cost": embedding and head make a one-layer draft cost far more than 1/L.
     assert digest.draft_cost[0][0] > 2 * digest.naive(1)
 
 

@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from skipsearch.acceptance.measure_config import MeasureConfig
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Evaluator, Executor, LocalExecutor
 from skipsearch.executors.ray import (

@@ -8,7 +8,7 @@ must equal the engine's accept decision — where `shared-kv` (full K/V within t
 import pytest
 
 from skipsearch.acceptance.estimator import Estimator
-from skipsearch.acceptance.rounds import round_starts, simulate_rounds
+from skipsearch.acceptance.profile import round_starts, simulate_rounds
 from skipsearch.engine import speculative_decode
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner

@@ -22,7 +22,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, LocalExecutor, Outcome
 from skipsearch.masks import SkipMask
@@ -66,7 +66,7 @@ def synthetic_profile(mask: SkipMask) -> AcceptanceProfile:
 
 
 def synthetic_score(mask: SkipMask, profile: AcceptanceProfile) -> Score:
-    """Closed-form SSD speedup (DESIGN §5) at the best gamma."""
+    """Closed-form SSD speedup (docs/theory.md, "Speedup") at the best gamma."""
     per_gamma = {g: profile.tokens_per_round(g) / (g * mask.r_draft() + 1 - mask.r_reuse) for g in GAMMAS}
     gamma = max(per_gamma, key=per_gamma.__getitem__)
     return Score(per_gamma[gamma], gamma, per_gamma, {"alpha": profile.alpha})

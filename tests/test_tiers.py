@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cli import main
 from skipsearch.cost.calibrated import predict
 from skipsearch.cost.closed_forms import SelfSpeculative

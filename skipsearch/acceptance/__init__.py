@@ -1,2 +1,2 @@
-"""Measuring acceptance (DESIGN §4): prompts, the reference cache, the estimator, worker set-up,
-and the pure AcceptanceProfile with its round simulation."""
+"""Measuring acceptance (docs/theory.md, "Measuring acceptance"): prompts, the reference cache, the
+estimator, worker set-up, and the pure AcceptanceProfile with its round simulation."""

@@ -1,4 +1,4 @@
-"""Teacher-forced acceptance estimator (DESIGN §4).
+"""Teacher-forced acceptance estimator (docs/theory.md, "Measuring acceptance").
 
 A mask is evaluated in one batched teacher-forced forward that starts at its first skipped
 layer (`s1`, or `s1 - 1` when the first skip is an MLP) from the ReferenceCache's states — the
@@ -15,9 +15,10 @@ fixed point every round's drafts saw what the engine's draft sees, so greedy mat
 engine's at `round_gamma`. Each pass fixes at least one more position from the left, so it ends;
 on real masks it takes 2-4 passes.
 
-A draft vocabulary (DESIGN §8) changes only the head: the draft proposes the argmax over the
-subset, and samples from `q` renormalised over it. Both follow exactly from the draft's full
-logits, so one forward measures the mask at every vocabulary size (`evaluate(.., vocabs)`).
+A draft vocabulary (docs/theory.md, "The draft vocabulary") changes only the head: the draft
+proposes the argmax over the subset, and samples from `q` renormalised over it. Both follow exactly
+from the draft's full logits, so one forward measures the mask at every vocabulary size
+(`evaluate(.., vocabs)`).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from typing import Any
 import torch
 
 from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MODES_WITH_KV
+from skipsearch.acceptance.profile import AcceptanceProfile, round_starts
 from skipsearch.acceptance.reference import FORWARD_BATCH, ReferenceCache
-from skipsearch.acceptance.rounds import AcceptanceProfile, round_starts
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner

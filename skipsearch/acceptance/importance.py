@@ -1,6 +1,7 @@
 """Sub-layer importance: how much the draft loses by skipping each attention, MLP or whole layer.
 
-The ranking and knapsack strategies (DESIGN §9) order skips by it. Two sources:
+The ranking and knapsack strategies (docs/theory.md, "Importance, ranking and knapsack") order skips
+by it. Two sources:
 - `proxy` (`acceptance.stream_proxy`): from the reference cache, `1 − cos(stream before, stream
   after)` of every sub-layer of the full model, averaged over the prediction positions. No mask is
   measured. A sub-layer that barely turns the residual stream can be skipped with little change to
@@ -20,7 +21,7 @@ from typing import Any
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 
-SOURCES = ("proxy", "measured")
+IMPORTANCE_SOURCES = ("proxy", "measured")
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,10 @@ class SublayerImportance:
     layer: tuple[float | None, ...]
 
     def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise ConfigError(f"unknown importance source {self.source!r}: use one of {', '.join(SOURCES)}")
+        if self.source not in IMPORTANCE_SOURCES:
+            raise ConfigError(
+                f"unknown importance source {self.source!r}: use one of {', '.join(IMPORTANCE_SOURCES)}"
+            )
         if not len(self.attn) == len(self.mlp) == len(self.layer) >= 1:
             raise ConfigError(
                 f"importance must cover the same layers for attn, mlp and layer, got "

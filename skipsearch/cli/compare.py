@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.progress import console
     from skipsearch.run.pipeline import run_compare
     from skipsearch.run.report import write_compare_outputs
+    from skipsearch.store import COMPARISON_SUMMARY, COMPARISON_TABLE, CONVERGENCE_PLOT
 
     config = run_config(args, "learned")
     out = Path(args.out or f"results/compare-{config.measure.model}-{config.space}")
@@ -68,6 +69,6 @@ def run(args: argparse.Namespace) -> int:
         random_multiple=args.random_multiple,
     )
     write_compare_outputs(out, studies)
-    Console().print((out / "comparison.md").read_text())
-    Console().print(f"comparison.csv, comparison.md and convergence.png in {out}")
+    Console().print((out / COMPARISON_SUMMARY).read_text())
+    Console().print(f"{COMPARISON_TABLE}, {COMPARISON_SUMMARY} and {CONVERGENCE_PLOT} in {out}")
     return 0

@@ -67,7 +67,7 @@ def executor_factory(args: argparse.Namespace, workers: int | None = None) -> Ex
     def ray_executor(measure: MeasureConfig, temperature: float, measurement: Measurement) -> Executor:
         from skipsearch.progress import console
 
-        ranking = measurement.ranking if measure is not None and measure.draft_vocabs else None
+        ranking = measurement.ranking if measure.draft_vocabs else None
         executor = measurement_executor(measure, temperature, measurement.reference_path, options, ranking)
         console.print(f"Ray: {executor.plan.describe()}")
         if executor.plan.gpus_per_worker:  # the workers hold the model now; the driver's copy would double it

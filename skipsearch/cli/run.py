@@ -7,8 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from skipsearch.acceptance.importance import IMPORTANCE_SOURCES
 from skipsearch.cli.common import add_draft_vocab_option, add_model_options, add_prompt_options
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
+from skipsearch.search.objective import AUTO_COST, COSTS, OBJECTIVES
+from skipsearch.search.strategies import SAMPLER_PACKAGES, STRATEGIES
 
 if TYPE_CHECKING:
     from skipsearch.config import RunConfig
@@ -29,15 +32,15 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--objective",
-        choices=("speedup", "acceptance"),
+        choices=OBJECTIVES,
         default="speedup",
         help="what a mask is scored by: its modelled speedup at the best gamma, or its acceptance rate "
         "(default %(default)s)",
     )
     parser.add_argument(
         "--cost",
-        choices=("auto", "closed-form", "calibrated"),
-        default="auto",
+        choices=(AUTO_COST, *COSTS),
+        default=AUTO_COST,
         help="cost model for the score; auto: calibrated once `skipsearch profile` has measured the "
         "model on this device, else closed-form (default %(default)s)",
     )
@@ -47,7 +50,7 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--sampler",
-        choices=("tpe", "gp", "cmaes", "nsga2"),
+        choices=tuple(SAMPLER_PACKAGES),
         default="tpe",
         help="the Optuna sampler of --strategy learned (default %(default)s)",
     )
@@ -59,7 +62,7 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     add_context_options(parser)
     parser.add_argument(
         "--importance",
-        choices=("proxy", "measured"),
+        choices=IMPORTANCE_SOURCES,
         default="proxy",
         help="what ranks sub-layers for ranking/knapsack: the stream-cosine proxy from the reference "
         "cache (no mask measured), or each single-unit mask measured, taken from the budget "
@@ -89,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_executor_options(parser)
     parser.add_argument(
         "--strategy",
-        choices=("learned", "random", "uniform", "exhaustive", "ranking", "knapsack", "knapsack+tpe"),
+        choices=tuple(STRATEGIES),
         default="learned",
         help="knapsack+tpe: knapsack candidates for a third of the budget, then TPE (default %(default)s)",
     )

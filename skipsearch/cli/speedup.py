@@ -1,6 +1,6 @@
 """`skipsearch speedup`: closed-form speedup of speculative decoding for given acceptance and cost.
 
-A calculator over `skipsearch.cost` (reference 000 §3–§5, 001 §3.2): the separate-draft form
+A calculator over `skipsearch.cost` (docs/theory.md, "Speedup" and "Choosing γ"): the separate-draft form
 with `--c`, self-speculative with `--r-draft` (`--r-reuse` defaults to it: contiguous prefix).
 `--head-share H --draft-vocab-share S` price a self-speculative draft whose head keeps the share
 `S = k/V` of the LM head's rows (`skipsearch.cost.closed_forms.draft_head_saving`).

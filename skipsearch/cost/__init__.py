@@ -1,2 +1,2 @@
-"""Cost model (DESIGN §5): closed forms, the latency profile type, the calibrated form, the memory
-model, and the profiler that measures a device."""
+"""Cost model (docs/theory.md, "Speedup" and "Calibrated cost"): closed forms, the latency profile
+type, the calibrated form, the memory model, and the profiler that measures a device."""

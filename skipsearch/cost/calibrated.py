@@ -1,4 +1,4 @@
-"""The calibrated cost form and the one-mask prediction (DESIGN §5).
+"""The calibrated cost form and the one-mask prediction (docs/theory.md, "Calibrated cost").
 
 A round priced with measured times instead of layer counts, and `predict()`: a mask's speedup
 curve from both the closed form and, given a profile, the calibrated form.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cost.closed_forms import (
     Optimum,
     SelfSpeculative,
@@ -23,7 +23,8 @@ from skipsearch.masks import FULL_VOCAB, SkipMask, SublayerWeights
 
 @dataclass(frozen=True)
 class RoundTime:
-    """Seconds of one speculative round, split the way the engine reports it (DESIGN §6)."""
+    """Seconds of one speculative round, split the way the engine reports it (docs/theory.md,
+    "Bottleneck share")."""
 
     draft: float
     verify: float
@@ -36,7 +37,7 @@ class RoundTime:
 
 @dataclass(frozen=True)
 class Calibrated:
-    """One round priced with measured times instead of layer counts (DESIGN §5).
+    """One round priced with measured times instead of layer counts (docs/theory.md, "Calibrated cost").
 
     `γ` draft steps run embed, the draft's sub-layers and the head over one position each: the
     draft's own head of `draft_vocab` rows (None: the full head; `LatencyProfile.draft_head_time`,
@@ -105,7 +106,7 @@ class Prediction:
 
     @property
     def best(self) -> Optimum:
-        """The score DESIGN §5 asks for: calibrated when a profile was given, else the closed form."""
+        """The score to report: calibrated when a profile was given, else the closed form."""
         return self.best_calibrated or self.best_closed_form
 
     def to_dict(self) -> dict:

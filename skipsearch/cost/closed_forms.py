@@ -1,4 +1,5 @@
-"""Closed-form cost model: how much faster speculative decoding is than plain decoding (DESIGN §5).
+"""Closed-form cost model: how much faster speculative decoding is than plain decoding
+(docs/theory.md, "Speedup").
 
 Pure arithmetic, no model. Every speedup here has the same shape,
 
@@ -6,7 +7,7 @@ Pure arithmetic, no model. Every speedup here has the same shape,
 
 tokens committed per round over the cost of one round in units of one autoregressive step. `E`
 comes from an acceptance rate, per-depth rates or a measured `AcceptanceProfile`; the round cost
-comes from a *cost form*: the closed forms of reference 000 §3–§5 (separate draft, self-speculative
+comes from a *cost form*: the closed forms of docs/theory.md, "Speedup" (separate draft, self-speculative
 general and contiguous, each with the verify overhead `f(γ) = 1 + εγ`), or the calibrated form of
 `skipsearch.cost.calibrated`, which prices one round with a device-measured `LatencyProfile`.
 """
@@ -21,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 
@@ -58,7 +59,8 @@ def _check_head_saving(saving: float, r_draft: float) -> None:
 
 
 def tokens_per_round_iid(alpha: float, gamma: int) -> float:
-    """`E(γ) = (1 - α^(γ+1)) / (1 - α)` (reference 000 §3.2): accepted drafts plus the target's token.
+    """`E(γ) = (1 - α^(γ+1)) / (1 - α)` (docs/theory.md, "Tokens per round"): accepted drafts plus
+    the target's token.
 
     With i.i.d. acceptance, draft `j` survives with probability `α^j`, so `E = Σ_{j=0..γ} α^j`;
     at `α = 1` every draft is accepted and `E = γ + 1`.
@@ -71,7 +73,8 @@ def tokens_per_round_iid(alpha: float, gamma: int) -> float:
 
 
 def tokens_per_round_by_depth(alphas: Sequence[float], gamma: int) -> float:
-    """`E(γ) = 1 + Σ_{k=1..γ} Π_{j=1..k} α_j` (reference 000 §5.2): acceptance that varies by depth.
+    """`E(γ) = 1 + Σ_{k=1..γ} Π_{j=1..k} α_j` (docs/theory.md, "Tokens per round"): acceptance that
+    varies by depth.
 
     `α_j` is the probability that draft `j` is accepted given the first `j - 1` were, so the
     round reaches depth `k` with probability `Π_{j≤k} α_j`.
@@ -101,7 +104,8 @@ def expected_tokens(acceptance: Acceptance, gamma: int) -> float:
 
 
 def verify_overhead(gamma: int, epsilon: float) -> float:
-    """`f(γ) = 1 + εγ` (reference 000 §5.1): verifying `γ+1` positions costs more than one step."""
+    """`f(γ) = 1 + εγ` (docs/theory.md, "Verify overhead"): verifying `γ+1` positions costs more
+    than one step."""
     return 1.0 + epsilon * gamma
 
 
@@ -115,7 +119,7 @@ class CostForm(Protocol):
 
 @dataclass(frozen=True)
 class SeparateDraft:
-    """Speculative decoding with a separate draft model of relative cost `c` (reference 000 §3.3).
+    """Speculative decoding with a separate draft model of relative cost `c` (docs/theory.md, "Speedup").
 
     One round is `γ` draft steps and one verify pass: `γc + f(γ)`, so `S = E(γ) / (γc + 1)` at ε = 0.
     """
@@ -136,7 +140,7 @@ class SeparateDraft:
 
 @dataclass(frozen=True)
 class SelfSpeculative:
-    """Self-speculative decoding, any skip pattern (reference 000 §4.3).
+    """Self-speculative decoding, any skip pattern (docs/theory.md, "Speedup").
 
     The draft runs a share `r_draft` of the model; verify skips the share `r_reuse` whose KV the
     draft wrote exactly: `γ r_draft + (1 - r_reuse) f(γ)`, so `S = E / (γ r_draft + 1 - r_reuse)` at
@@ -191,7 +195,7 @@ class SelfSpeculative:
 
 @dataclass(frozen=True)
 class Contiguous:
-    """Contiguous-prefix SSD, draft = the first share `r` of the layers (reference 000 §4.4).
+    """Contiguous-prefix SSD, draft = the first share `r` of the layers (docs/theory.md, "Speedup").
 
     Written as the reference writes it, `1 + (γ - 1) r`; with verify overhead the convention is
     `γ r + (1 - r) f(γ)`: only the `1 - r` layers verify computes pay the extra positions. A
@@ -303,5 +307,5 @@ def best_of(curve: Sequence[float]) -> Optimum:
 
 
 def optimal_gamma(acceptance: Acceptance, form: CostForm, gamma_max: int = 8) -> Optimum:
-    """Grid search over integer γ: reference 000 §8 notes the optimum has no closed form."""
+    """Grid search over integer γ: the optimum has no closed form (docs/theory.md, "Choosing γ")."""
     return best_of(speedup_curve(acceptance, form, gamma_max))

@@ -1,4 +1,5 @@
-"""LatencyProfile: the device-measured cost table that the calibrated cost model reads (DESIGN §5).
+"""LatencyProfile: the device-measured cost table that the calibrated cost model reads
+(docs/theory.md, "Calibrated cost").
 
 Pure data and interpolation: the profiler (`skipsearch.cost.profiler`) fills it, the calibrated
 form prices rounds with it.
@@ -20,6 +21,7 @@ import numpy as np
 
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SublayerWeights
+from skipsearch.store import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ def _interpolate(table: np.ndarray, i: int, j: int, t: float, axis: int) -> np.n
 
 @dataclass(frozen=True)
 class LatencyProfile:
-    """Device-calibrated cost table, measured by `skipsearch profile` (DESIGN §5).
+    """Device-calibrated cost table, measured by `skipsearch profile` (docs/theory.md, "Calibrated cost").
 
     Median seconds of each part of one forward pass, by context length (`context_lengths`) and by
     the number of positions in the pass (`positions`: 1 for a draft step, γ+1 for verify):
@@ -305,9 +307,7 @@ class LatencyProfile:
             ) from None
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path, model: str | None = None) -> LatencyProfile:

@@ -1,4 +1,5 @@
-"""Serving memory (reference 000 §6): the batch-size gain `β` of holding one set of weights."""
+"""Serving memory (docs/theory.md, "Serving memory"): the batch-size gain `β` of holding one set of
+weights."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 
 from skipsearch.errors import ConfigError
 
-# -- serving memory (reference 000 §6) -----------------------------------------------------------
+# -- serving memory (docs/theory.md, "Serving memory") ------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class MemoryBudget:
 
 
 def throughput_ratio(memory: MemoryBudget, speedup_ssd: float, speedup_sd: float) -> float:
-    """Throughput of SSD over SD when both serve their largest batch: `β × S_SSD / S_SD` (000 §6.3)."""
+    """Throughput of SSD over SD when both serve their largest batch: `β × S_SSD / S_SD`."""
     if not (speedup_ssd > 0 and speedup_sd > 0):
         raise ConfigError(f"speedups must be > 0, got SSD {speedup_ssd} and SD {speedup_sd}")
     return memory.beta * speedup_ssd / speedup_sd

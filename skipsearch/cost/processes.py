@@ -9,7 +9,7 @@ is then right for that process only, and two runs of `skipsearch profile` disagr
 
 Whatever later decodes with the chosen mask runs in a process of its own, so the cost model wants
 the expected cost over processes: each of `processes` fresh interpreters takes `repeats /
-processes` samples, and the profile keeps the mean of their medians (`profile.combine`). They run
+processes` samples, and the profile keeps the mean of their medians (`cost.profiler.combine`). They run
 one at a time: two at once would share the cores and time each other.
 """
 

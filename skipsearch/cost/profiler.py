@@ -1,12 +1,14 @@
-"""Measure a `LatencyProfile` on the current device: what one SSD round really costs (DESIGN §5).
+"""Measure a `LatencyProfile` on the current device: what one SSD round really costs
+(docs/theory.md, "Calibrated cost").
 
-The closed forms price a contiguous draft `[0, E)` at `c = E / L` of a full step. Reference 001
-§5.1 warns that this underestimates `c`: the embedding, the final norm and the LM head run on every
-draft step whatever the exit layer, and small passes do not shrink in proportion to their work. So
-we time every part of a real forward pass separately — embedding, each layer's attention and MLP
-sub-layer, norm + head — for `k` new positions (1 for a draft step, γ+1 for verify) against a KV
-cache pre-filled to each context length, plus the per-round work outside the forward passes and
-the head of a draft vocabulary: norm + `k` gathered rows of the LM head, for several `k` (DESIGN §8).
+The closed forms price a contiguous draft `[0, E)` at `c = E / L` of a full step. docs/theory.md,
+"Calibrated cost", warns that this underestimates `c`: the embedding, the final norm and the LM head
+run on every draft step whatever the exit layer, and small passes do not shrink in proportion to
+their work. So we time every part of a real forward pass separately — embedding, each layer's
+attention and MLP sub-layer, norm + head — for `k` new positions (1 for a draft step, γ+1 for
+verify) against a KV cache pre-filled to each context length, plus the per-round work outside the
+forward passes and the head of a draft vocabulary: norm + `k` gathered rows of the LM head, for
+several `k` (docs/theory.md, "The draft vocabulary").
 
 Noise control, since two runs must agree: every sample is one whole forward in execution order, so
 each sub-layer's weights are as cold in the CPU caches as in real decoding; the (context, positions)
@@ -585,7 +587,7 @@ def measure_latency(
 
 @dataclass(frozen=True)
 class ProfileSummary:
-    """The two numbers the closed forms assume away, per context length (DESIGN §5, reference 001 §5.1).
+    """The two numbers the closed forms assume away, per context length (docs/theory.md, "Calibrated cost").
 
     `draft_cost[i][E - 1]` is `c` of the contiguous draft `[0, E)` at `context_lengths[i]`: its
     one-position step, embedding and head included, over a full step; the closed forms assume

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from skipsearch.acceptance.estimator import Estimator
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.acceptance.worker import Measurement
 from skipsearch.cost.closed_forms import tokens_per_round_iid
 from skipsearch.engine.autoregressive import autoregressive_decode
@@ -88,9 +88,7 @@ def hf_generate(
     pad: int,
     **extra: Any,
 ) -> DecodeResult:
-    """`model.generate` timed end to end; its sampler draws from the global RNG, seeded here."""
-    if generator is not None:
-        torch.manual_seed(generator.initial_seed())
+    """`model.generate` timed end to end, its sampling seeded from `generator` (`_seeded_global_rng`)."""
     ids = torch.tensor([prompt], device=model.device)
     options = (
         {"do_sample": False}
@@ -102,18 +100,35 @@ def hf_generate(
             "top_k": sampling.top_k or 0,  # None would leave generate's default of 50
         }
     )
-    began = time.perf_counter()
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        cache=new_cache(model.config),  # the same kernel plan as ours (fp32 K/V beside fp32 attention)
-        max_new_tokens=max_new_tokens,
-        pad_token_id=pad,
-        **options,
-        **extra,
-    )
+    with _seeded_global_rng(generator, model.device):
+        began = time.perf_counter()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            cache=new_cache(model.config),  # the same kernel plan as ours (fp32 K/V beside fp32 attention)
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
+            **options,
+            **extra,
+        )
+        elapsed = time.perf_counter() - began
     tokens = tuple(out[0, len(prompt) :].tolist())
-    return DecodeResult(len(prompt), tokens, time.perf_counter() - began)
+    return DecodeResult(len(prompt), tokens, elapsed)
+
+
+@contextmanager
+def _seeded_global_rng(generator: torch.Generator | None, device: torch.device) -> Iterator[None]:
+    """The global RNG seeded from `generator` for the block, and the caller's state back after it.
+
+    HF's `generate` samples from the global RNG and takes no generator, so this is the one place the
+    global RNG is seeded; `fork_rng` keeps that from leaking into anything else the process draws.
+    """
+    if generator is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(generator.initial_seed())
+        yield
 
 
 @contextmanager
@@ -168,7 +183,8 @@ def benchmark(
 # -- reporting ------------------------------------------------------------------------------------
 def estimators(measurement: Measurement) -> list[Estimator]:
     """The configured estimator, plus `self` mode when that is `shared-kv`: its reference holds
-    the K/V and serves both, so one run shows which mode predicts the engine (DESIGN §4)."""
+    the K/V and serves both, so one run shows which mode predicts the engine (docs/theory.md,
+    "Measuring acceptance")."""
     configured = measurement.estimator
     if configured.mode == "self":
         return [configured]
@@ -180,9 +196,9 @@ def estimator_dict(
 ) -> dict[str, Any]:
     """The estimator's acceptance and tokens per round for the engine's γ, and the relative error.
 
-    Greedy: the exact round simulation over the teacher-forced match vector (DESIGN §4). Sampling:
-    the i.i.d. closed form `E(γ)` at the mean `sum_x min(p, q)` — the estimator applies no
-    top-k / top-p. A dynamic γ has no single prediction.
+    Greedy: the exact round simulation over the teacher-forced match vector (docs/theory.md, "The
+    round rule"). Sampling: the i.i.d. closed form `E(γ)` at the mean `sum_x min(p, q)` — the
+    estimator applies no top-k / top-p. A dynamic γ has no single prediction.
     """
     alpha = profile.alpha if sampling.greedy else profile.sampling_acceptance
     predicted = None

@@ -1,10 +1,10 @@
 """The one KV cache that draft and verify share, its rollback and its length invariant.
 
-Invariant (checked after every round, reference 001 §3.3): with a sequence of `n` committed
-tokens (prompt + output), every layer holds the K/V of positions `0 .. n-2` — length `n - 1`.
-The last committed token is *pending*: the next round feeds it (first draft step, or the verify
-pass), which writes its K/V. Between rounds per-layer lengths differ (a draft that skips a
-layer's attention writes nothing there), so lengths are set and checked layer by layer.
+Invariant (checked after every round, docs/theory.md, "The shared KV cache and rollback"): with a
+sequence of `n` committed tokens (prompt + output), every layer holds the K/V of positions `0 ..
+n-2` — length `n - 1`. The last committed token is *pending*: the next round feeds it (first draft
+step, or the verify pass), which writes its K/V. Between rounds per-layer lengths differ (a draft
+that skips a layer's attention writes nothing there), so lengths are set and checked layer by layer.
 
 Two caches: a `DynamicCache` (eager decoding; lengths are tensor shapes, known on the host) and a
 `StaticKV` (CUDA graphs; lengths live on the device, where the captured kernels read them). On the

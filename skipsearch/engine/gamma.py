@@ -1,10 +1,10 @@
 """Draft length γ per round: fixed, or adapted to recent acceptance like congestion control.
 
-Reference 001 §3.2: keep the acceptance of the last 64 judged draft tokens; above 0.85 raise γ by
-one, below 0.7 lower it by one, γ in [2, 8]. Mixed traffic makes any fixed γ wrong for half the
-requests. Reference 001 §5.3: when speculation stops paying, switch it off and decode plainly.
-The default switch-off threshold is the break-even acceptance of the smallest draft: at γ = 2
-and draft cost c = 0.3, `E(γ) / (γ c + 1) = (1 + α + α²) / 1.6 = 1` gives α ≈ 0.42 (DESIGN §5).
+docs/theory.md, "Dynamic γ": keep the acceptance of the last 64 judged draft tokens; above 0.85
+raise γ by one, below 0.7 lower it by one, γ in [2, 8]. Mixed traffic makes any fixed γ wrong for
+half the requests. When speculation stops paying, switch it off and decode plainly. The default
+switch-off threshold is the break-even acceptance of the smallest draft: at γ = 2 and draft cost c =
+0.3, `E(γ) / (γ c + 1) = (1 + α + α²) / 1.6 = 1` gives α ≈ 0.42 (docs/theory.md, "Speedup").
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ class GammaController:
 
     A round that accepts `n` of `γ` drafted tokens judged `n` matches and, when `n < γ`, one
     rejection; tokens after the first rejection were never judged. The window's mean is then the
-    per-token acceptance α of DESIGN §4. Once switched off (γ = 0), decoding stays plain for the
-    rest of the sequence: no draft runs, so no new evidence could switch it back on.
+    per-token acceptance α of docs/theory.md, "Measuring acceptance". Once switched off (γ = 0),
+    decoding stays plain for the rest of the sequence: no draft runs, so no new evidence could
+    switch it back on.
     """
 
     def __init__(self, policy: GammaPolicy) -> None:

@@ -1,9 +1,9 @@
 """Tier steps with static shapes, captured as CUDA graphs: one per tier draft step and per verify.
 
-A CUDA graph replays a fixed sequence of kernels on fixed addresses (reference 000 §7.1), so a
-dynamic skip pattern cannot be one graph; a fixed mask can (§7.3), and a small set of fixed masks
-is a small set of graphs captured up front, the tier picked on the CPU each round (§7.6). What
-has to be static, and how it is made so here:
+A CUDA graph replays a fixed sequence of kernels on fixed addresses, so a dynamic skip pattern
+cannot be one graph; a fixed mask can, and a small set of fixed masks is a small set of graphs
+captured up front, the tier picked on the CPU each round (docs/theory.md, "Tier sets and CUDA
+graphs"). What has to be static, and how it is made so here:
 
 - shapes: a draft step is always one position; a verify pass over `g + 1` positions gets its own
   graph for every `g` in `0..γ_t` of tier `t` (the last round of a sequence drafts fewer tokens);

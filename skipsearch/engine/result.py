@@ -41,8 +41,9 @@ class Summary:
 
     α counts judged draft tokens: a round that accepts `n` of `γ` judged `n + 1` tokens when
     `n < γ` (those after the first rejection were never judged), `γ` otherwise — the per-token
-    acceptance that DESIGN §4's estimator measures. Tokens per round is `mean(n + 1)` over rounds
-    that drafted, the `E(γ)` of DESIGN §5.
+    acceptance that the estimator measures (docs/theory.md, "Measuring acceptance"). Tokens per
+    round is `mean(n + 1)` over rounds that drafted, the `E(γ)` of docs/theory.md, "Tokens per
+    round".
     """
 
     tokens: int

@@ -1,13 +1,13 @@
 """Token choice and the acceptance rule of speculative decoding: small pure tensor functions.
 
-Greedy and sampling are separate paths (reference 001 §2.4): greedy accepts a draft token when it
-is the target's argmax, sampling uses rejection sampling, which makes the output distribution
-exactly the target's `p` whatever the draft's `q` (Leviathan et al. 2023, Theorem 1):
+Greedy and sampling are separate paths (docs/theory.md, "Lossless acceptance"): greedy accepts a
+draft token when it is the target's argmax, sampling uses rejection sampling, which makes the output
+distribution exactly the target's `p` whatever the draft's `q` (Leviathan et al. 2023, Theorem 1):
 
     accept x ~ q with probability min(1, p(x) / q(x)); on rejection sample norm(max(0, p - q)).
 
-Both sides must see the same temperature and the same top-k / top-p truncation (reference 001
-§3.4): `p` and `q` are then distributions over the same support and the ratio is meaningful.
+Both sides must see the same temperature and the same top-k / top-p truncation (same section): `p`
+and `q` are then distributions over the same support and the ratio is meaningful.
 """
 
 from __future__ import annotations
@@ -94,19 +94,6 @@ def resample(p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None
     if not bool((weights > 0).any()):
         weights = p
     return int(sample(weights, generator))
-
-
-def accept_or_resample(
-    p: torch.Tensor, q: torch.Tensor, token: int, generator: torch.Generator | None = None
-) -> tuple[bool, int]:
-    """Rejection-sampling step for one draft token `token ~ q` against the target `p` (1-D).
-
-    Accept with probability `min(1, p(x) / q(x))`; otherwise sample from `norm(max(0, p - q))`.
-    """
-    u = torch.rand((), generator=generator, device=p.device)
-    if u * q[token] < p[token]:  # u < p/q without dividing by q
-        return True, token
-    return False, resample(p, q, generator)
 
 
 def sample_accept(

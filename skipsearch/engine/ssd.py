@@ -1,4 +1,5 @@
-"""Self-speculative decoding with any SkipMask on one shared KV cache (DESIGN §6), batch size 1.
+"""Self-speculative decoding with any SkipMask on one shared KV cache (docs/theory.md, "The engine:
+ground truth"), batch size 1.
 
 A round starts with `n` committed tokens; the cache holds positions `0 .. n-2` in every layer
 and the last token `t` (position `n-1`) is pending (see `engine.cache`).
@@ -19,7 +20,7 @@ A round with γ = 0 is one plain autoregressive step; the γ controller uses it 
 is switched off, and the last round uses a smaller γ so the output never overshoots.
 
 `run_rounds` plays the rounds for any schedule of masks and any implementation of the passes:
-`speculative_decode` drafts every round with one mask, `engine.tiers` picks a mask per round, and
+`speculative_decode` drafts every round with one mask, `engine.tiered` picks a mask per round, and
 `engine.graphs` replays the same passes from CUDA graphs.
 """
 

@@ -1,8 +1,9 @@
 """Where a speculative round's time goes: draft, verify, accept/sample, cache ops, other.
 
-Reference 002 §2: the speedup ceiling is set by the share of a round that speculation cannot
-compress (`1 / (1 - s)`, Amdahl), so every round is split into phases and recorded with its
-context length — draft and verify attention grow with context, so the shares move with it.
+docs/theory.md, "Bottleneck share": the speedup ceiling is set by the share of a round that
+speculation cannot compress (`1 / (1 - s)`, Amdahl), so every round is split into phases and
+recorded with its context length — draft and verify attention grow with context, so the shares move
+with it.
 - draft: the γ draft steps, including choosing each draft token;
 - verify: the full-model pass over the round's positions (layers `< s1` only for the last one);
 - sample: target probabilities, accept / resample, the bonus token;
@@ -109,7 +110,7 @@ def breakdown(records: Sequence[RoundTiming]) -> list[Bucket]:
 
     Terciles of the measured contexts always fill three buckets whatever the prompt lengths; the
     bucket's `[low, high]` says what short meant in this run. A phase's share is its summed time
-    over the bucket's summed round time — the bottleneck share of reference 002.
+    over the bucket's summed round time — the bottleneck share (docs/theory.md, "Bottleneck share").
     """
     ordered = sorted(records, key=lambda r: r.context)
     buckets: list[Bucket] = []

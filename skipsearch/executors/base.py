@@ -1,4 +1,4 @@
-"""Executors: where masks are evaluated, behind one small interface (DESIGN §2).
+"""Executors: where masks are evaluated, behind one small interface (docs/architecture.md, "Data flow").
 
 The search keeps up to `capacity` masks in flight with `submit` and collects whichever finishes
 first with `wait_any`, so the same loop drives one in-process evaluator or N Ray actors. An
@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from skipsearch.acceptance.measure_config import MeasureConfig
-from skipsearch.acceptance.rounds import AcceptanceProfile, Evaluator
+from skipsearch.acceptance.profile import AcceptanceProfile, Evaluator
 from skipsearch.masks import SkipMask
 
 if TYPE_CHECKING:
@@ -117,7 +117,10 @@ class LocalExecutor(Executor):
 
 ExecutorFactory = Callable[[MeasureConfig, float, "Measurement"], Executor]
 """`factory(measure, temperature, measurement)`: the executor a command evaluates masks on. The
-driver has already prepared `measurement` (so its ReferenceCache is on disk) before any worker starts."""
+driver has already prepared `measurement` (so its ReferenceCache is on disk) before any worker starts.
+A factory whose workers each hold their own copy of the model on a GPU releases the driver's copy
+(`Measurement.release_model`, which sets `model_released`), so one GPU never holds it twice: the
+caller reads `measurement.model_released` before computing with the model again."""
 
 
 def local_executor(measure: MeasureConfig, temperature: float, measurement: Measurement) -> Executor:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skipsearch.acceptance.measure_config import MeasureConfig
-from skipsearch.acceptance.rounds import AcceptanceProfile, Evaluator
+from skipsearch.acceptance.profile import AcceptanceProfile, Evaluator
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, Outcome
 from skipsearch.masks import SkipMask
@@ -258,13 +258,19 @@ class MeasureWorker:
     def _place_reference(self) -> None:
         import ray
 
-        from skipsearch.store import cache_dir
+        from skipsearch.store import (
+            REFERENCE_SUFFIX,
+            adopt_cache_dir,
+            cache_dir_holding,
+            reference_cache_path,
+            write_bytes_atomic,
+        )
 
         shared = Path(self.reference_path)
         if shared.is_file():
-            os.environ["SKIPSEARCH_CACHE"] = str(shared.parent.parent)
+            adopt_cache_dir(cache_dir_holding(shared))
             return
-        local = cache_dir() / "reference" / shared.name
+        local = reference_cache_path(shared.name.removesuffix(REFERENCE_SUFFIX))
         if local.is_file():
             return
         if self.reference_blob is None:
@@ -272,10 +278,7 @@ class MeasureWorker:
                 f"the reference cache {shared} is not visible on worker node "
                 f"{ray.util.get_node_ip_address()}: set SKIPSEARCH_CACHE to a shared directory"
             )
-        local.parent.mkdir(parents=True, exist_ok=True)
-        staging = local.with_suffix(f".{os.getpid()}.tmp")
-        staging.write_bytes(ray.get(self.reference_blob))
-        staging.replace(local)
+        write_bytes_atomic(local, ray.get(self.reference_blob))
 
 
 class _Worker:

@@ -1,4 +1,4 @@
-"""The transformers API the layer-wise runner calls, checked once when the runner is imported.
+"""The transformers API the layer-wise runner calls, checked once per process, by the first runner.
 
 The runner hands each layer's cache to transformers by keyword: `create_causal_mask(cache=...)`
 and `self_attn(cache=...)` (transformers >= 5.24; 5.17 names it `past_key_values`), and rolls
@@ -10,6 +10,7 @@ is one line naming the fix.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -47,8 +48,10 @@ def check_transformers(
         )
 
 
+@functools.cache
 def check_installed_transformers() -> None:
-    """`check_transformers` on the installed package."""
+    """`check_transformers` on the installed package; the installed package does not change while
+    the process runs, so the check runs once (a failed check raises again: `cache` keeps no error)."""
     import transformers
     from transformers.cache_utils import StaticLayer
     from transformers.masking_utils import create_causal_mask

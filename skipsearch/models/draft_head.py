@@ -1,4 +1,5 @@
-"""The draft's LM head over a draft vocabulary: `k` rows of the head, gathered once (DESIGN §8).
+"""The draft's LM head over a draft vocabulary: `k` rows of the head, gathered once (docs/theory.md,
+"The draft vocabulary").
 
 A draft only has to propose likely tokens, and the full head is a large share of a draft step
 (17% on SmolLM2's 49k vocabulary, more on 152k). Multiplying only the rows of the draft

@@ -1,4 +1,5 @@
-"""The attention half of the kernel plan: which attention path a model runs on this device (DESIGN §11).
+"""The attention half of the kernel plan: which attention path a model runs on this device
+(docs/theory.md, "The kernel plan").
 
 A speedup is a ratio of two decoders, so both must run on the fastest kernels the device offers.
 The dtype of weights and activations is chosen from the CPU's flags (`models.dtypes`); then:

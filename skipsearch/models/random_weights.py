@@ -1,4 +1,5 @@
-"""Weight-free models: an architecture from its config with seeded random weights (DESIGN §10).
+"""Weight-free models: an architecture from its config with seeded random weights
+(docs/architecture.md, "Weight-free models").
 
 Latency does not depend on weight values, so the cost side of a model — `profile`, the timing of
 `decode` — can be measured without downloading it. The registry ships the `config.json` of every

@@ -19,8 +19,6 @@ from skipsearch.models.compat import check_installed_transformers
 from skipsearch.models.kernels import new_cache
 from skipsearch.models.loading import check_architecture
 
-check_installed_transformers()
-
 SLIDING = "sliding_attention"
 
 
@@ -37,6 +35,7 @@ class LayerwiseRunner:
     """Runs layers `[start, end)` of a Llama-family decoder under a SkipMask, with or without a cache."""
 
     def __init__(self, model: Any) -> None:
+        check_installed_transformers()
         check_architecture(model.config)
         self.model = model
         self.config = model.config

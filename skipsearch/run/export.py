@@ -1,4 +1,4 @@
-"""Export a run's best draft as configs other engines read (DESIGN §1, `skipsearch export`).
+"""Export a run's best draft as configs other engines read (`skipsearch export`; README, "Commands").
 
 Formats, each one file, read back after writing to prove it says what was meant:
 - `skipsearch`: `skipsearch.json`, the canonical record — any mask, γ, tiers, predictions,
@@ -33,7 +33,15 @@ from skipsearch.masks import SkipMask, parse_draft_vocab, vocab_label
 from skipsearch.run.report import study_dir, write_run_outputs
 from skipsearch.search import load_study
 from skipsearch.search.stored import load_run, run_trials
-from skipsearch.store import BEST_FILE, DRAFT_VOCAB_FILE, EXPORT_README, JOURNAL_FILE, RUN_FILE, TIERS_FILE
+from skipsearch.store import (
+    BEST_FILE,
+    DRAFT_VOCAB_FILE,
+    EXPORT_README,
+    JOURNAL_FILE,
+    RUN_FILE,
+    TIERS_FILE,
+    write_text_atomic,
+)
 from skipsearch.tiers.manifest import TierManifest
 
 log = logging.getLogger(__name__)
@@ -43,7 +51,7 @@ NOTES_FILE = "export_notes.md"  # the prose of every note, per format
 
 
 @dataclass(frozen=True)
-class Draft:
+class ExportedDraft:
     """One exportable draft: a mask, its draft length and what the search predicted for it."""
 
     mask: SkipMask
@@ -59,8 +67,8 @@ class ExportSource:
     path: Path
     run_dir: Path | None
     best_json: Mapping[str, Any]
-    best: Draft
-    contiguous: Draft | None
+    best: ExportedDraft
+    contiguous: ExportedDraft | None
     tiers: TierManifest | None
     study: str | None
     export_key: str | None = None
@@ -86,7 +94,7 @@ class Exported:
 
     format: str
     path: Path
-    draft: Draft | None
+    draft: ExportedDraft | None
     notes: tuple[str, ...]
 
 
@@ -121,7 +129,7 @@ def load_source(path: Path, study: str | None = None, export_key: str | None = N
             f"{path}` or rebuild its report with `skipsearch report {path}`"
         )
     best_json = _read_best(best_path)
-    best = Draft(
+    best = ExportedDraft(
         SkipMask.parse(best_json["mask"], int(best_json["num_layers"])),
         int(best_json["gamma_best"]),
         best_json.get("score"),
@@ -168,13 +176,13 @@ def _is_prefix(mask: SkipMask) -> bool:
     return mask.exit_layer is not None and mask.exit_layer < mask.num_layers
 
 
-def _best_contiguous(run_dir: Path) -> Draft | None:
+def _best_contiguous(run_dir: Path) -> ExportedDraft | None:
     """The highest-scoring early exit any study of the run scored, or None."""
     prefixes = [r for r in run_trials(run_dir) if _is_prefix(r.skip_mask)]
     if not prefixes:
         return None
     record = max(prefixes, key=lambda r: (r.score, -r.number))
-    return Draft(record.skip_mask, record.gamma_best, record.score, record.number)
+    return ExportedDraft(record.skip_mask, record.gamma_best, record.score, record.number)
 
 
 def _study_name(run_dir: Path) -> str:
@@ -199,7 +207,7 @@ def parse_notes(text: str) -> dict[str, tuple[str, ...]]:
 NOTES = parse_notes(resources.files(__package__).joinpath(NOTES_FILE).read_text(encoding="utf-8"))
 
 
-def note_values(source: ExportSource, draft: Draft) -> dict[str, Any]:
+def note_values(source: ExportSource, draft: ExportedDraft) -> dict[str, Any]:
     """What the notes' `{placeholders}` stand for."""
     exit_layer = draft.mask.exit_layer
     best = source.best
@@ -228,7 +236,7 @@ def _key_list(keys: tuple[str, ...]) -> str:
     )
 
 
-def notes(section: str, source: ExportSource, draft: Draft) -> list[str]:
+def notes(section: str, source: ExportSource, draft: ExportedDraft) -> list[str]:
     values = note_values(source, draft)
     return [note.format(**values) for note in NOTES[section]]
 
@@ -244,13 +252,13 @@ class Format:
     name: str
     file: str
     prefix_only: bool
-    write: Callable[[ExportSource, Draft, Path], None]
+    write: Callable[[ExportSource, ExportedDraft, Path], None]
     read: Reader
-    notes: Callable[[ExportSource, Draft], list[str]]
+    notes: Callable[[ExportSource, ExportedDraft], list[str]]
 
 
 def _dump(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def _load(path: Path) -> Any:
@@ -268,7 +276,7 @@ def _int(data: Mapping[str, Any], key: str, path: Path, low: int = 1) -> int:
 
 
 # skipsearch --------------------------------------------------------------------------------------
-def write_skipsearch(source: ExportSource, draft: Draft, path: Path) -> None:
+def write_skipsearch(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
     best = source.best_json
     mask = draft.mask
     _dump(
@@ -334,19 +342,19 @@ def read_skipsearch(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
     return mask, _int(data, "gamma", path)
 
 
-def notes_skipsearch(source: ExportSource, draft: Draft) -> list[str]:
+def notes_skipsearch(source: ExportSource, draft: ExportedDraft) -> list[str]:
     tiers = [] if source.tiers is None else notes("skipsearch-tiers", source, draft)
     vocab = [] if source.draft_vocab is None else notes("skipsearch-draft-vocab", source, draft)
     return [*notes("skipsearch", source, draft), *vocab, *tiers]
 
 
-def _full_vocab_note(source: ExportSource, draft: Draft) -> list[str]:
+def _full_vocab_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
     """Engines without a draft-vocabulary option run the mask with the full head: say so."""
     return [] if source.draft_vocab is None else notes("no-draft-vocab", source, draft)
 
 
 # hf ----------------------------------------------------------------------------------------------
-def write_hf(source: ExportSource, draft: Draft, path: Path) -> None:
+def write_hf(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
     from transformers import GenerationConfig
 
     config = GenerationConfig(
@@ -376,7 +384,7 @@ def read_hf(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
     return SkipMask.prefix(num_layers, exit_layer), _int(data, "num_assistant_tokens", path)
 
 
-def notes_hf(source: ExportSource, draft: Draft) -> list[str]:
+def notes_hf(source: ExportSource, draft: ExportedDraft) -> list[str]:
     return [*_fallback_note(source, draft), *_full_vocab_note(source, draft), *notes("hf", source, draft)]
 
 
@@ -397,7 +405,7 @@ def skip_layer_keys(source: ExportSource) -> tuple[str, ...]:
     return (name, f"{name}_{task}")
 
 
-def write_skip_layers(source: ExportSource, draft: Draft, path: Path) -> None:
+def write_skip_layers(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
     entry = {"attention": sorted(draft.mask.attn), "mlp": sorted(draft.mask.mlp)}
     _dump(path, {key: entry for key in skip_layer_keys(source)})
 
@@ -424,12 +432,12 @@ def read_skip_layers(path: Path, num_layers: int) -> tuple[SkipMask, int | None]
     return masks.pop(), None
 
 
-def notes_skip_layers(source: ExportSource, draft: Draft) -> list[str]:
+def notes_skip_layers(source: ExportSource, draft: ExportedDraft) -> list[str]:
     return [*_full_vocab_note(source, draft), *notes("skip-layers", source, draft)]
 
 
 # layerskip ---------------------------------------------------------------------------------------
-def layerskip_argv(draft: Draft) -> list[str]:
+def layerskip_argv(draft: ExportedDraft) -> list[str]:
     return [
         "--generation_strategy",
         "self_speculative",
@@ -440,7 +448,7 @@ def layerskip_argv(draft: Draft) -> list[str]:
     ]
 
 
-def write_layerskip(source: ExportSource, draft: Draft, path: Path) -> None:
+def write_layerskip(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
     argv = layerskip_argv(draft)
     _dump(
         path,
@@ -460,18 +468,18 @@ def read_layerskip(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
     exit_layer, gamma = _int(data, "exit_layer", path), _int(data, "num_speculations", path)
     if exit_layer >= num_layers or data.get("generation_strategy") != "self_speculative":
         raise ConfigError(f"{path}: exit_layer must be below {num_layers} with strategy self_speculative")
-    draft = Draft(SkipMask.prefix(num_layers, exit_layer), gamma, None, None)
+    draft = ExportedDraft(SkipMask.prefix(num_layers, exit_layer), gamma, None, None)
     if data.get("argv") != layerskip_argv(draft):
         raise ConfigError(f"{path}: argv disagrees with exit_layer / num_speculations: export it again")
     return draft.mask, gamma
 
 
-def notes_layerskip(source: ExportSource, draft: Draft) -> list[str]:
+def notes_layerskip(source: ExportSource, draft: ExportedDraft) -> list[str]:
     fallback, full_vocab = _fallback_note(source, draft), _full_vocab_note(source, draft)
     return [*fallback, *full_vocab, *notes("layerskip", source, draft)]
 
 
-def _fallback_note(source: ExportSource, draft: Draft) -> list[str]:
+def _fallback_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
     return [] if draft.mask == source.best.mask else notes("fallback", source, draft)
 
 
@@ -490,7 +498,7 @@ ALL = "all"
 
 
 # -- exporting ------------------------------------------------------------------------------------
-def draft_for(source: ExportSource, fmt: Format) -> Draft:
+def draft_for(source: ExportSource, fmt: Format) -> ExportedDraft:
     """The best mask, or for an early-exit-only engine the best early exit of the run."""
     if not fmt.prefix_only:
         return source.best
@@ -512,7 +520,7 @@ def export(source: ExportSource, formats: Iterable[str], out: Path) -> list[Expo
     if unknown:
         raise ConfigError(f"unknown export format {unknown[0]!r}: use one of {', '.join([*FORMATS, ALL])}")
     wanted = list(FORMATS) if ALL in names else names
-    drafts: dict[str, Draft] = {}
+    drafts: dict[str, ExportedDraft] = {}
     skipped: dict[str, str] = {}
     for name in wanted:
         try:
@@ -525,13 +533,13 @@ def export(source: ExportSource, formats: Iterable[str], out: Path) -> list[Expo
     exported = [_write(source, FORMATS[name], draft, out) for name, draft in drafts.items()]
     if source.tiers is not None:
         exported.append(_write_tiers(source.tiers, out))
-    (out / EXPORT_README).write_text(readme(source, exported, skipped))
+    write_text_atomic(out / EXPORT_README, readme(source, exported, skipped))
     for name, why in skipped.items():
         log.warning("format %s not written: %s", name, why)
     return exported
 
 
-def _write(source: ExportSource, fmt: Format, draft: Draft, out: Path) -> Exported:
+def _write(source: ExportSource, fmt: Format, draft: ExportedDraft, out: Path) -> Exported:
     path = out / fmt.file
     fmt.write(source, draft, path)
     mask, gamma = fmt.read(path, source.num_layers)

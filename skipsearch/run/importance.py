@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from skipsearch.acceptance.importance import SOURCES, SublayerImportance, measured_importance
+from skipsearch.acceptance.importance import IMPORTANCE_SOURCES, SublayerImportance, measured_importance
 from skipsearch.acceptance.worker import Measurement
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor
@@ -83,11 +83,15 @@ def read_importance(out: Path) -> dict[str, SublayerImportance]:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path} is not valid JSON ({error}): delete it to recompute it") from None
-    return {source: SublayerImportance.from_dict(data[source]) for source in SOURCES if data.get(source)}
+    return {
+        source: SublayerImportance.from_dict(data[source])
+        for source in IMPORTANCE_SOURCES
+        if data.get(source)
+    }
 
 
 def write_importance(out: Path, known: dict[str, SublayerImportance]) -> None:
-    data = {source: known[source].to_dict() if source in known else None for source in SOURCES}
+    data = {source: known[source].to_dict() if source in known else None for source in IMPORTANCE_SOURCES}
     write_text_atomic(out / IMPORTANCE_FILE, json.dumps(data, indent=1) + "\n")
     plot_importance(known, out / IMPORTANCE_PLOT)
 

@@ -162,36 +162,35 @@ def search_one(
     """Run one strategy's study in `out` (validated constraints first, then the journal).
 
     Masks are evaluated on `executor` (the caller closes it), by default in this process."""
-    import optuna
-
     from skipsearch.search import EvaluationCache, SearchConfig, run_search
     from skipsearch.search.space_spec import TierSpace
+    from skipsearch.search.study import quiet_optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar reports trials
-    measurement = context.measurement
-    setup = build_search(config, measurement.num_layers)
-    scorer = run_scorer(config, context)
-    cache = cache if cache is not None else EvaluationCache(out / CACHE_DIR)
-    owned = local_executor(config.measure, config.temperature, measurement) if executor is None else None
-    with owned or nullcontext(executor) as evaluating:
-        strategy, budget = _strategy(config, context, setup, out, evaluating, cache)
-        search = SearchConfig(budget=budget, seed=config.seed, pareto=config.pareto)
-        result = run_search(
-            setup.space,
-            strategy,
-            evaluating,
-            scorer,
-            out,
-            search,
-            study_name=study_name,
-            cache=cache,
-            resume=resume,
-            on_trial=on_trial,
-        )
-    if isinstance(setup.resolved, TierSpace):  # tier sets over the masks the base search measured
-        from skipsearch.search.tier_sets import search_space_tiers
+    with quiet_optuna():  # trials are reported by `on_trial`, not by Optuna's log
+        measurement = context.measurement
+        setup = build_search(config, measurement.num_layers)
+        scorer = run_scorer(config, context)
+        cache = cache if cache is not None else EvaluationCache(out / CACHE_DIR)
+        owned = local_executor(config.measure, config.temperature, measurement) if executor is None else None
+        with owned or nullcontext(executor) as evaluating:
+            strategy, budget = _strategy(config, context, setup, out, evaluating, cache)
+            search = SearchConfig(budget=budget, seed=config.seed, pareto=config.pareto)
+            result = run_search(
+                setup.space,
+                strategy,
+                evaluating,
+                scorer,
+                out,
+                search,
+                study_name=study_name,
+                cache=cache,
+                resume=resume,
+                on_trial=on_trial,
+            )
+        if isinstance(setup.resolved, TierSpace):  # tier sets over the masks the base search measured
+            from skipsearch.search.tier_sets import search_space_tiers
 
-        search_space_tiers(out, setup.resolved, config.cost, context.latency, seed=config.seed)
+            search_space_tiers(out, setup.resolved, config.cost, context.latency, seed=config.seed)
     return result
 
 
@@ -224,7 +223,7 @@ def rescore_finalists(config: RunConfig, context: RunContext, out: Path) -> None
     from skipsearch.search.results import trial_records
 
     measurement = context.measurement
-    if config.measure.mode not in MODES_WITH_KV or measurement.loaded.model.device.type == "meta":
+    if config.measure.mode not in MODES_WITH_KV or measurement.model_released:
         console.print(
             "finalists not re-scored: the rounds estimator needs the model and the reference K/V here"
         )

@@ -21,6 +21,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.models.device import check_device
 from skipsearch.models.loading import dtype_name
 from skipsearch.models.registry import REGISTRY
+from skipsearch.search.objective import AUTO_COST
 from skipsearch.search.space_files import load_space
 from skipsearch.search.space_spec import TierSpace
 from skipsearch.search.spaces import ConcreteSpace
@@ -105,7 +106,7 @@ def resolve_cost(config: RunConfig) -> RunConfig:
             f"{path} does not exist: run `skipsearch "
             f"profile --model {measure.model} --device {measure.device}` first, or use --cost closed-form"
         )
-    if config.cost != "auto":
+    if config.cost != AUTO_COST:
         return config
     return replace(config, cost="calibrated" if profiled else "closed-form")
 
@@ -132,7 +133,7 @@ def resumed_config(out: Path, requested: RunConfig, typed: Mapping[str, str]) ->
     stored = RunConfig.load(out / RUN_FILE)[0]
     old, new = _flat(stored.to_dict()), _flat(requested.to_dict())
     for field, option in typed.items():
-        if field == "budget" or (field == "cost" and new[field] == "auto"):
+        if field == "budget" or (field == "cost" and new[field] == AUTO_COST):
             continue  # a new budget is the point of a resume; auto means "whatever the run resolved to"
         if new[field] != old[field]:
             raise ConfigError(

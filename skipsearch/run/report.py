@@ -25,11 +25,18 @@ from skipsearch.run.finalists import load_finalists
 from skipsearch.search import best_trial, load_study, pareto_front, study_trials_frame
 from skipsearch.search.results import TrialRecord, trial_records
 from skipsearch.store import (
+    ALPHA_PLOT,
     BEST_FILE,
+    COMPARISON_SUMMARY,
+    COMPARISON_TABLE,
+    CONVERGENCE_PLOT,
     DRAFT_VOCAB_FILE,
     RUN_FILE,
+    SKIP_FREQUENCY_PLOT,
+    SPEEDUP_PLOT,
     STUDIES_DIR,
     SUMMARY_FILE,
+    TRIALS_TABLE,
     atomic_path,
     write_text_atomic,
 )
@@ -66,17 +73,17 @@ def write_run_outputs(run_dir: Path, study_name: str | None = None) -> dict:
     run_dir = study_dir(run_dir, study_name)
     run_dir.mkdir(parents=True, exist_ok=True)
     frame.insert(0, "seed", config.seed)
-    write_text_atomic(run_dir / "trials.csv", frame.to_csv(index=False))
+    write_text_atomic(run_dir / TRIALS_TABLE, frame.to_csv(index=False))
     front = pareto_front(study)
     summary = best_summary(best, config, provenance)
     if finalists:
         summary["finalists"] = [asdict(f) for f in finalists]
     write_text_atomic(run_dir / BEST_FILE, json.dumps(summary, indent=2))
     write_text_atomic(run_dir / SUMMARY_FILE, completeness(study, frame) + verdict(summary, frame, front))
-    plot_convergence(frame, run_dir / "convergence.png")
-    plot_alpha_vs_r_draft(frame, front, run_dir / "alpha_vs_r_draft.png")
-    plot_skip_frequency(frame, best.num_layers, run_dir / "skip_frequency.png")
-    plot_speedup_vs_gamma(best, run_dir / "speedup_vs_gamma.png")
+    plot_convergence(frame, run_dir / CONVERGENCE_PLOT)
+    plot_alpha_vs_r_draft(frame, front, run_dir / ALPHA_PLOT)
+    plot_skip_frequency(frame, best.num_layers, run_dir / SKIP_FREQUENCY_PLOT)
+    plot_speedup_vs_gamma(best, run_dir / SPEEDUP_PLOT)
     return summary
 
 
@@ -322,7 +329,7 @@ def write_compare_outputs(run_dir: Path, studies: list[tuple[str, int, str]]) ->
         )
         curves.setdefault(strategy, []).append(best_so_far)
     table = pd.DataFrame(rows)
-    write_text_atomic(run_dir / "comparison.csv", table.to_csv(index=False))
+    write_text_atomic(run_dir / COMPARISON_TABLE, table.to_csv(index=False))
     summary = table.groupby("strategy", sort=False).agg(
         best_mean=("best_score", "mean"),
         best_std=("best_score", "std"),
@@ -341,8 +348,8 @@ def write_compare_outputs(run_dir: Path, studies: list[tuple[str, int, str]]) ->
             f"| {strategy} | {r.best_mean:.3f} ± {std:.3f} | {r.best_max:.3f} | {r.alpha_mean:.3f} | "
             f"{r.trials_to_95pct:.1f} | {r.model_seconds:.0f} |"
         )
-    write_text_atomic(run_dir / "comparison.md", "\n".join(lines) + "\n")
-    plot_strategy_convergence(curves, run_dir / "convergence.png")
+    write_text_atomic(run_dir / COMPARISON_SUMMARY, "\n".join(lines) + "\n")
+    plot_strategy_convergence(curves, run_dir / CONVERGENCE_PLOT)
     return table
 
 

@@ -1,5 +1,6 @@
 """0/1 knapsack over skippable units: for every amount of draft cost saved, the least important
-set of units that saves it (KnapSpec's dynamic programme, DESIGN §9). Pure arithmetic.
+set of units that saves it (KnapSpec's dynamic programme, docs/theory.md, "Importance, ranking and
+knapsack"). Pure arithmetic.
 
 Items are the units a space may skip, each with a value (importance lost by skipping it) and a
 weight (draft cost it saves). The DP tracks the number of skipped units too, because a space

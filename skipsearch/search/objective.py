@@ -1,9 +1,10 @@
-"""The default scorers: predicted speedup (closed form or calibrated) or acceptance (DESIGN §5).
+"""The default scorers: predicted speedup (closed form or calibrated) or acceptance (docs/theory.md,
+"Speedup").
 
 A Score stores every number the trials table and best.json report, so a run directory explains
-itself without the model. A mask measured at several draft-vocabulary sizes (DESIGN §8) is scored
-at each of them and keeps the best, as it keeps the best γ: both are exact optima per mask, found
-by arithmetic on one measurement.
+itself without the model. A mask measured at several draft-vocabulary sizes (docs/theory.md, "The
+draft vocabulary") is scored at each of them and keeps the best, as it keeps the best γ: both are
+exact optima per mask, found by arithmetic on one measurement.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.config import check_context
 from skipsearch.cost.calibrated import predict
 from skipsearch.cost.latency import LatencyProfile
@@ -21,6 +22,9 @@ from skipsearch.search.score import Score, Scorer
 
 OBJECTIVES = ("speedup", "acceptance")
 COSTS = ("closed-form", "calibrated")
+AUTO_COST = "auto"
+"""The cost a run asks for when it leaves the choice to the device: calibrated once `skipsearch
+profile` has measured the model here, else the closed form (resolved by `run.preflight`)."""
 DEFAULT_CONTEXT = 512
 
 

@@ -1,7 +1,8 @@
 """What the search maximises: a `Scorer` turns a mask's AcceptanceProfile into a `Score`.
 
-The scorer is injected (DESIGN §2: everything after the AcceptanceProfile is cheap arithmetic in
-the driver), so the cost model can change without touching the search or re-running the model.
+The scorer is injected (docs/architecture.md, "Data flow": everything after the AcceptanceProfile is
+cheap arithmetic in the driver), so the cost model can change without touching the search or
+re-running the model.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.masks import SkipMask
 
 

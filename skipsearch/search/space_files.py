@@ -1,4 +1,5 @@
-"""Space files: reading and validating the YAML that defines a search space (DESIGN §3).
+"""Space files: reading and validating the YAML that defines a search space (docs/architecture.md,
+"Search spaces").
 
 The shipped files live in the package (`skipsearch/search/builtin_spaces/`, found through
 `importlib.resources`, so an installed wheel has them); the repository's top-level

@@ -1,4 +1,5 @@
-"""What a space file says, before it meets a model: `SpaceSpec` and `TierSpec` (DESIGN §3).
+"""What a space file says, before it meets a model: `SpaceSpec` and `TierSpec`
+(docs/architecture.md, "Search spaces").
 
 Layer indices and skip counts may be written as fractions of depth so that one file serves every
 model: a fraction `f` of `n` items is `min(floor(f * n), n - 1)` for a layer index (0.5 -> L // 2,

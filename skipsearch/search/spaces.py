@@ -1,4 +1,5 @@
-"""Concrete search spaces: the set of masks one space file allows for one model (DESIGN §3).
+"""Concrete search spaces: the set of masks one space file allows for one model
+(docs/architecture.md, "Search spaces").
 
 Once protected layers are taken out, every constraint depends only on *how many* units a mask skips
 (units are layers, or sub-layers for `sublayer`), so a space is "any k-subset of the free units,

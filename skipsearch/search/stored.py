@@ -10,7 +10,7 @@ from pathlib import Path
 
 import optuna
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.search import EvaluationCache, TrialRecord, load_study, trial_records

@@ -1,4 +1,4 @@
-"""Search strategies: who proposes the next mask (DESIGN §3).
+"""Search strategies: who proposes the next mask (docs/architecture.md, "Strategies").
 
 A strategy is a class with two answers: a `plan` (fixed masks to evaluate first, in order) and a
 `sampler` (the Optuna sampler that proposes once the plan is spent; None when the plan is the whole
@@ -293,9 +293,9 @@ class KnapsackTPEStrategy(KnapsackStrategy):
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls
     for cls in (
+        LearnedStrategy,
         RandomStrategy,
         UniformStrategy,
-        LearnedStrategy,
         ExhaustiveStrategy,
         RankingStrategy,
         KnapsackStrategy,

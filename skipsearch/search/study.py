@@ -1,4 +1,5 @@
-"""The search loop: Optuna ask/tell in the driver, masks evaluated by an Executor (DESIGN §2).
+"""The search loop: Optuna ask/tell in the driver, masks evaluated by an Executor
+(docs/architecture.md, "Data flow").
 
 Storage is an Optuna journal file under the run directory (`optuna-dashboard optuna.journal`
 reads it). The budget is the number of distinct masks the study scores; the evaluation cache
@@ -20,7 +21,8 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, Outcome
 from skipsearch.masks import SkipMask, SublayerWeights
@@ -41,7 +43,7 @@ from skipsearch.search.results import DETAIL_PREFIX, TrialRecord, best_trial, pa
 from skipsearch.search.score import Scorer
 from skipsearch.search.spaces import ConcreteSpace
 from skipsearch.search.strategies import PlanContext, Strategy
-from skipsearch.store import JOURNAL_FILE, refuse_symlinks
+from skipsearch.store import CACHE_DIR, JOURNAL_FILE, refuse_symlinks
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,22 @@ _ASK_ATTRS = ("mask", "num_layers", "strategy", "seed", "origin")
 
 ProgressCallback = Callable[[int, int, float | None], None]
 """`on_trial(scored, budget, best_value)`, called after each trial that used budget."""
+
+
+@contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Optuna at WARNING for the block, its previous level back after it.
+
+    Optuna logs a line per trial; a search reports its trials through `on_trial` (the CLI's progress
+    bar) instead. Optuna's level is process-wide and cannot be given to a study, so it is set around
+    the search and restored, never left changed for the rest of the process.
+    """
+    previous = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(previous)
 
 
 @dataclass(frozen=True)
@@ -137,7 +155,7 @@ def run_search(
     defaults to `run_dir/cache`. With `resume`, an existing study is continued to the budget;
     without, finding one is an error so a run is never extended by accident.
     """
-    cache = cache if cache is not None else EvaluationCache(run_dir / "cache")
+    cache = cache if cache is not None else EvaluationCache(run_dir / CACHE_DIR)
     # Plan before touching the journal, so a strategy that cannot run leaves no study behind.
     search = _Search(space, strategy, executor, scorer, config, cache, on_trial)
     study = _open_study(run_dir, study_name or strategy.name, strategy, space, config, resume)

@@ -18,7 +18,7 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.config import RunConfig
 from skipsearch.cost.closed_forms import optimal_gamma
 from skipsearch.cost.latency import LatencyProfile

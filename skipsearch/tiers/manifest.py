@@ -1,7 +1,8 @@
-"""The tier manifest (`tiers.json`): the masks, draft lengths and policy an engine captures (DESIGN §3).
+"""The tier manifest (`tiers.json`): the masks, draft lengths and policy an engine captures
+(docs/theory.md, "Tier sets and CUDA graphs").
 
-One CUDA graph per tier is pre-captured (reference 000 §7.6: multi-graph pre-capture, tier
-switching on the CPU); the manifest is what the engine and the exports read.
+One CUDA graph per tier is pre-captured (docs/theory.md, "Tier sets and CUDA graphs": multi-graph
+pre-capture, tier switching on the CPU); the manifest is what the engine and the exports read.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ MANIFEST_VERSION = 1
 # -- the capture manifest --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TierManifest:
-    """`tiers.json`: what an engine pre-captures and how it switches (reference 000 §7.6).
+    """`tiers.json`: what an engine pre-captures and how it switches (docs/theory.md, "Tier sets and
+    CUDA graphs").
 
     One draft-step graph per (tier, batch-size bucket) and one verify graph per (tier, draft
     length 0..γ_tier, bucket): the last round of a sequence drafts fewer so it never overshoots.

@@ -1,4 +1,5 @@
-"""The tier policy: which tier drafts the next round, from recent acceptance (DESIGN §3, `tiers`).
+"""The tier policy: which tier drafts the next round, from recent acceptance (docs/theory.md, "Tier
+sets and CUDA graphs").
 
 Pure and shared: the engine runs `TierController` while decoding, the simulation runs the very
 same controller over the calibration trajectories, so what is scored is what is decoded.

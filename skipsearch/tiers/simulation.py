@@ -1,4 +1,5 @@
-"""Tier sets scored by simulating their policy over the calibration trajectories (DESIGN §3).
+"""Tier sets scored by simulating their policy over the calibration trajectories (docs/theory.md,
+"Tier sets and CUDA graphs").
 
 A single mask has to be right for the whole sequence; code and prose alternate between easy
 stretches, where a cheap draft is accepted anyway, and hard ones, where only a rich draft is.
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.closed_forms import CostForm, SelfSpeculative, optimal_gamma
 from skipsearch.cost.latency import LatencyProfile
@@ -33,12 +34,13 @@ CostModel = Callable[[SkipMask], CostForm]
 
 
 def closed_form(mask: SkipMask) -> CostForm:
-    """`γ r_draft + 1 - r_reuse` in autoregressive steps (reference 000 §4.3)."""
+    """`γ r_draft + 1 - r_reuse` in autoregressive steps (docs/theory.md, "Speedup")."""
     return SelfSpeculative.from_mask(mask)
 
 
 def calibrated(latency: LatencyProfile, context: float = 512) -> CostModel:
-    """Round time from a device-measured LatencyProfile, in autoregressive steps (DESIGN §5)."""
+    """Round time from a device-measured LatencyProfile, in autoregressive steps (docs/theory.md,
+    "Calibrated cost")."""
     return lambda mask: Calibrated(latency, mask, context)
 
 

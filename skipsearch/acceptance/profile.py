@@ -1,4 +1,5 @@
-"""AcceptanceProfile and exact round simulation (DESIGN §4) — pure arithmetic, no model.
+"""AcceptanceProfile and exact round simulation (docs/theory.md, "The round rule") — pure
+arithmetic, no model.
 
 The estimator produces, per prompt and per continuation position, whether the draft's argmax
 equals the target's (greedy match) and the sampling acceptance `sum_x min(p(x), q(x))`. Because a
@@ -44,7 +45,8 @@ def simulate_rounds(matches: Sequence[bool], gamma: int) -> list[int]:
 
 
 def round_starts(matches: Sequence[bool], gamma: int) -> list[int]:
-    """For each position, where the draft's round began when it drafted from there (DESIGN §4).
+    """For each position, where the draft's round began when it drafted from there (docs/theory.md,
+    "The round rule").
 
     The rounds are those `simulate_rounds` walks: a round starting at `k` drafts from positions
     `k .. k + min(accepted + 1, gamma) - 1`, all of which get `k`. A position no draft reads (the

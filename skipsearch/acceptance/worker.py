@@ -23,6 +23,7 @@ from skipsearch.acceptance.vocab import VocabRanking, ranking_for
 from skipsearch.errors import ConfigError
 from skipsearch.models.loading import LoadedModel, load_model
 from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.models.stacked import is_stacked
 from skipsearch.store import reference_cache_path
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,10 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
     if check is not None:
         check(runner.num_layers)
     with_kv = config.mode in MODES_WITH_KV
-    # The attention path is part of the numbers: a bf16 model's continuations differ under fp32 attention.
-    dtype = f"{loaded.model.dtype}/{loaded.model.config._attn_implementation}"
+    # The kernels are part of the numbers: a bf16 model's continuations differ under fp32 attention,
+    # and may at a near-tie with stacked projections.
+    stacked = "/stacked" if is_stacked(loaded.model) else ""
+    dtype = f"{loaded.model.dtype}/{loaded.model.config._attn_implementation}{stacked}"
     # A cache holding K/V also serves `self` mode, so look for it first.
     candidates = [reference_key(loaded.source, dtype, config.prompts.key(), kv) for kv in (True, with_kv)]
     paths = [reference_cache_path(key) for key in candidates]

@@ -254,6 +254,7 @@ def load_model(
     from transformers.utils import logging as hf_logging
 
     from skipsearch.models.kernels import apply_attention, choose_attention
+    from skipsearch.models.stacked import stack_projections
 
     choice = dtype_choice(device, dtype)
     torch_dtype = resolve_dtype(device, dtype)
@@ -290,6 +291,8 @@ def load_model(
     attention = choose_attention(torch_dtype, device_type(device))
     apply_attention(loaded.model, attention)
     loaded.plan = f"{choice.name} ({choice.reason}); {attention.describe()}"
+    if stack_projections(loaded.model):
+        loaded.plan += "; q/k/v and gate/up projections stacked (2 matrix products a layer, not 5)"
     threads = fit_threads_to_load() if device_type(device) == "cpu" else None
     if threads is not None:
         loaded.plan += f"; {threads.reason}"

@@ -133,3 +133,25 @@ def test_invalid_arguments_exit_2_with_one_line(capsys, args: list[str], message
     assert captured.err.startswith("skipsearch: error: ")
     assert message in captured.err
     assert captured.err.count("\n") == 1
+
+
+SERVING = ("--memory", "80", "--weights", "37.5", "--draft-weights", "3.75", "--kv-per-sequence", "1")
+
+
+def test_serving_a_batch_shows_what_holding_one_set_of_weights_buys(capsys) -> None:
+    result = speedup_json(capsys, "--alpha", "0.8", "--c", "0.1", "--r-draft", "0.5", *SERVING)
+    serving, forms = result["serving"], result["forms"]
+    assert (serving["batch_ssd"], serving["batch_sd"]) == (42, 38)
+    assert serving["beta"] == pytest.approx(42 / 38)
+    ssd, sd = forms["ssd_contiguous"]["best_speedup"], forms["sd"]["best_speedup"]
+    assert sd > ssd  # per sequence a cheap separate draft wins; beta narrows the gap at full batch
+    assert serving["throughput_ssd_over_sd"] == pytest.approx(42 / 38 * ssd / sd)
+
+
+def test_serving_needs_all_four_budgets_and_both_drafts(capsys) -> None:
+    assert cli.main(["speedup", "--alpha", "0.8", "--r-draft", "0.5", *SERVING]) == 2
+    assert "with --c (SD) and --r-draft (SSD)" in capsys.readouterr().err
+    assert cli.main(["speedup", "--alpha", "0.8", "--c", "0.1", "--r-draft", "0.5", "--memory", "80"]) == 2
+    assert (
+        "give --memory, --weights, --draft-weights and --kv-per-sequence together" in capsys.readouterr().err
+    )

@@ -24,6 +24,7 @@ from skipsearch.cost.closed_forms import (
     speedup,
     speedup_curve,
 )
+from skipsearch.cost.memory import MemoryBudget, throughput_ratio
 from skipsearch.errors import ConfigError
 
 FORM_LABELS = {"sd": "SD", "ssd": "SSD general", "ssd_contiguous": "SSD contiguous"}
@@ -63,6 +64,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         help="self-speculative: share k/V of the head's rows the draft keeps, in (0, 1] (needs --head-share)",
     )
+    serving = parser.add_argument_group(
+        "serving a batch (docs/theory.md, 'Serving memory'): SSD holds one set of weights, SD two, "
+        "so SSD's largest batch is beta times SD's; give all four, in one unit (e.g. GiB), with --c "
+        "and --r-draft"
+    )
+    serving.add_argument("--memory", type=float, help="memory the weights and KV caches share")
+    serving.add_argument("--weights", type=float, help="the target model's weights")
+    serving.add_argument("--draft-weights", type=float, help="SD's separate draft model's weights")
+    serving.add_argument("--kv-per-sequence", type=float, help="one sequence's KV cache at its full length")
     parser.add_argument("--json", action="store_true", help="print JSON to stdout")
     parser.add_argument(
         "--table", action="store_true", help="print an alpha x gamma grid (docs/theory.md, Speedup)"
@@ -127,6 +137,35 @@ def _forms(args: argparse.Namespace) -> list[CostForm]:
     return forms
 
 
+SERVING_OPTIONS = ("memory", "weights", "draft_weights", "kv_per_sequence")
+
+
+def _memory(args: argparse.Namespace) -> MemoryBudget | None:
+    """The serving budget when the four options are given (none: None; some: a one-line error)."""
+    given = [name for name in SERVING_OPTIONS if getattr(args, name) is not None]
+    if not given:
+        return None
+    if len(given) < len(SERVING_OPTIONS) or args.c is None or args.r_draft is None:
+        raise ConfigError(
+            "serving a batch compares SSD with SD: give --memory, --weights, --draft-weights and "
+            "--kv-per-sequence together, with --c (SD) and --r-draft (SSD)"
+        )
+    return MemoryBudget(args.memory, args.weights, args.draft_weights, args.kv_per_sequence)
+
+
+def _serving(memory: MemoryBudget, forms: dict[str, dict]) -> dict[str, float]:
+    """Largest batches, β and SSD's throughput over SD's, each at its best γ."""
+    ssd = next(row for name, row in forms.items() if name != SeparateDraft.name)
+    return {
+        "batch_sd": memory.batch_sd,
+        "batch_ssd": memory.batch_ssd,
+        "beta": memory.beta,
+        "throughput_ssd_over_sd": throughput_ratio(
+            memory, ssd["best_speedup"], forms[SeparateDraft.name]["best_speedup"]
+        ),
+    }
+
+
 def _params(form: CostForm) -> dict[str, float]:
     return {f.name: getattr(form, f.name) for f in fields(form) if f.init}
 
@@ -156,6 +195,7 @@ def _grid(form: CostForm, alphas: list[float], gammas: list[int]) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     forms = _forms(args)
+    memory = _memory(args)
     result: dict = {}
     acceptance: Acceptance | None = None
     if args.alpha is not None:
@@ -170,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
         gamma = _gamma(args.gamma)
         result["gamma_max"] = gamma_max
         result["forms"] = {form.name: _evaluate(acceptance, form, gamma, gamma_max) for form in forms}
+        if memory is not None:
+            result["serving"] = _serving(memory, result["forms"])
     if args.table:
         alphas = _numbers(args.table_alphas, "--table-alphas", float)
         gammas = _numbers(args.table_gammas, "--table-gammas", int)
@@ -206,6 +248,13 @@ def _render(result: dict) -> None:
                 f"{row['best_speedup']:.2f}",
             )
         console.print(table)
+    if "serving" in result:
+        serving = result["serving"]
+        console.print(
+            f"serving: the largest batch is {serving['batch_ssd']} sequences for SSD and "
+            f"{serving['batch_sd']} for SD (beta = {serving['beta']:.2f}); at their best gamma SSD's "
+            f"throughput is {serving['throughput_ssd_over_sd']:.2f}x SD's"
+        )
     for name, grid in result.get("table", {}).items():
         table = Table(title=f"{FORM_LABELS[name]} speedup, {_describe(grid['params'])}: rows γ, columns α")
         table.add_column("γ", justify="right")

@@ -51,8 +51,9 @@ from _common import (
 )
 
 from skipsearch.acceptance.prompts import PromptSpec
+from skipsearch.bench.decoders import AR, SSD, make_decoders
+from skipsearch.bench.interleaved import benchmark
 from skipsearch.engine import GREEDY, DecodeResult, GammaPolicy, RoundTiming, breakdown
-from skipsearch.engine.bench import AR, SSD, benchmark, make_decoders
 from skipsearch.engine.timing import PHASES, Bucket, PhaseStats
 from skipsearch.masks import SkipMask
 
@@ -317,7 +318,7 @@ def report(rows: Sequence[BucketCeiling], meta: dict[str, Any]) -> str:
         f"γ = {meta['gamma']} (from {meta['source']}; r_draft {meta['r_draft']:.2f} by sub-layer count, "
         f"s1 = {meta['s1']}). {meta['prompts']} prompts in three length groups, {meta['new_tokens']} new "
         "tokens each, greedy; SSD and our autoregressive decode interleaved prompt by prompt "
-        "(`skipsearch.engine.bench.benchmark`, one warm-up each). "
+        "(`skipsearch.bench.interleaved.benchmark`, one warm-up each). "
         f"Lossless: {'yes' if meta['lossless'] else '**NO**'}. {stamp_line(meta)}",
         "",
         "## Per phase: P50 / P95 ms per round (share of round time), by context tercile",

@@ -38,11 +38,11 @@ from _common import Stamp, configure, decode_seconds, fmt, markdown_table, prefi
 
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
+from skipsearch.bench.interleaved import benchmark
+from skipsearch.bench.lossless import check_runs
 from skipsearch.config import RunConfig
 from skipsearch.cost.calibrated import predict
 from skipsearch.engine import autoregressive_decode, speculative_decode
-from skipsearch.engine.bench import benchmark
-from skipsearch.engine.lossless import check_runs
 from skipsearch.masks import Draft, SkipMask, vocab_label
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.loading import dtype_name, eos_ids

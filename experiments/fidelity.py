@@ -56,6 +56,8 @@ from _common import (
 from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.acceptance.rounds import AcceptanceProfile
+from skipsearch.bench.estimate import estimators
+from skipsearch.bench.lossless import Tolerance, check_lossless, measure_tolerance
 from skipsearch.cost.calibrated import Calibrated, predict
 from skipsearch.cost.closed_forms import SelfSpeculative
 from skipsearch.cost.latency import LatencyProfile
@@ -66,8 +68,6 @@ from skipsearch.engine import (
     autoregressive_decode,
     speculative_decode,
 )
-from skipsearch.engine.bench import estimators
-from skipsearch.engine.lossless import Tolerance, check_lossless, measure_tolerance
 from skipsearch.masks import SkipMask
 from skipsearch.progress import progress_bar
 
@@ -180,7 +180,7 @@ def shared_length(tokens: Sequence[int], continuation: Sequence[int]) -> int:
     """How many tokens the SSD output shares with the reference continuation before they part.
 
     In bf16 a verify over γ + 1 positions and a one-position step round differently, so at a
-    numerical near-tie the SSD output may take the other token (`engine.lossless` allows it), and
+    numerical near-tie the SSD output may take the other token (`bench.lossless` allows it), and
     from there on the engine decodes a different text than the one the estimator teacher-forces:
     comparing the two past that point compares two texts, not two predictions of one.
     """
@@ -277,7 +277,7 @@ def reference_continuations(setup: Setup, rows: Sequence[int]) -> list[tuple[int
 
 def lossless_columns(setup: Setup, runs: EngineRuns, label: str, tolerance: Tolerance) -> dict[str, Any]:
     """Whether every SSD decode of the mask equals autoregressive decoding up to near-ties within
-    the measured tolerance (`engine.lossless`), and how many of each kind of divergence."""
+    the measured tolerance (`bench.lossless`), and how many of each kind of divergence."""
     check = check_lossless(
         setup.runner,
         setup.prompts,

@@ -49,16 +49,17 @@ from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.measure_config import ESTIMATOR_MODES
 from skipsearch.acceptance.prompts import EncodedPrompt
 from skipsearch.acceptance.reference import build_reference
+from skipsearch.bench.decoders import AR, EARLY_EXIT, HF, SSD, make_decoders
+from skipsearch.bench.interleaved import benchmark
+from skipsearch.bench.lossless import check_runs
+from skipsearch.bench.processes import profile_processes
+from skipsearch.bench.profiler import summary
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.depth import scale_to_depth
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.cost.processes import profile_processes
-from skipsearch.cost.profiler import summary
 from skipsearch.engine import GammaPolicy, Summary
-from skipsearch.engine.bench import AR, EARLY_EXIT, HF, SSD, benchmark, make_decoders
 from skipsearch.engine.cache import crop
 from skipsearch.engine.graphs import GraphSteps
-from skipsearch.engine.lossless import check_runs
 from skipsearch.engine.sampling import GREEDY
 from skipsearch.engine.ssd import Proposal, Round
 from skipsearch.masks import SkipMask

@@ -113,10 +113,10 @@ def named_file(path: Path) -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from skipsearch.bench.lossless import check_runs
     from skipsearch.cli.common import check_mask_args, draft_vocab_from_args, mask_from_args, measure_config
     from skipsearch.cli.decode_tables import run_settings
     from skipsearch.engine import GREEDY, GammaPolicy, Sampling, Summary, breakdown
-    from skipsearch.engine.lossless import check_runs
     from skipsearch.masks import Draft, split_draft, vocab_label
     from skipsearch.models.device import check_device
     from skipsearch.run.preflight import known_depth
@@ -153,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
         config = replace(config, draft_vocabs=(file_vocab,))
 
     from skipsearch.acceptance.worker import prepare
-    from skipsearch.engine.bench import AR, HF, SSD, benchmark, estimator_dict, estimators, make_decoders
+    from skipsearch.bench.decoders import AR, HF, SSD, make_decoders
+    from skipsearch.bench.estimate import estimator_dict, estimators
+    from skipsearch.bench.interleaved import benchmark
     from skipsearch.models.draft_head import DraftHead
     from skipsearch.models.loading import load_model
     from skipsearch.models.random_weights import random_prompts
@@ -237,8 +239,8 @@ def run(args: argparse.Namespace) -> int:
 def print_result(result: dict[str, Any]) -> None:
     from rich.console import Console
 
+    from skipsearch.bench.decoders import EARLY_EXIT
     from skipsearch.cli.decode_tables import fmt, print_breakdown, print_caveats, summary_table, verdict
-    from skipsearch.engine.bench import EARLY_EXIT
 
     console = Console()
     decoding = "greedy" if result["sampling"]["temperature"] == 0 else f"sampling {result['sampling']}"

@@ -19,7 +19,7 @@ def fmt(value: float | None, spec: str = ".3f") -> str:
 
 def verdict(result: Mapping[str, Any]) -> str:
     """PASS or FAIL with the near-tie and real-divergence counts and the measured tolerance they were
-    judged by (`engine.lossless`)."""
+    judged by (`bench.lossless`)."""
     check = result["lossless_check"]
     tolerance = check.get("tolerance")
     judged = (

@@ -21,6 +21,8 @@ AR, TIERS, SINGLE = "autoregressive", "ssd-tiers", "ssd-best-single"
 
 def run_tiers(args: argparse.Namespace) -> int:
     from skipsearch.acceptance.prompts import encode_prompts
+    from skipsearch.bench.interleaved import benchmark
+    from skipsearch.bench.lossless import check_runs
     from skipsearch.cli.common import measure_config
     from skipsearch.cli.decode_tables import run_settings
     from skipsearch.engine import (
@@ -31,9 +33,7 @@ def run_tiers(args: argparse.Namespace) -> int:
         breakdown,
         speculative_decode,
     )
-    from skipsearch.engine.bench import benchmark
     from skipsearch.engine.graphs import make_steps
-    from skipsearch.engine.lossless import check_runs
     from skipsearch.engine.tiered import TieredResult, tiered_decode
     from skipsearch.masks import SkipMask
     from skipsearch.models.loading import eos_ids, load_model

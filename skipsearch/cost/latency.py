@@ -1,6 +1,6 @@
 """LatencyProfile: the device-measured cost table that the calibrated cost model reads (DESIGN §5).
 
-Pure data and interpolation: the profiler (`skipsearch.cost.profiler`) fills it, the calibrated
+Pure data and interpolation: the profiler (`skipsearch.bench.profiler`) fills it, the calibrated
 form prices rounds with it.
 """
 

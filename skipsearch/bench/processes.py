@@ -21,9 +21,7 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from skipsearch.cost.depth import scale_to_depth
-from skipsearch.cost.latency import LatencyProfile
-from skipsearch.cost.profiler import (
+from skipsearch.bench.profiler import (
     DEFAULT_CONTEXT_LENGTHS,
     DEFAULT_HEAD_ROWS,
     DEFAULT_POSITIONS,
@@ -35,6 +33,8 @@ from skipsearch.cost.profiler import (
     measure_samples,
     process_meta,
 )
+from skipsearch.cost.depth import scale_to_depth
+from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
 from skipsearch.models.loading import device_type
 from skipsearch.models.random_weights import RandomWeights

@@ -3,7 +3,7 @@
 The mask is the best of a search run — `runs/demo/best.json`, else the first `results/*/best.json`
 (keys `mask`, `gamma_best`) — or, without one, the fixed mask `FALLBACK` at γ = 3. Prompts of three
 lengths (HumanEval, and standard-library code cut to 768 and 2048 tokens) are decoded for 128
-tokens by the SSD engine and by our autoregressive path, interleaved (`cli.decode.benchmark`).
+tokens by the SSD engine and by our autoregressive path, interleaved (`bench.interleaved.benchmark`).
 Rounds are split into context-length terciles (`engine.timing.breakdown`): per phase (draft,
 verify, accept/sample, cache ops, other) P50 / P95 per round and share of round time. Against
 the autoregressive step time at the same context (a linear fit over the autoregressive decodes),

@@ -40,6 +40,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,8 @@ from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.measure_config import ESTIMATOR_MODES
 from skipsearch.acceptance.prompts import EncodedPrompt
 from skipsearch.acceptance.reference import build_reference
+from skipsearch.bench.decode import DecodeSettings, measure
 from skipsearch.bench.decoders import AR, EARLY_EXIT, HF, SSD, make_decoders
-from skipsearch.bench.interleaved import benchmark
 from skipsearch.bench.lossless import check_runs
 from skipsearch.bench.processes import profile_processes
 from skipsearch.bench.profiler import summary
@@ -229,12 +230,18 @@ def run_engine_vs_hf(plan: Plan, out: Path) -> dict[str, Any]:
     mask = SkipMask.prefix(runner.num_layers, plan.exit_layer)
     policy = GammaPolicy.fixed(plan.gamma)
     prompts = random_prompts(plan.prompts, plan.prompt_tokens, runner.config.vocab_size, seed=0)
-    decoders = make_decoders(runner, loaded, mask, policy, GREEDY, plan.new_tokens)
-    runs = benchmark(decoders, prompts, plan.decode_repeats, 0, runner.device)
-    summaries = {name: Summary.of(results) for name, results in runs.items()}
-    lossless = check_runs(runner, prompts, runs[AR], runs[SSD])
+    settings = DecodeSettings(GREEDY, plan.new_tokens, plan.decode_repeats, seed=0)
+    measured = measure(
+        partial(make_decoders, runner, loaded, mask, policy, max_new_tokens=plan.new_tokens),
+        runner,
+        prompts,
+        settings,
+        SSD,
+        widest=None,
+    )
+    runs, summaries, lossless = measured.runs, measured.summaries(), measured.lossless
     hf_vs_ar = check_runs(runner, prompts, runs[AR], runs[HF])
-    del loaded, runner, decoders
+    del loaded, runner, measured
     release()
     return {
         "mask": str(mask),

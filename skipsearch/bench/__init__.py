@@ -1,7 +1,7 @@
 """Measurement harnesses over the engine: the decoders and the interleaved benchmark, the
 estimator's prediction beside the engine's, the lossless check, and the device profiler.
 
-Modules: `decoders` (each configuration as one callable), `interleaved` (every decoder on the
+Modules: `decode` (the decode check: benchmark, lossless check, report), `decoders` (each configuration as one callable), `interleaved` (every decoder on the
 same prompts, paired), `estimate` (predicted beside measured), `lossless` (exact or a numerical
 near-tie), `profiler` (a `LatencyProfile` measured in one process), `processes` (over several).
 Imports nothing heavy itself: `skipsearch profile` must start without torch.

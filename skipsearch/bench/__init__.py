@@ -1,8 +1,9 @@
-"""Measurement harnesses over the engine: the decoders and the interleaved benchmark, the
-estimator's prediction beside the engine's, the lossless check, and the device profiler.
+"""Measurement harnesses over the engine: the decode check, the decoders and the interleaved
+benchmark, the estimator's prediction beside the engine's, the lossless check, the profiler.
 
-Modules: `decode` (the decode check: benchmark, lossless check, report), `decoders` (each configuration as one callable), `interleaved` (every decoder on the
-same prompts, paired), `estimate` (predicted beside measured), `lossless` (exact or a numerical
-near-tie), `profiler` (a `LatencyProfile` measured in one process), `processes` (over several).
-Imports nothing heavy itself: `skipsearch profile` must start without torch.
+Modules: `decode` (one decode check: benchmark, lossless check, report), `decoders` (each
+configuration as one callable), `interleaved` (every decoder on the same prompts, paired),
+`estimate` (predicted beside measured), `lossless` (exact or a numerical near-tie), `profiler` (a
+`LatencyProfile` measured in one process), `processes` (over several). Imports nothing heavy
+itself: `skipsearch profile` must start without torch.
 """

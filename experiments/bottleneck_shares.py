@@ -40,12 +40,10 @@ from _common import (
     Setup,
     Stamp,
     configure,
-    decode_seconds,
     encode,
     experiment_parser,
     load,
     markdown_table,
-    prefill_estimate,
     stamp_line,
     write_csv,
 )
@@ -56,6 +54,7 @@ from skipsearch.bench.interleaved import benchmark
 from skipsearch.engine import GREEDY, DecodeResult, GammaPolicy, RoundTiming, breakdown
 from skipsearch.engine.timing import PHASES, Bucket, PhaseStats
 from skipsearch.masks import SkipMask
+from skipsearch.validate.phases import decode_seconds, prefill_estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = RESULTS / "bottleneck"

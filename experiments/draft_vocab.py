@@ -34,7 +34,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
-from _common import Stamp, configure, decode_seconds, fmt, markdown_table, prefill_estimate, stamp_line
+from _common import Stamp, configure, fmt, markdown_table, stamp_line
 
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
@@ -49,6 +49,7 @@ from skipsearch.models.loading import dtype_name, eos_ids
 from skipsearch.run.pipeline import open_context, resolve_draft_vocab, search_one
 from skipsearch.search import EvaluationCache
 from skipsearch.store import JOURNAL_FILE, readable_profile_path
+from skipsearch.validate.phases import decode_seconds, prefill_estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "draft_vocab"

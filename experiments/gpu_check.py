@@ -64,6 +64,7 @@ from skipsearch.engine.graphs import GraphSteps
 from skipsearch.engine.sampling import GREEDY
 from skipsearch.engine.ssd import Proposal, Round
 from skipsearch.masks import SkipMask
+from skipsearch.models.device import device_sync
 from skipsearch.models.loading import load_model
 from skipsearch.models.random_weights import RandomWeights, random_prompts
 from skipsearch.models.runner import LayerwiseRunner
@@ -285,11 +286,11 @@ def run_estimator(plan: Plan, out: Path) -> dict[str, Any]:
     for mode in ESTIMATOR_MODES:
         estimator = Estimator(runner, reference, mode)
         estimator.evaluate(masks[0])  # warm-up
-        synchronize(plan.device)
+        device_sync(plan.device)()
         began = time.perf_counter()
         for mask in masks:
             estimator.evaluate(mask)
-        synchronize(plan.device)
+        device_sync(plan.device)()
         seconds = time.perf_counter() - began
         modes[mode] = {"masks": len(masks), "seconds": seconds, "masks_per_second": len(masks) / seconds}
     if plan.device.startswith("cuda"):
@@ -413,10 +414,10 @@ def time_graphed(plan: Plan, runner: LayerwiseRunner, masks: list[SkipMask]) -> 
     samples: dict[str, list[float]] = {}
 
     def timed(name: str, call: Callable[[], Any]) -> Any:
-        synchronize(plan.device)
+        device_sync(plan.device)()
         began = time.perf_counter()
         result = call()
-        synchronize(plan.device)
+        device_sync(plan.device)()
         samples.setdefault(name, []).append(time.perf_counter() - began)
         crop(cache, context - 1)  # a graph's work is fixed: the K/V it reads change values, not time
         return result
@@ -441,11 +442,6 @@ SECTIONS: dict[str, Callable[[Plan, Path], dict[str, Any]]] = {
     "predictions": run_predictions,
     "graphed": run_graphed,
 }
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def release() -> None:

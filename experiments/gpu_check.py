@@ -54,10 +54,10 @@ from skipsearch.bench.decode import DecodeSettings, measure
 from skipsearch.bench.decoders import AR, EARLY_EXIT, HF, SSD, make_decoders
 from skipsearch.bench.lossless import check_runs
 from skipsearch.bench.processes import profile_processes
-from skipsearch.bench.profiler import summary
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.depth import scale_to_depth
 from skipsearch.cost.latency import LatencyProfile
+from skipsearch.cost.profile_summary import summary
 from skipsearch.engine import GammaPolicy, Summary
 from skipsearch.engine.cache import crop
 from skipsearch.engine.graphs import GraphSteps

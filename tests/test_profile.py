@@ -12,23 +12,19 @@ import pytest
 import torch
 
 from skipsearch import cli
+from skipsearch.bench.clock import CudaClock, WallClock
+from skipsearch.bench.passes import Samples, prefill_cache, round_bookkeeping, time_pass
 from skipsearch.bench.processes import profile_processes
 from skipsearch.bench.profiler import (
-    CudaClock,
     ProcessTimings,
-    Samples,
-    WallClock,
     _warn_if_noisy,
     combine,
     head_row_counts,
     measure_latency,
-    prefill_cache,
-    round_bookkeeping,
     save_profile,
-    summary,
-    time_pass,
 )
 from skipsearch.cost.latency import LatencyProfile
+from skipsearch.cost.profile_summary import summary
 from skipsearch.errors import ConfigError
 from skipsearch.models import loading
 from skipsearch.models.loading import LoadedModel, dtype_name

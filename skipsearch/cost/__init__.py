@@ -1,3 +1,3 @@
 """Cost model (DESIGN §5): closed forms, the latency profile type, the calibrated form, scaling to
-another depth, and the memory model. Pure arithmetic: the profiler that measures a device is in
-`skipsearch.bench`."""
+another depth, a profile's summary, and the memory model. Pure arithmetic: the profiler that
+measures a device is in `skipsearch.bench`."""

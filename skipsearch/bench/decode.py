@@ -26,6 +26,7 @@ from skipsearch.models.threads import busy_cpu_warning
 if TYPE_CHECKING:
     from skipsearch.acceptance.measure_config import MeasureConfig
     from skipsearch.bench.lossless import LosslessCheck
+    from skipsearch.models.loading import LoadedModel
     from skipsearch.models.random_weights import RandomWeights
     from skipsearch.models.runner import LayerwiseRunner
     from skipsearch.tiers.manifest import TierManifest
@@ -204,29 +205,14 @@ def decode_tiers(
 ) -> dict[str, Any]:
     """A tier set (read from `source`) against autoregressive decoding and the set's best single
     mask, on CUDA graphs where there is a GPU and eagerly otherwise."""
-    from skipsearch.acceptance.prompts import encode_prompts
     from skipsearch.engine import autoregressive_decode, speculative_decode
     from skipsearch.engine.graphs import make_steps
     from skipsearch.engine.tiered import TieredResult, tiered_decode
     from skipsearch.masks import SkipMask
-    from skipsearch.models.loading import eos_ids, load_model
-    from skipsearch.models.runner import LayerwiseRunner
+    from skipsearch.models.loading import eos_ids
 
-    loaded = load_model(config.model, config.device, config.dtype)
-    runner = LayerwiseRunner(loaded.model)
-    if runner.num_layers != manifest.num_layers:
-        raise ConfigError(
-            f"the tiers are for a {manifest.num_layers}-layer model but {config.model} has "
-            f"{runner.num_layers}: pass --model {manifest.model}"
-        )
-    prompts = [
-        p.ids
-        for p in encode_prompts(
-            config.prompts, loaded.tokenizer, getattr(loaded.model.config, "max_position_embeddings", None)
-        )
-    ]
-    model: Any = loaded.model
-    stop = eos_ids(model)
+    runner, loaded, prompts = _load_for(config, manifest)
+    stop = eos_ids(loaded.model)
     new_tokens = settings.new_tokens
     max_len = max(len(p) for p in prompts) + new_tokens + max(gammas) + 2
     steps, eager_reason = make_steps(
@@ -287,3 +273,22 @@ def decode_tiers(
         "runs": measured.runs_dict(),
         "tier_runs": [list(r.tiers) for r in timed_tiers],
     }
+
+
+def _load_for(
+    config: MeasureConfig, manifest: TierManifest
+) -> tuple[LayerwiseRunner, LoadedModel, list[tuple[int, ...]]]:
+    """The model a tier set was searched on, checked by its depth, and the encoded prompts."""
+    from skipsearch.acceptance.prompts import encode_prompts
+    from skipsearch.models.loading import load_model
+    from skipsearch.models.runner import LayerwiseRunner
+
+    loaded = load_model(config.model, config.device, config.dtype)
+    runner = LayerwiseRunner(loaded.model)
+    if runner.num_layers != manifest.num_layers:
+        raise ConfigError(
+            f"the tiers are for a {manifest.num_layers}-layer model but {config.model} has "
+            f"{runner.num_layers}: pass --model {manifest.model}"
+        )
+    context = getattr(loaded.model.config, "max_position_embeddings", None)
+    return runner, loaded, [p.ids for p in encode_prompts(config.prompts, loaded.tokenizer, context)]

@@ -27,7 +27,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +54,15 @@ from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.acceptance.rounds import AcceptanceProfile
 from skipsearch.bench.estimate import estimators
+from skipsearch.bench.interleaved import EngineRuns, bracketed_runs
 from skipsearch.bench.lossless import Tolerance, check_lossless, measure_tolerance
 from skipsearch.cost.calibrated import Calibrated, predict
 from skipsearch.cost.closed_forms import SelfSpeculative
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.engine import (
-    DecodeResult,
     Summary,
-    autoregressive_decode,
-    speculative_decode,
 )
 from skipsearch.masks import SkipMask
-from skipsearch.progress import progress_bar
 from skipsearch.validate.phases import decode_seconds, phase_costs, prefill_estimate
 from skipsearch.validate.replay import (
     disagreement,
@@ -116,49 +113,6 @@ CASES = (
 
 
 # -- the engine, interleaved ---------------------------------------------------------------------
-
-
-@dataclass
-class EngineRuns:
-    """SSD decodes per mask label (index = prompt) and the autoregressive decodes of every prompt."""
-
-    ssd: dict[str, list[DecodeResult]] = field(default_factory=dict)
-    ar: list[list[DecodeResult]] = field(default_factory=list)
-
-
-def run_engine(setup: Setup, masks: dict[str, SkipMask], gamma: int) -> EngineRuns:
-    """Every mask on every prompt once, with autoregressive runs bracketing blocks of SSD runs.
-
-    Per prompt the mask order rotates and an autoregressive decode of the same prompt precedes
-    every block of `AR_EVERY` SSD decodes, so each SSD run is compared with baseline runs made
-    minutes apart at most, under the same background load.
-    """
-    runner, spec = setup.runner, setup.spec
-    labels = list(masks)
-
-    def ssd(label: str, prompt: tuple[int, ...], new: int) -> DecodeResult:
-        return speculative_decode(runner, prompt, masks[label], new, gamma, eos_ids=setup.eos_ids)
-
-    def ar(prompt: tuple[int, ...], new: int) -> DecodeResult:
-        return autoregressive_decode(runner, prompt, new, eos_ids=setup.eos_ids)
-
-    ar(setup.prompts[0], 8)  # warm-up, untimed
-    ssd(labels[0], setup.prompts[0], 8)
-    runs = EngineRuns({label: [] for label in labels}, [])
-    blocks = -(-len(labels) // AR_EVERY)
-    with progress_bar(
-        "fidelity: interleaved engine runs", len(setup.prompts) * (len(labels) + blocks)
-    ) as bar:
-        for index, prompt in enumerate(setup.prompts):
-            order = labels[index % len(labels) :] + labels[: index % len(labels)]
-            runs.ar.append([])
-            for begin in range(0, len(order), AR_EVERY):
-                runs.ar[-1].append(ar(prompt, spec.new_tokens))
-                bar.advance(bar.task_ids[0])
-                for label in order[begin : begin + AR_EVERY]:
-                    runs.ssd[label].append(ssd(label, prompt, spec.new_tokens))
-                    bar.advance(bar.task_ids[0])
-    return runs
 
 
 # -- estimator vs engine, position by position ---------------------------------------------------
@@ -659,7 +613,9 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
             began = time.perf_counter()
             profiles[label][mode] = modes[mode].evaluate(mask, 0.0)
             seconds[mode] += time.perf_counter() - began
-    runs = run_engine(setup, masks, GAMMA)
+    runs = bracketed_runs(
+        setup.runner, setup.prompts, masks, GAMMA, setup.spec.new_tokens, setup.eos_ids, AR_EVERY
+    )
     # Lossless as the decode judges it: in bf16 a flip at a numerical near-tie is allowed, within
     # the logit gap measured between 1- and γ+1-position passes on these outputs.
     tolerance = measure_tolerance(setup.runner, setup.prompts, [ar[0].tokens for ar in runs.ar], GAMMA + 1)

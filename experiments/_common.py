@@ -1,7 +1,8 @@
 """Helpers shared by the engine experiments (`fidelity.py`, `engine_vs_hf.py`, `bottleneck_shares.py`).
 
-Not an experiment itself: thread setup, model + prompt loading, the end-of-sequence ids, error
-statistics and the CSV / Markdown writers, so the three scripts differ only in what they measure.
+Not an experiment itself: thread setup, model + prompt loading, the end-of-sequence ids and the
+CSV / Markdown writers, so the three scripts differ only in what they measure (and what they
+compute comes from the library: `skipsearch.validate`, `skipsearch.bench`).
 The scripts run as `python experiments/<name>.py`, which puts this folder on `sys.path`.
 """
 
@@ -11,7 +12,6 @@ import argparse
 import csv
 import logging
 import os
-import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +23,6 @@ import torch
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.acceptance.worker import Measurement, prepare
-from skipsearch.engine import DecodeResult
 from skipsearch.models.loading import LoadedModel, eos_ids, load_model
 from skipsearch.models.runner import LayerwiseRunner
 
@@ -82,22 +81,6 @@ def encode(setup: Setup, spec: PromptSpec) -> list[tuple[int, ...]]:
     return [p.ids for p in encode_prompts(spec, setup.loaded.tokenizer)]
 
 
-def decode_seconds(result: DecodeResult, prefill: float) -> float:
-    """Wall time after the prefill: the sum of round times for SSD, total minus `prefill` otherwise.
-
-    Cost-model predictions are per decode step; the prompt's prefill is common to both decoders
-    and would only dilute the ratio.
-    """
-    if result.timings:
-        return sum(t.total for t in result.timings)
-    return max(result.seconds - prefill, 1e-9)
-
-
-def prefill_estimate(results: Sequence[DecodeResult]) -> float:
-    """Median of `seconds - sum(round times)` over SSD decodes of one prompt: the prefill + setup time."""
-    return statistics.median(r.seconds - sum(t.total for t in r.timings) for r in results)
-
-
 class Stamp:
     """Wall time and load average around a measurement: on shared cores, the context of every number."""
 
@@ -118,44 +101,6 @@ def stamp_line(meta: Mapping[str, Any]) -> str:
         f"Load average (1/5/15 min) {meta['load_before']} before, {meta['load_after']} after; "
         f"wall time {meta['minutes']:.1f} min."
     )
-
-
-# -- error statistics ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ErrorStats:
-    """Relative errors `(predicted - measured) / measured` over a set of points, in percent."""
-
-    n: int
-    mean_abs: float
-    max_abs: float
-    bias: float
-    within_3: int
-
-    @classmethod
-    def of(cls, predicted: Sequence[float], measured: Sequence[float]) -> ErrorStats:
-        errors = [100.0 * (p - m) / m for p, m in zip(predicted, measured, strict=True)]
-        absolute = [abs(e) for e in errors]
-        return cls(
-            len(errors),
-            statistics.fmean(absolute),
-            max(absolute),
-            statistics.fmean(errors),
-            sum(a <= 3.0 for a in absolute),
-        )
-
-    def row(self, label: str) -> list[str]:
-        return [
-            label,
-            str(self.n),
-            f"{self.mean_abs:.1f}%",
-            f"{self.max_abs:.1f}%",
-            f"{self.bias:+.1f}%",
-            f"{self.within_3}/{self.n}",
-        ]
-
-    HEADER = ("prediction", "masks", "mean abs err", "max abs err", "bias", "within 3%")
 
 
 # -- writers -------------------------------------------------------------------------------------

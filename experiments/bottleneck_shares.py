@@ -4,7 +4,7 @@
 The mask is the best of a search run — `runs/demo/best.json`, else the first `results/*/best.json`
 (keys `mask`, `gamma_best`) — or, without one, the fixed mask `FALLBACK` at γ = 3. Prompts of three
 lengths (HumanEval, and standard-library code cut to 768 and 2048 tokens) are decoded for 128
-tokens by the SSD engine and by our autoregressive path, interleaved (`cli.decode.benchmark`).
+tokens by the SSD engine and by our autoregressive path, interleaved (`bench.interleaved.benchmark`).
 Rounds are split into context-length terciles (`engine.timing.breakdown`): per phase (draft,
 verify, accept/sample, cache ops, other) P50 / P95 per round and share of round time. Against
 the autoregressive step time at the same context (a linear fit over the autoregressive decodes),
@@ -41,21 +41,21 @@ from _common import (
     Setup,
     Stamp,
     configure,
-    decode_seconds,
     encode,
     experiment_parser,
     load,
     markdown_table,
-    prefill_estimate,
     stamp_line,
     write_csv,
 )
 
 from skipsearch.acceptance.prompts import PromptSpec
+from skipsearch.bench.decoders import AR, SSD, make_decoders
+from skipsearch.bench.interleaved import benchmark
 from skipsearch.engine import GREEDY, DecodeResult, GammaPolicy, RoundTiming, breakdown
-from skipsearch.engine.bench import AR, SSD, benchmark, make_decoders
 from skipsearch.engine.timing import PHASES, Bucket, PhaseStats
 from skipsearch.masks import SkipMask
+from skipsearch.validate.phases import decode_seconds, prefill_estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = RESULTS / "bottleneck"
@@ -318,7 +318,7 @@ def report(rows: Sequence[BucketCeiling], meta: dict[str, Any]) -> str:
         f"γ = {meta['gamma']} (from {meta['source']}; r_draft {meta['r_draft']:.2f} by sub-layer count, "
         f"s1 = {meta['s1']}). {meta['prompts']} prompts in three length groups, {meta['new_tokens']} new "
         "tokens each, greedy; SSD and our autoregressive decode interleaved prompt by prompt "
-        "(`skipsearch.engine.bench.benchmark`, one warm-up each). "
+        "(`skipsearch.bench.interleaved.benchmark`, one warm-up each). "
         f"Lossless: {'yes' if meta['lossless'] else '**NO**'}. {stamp_line(meta)}",
         "",
         "## Per phase: P50 / P95 ms per round (share of round time), by context tercile",

@@ -34,21 +34,22 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
-from _common import Stamp, configure, decode_seconds, fmt, markdown_table, prefill_estimate, stamp_line
+from _common import Stamp, configure, fmt, markdown_table, stamp_line
 
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
+from skipsearch.bench.interleaved import benchmark
+from skipsearch.bench.lossless import check_runs
 from skipsearch.config import RunConfig
 from skipsearch.cost.calibrated import predict
 from skipsearch.engine import autoregressive_decode, speculative_decode
-from skipsearch.engine.bench import benchmark
-from skipsearch.engine.lossless import check_runs
 from skipsearch.masks import Draft, SkipMask, vocab_label
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.loading import dtype_name, eos_ids
 from skipsearch.run.pipeline import open_context, resolve_draft_vocab, search_one
 from skipsearch.search import EvaluationCache
 from skipsearch.store import JOURNAL_FILE, readable_profile_path
+from skipsearch.validate.phases import decode_seconds, prefill_estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "draft_vocab"

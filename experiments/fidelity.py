@@ -28,7 +28,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +40,13 @@ import numpy as np
 from _common import (
     MODEL,
     RESULTS,
-    ErrorStats,
     Setup,
     Stamp,
     configure,
-    decode_seconds,
     experiment_parser,
     fmt,
     load,
     markdown_table,
-    prefill_estimate,
     stamp_line,
     write_csv,
 )
@@ -57,20 +54,26 @@ from _common import (
 from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.acceptance.prompts import PromptSpec
+from skipsearch.bench.estimate import estimators
+from skipsearch.bench.interleaved import EngineRuns, bracketed_runs
+from skipsearch.bench.lossless import Tolerance, check_lossless, measure_tolerance
 from skipsearch.cost.calibrated import Calibrated, predict
 from skipsearch.cost.closed_forms import SelfSpeculative
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.engine import (
-    DecodeResult,
-    RoundTiming,
     Summary,
-    autoregressive_decode,
-    speculative_decode,
 )
-from skipsearch.engine.bench import estimators
-from skipsearch.engine.lossless import Tolerance, check_lossless, measure_tolerance
 from skipsearch.masks import SkipMask
-from skipsearch.progress import progress_bar
+from skipsearch.validate.phases import decode_seconds, phase_costs, prefill_estimate
+from skipsearch.validate.replay import (
+    disagreement,
+    engine_rounds_within,
+    replay,
+    replay_within,
+    round_stats,
+    shared_length,
+)
+from skipsearch.validate.stats import ErrorStats
 
 OUT = RESULTS / "fidelity"
 PROFILE = RESULTS / "profile" / "profile.json"
@@ -113,146 +116,7 @@ CASES = (
 # -- the engine, interleaved ---------------------------------------------------------------------
 
 
-@dataclass
-class EngineRuns:
-    """SSD decodes per mask label (index = prompt) and the autoregressive decodes of every prompt."""
-
-    ssd: dict[str, list[DecodeResult]] = field(default_factory=dict)
-    ar: list[list[DecodeResult]] = field(default_factory=list)
-
-
-def run_engine(setup: Setup, masks: dict[str, SkipMask], gamma: int) -> EngineRuns:
-    """Every mask on every prompt once, with autoregressive runs bracketing blocks of SSD runs.
-
-    Per prompt the mask order rotates and an autoregressive decode of the same prompt precedes
-    every block of `AR_EVERY` SSD decodes, so each SSD run is compared with baseline runs made
-    minutes apart at most, under the same background load.
-    """
-    runner, spec = setup.runner, setup.spec
-    labels = list(masks)
-
-    def ssd(label: str, prompt: tuple[int, ...], new: int) -> DecodeResult:
-        return speculative_decode(runner, prompt, masks[label], new, gamma, eos_ids=setup.eos_ids)
-
-    def ar(prompt: tuple[int, ...], new: int) -> DecodeResult:
-        return autoregressive_decode(runner, prompt, new, eos_ids=setup.eos_ids)
-
-    ar(setup.prompts[0], 8)  # warm-up, untimed
-    ssd(labels[0], setup.prompts[0], 8)
-    runs = EngineRuns({label: [] for label in labels}, [])
-    blocks = -(-len(labels) // AR_EVERY)
-    with progress_bar(
-        "fidelity: interleaved engine runs", len(setup.prompts) * (len(labels) + blocks)
-    ) as bar:
-        for index, prompt in enumerate(setup.prompts):
-            order = labels[index % len(labels) :] + labels[: index % len(labels)]
-            runs.ar.append([])
-            for begin in range(0, len(order), AR_EVERY):
-                runs.ar[-1].append(ar(prompt, spec.new_tokens))
-                bar.advance(bar.task_ids[0])
-                for label in order[begin : begin + AR_EVERY]:
-                    runs.ssd[label].append(ssd(label, prompt, spec.new_tokens))
-                    bar.advance(bar.task_ids[0])
-    return runs
-
-
 # -- estimator vs engine, position by position ---------------------------------------------------
-
-
-def replay(matches: Sequence[bool], gamma: int, max_new_tokens: int) -> list[tuple[int, int]]:
-    """(γ used, drafts accepted) of every round the engine would run on this match vector.
-
-    The engine's rule, not the estimator's: the last rounds shrink γ so the output never exceeds
-    `max_new_tokens` (a γ = 0 round is a plain step), and nothing is censored.
-    """
-    rounds: list[tuple[int, int]] = []
-    produced = 0
-    while produced < len(matches):
-        g = min(gamma, max_new_tokens - produced - 1)
-        n = 0
-        while n < g and produced + n < len(matches) and matches[produced + n]:
-            n += 1
-        rounds.append((g, n))
-        produced += n + 1
-    return rounds
-
-
-def shared_length(tokens: Sequence[int], continuation: Sequence[int]) -> int:
-    """How many tokens the SSD output shares with the reference continuation before they part.
-
-    In bf16 a verify over γ + 1 positions and a one-position step round differently, so at a
-    numerical near-tie the SSD output may take the other token (`engine.lossless` allows it), and
-    from there on the engine decodes a different text than the one the estimator teacher-forces:
-    comparing the two past that point compares two texts, not two predictions of one.
-    """
-    length = min(len(tokens), len(continuation))
-    return next((i for i in range(length) if tokens[i] != continuation[i]), length)
-
-
-def engine_rounds_within(result: DecodeResult, limit: int) -> tuple[list[tuple[int, int]], int]:
-    """(γ, accepted) of the engine's rounds whose every token lies in the first `limit` tokens of its
-    output, and how many tokens those rounds produced."""
-    rounds, produced = [], 0
-    for gamma, accepted in zip(result.gammas, result.accepted, strict=True):
-        if produced + accepted + 1 > limit:
-            break
-        rounds.append((gamma, accepted))
-        produced += accepted + 1
-    return rounds, produced
-
-
-def replay_within(
-    matches: Sequence[bool], gamma: int, max_new_tokens: int, limit: int
-) -> list[tuple[int, int]]:
-    """`replay` over the first `limit` positions, without a last round cut short by the limit
-    (its rejection would be the end of the compared text, not the draft's)."""
-    rounds = replay(matches[:limit], gamma, max_new_tokens)
-    produced = sum(n + 1 for _, n in rounds[:-1])
-    if rounds and rounds[-1][1] < rounds[-1][0] and produced + rounds[-1][1] >= limit:
-        rounds.pop()
-    return rounds
-
-
-def round_stats(rounds: Sequence[tuple[int, int]]) -> tuple[float, float]:
-    """Tokens per round and judged acceptance over rounds that drafted, as `Summary.of` counts them."""
-    drafted = [(g, n) for g, n in rounds if g > 0]
-    judged = sum(n + (n < g) for g, n in drafted)
-    return (
-        sum(n + 1 for _, n in drafted) / len(drafted),
-        sum(n for _, n in drafted) / judged if judged else float("nan"),
-    )
-
-
-def judged_positions(result: DecodeResult) -> list[tuple[int, int, bool]]:
-    """(continuation offset, depth, accepted) of every draft token a round judged."""
-    judged, offset = [], 0
-    for g, n in zip(result.gammas, result.accepted, strict=True):
-        judged += [(offset + j, j + 1, j < n) for j in range(min(n + 1, g))]
-        offset += n + 1
-    return judged
-
-
-def disagreement(
-    results: Sequence[DecodeResult],
-    rows: Sequence[int],
-    limits: Sequence[int],
-    profile: AcceptanceProfile,
-    gamma: int,
-) -> list[float]:
-    """Per depth 1..γ: share of judged positions where the engine and the estimator disagree,
-    over the text both decode (each prompt's first `limits` tokens: `shared_length`).
-
-    `shared-kv` is exact at depth 1 by construction (the first draft step reads only the full
-    model's K/V); deeper steps also read the draft's own scratch K/V of the round's earlier drafts.
-    """
-    compared, differ = np.zeros(gamma), np.zeros(gamma)
-    for result, row, limit in zip(results, rows, limits, strict=True):
-        matches = profile.greedy_match[row]
-        for offset, depth, accepted in judged_positions(result):
-            if offset < min(len(matches), limit):
-                compared[depth - 1] += 1
-                differ[depth - 1] += matches[offset] != accepted
-    return [float(d / c) if c else float("nan") for d, c in zip(differ, compared, strict=True)]
 
 
 def reference_rows(setup: Setup) -> list[int]:
@@ -278,7 +142,7 @@ def reference_continuations(setup: Setup, rows: Sequence[int]) -> list[tuple[int
 
 def lossless_columns(setup: Setup, runs: EngineRuns, label: str, tolerance: Tolerance) -> dict[str, Any]:
     """Whether every SSD decode of the mask equals autoregressive decoding up to near-ties within
-    the measured tolerance (`engine.lossless`), and how many of each kind of divergence."""
+    the measured tolerance (`bench.lossless`), and how many of each kind of divergence."""
     check = check_lossless(
         setup.runner,
         setup.prompts,
@@ -375,33 +239,11 @@ def mask_row(
         "round_cost_measured": statistics.fmean(t.total for t in full_rounds) / ar_step,
         "round_cost_closed": closed.round_cost(GAMMA),
         "round_cost_calibrated": calibrated.round_cost(GAMMA),
-        **phase_costs(full_rounds, ar_step, closed, calibrated),
+        **phase_costs(full_rounds, ar_step, closed, calibrated, GAMMA),
         "engineE_speedup_closed": summary.tokens_per_round / closed.round_cost(GAMMA),
         "engineE_speedup_calibrated": summary.tokens_per_round / calibrated.round_cost(GAMMA),
     }
     return row
-
-
-def phase_costs(
-    rounds: Sequence[RoundTiming], ar_step: float, closed: SelfSpeculative, calibrated: Calibrated
-) -> dict[str, float]:
-    """A γ-round's draft, verify and overhead (accept/sample + cache + other), in autoregressive steps.
-
-    Measured from the engine's timings; calibrated from `Calibrated.round_time`; closed form
-    `γ r_draft`, `1 - r_reuse` and no overhead.
-    """
-    step = calibrated.latency.step_time(calibrated.context)
-    predicted = calibrated.round_time(GAMMA)
-    return {
-        "draft_measured": statistics.fmean(t.draft for t in rounds) / ar_step,
-        "draft_calibrated": predicted.draft / step,
-        "draft_closed": GAMMA * closed.r_draft,
-        "verify_measured": statistics.fmean(t.verify for t in rounds) / ar_step,
-        "verify_calibrated": predicted.verify / step,
-        "verify_closed": 1.0 - closed.r_reuse,
-        "overhead_measured": statistics.fmean(t.sample + t.cache + t.other for t in rounds) / ar_step,
-        "overhead_calibrated": predicted.overhead / step,
-    }
 
 
 # -- statistics, plot, report --------------------------------------------------------------------
@@ -781,7 +623,9 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
             began = time.perf_counter()
             profiles[label][mode] = modes[mode].evaluate(mask, 0.0)
             seconds[mode] += time.perf_counter() - began
-    runs = run_engine(setup, masks, GAMMA)
+    runs = bracketed_runs(
+        setup.runner, setup.prompts, masks, GAMMA, setup.spec.new_tokens, setup.eos_ids, AR_EVERY
+    )
     # Lossless as the decode judges it: in bf16 a flip at a numerical near-tie is allowed, within
     # the logit gap measured between 1- and γ+1-position passes on these outputs.
     tolerance = measure_tolerance(setup.runner, setup.prompts, [ar[0].tokens for ar in runs.ar], GAMMA + 1)

@@ -40,6 +40,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,19 +50,19 @@ from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.measure_config import ESTIMATOR_MODES
 from skipsearch.acceptance.prompts import EncodedPrompt
 from skipsearch.acceptance.reference import build_reference
+from skipsearch.bench.decode import DecodeSettings, measure
+from skipsearch.bench.decoders import AR, EARLY_EXIT, HF, SSD, make_decoders
+from skipsearch.bench.graphed import graphed_round, time_graphed
+from skipsearch.bench.lossless import check_runs
+from skipsearch.bench.processes import profile_processes
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.depth import scale_to_depth
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.cost.processes import profile_processes
-from skipsearch.cost.profiler import summary
+from skipsearch.cost.profile_summary import summary
 from skipsearch.engine import GammaPolicy, Summary
-from skipsearch.engine.bench import AR, EARLY_EXIT, HF, SSD, benchmark, make_decoders
-from skipsearch.engine.cache import crop
-from skipsearch.engine.graphs import GraphSteps
-from skipsearch.engine.lossless import check_runs
 from skipsearch.engine.sampling import GREEDY
-from skipsearch.engine.ssd import Proposal, Round
 from skipsearch.masks import SkipMask
+from skipsearch.models.device import device_sync
 from skipsearch.models.loading import load_model
 from skipsearch.models.random_weights import RandomWeights, random_prompts
 from skipsearch.models.runner import LayerwiseRunner
@@ -228,12 +229,18 @@ def run_engine_vs_hf(plan: Plan, out: Path) -> dict[str, Any]:
     mask = SkipMask.prefix(runner.num_layers, plan.exit_layer)
     policy = GammaPolicy.fixed(plan.gamma)
     prompts = random_prompts(plan.prompts, plan.prompt_tokens, runner.config.vocab_size, seed=0)
-    decoders = make_decoders(runner, loaded, mask, policy, GREEDY, plan.new_tokens)
-    runs = benchmark(decoders, prompts, plan.decode_repeats, 0, runner.device)
-    summaries = {name: Summary.of(results) for name, results in runs.items()}
-    lossless = check_runs(runner, prompts, runs[AR], runs[SSD])
+    settings = DecodeSettings(GREEDY, plan.new_tokens, plan.decode_repeats, seed=0)
+    measured = measure(
+        partial(make_decoders, runner, loaded, mask, policy, max_new_tokens=plan.new_tokens),
+        runner,
+        prompts,
+        settings,
+        SSD,
+        widest=None,
+    )
+    runs, summaries, lossless = measured.runs, measured.summaries(), measured.lossless
     hf_vs_ar = check_runs(runner, prompts, runs[AR], runs[HF])
-    del loaded, runner, decoders
+    del loaded, runner, measured
     release()
     return {
         "mask": str(mask),
@@ -277,11 +284,11 @@ def run_estimator(plan: Plan, out: Path) -> dict[str, Any]:
     for mode in ESTIMATOR_MODES:
         estimator = Estimator(runner, reference, mode)
         estimator.evaluate(masks[0])  # warm-up
-        synchronize(plan.device)
+        device_sync(plan.device)()
         began = time.perf_counter()
         for mask in masks:
             estimator.evaluate(mask)
-        synchronize(plan.device)
+        device_sync(plan.device)()
         seconds = time.perf_counter() - began
         modes[mode] = {"masks": len(masks), "seconds": seconds, "masks_per_second": len(masks) / seconds}
     if plan.device.startswith("cuda"):
@@ -350,14 +357,13 @@ def cpu_masks(folder: Path) -> list[dict[str, Any]]:
 
 # -- 6. passes replayed from CUDA graphs, and the CPU masks priced with them ----------------------
 def run_graphed(plan: Plan, out: Path) -> dict[str, Any]:
-    """The engine's own round steps captured as CUDA graphs (`engine.graphs`), timed per call.
+    """The engine's own round steps captured as CUDA graphs, timed per call (`bench.graphed`).
 
-    The profiles above time launched kernels, which at one position are host-bound; a deployment
-    replays graphs. Per model: the full step (the verify graph of an empty draft), a draft step
-    and the verify of γ drafts for early exits at E/L = 1/4, 1/2, 3/4 and for the CPU-measured masks
-    of that shape, each call timed between synchronisations, rounds interleaved, the median kept.
-    A CPU mask's speedup at γ is its measured tokens per round × full step / (γ draft steps +
-    verify); the best γ is reported.
+    Per model: the full step, a draft step and the verify of γ drafts for early exits at E/L = 1/4,
+    1/2, 3/4 and for the CPU-measured masks of that shape. A CPU mask's speedup at γ is its measured
+    tokens per round over the round's cost in full steps (`cost.calibrated.MeasuredRound`: γ draft
+    steps, verify, and the per-round overhead of that model's GPU profile from `profiles`, when
+    there is one); the best γ is reported.
     """
     data = {}
     candidates = {
@@ -371,57 +377,39 @@ def run_graphed(plan: Plan, out: Path) -> dict[str, Any]:
         named = {f"exit {e}": SkipMask.prefix(layers, e) for e in exits}
         measured = [c for c in candidates.get(label, []) if c["num_layers"] == layers]
         named |= {c["mask"]: SkipMask.parse(c["mask"], layers) for c in measured}
-        times = time_graphed(plan, runner, list(named.values()))
-        full = times.pop("full")
-        rows = {}
-        for index, name in enumerate(named):
-            draft = times[f"draft {index}"] / max(plan.graph_gammas)
-            verify = {g: times[f"verify {index} {g}"] / full for g in plan.graph_gammas}
-            rows[name] = {"draft_cost": draft / full, "verify_cost": {str(g): v for g, v in verify.items()}}
+        times = time_graphed(
+            runner, list(named.values()), plan.graph_context, plan.graph_gammas, plan.graph_repeats
+        )
+        profile_path = out / f"profile-{label}.json"
+        overhead = LatencyProfile.load(profile_path).overhead if profile_path.is_file() else (lambda g: 0.0)
+        rounds = {name: graphed_round(times, i, plan.graph_gammas, overhead) for i, name in enumerate(named)}
+        rows = {
+            name: {
+                "draft_cost": r.draft_step / r.step,
+                "verify_cost": {str(g): r.verify[g] / r.step for g in plan.graph_gammas},
+                "overhead_cost": {str(g): r.overhead(g) / r.step for g in plan.graph_gammas},
+            }
+            for name, r in rounds.items()
+        }
         for candidate in measured:
-            row = rows[candidate["mask"]]
+            form = rounds[candidate["mask"]]
             speedups = {
-                g: candidate["tokens_per_round"][g - 1] / (g * row["draft_cost"] + row["verify_cost"][str(g)])
-                for g in plan.graph_gammas
+                g: candidate["tokens_per_round"][g - 1] / form.round_cost(g) for g in plan.graph_gammas
             }
             gamma = max(speedups, key=speedups.__getitem__)
+            row = rows[candidate["mask"]]
             row |= {k: candidate[k] for k in ("strategy", "alpha", "cpu_speedup", "cpu_gamma")}
             row |= {"graphed_speedup": speedups[gamma], "graphed_gamma": gamma}
-        data[label] = {"full_step_ms": 1e3 * full, "layers": layers, "masks": rows}
+        overhead_from = profile_path.name if profile_path.is_file() else None
+        data[label] = {
+            "full_step_ms": 1e3 * times["full"],
+            "layers": layers,
+            "overhead_from": overhead_from,
+            "masks": rows,
+        }
         del loaded, runner
         release()
     return {"context": plan.graph_context, "repeats": plan.graph_repeats, "models": data}
-
-
-def time_graphed(plan: Plan, runner: LayerwiseRunner, masks: list[SkipMask]) -> dict[str, float]:
-    """Median seconds per call of each graphed step; `draft i` drafts max(graph_gammas) tokens."""
-    gamma = max(plan.graph_gammas)
-    context = plan.graph_context
-    steps = GraphSteps(runner, masks, [gamma] * len(masks), context + gamma + 2)
-    prompt = random_prompts(1, context, runner.config.vocab_size, seed=2)[0]
-    cache = steps.prefill(prompt)
-    pending = torch.tensor([[prompt[-1]]], device=runner.device)
-    nothing = Proposal(torch.empty(0, dtype=torch.long, device=runner.device), None, [])
-    samples: dict[str, list[float]] = {}
-
-    def timed(name: str, call: Callable[[], Any]) -> Any:
-        synchronize(plan.device)
-        began = time.perf_counter()
-        result = call()
-        synchronize(plan.device)
-        samples.setdefault(name, []).append(time.perf_counter() - began)
-        crop(cache, context - 1)  # a graph's work is fixed: the K/V it reads change values, not time
-        return result
-
-    for _ in range(plan.graph_repeats + 1):  # the first round warms up and is dropped below
-        timed("full", lambda: steps.verify(Round(0, cache, pending, context - 1, 0), nothing))
-        for tier in range(len(masks)):
-            at = Round(tier, cache, pending, context - 1, gamma)
-            proposal = timed(f"draft {tier}", lambda at=at: steps.draft(at, GREEDY, None))
-            for g in plan.graph_gammas:
-                part = replace(proposal, tokens=proposal.tokens[:g], exact=proposal.exact[:g])
-                timed(f"verify {tier} {g}", lambda at=at, part=part: steps.verify(at, part))
-    return {name: sorted(values[1:])[len(values[1:]) // 2] for name, values in samples.items()}
 
 
 # -- running and reporting --------------------------------------------------------------------------
@@ -433,11 +421,6 @@ SECTIONS: dict[str, Callable[[Plan, Path], dict[str, Any]]] = {
     "predictions": run_predictions,
     "graphed": run_graphed,
 }
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def release() -> None:
@@ -685,10 +668,10 @@ def render_graphed(data: dict[str, Any]) -> list[str]:
                     f"{row['graphed_speedup']:.3f} ({row['graphed_gamma']})" if measured else "",
                 ]
             )
-        lines += [
-            f"### {label} ({item['layers']} layers): graphed full step {item['full_step_ms']:.3f} ms",
-            "",
-        ]
+        source = item.get("overhead_from")
+        overhead = f"round overhead from `{source}`" if source else "no round overhead (no GPU profile)"
+        step = f"graphed full step {item['full_step_ms']:.3f} ms"
+        lines += [f"### {label} ({item['layers']} layers): {step}; {overhead}", ""]
         lines += table(header, body)
     return lines
 

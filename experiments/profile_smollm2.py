@@ -25,9 +25,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from _common import markdown_table
 
+from skipsearch.bench.processes import DEFAULT_PROCESSES, profile_processes
+from skipsearch.bench.profiler import DEFAULT_REPEATS, save_profile
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.cost.processes import DEFAULT_PROCESSES, profile_processes
-from skipsearch.cost.profiler import DEFAULT_REPEATS, ProfileSummary, save_profile, summary
+from skipsearch.cost.profile_summary import ProfileSummary, summary
 
 MODEL = "smollm2-135m"
 OUT = Path(__file__).resolve().parents[1] / "results" / "profile"

@@ -33,7 +33,8 @@ from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.config import RunConfig
 from skipsearch.executors.base import Evaluator, Executor, LocalExecutor, local_executor
-from skipsearch.executors.ray import RayExecutor, RayOptions, measurement_executor
+from skipsearch.executors.ray import RayExecutor, measurement_executor
+from skipsearch.executors.ray_cluster import RayOptions
 from skipsearch.masks import SkipMask
 from skipsearch.run.pipeline import RunContext, open_context, search_one
 from skipsearch.search import load_study, study_trials_frame

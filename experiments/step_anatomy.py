@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from skipsearch.cost.profiler import WallClock, copy_bandwidth
+from skipsearch.bench.clock import WallClock
+from skipsearch.bench.profiler import copy_bandwidth
 from skipsearch.models.kernels import step_bytes
 from skipsearch.models.loading import load_model
 from skipsearch.models.runner import LayerwiseRunner

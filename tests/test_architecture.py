@@ -45,6 +45,8 @@ def test_the_tree_keeps_every_contract() -> None:
         ("skipsearch/masks.py", "import torch", "Pure arithmetic"),
         ("experiments/fidelity.py", "from skipsearch.cli import main", "Nothing imports the command line"),
         ("skipsearch/models/runner.py", "from skipsearch.acceptance import profile", "Layers"),
+        ("skipsearch/cost/latency.py", "from skipsearch.bench import profiler", "Layers"),
+        ("skipsearch/cost/depth.py", "import torch", "Pure arithmetic"),
     ],
 )
 def test_a_wrong_import_breaks_its_contract(

@@ -17,8 +17,8 @@ import pytest
 import torch
 from rich.console import Console
 
+from skipsearch.bench.decode import timing_caveats
 from skipsearch.cli import main
-from skipsearch.cli.decode_tables import timing_caveats
 from skipsearch.cli.models import models_table
 from skipsearch.models.registry import REGISTRY
 from skipsearch.run import pipeline

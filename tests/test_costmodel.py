@@ -7,7 +7,7 @@ import json
 import pytest
 
 from skipsearch.acceptance.profile import AcceptanceProfile
-from skipsearch.cost.calibrated import Calibrated, predict
+from skipsearch.cost.calibrated import Calibrated, MeasuredRound, RoundTime, predict
 from skipsearch.cost.closed_forms import (
     Contiguous,
     Optimum,
@@ -485,3 +485,13 @@ def test_head_share_from_config_smollm2_and_qwen() -> None:
     assert head_share_from_config(qwen) == exact(0.2756, abs=5e-4)
     with pytest.raises(ConfigError, match="lacks 'intermediate_size'"):
         head_share_from_config({k: v for k, v in qwen.items() if k != "intermediate_size"})
+
+
+def test_a_measured_round_is_priced_as_the_calibrated_round_time() -> None:
+    """γ draft steps, the verify of γ drafts and the per-round overhead, over one full step."""
+    form = MeasuredRound(step=2.0, draft_step=0.5, verify={1: 2.2, 2: 2.4}, overhead=lambda g: 0.1 * g)
+    assert form.round_time(2) == RoundTime(1.0, 2.4, 0.2)
+    assert form.round_cost(2) == pytest.approx(1.8)
+    assert MeasuredRound(2.0, 0.5, {1: 2.2}).round_cost(1) == pytest.approx(1.35)  # no overhead
+    with pytest.raises(ConfigError, match="no verify time for gamma 3"):
+        form.round_cost(3)

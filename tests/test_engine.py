@@ -398,7 +398,7 @@ def test_decode_reads_mask_and_gamma_from_a_run(tmp_path, capsys):
 # -- the real embedded model ----------------------------------------------------------------------
 @pytest.mark.integration
 def test_greedy_ssd_is_lossless_on_smollm2():
-    """Token for token in fp32 (bf16 may part at near-ties: `engine.lossless` judges those)."""
+    """Token for token in fp32 (bf16 may part at near-ties: `bench.lossless` judges those)."""
     from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
     from skipsearch.models.loading import load_model
 

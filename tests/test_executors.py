@@ -59,7 +59,7 @@ def test_ray_gpu_workers_free_the_drivers_model(monkeypatch) -> None:
     from skipsearch.acceptance.reference import ReferenceCache
     from skipsearch.acceptance.worker import Measurement
     from skipsearch.cli import executor_options
-    from skipsearch.executors.ray import WorkerPlan
+    from skipsearch.executors.ray_cluster import WorkerPlan
     from skipsearch.models.loading import LoadedModel
     from skipsearch.models.runner import LayerwiseRunner
     from tests.conftest import tiny_model

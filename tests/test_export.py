@@ -26,7 +26,9 @@ from skipsearch.errors import ConfigError
 from skipsearch.executors.base import LocalExecutor
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.run.export import FORMATS, ExportedDraft, ExportSource, export, load_source, write_hf
+from skipsearch.run.export import export
+from skipsearch.run.export_formats import FORMATS, write_hf
+from skipsearch.run.export_source import ExportedDraft, ExportSource, load_source
 from skipsearch.run.report import write_run_outputs
 from skipsearch.search import SearchConfig, make_strategy, run_search
 from skipsearch.search.objective import make_scorer

@@ -8,9 +8,9 @@ import warnings
 import pytest
 import torch
 
+from skipsearch.bench.lossless import check_lossless
 from skipsearch.engine import Sampling, autoregressive_decode, speculative_decode
 from skipsearch.engine.graphs import GraphSteps, make_steps
-from skipsearch.engine.lossless import check_lossless
 from skipsearch.engine.tiered import tiered_decode
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
@@ -43,7 +43,7 @@ def bf16_runner(family: str = "llama", **overrides) -> LayerwiseRunner:
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("mask", MASKS, ids=str)
 def test_greedy_ssd_is_lossless_on_cuda_in_bf16(family: str, mask: SkipMask) -> None:
-    """Exactly, or parted only at a numerical near-tie (`engine.lossless`)."""
+    """Exactly, or parted only at a numerical near-tie (`bench.lossless`)."""
     runner = bf16_runner(family)
     ar = autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
     ssd = speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=3).tokens

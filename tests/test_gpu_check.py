@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKED = (
     "import runpy, sys; sys.modules.update(optuna=None, gguf=None, ray=None); "
@@ -43,3 +45,13 @@ def test_the_tiny_gpu_check_writes_every_section(tmp_path: Path) -> None:
     readme = (tmp_path / "README.md").read_text()
     assert "Tiny CPU run" in readme and "## predictions — ok" in readme
     assert len(list(tmp_path.iterdir())) <= 8  # what the device tool returns from $OUT
+
+
+def test_a_graphed_round_prices_the_draft_per_step_and_adds_the_overhead() -> None:
+    from skipsearch.bench.graphed import graphed_round
+
+    times = {"full": 2.0, "draft 0": 3.0, "verify 0 1": 2.2, "verify 0 3": 2.6, "draft 1": 9.0}
+    form = graphed_round(times, 0, (1, 3), overhead=lambda g: 0.2)
+    assert form.draft_step == 1.0  # `draft i` times max(gammas) = 3 steps
+    assert form.round_cost(3) == pytest.approx((3.0 + 2.6 + 0.2) / 2.0)
+    assert graphed_round(times, 0, (1, 3)).round_cost(1) == pytest.approx((1.0 + 2.2) / 2.0)

@@ -11,14 +11,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from skipsearch.engine import autoregressive_decode, speculative_decode, ssd
-from skipsearch.engine.lossless import (
+from skipsearch.bench.lossless import (
     check_lossless,
     check_runs,
     first_divergence,
     measure_tolerance,
     tie_epsilon,
 )
+from skipsearch.engine import autoregressive_decode, speculative_decode, ssd
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model
@@ -117,7 +117,7 @@ def test_epsilon_is_a_few_ulps_of_the_top_logit() -> None:
 
 def test_the_tolerance_is_measured_between_the_decoding_paths(runner) -> None:
     """fp32 paths differ in their last bits only; the same model in bf16 differs by far more, and
-    the epsilon it judges by covers both gaps twice (module docstring of engine.lossless)."""
+    the epsilon it judges by covers both gaps twice (module docstring of bench.lossless)."""
     ar = autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
     fp32 = measure_tolerance(runner, [PROMPT], [ar], width=4)
     assert (fp32.positions, fp32.prompts, fp32.width) == (len(ar), 1, 4)

@@ -1,4 +1,4 @@
-"""`skipsearch.cost.profiler` and `skipsearch profile`: shapes, the fixed context, the summary, CLI errors."""
+"""`skipsearch.bench.profiler` and `skipsearch profile`: shapes, fixed context, summary, CLI errors."""
 
 from __future__ import annotations
 
@@ -12,23 +12,19 @@ import pytest
 import torch
 
 from skipsearch import cli
-from skipsearch.cost.latency import LatencyProfile
-from skipsearch.cost.processes import profile_processes
-from skipsearch.cost.profiler import (
-    CudaClock,
+from skipsearch.bench.clock import CudaClock, WallClock
+from skipsearch.bench.passes import Samples, prefill_cache, round_bookkeeping, time_pass
+from skipsearch.bench.processes import profile_processes
+from skipsearch.bench.profiler import (
     ProcessTimings,
-    Samples,
-    WallClock,
     _warn_if_noisy,
     combine,
     head_row_counts,
     measure_latency,
-    prefill_cache,
-    round_bookkeeping,
     save_profile,
-    summary,
-    time_pass,
 )
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.cost.profile_summary import summary
 from skipsearch.errors import ConfigError
 from skipsearch.models import loading
 from skipsearch.models.loading import LoadedModel, dtype_name
@@ -282,7 +278,7 @@ def test_a_profile_named_before_the_dtype_is_still_read(cache_in_tmp: Path) -> N
 
 
 def test_profile_module_imports_without_torch() -> None:
-    code = "import sys, skipsearch.cost.profiler, skipsearch.cli.profile; assert 'torch' not in sys.modules"
+    code = "import sys, skipsearch.bench.profiler, skipsearch.cli.profile; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -389,7 +385,7 @@ def test_cli_on_the_embedded_model(tmp_path: Path, capsys) -> None:
 
 
 def test_one_process_by_default_on_a_gpu_several_on_a_cpu() -> None:
-    from skipsearch.cost.processes import DEFAULT_PROCESSES, default_processes
+    from skipsearch.bench.processes import DEFAULT_PROCESSES, default_processes
 
     assert default_processes("cuda:0") == default_processes("cuda") == 1
     assert default_processes("cpu") == DEFAULT_PROCESSES > 1

@@ -30,14 +30,9 @@ from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Evaluator, Executor, LocalExecutor
-from skipsearch.executors.ray import (
-    MeasureWorker,
-    RayExecutor,
-    RayOptions,
-    WorkerPlan,
-    plan_workers,
-    worker_device,
-)
+from skipsearch.executors.ray import RayExecutor
+from skipsearch.executors.ray_cluster import RayOptions, WorkerPlan, plan_workers, worker_device
+from skipsearch.executors.ray_worker import MeasureWorker
 from skipsearch.masks import SkipMask
 
 ray = pytest.importorskip("ray")  # not installed on the GPU test machine (`make gpu-check`)

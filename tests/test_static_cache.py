@@ -9,9 +9,12 @@ import torch
 from skipsearch.engine import autoregressive_decode
 from skipsearch.engine.cache import StaticKV, check_lengths, crop
 from skipsearch.engine.graphs import GraphSteps, sliding_window_problem
+from skipsearch.engine.sampling import GREEDY, Sampling
+from skipsearch.engine.ssd import EagerSteps
 from skipsearch.engine.tiered import tiered_decode
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
+from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.runner import SLIDING, LayerwiseRunner
 from skipsearch.tiers.policy import TierPolicy
 from tests.conftest import tiny_model
@@ -92,3 +95,24 @@ def test_host_syncs_per_round_are_few_and_do_not_grow_with_depth(host_reads: Cou
     shallow, deep = reads_per_round(4, host_reads), reads_per_round(12, host_reads)
     assert abs(deep - shallow) < 0.5
     assert max(shallow, deep) <= 5
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, Sampling(0.9, top_k=20)])
+def test_static_steps_draft_from_a_draft_vocabulary_as_the_eager_steps_do(sampling: Sampling) -> None:
+    """Both paths run one draft step (`ssd.draft_forward`, `ssd.propose`), draft heads included:
+    same tokens and same rounds, and greedy stays the target's output."""
+    runner = LayerwiseRunner(tiny_model("llama", layers=4))
+    masks = tier_masks(4)
+    heads = [DraftHead.gather(runner, range(0, 60)), None]
+
+    def decode(steps) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        generator = torch.Generator().manual_seed(7)
+        out = tiered_decode(
+            runner, PROMPT, masks, GAMMAS, POLICY, NEW_TOKENS, sampling, generator, steps=steps
+        )
+        return out.result.tokens, out.tiers
+
+    static = decode(GraphSteps(runner, masks, GAMMAS, ROOM, capture=False, heads=heads))
+    assert static == decode(EagerSteps(runner, masks, heads))
+    if sampling.greedy:
+        assert static[0] == autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from skipsearch.acceptance.profile import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile, match_runs
 from skipsearch.cli import main
 from skipsearch.cost.calibrated import predict
 from skipsearch.cost.closed_forms import SelfSpeculative
@@ -30,7 +30,6 @@ from skipsearch.tiers.simulation import (
     TierScorer,
     Trajectories,
     closed_form,
-    match_runs,
     simulate,
 )
 from tests.conftest import tiny_model

@@ -36,6 +36,7 @@ from skipsearch.acceptance.profile import AcceptanceProfile, round_starts
 from skipsearch.acceptance.reference import FORWARD_BATCH, ReferenceCache
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
+from skipsearch.models.device import device_sync
 from skipsearch.models.runner import LayerwiseRunner
 
 log = logging.getLogger(__name__)
@@ -271,7 +272,7 @@ class Estimator:
         One untimed pass first (allocator, kernels' first launch); on CUDA the device is synchronised
         around the timed pass, which otherwise returns once its kernels are queued.
         """
-        sync = torch.cuda.synchronize if self.runner.device.type == "cuda" else lambda: None
+        sync = device_sync(self.runner.device)
         self._full_forward()
         sync()
         began = time.perf_counter()

@@ -19,23 +19,42 @@ import numpy as np
 from skipsearch.masks import SkipMask, vocab_label
 
 
-def _walk(matches: Sequence[bool], gamma: int) -> Iterator[tuple[int, int, bool]]:
-    """(start, accepted, censored) of every round over one continuation, in order.
+def match_runs(matches: Sequence[bool]) -> np.ndarray:
+    """`runs[k]`: consecutive matches from position `k` (0 at a mismatch), so a round is O(1)."""
+    runs = np.zeros(len(matches) + 1, dtype=np.int64)
+    for k in range(len(matches) - 1, -1, -1):
+        runs[k] = runs[k + 1] + 1 if matches[k] else 0
+    return runs[:-1]
 
-    A round starting at `k` accepts the leading matches of `matches[k:k+gamma]` and then emits one
-    more token, so the next round starts at `k + accepted + 1`. A round whose window runs past the
-    end while every observed position matched is censored: its length is unknown (it is the last).
+
+def play_rounds(
+    length: int, round_at: Callable[[int], tuple[int, int]]
+) -> Iterator[tuple[int, int, int, bool]]:
+    """(start, γ, accepted, censored) of every round over a continuation of `length` positions.
+
+    The one round rule every replay of rounds follows (the estimator's simulation, the tier
+    policy's, the engine's end-of-output rule): `round_at(k)` gives the round starting at `k` its
+    draft length γ and the run of matches from `k` (`match_runs`); it accepts the leading `min(run,
+    γ)` drafts and emits one more token, so the next round starts at `k + accepted + 1`. A round
+    that accepted fewer than γ because the continuation ended is censored: its length is unknown.
+    `round_at` is called when the round starts, after the previous one was consumed, so a policy
+    may choose γ from how the rounds went so far.
     """
+    k = 0
+    while k < length:
+        gamma, run = round_at(k)
+        accepted = min(run, gamma)
+        yield k, gamma, accepted, accepted < gamma and k + accepted >= length
+        k += accepted + 1
+
+
+def _walk(matches: Sequence[bool], gamma: int) -> Iterator[tuple[int, int, bool]]:
+    """(start, accepted, censored) of every round over one continuation at a fixed γ (`play_rounds`)."""
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
-    n = len(matches)
-    k = 0
-    while k < n:
-        accepted = 0
-        while accepted < gamma and k + accepted < n and matches[k + accepted]:
-            accepted += 1
-        yield k, accepted, accepted < gamma and k + accepted >= n
-        k += accepted + 1
+    runs = match_runs(matches)
+    for k, _, accepted, censored in play_rounds(len(matches), lambda k: (gamma, int(runs[k]))):
+        yield k, accepted, censored
 
 
 def simulate_rounds(matches: Sequence[bool], gamma: int) -> list[int]:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from skipsearch.cli.common import (
     add_draft_vocab_option,
@@ -28,9 +28,6 @@ from skipsearch.cli.common import (
 from skipsearch.errors import ConfigError, SkipsearchError
 from skipsearch.masks import parse_draft_vocab
 from skipsearch.store import write_text_atomic
-
-if TYPE_CHECKING:
-    pass
 
 DEFAULT_GAMMA = 3
 
@@ -113,11 +110,10 @@ def named_file(path: Path) -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from skipsearch.bench.decode import DecodeSettings, decode_draft
     from skipsearch.cli.common import check_mask_args, draft_vocab_from_args, mask_from_args, measure_config
-    from skipsearch.cli.decode_tables import run_settings
-    from skipsearch.engine import GREEDY, GammaPolicy, Sampling, Summary, breakdown
-    from skipsearch.engine.lossless import check_runs
-    from skipsearch.masks import Draft, split_draft, vocab_label
+    from skipsearch.engine import GammaPolicy, Sampling
+    from skipsearch.masks import Draft, split_draft
     from skipsearch.models.device import check_device
     from skipsearch.run.preflight import known_depth
     from skipsearch.tiers.manifest import is_tier_manifest
@@ -151,14 +147,6 @@ def run(args: argparse.Namespace) -> int:
     file_vocab = None if mask_text is None else split_draft(mask_text)[1]
     if file_vocab is not None and args.draft_vocab is None:  # the file's draft vocabulary
         config = replace(config, draft_vocabs=(file_vocab,))
-
-    from skipsearch.acceptance.worker import prepare
-    from skipsearch.engine.bench import AR, HF, SSD, benchmark, estimator_dict, estimators, make_decoders
-    from skipsearch.models.draft_head import DraftHead
-    from skipsearch.models.loading import load_model
-    from skipsearch.models.random_weights import random_prompts
-    from skipsearch.models.runner import LayerwiseRunner
-
     weights = random_weights(args)
 
     def pick_draft(num_layers: int) -> Draft:  # checked before anything slow
@@ -169,76 +157,19 @@ def run(args: argparse.Namespace) -> int:
             draft = Draft(mask_from_args(args, num_layers), draft_vocab_from_args(args))
         return draft if args.draft_vocab is None else Draft(draft.mask, draft_vocab_from_args(args))
 
-    if weights is None:
-        measurement = prepare(config)
-        draft = pick_draft(measurement.num_layers)
-        runner, loaded = measurement.runner, measurement.loaded
-        prompts = measurement.prompt_ids()
-        vocab_ids = measurement.vocab_ids
-    else:  # timing only: no reference, no estimator, random prompt ids, the first k ids as vocabulary
-        measurement = None
-        loaded = load_model(config.model, config.device, config.dtype, weights)
-        runner = LayerwiseRunner(loaded.model)
-        draft = pick_draft(runner.num_layers)
-        spec = config.prompts
-        prompts = random_prompts(spec.n_prompts, spec.max_prompt_tokens, runner.config.vocab_size, spec.seed)
-        vocab_ids = range
-    mask, vocab = draft.mask, draft.vocab
-    head = None if vocab is None else DraftHead.gather(runner, vocab_ids(vocab))
-    decoders = make_decoders(runner, loaded, mask, policy, sampling, args.new_tokens, head)
-    runs = benchmark(decoders, prompts, args.repeats, args.seed, runner.device)
-
-    if sampling.greedy:
-        checked = runs
-    else:  # sampled runs differ by chance: check losslessness on greedy reruns
-        greedy = make_decoders(runner, loaded, mask, policy, GREEDY, args.new_tokens, head)
-        checked = {name: [greedy[name](p, None) for p in prompts] for name in (AR, SSD)}
-    widest = (policy.initial if policy.is_fixed else policy.gamma_max) + 1
-    lossless = check_runs(runner, prompts, checked[AR], checked[SSD], widest)
-    summaries = {name: Summary.of(results) for name, results in runs.items()}
-    estimates = [
-        estimator_dict(
-            e.evaluate(mask, args.temperature, config.draft_vocabs).for_vocab(vocab),
-            e.mode,
-            policy,
-            sampling,
-            summaries[SSD],
-        )
-        for e in (estimators(measurement) if measurement else [])
-    ]
-    result: dict[str, Any] = {
-        "model": args.model,
-        "mask": str(mask),
-        "draft_vocab": vocab_label(vocab),
-        "exit_layer": mask.exit_layer,
-        "gamma": gamma,
-        "dynamic_gamma": args.dynamic_gamma,
-        "random_weights": weights is not None,
-        "kernel_plan": loaded.plan,
-        **run_settings(args, len(prompts)),
-        "summaries": {name: s.to_dict(summaries[HF], "hf") for name, s in summaries.items()},
-        "estimators": estimates,
-        "lossless": lossless.passed,
-        "lossless_check": lossless.to_dict(),
-        "hf_matches_autoregressive": (
-            all(h.tokens == a.tokens for h, a in zip(runs[HF], runs[AR], strict=True))
-            if sampling.greedy
-            else None
-        ),
-        "breakdown": [b.to_dict() for b in breakdown([t for r in runs[SSD] for t in r.timings])],
-        "runs": {name: [r.to_dict() for r in results] for name, results in runs.items()},
-    }
+    settings = DecodeSettings(sampling, args.new_tokens, args.repeats, args.seed)
+    result = decode_draft(config, pick_draft, policy, settings, weights)
     print_result(result)
     if args.json:
         write_text_atomic(Path(args.json), json.dumps(result, indent=2))
-    return 0 if lossless.passed else 1
+    return 0 if result["lossless"] else 1
 
 
 def print_result(result: dict[str, Any]) -> None:
     from rich.console import Console
 
+    from skipsearch.bench.decoders import EARLY_EXIT
     from skipsearch.cli.decode_tables import fmt, print_breakdown, print_caveats, summary_table, verdict
-    from skipsearch.engine.bench import EARLY_EXIT
 
     console = Console()
     decoding = "greedy" if result["sampling"]["temperature"] == 0 else f"sampling {result['sampling']}"

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-
-from skipsearch.models.threads import busy_cpu_warning
 
 
 def fmt(value: float | None, spec: str = ".3f") -> str:
@@ -19,7 +16,7 @@ def fmt(value: float | None, spec: str = ".3f") -> str:
 
 def verdict(result: Mapping[str, Any]) -> str:
     """PASS or FAIL with the near-tie and real-divergence counts and the measured tolerance they were
-    judged by (`engine.lossless`)."""
+    judged by (`bench.lossless`)."""
     check = result["lossless_check"]
     tolerance = check.get("tolerance")
     judged = (
@@ -76,36 +73,6 @@ def print_breakdown(console: Console, buckets: list[dict[str, Any]]) -> None:
 
 def _cell(stats: dict[str, float]) -> str:
     return f"{stats['p50'] * 1e3:.1f} / {stats['p95'] * 1e3:.1f} ({stats['share']:.0%})"
-
-
-FEW_REPEATS = 3  # below this, one slow pass moves the mean speed by a third or more
-
-
-def timing_caveats(repeats: int) -> list[str]:
-    """Why the speeds of this decode may be noise: few repeats, or a machine busier than its cores
-    (the 1-minute load average, taken at the end of the timed passes, includes this process)."""
-    caveats = []
-    if repeats < FEW_REPEATS:
-        caveats.append(
-            f"only {repeats} repeat(s): speeds are single draws, not averages; use --repeats {FEW_REPEATS} "
-            "or more before quoting them"
-        )
-    busy = busy_cpu_warning()
-    if busy is not None:
-        caveats.append(f"{busy}; rerun on an idle machine before quoting the speeds and the speedup")
-    return caveats
-
-
-def run_settings(args: argparse.Namespace, prompts: int) -> dict[str, Any]:
-    """How the decodes ran, as `decode` and `decode-tiers` both report it in their JSON, with the
-    caveats on their timing."""
-    return {
-        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
-        "prompts": prompts,
-        "repeats": args.repeats,
-        "max_new_tokens": args.new_tokens,
-        "timing_caveats": timing_caveats(args.repeats),
-    }
 
 
 def print_caveats(console: Console, result: Mapping[str, Any]) -> None:

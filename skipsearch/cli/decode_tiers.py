@@ -16,28 +16,11 @@ from typing import Any
 from skipsearch.errors import ConfigError
 from skipsearch.store import write_text_atomic
 
-AR, TIERS, SINGLE = "autoregressive", "ssd-tiers", "ssd-best-single"
-
 
 def run_tiers(args: argparse.Namespace) -> int:
-    from skipsearch.acceptance.prompts import encode_prompts
+    from skipsearch.bench.decode import DecodeSettings, decode_tiers
     from skipsearch.cli.common import measure_config
-    from skipsearch.cli.decode_tables import run_settings
-    from skipsearch.engine import (
-        GREEDY,
-        Sampling,
-        Summary,
-        autoregressive_decode,
-        breakdown,
-        speculative_decode,
-    )
-    from skipsearch.engine.bench import benchmark
-    from skipsearch.engine.graphs import make_steps
-    from skipsearch.engine.lossless import check_runs
-    from skipsearch.engine.tiered import TieredResult, tiered_decode
-    from skipsearch.masks import SkipMask
-    from skipsearch.models.loading import eos_ids, load_model
-    from skipsearch.models.runner import LayerwiseRunner
+    from skipsearch.engine import Sampling
     from skipsearch.tiers.manifest import TierManifest
 
     manifest = TierManifest.load(Path(args.from_path))
@@ -53,99 +36,15 @@ def run_tiers(args: argparse.Namespace) -> int:
         raise ConfigError(f"--gamma must be >= 1, got {args.gamma}")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
-    sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    settings = DecodeSettings(
+        Sampling(args.temperature, args.top_k, args.top_p), args.new_tokens, args.repeats, args.seed
+    )
     config = measure_config(args)
-    loaded = load_model(config.model, config.device, config.dtype)
-    runner = LayerwiseRunner(loaded.model)
-    if runner.num_layers != manifest.num_layers:
-        raise ConfigError(
-            f"the tiers are for a {manifest.num_layers}-layer model but {config.model} has "
-            f"{runner.num_layers}: pass --model {manifest.model}"
-        )
-    prompts = [
-        p.ids
-        for p in encode_prompts(
-            config.prompts, loaded.tokenizer, getattr(loaded.model.config, "max_position_embeddings", None)
-        )
-    ]
-    model: Any = loaded.model
-    stop = eos_ids(model)
-    max_len = max(len(p) for p in prompts) + args.new_tokens + max(gammas) + 2
-    steps, eager_reason = make_steps(
-        runner, manifest.masks, gammas, max_len, manifest.buckets[0], args.require_graphs
-    )
-    predicted = manifest.predicted
-    single = (
-        predicted.get("pool_best_single") or predicted.get("best_single") or {"mask": str(manifest.masks[0])}
-    )
-    single_mask = SkipMask.parse(single["mask"], runner.num_layers)
-    tiered: list[TieredResult] = []
-
-    def decoders(sampling: Sampling) -> dict[str, Any]:
-        def tiers(prompt: tuple[int, ...], generator: Any) -> Any:
-            out = tiered_decode(
-                runner,
-                prompt,
-                manifest.masks,
-                gammas,
-                manifest.policy,
-                args.new_tokens,
-                sampling,
-                generator,
-                stop,
-                steps,
-            )
-            tiered.append(out)
-            return out.result
-
-        return {
-            AR: lambda p, g: autoregressive_decode(runner, p, args.new_tokens, sampling, g, stop),
-            TIERS: tiers,
-            SINGLE: lambda p, g: speculative_decode(
-                runner,
-                p,
-                single_mask,
-                args.new_tokens,
-                int(single.get("gamma", gammas[0])),
-                sampling,
-                g,
-                stop,
-            ),
-        }
-
-    runs = benchmark(decoders(sampling), prompts, args.repeats, args.seed, runner.device)
-    timed_tiers = tiered[1:]  # the first call was benchmark's warm-up
-    if sampling.greedy:
-        checked = runs
-    else:  # sampled runs differ by chance: check losslessness on greedy reruns
-        greedy = decoders(GREEDY)
-        checked = {name: [greedy[name](p, None) for p in prompts] for name in (AR, TIERS)}
-    lossless = check_runs(runner, prompts, checked[AR], checked[TIERS], max(gammas) + 1)
-    summaries = {name: Summary.of(results) for name, results in runs.items()}
-    rounds = [t for r in timed_tiers for t in r.tiers]
-    result = {
-        "model": config.model,
-        "manifest": str(args.from_path),
-        "tiers": [str(m) for m in manifest.masks],
-        "policy": {"window": manifest.policy.window, "thresholds": list(manifest.policy.thresholds)},
-        "gammas": list(gammas),
-        "best_single": single,
-        "mode": steps.mode,
-        "eager_reason": eager_reason,
-        **run_settings(args, len(prompts)),
-        "summaries": {name: s.to_dict(summaries[AR], "autoregressive") for name, s in summaries.items()},
-        "tier_share": [rounds.count(t) / len(rounds) if rounds else 0.0 for t in range(len(manifest.masks))],
-        "predicted": dict(manifest.predicted),
-        "lossless": lossless.passed,
-        "lossless_check": lossless.to_dict(),
-        "breakdown": [b.to_dict() for b in breakdown([t for r in runs[TIERS] for t in r.timings])],
-        "runs": {name: [r.to_dict() for r in results] for name, results in runs.items()},
-        "tier_runs": [list(r.tiers) for r in timed_tiers],
-    }
+    result = decode_tiers(config, manifest, gammas, settings, args.require_graphs, str(args.from_path))
     print_tiers(result)
     if args.json:
         write_text_atomic(Path(args.json), json.dumps(result, indent=2))
-    return 0 if lossless.passed else 1
+    return 0 if result["lossless"] else 1
 
 
 def print_tiers(result: dict[str, Any]) -> None:

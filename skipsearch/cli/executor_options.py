@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
-from skipsearch.executors.ray import RayOptions, check_ray_address, measurement_executor
+from skipsearch.executors.ray import measurement_executor
+from skipsearch.executors.ray_cluster import RayOptions, check_ray_address
 
 if TYPE_CHECKING:
     from skipsearch.acceptance.worker import Measurement

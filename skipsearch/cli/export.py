@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.run.export import export, load_source
+    from skipsearch.run.export import export
+    from skipsearch.run.export_source import load_source
     from skipsearch.run.report import study_dir
     from skipsearch.store import EXPORT_README
 

@@ -15,17 +15,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from skipsearch.bench.processes import DEFAULT_PROCESSES, profile_processes
+from skipsearch.bench.profiler import DEFAULT_CONTEXT_LENGTHS, DEFAULT_REPEATS, DEFAULT_WARMUP, save_profile
 from skipsearch.cli.common import add_model_options, add_weight_options, random_weights
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.cost.processes import DEFAULT_PROCESSES, profile_processes
-from skipsearch.cost.profiler import (
-    DEFAULT_CONTEXT_LENGTHS,
-    DEFAULT_REPEATS,
-    DEFAULT_WARMUP,
-    ProfileSummary,
-    save_profile,
-    summary,
-)
+from skipsearch.cost.profile_summary import ProfileSummary, summary
 from skipsearch.errors import ConfigError
 from skipsearch.store import default_profile_path
 

@@ -32,10 +32,19 @@ from collections.abc import Callable, Sequence
 import torch
 
 from skipsearch.engine.cache import StaticKV
-from skipsearch.engine.sampling import Sampling, sample
-from skipsearch.engine.ssd import EagerSteps, Proposal, Round, RoundSteps
+from skipsearch.engine.sampling import Sampling
+from skipsearch.engine.ssd import (
+    EagerSteps,
+    Proposal,
+    Round,
+    RoundSteps,
+    draft_forward,
+    propose,
+    verify_forward,
+)
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
+from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.runner import SLIDING, LayerwiseRunner
 
 log = logging.getLogger(__name__)
@@ -70,7 +79,8 @@ class GraphSteps:
     """Draft and verify passes of every tier over static buffers, replayed from CUDA graphs.
 
     `max_len` bounds prompt + output + one round's drafts (the static cache's size). Construction
-    captures `K` draft graphs and `Σ_t (γ_t + 1)` verify graphs, all in one memory pool.
+    captures `K` draft graphs and `Σ_t (γ_t + 1)` verify graphs, all in one memory pool. `heads[t]`
+    is tier `t`'s draft head, multiplied inside its draft graph (None: the full LM head).
     """
 
     def __init__(
@@ -81,11 +91,13 @@ class GraphSteps:
         max_len: int,
         bucket: int = 1,
         capture: bool | None = None,
+        heads: Sequence[DraftHead | None] | None = None,
     ) -> None:
         problem = sliding_window_problem(runner, max_len)
         if problem:
             raise ConfigError(problem)
         self.runner, self.masks, self.max_len = runner, tuple(masks), max_len
+        self.heads = tuple(heads) if heads is not None else (None,) * len(self.masks)
         gamma = max(gammas)
         self.capture = runner.device.type == "cuda" if capture is None else capture
         if self.capture and runner.device.type != "cuda":
@@ -120,43 +132,26 @@ class GraphSteps:
 
     # -- the captured passes ------------------------------------------------------------------
     def _draft_step(self, tier: int) -> Callable[[], Outputs]:
-        """One draft position of `tier`: (its exact state at `s1`, logits)."""
-        runner, mask, cache = self.runner, self.masks[tier], self.cache
-        s1 = mask.first_divergent_layer
+        """One draft position of `tier` (`ssd.draft_forward`): (its exact state at `s1`, logits)."""
+        runner, mask, head = self.runner, self.masks[tier], self.heads[tier]
 
         def step() -> Outputs:
-            hidden = runner.run_layers(
-                runner.embed(self.token), 0, s1, self.position, mask, cache, self.step_mask
+            hidden, logits = draft_forward(
+                runner, mask, self.token, self.position, self.cache, head, self.step_mask
             )
-            out = runner.run_layers(hidden, s1, runner.num_layers, self.position, mask, cache, self.step_mask)
-            return hidden, runner.head(out)[:, -1]
+            return hidden, logits[:, -1]
 
         return step
 
     def _verify_step(self, tier: int, gamma: int) -> Callable[[], Outputs]:
-        """The full model over `gamma + 1` positions, reusing the draft's exact prefix (`ssd.verify`)."""
-        runner, mask, cache = self.runner, self.masks[tier], self.cache
-        s1 = mask.first_divergent_layer
-        last, tail_position = self.token, self.positions[:, gamma : gamma + 1]
-        tail_mask, block_mask = self.block_mask[:, :, gamma : gamma + 1], self.block_mask[:, :, : gamma + 1]
+        """The full model over `gamma + 1` positions, reusing the draft's exact prefix
+        (`ssd.verify_forward`)."""
+        runner, mask = self.runner, self.masks[tier]
+        positions, block_mask = self.positions[:, : gamma + 1], self.block_mask[:, :, : gamma + 1]
 
         def step() -> Outputs:
-            tail = runner.run_layers(
-                runner.embed(last), 0, s1, tail_position, cache=cache, attention_mask=tail_mask
-            )
             exact = self.exact[:, :gamma]
-            if gamma and s1 > 0 and not mask.runs_mlp(s1 - 1):
-                exact = runner.mlp(s1 - 1, exact)
-            hidden = torch.cat([exact, tail], dim=1)
-            hidden = runner.run_layers(
-                hidden,
-                s1,
-                runner.num_layers,
-                self.positions[:, : gamma + 1],
-                cache=cache,
-                attention_mask=block_mask,
-            )
-            return (runner.head(hidden)[0],)
+            return (verify_forward(runner, mask, exact, self.token, positions, self.cache, block_mask),)
 
         return step
 
@@ -246,11 +241,9 @@ class GraphSteps:
             self._at(self.position, self.step_mask[0, 0], start + step)
             hidden, logits = self.drafts[at.tier]()
             exact.append(hidden[:1].clone())
-            if probs is None:
-                tokens[step] = logits[0].argmax()
-            else:
-                probs[step] = sampling.probs(logits[0])
-                tokens[step] = sample(probs[step], generator)[0]
+            tokens[step], q = propose(logits[0], sampling, generator, self.heads[at.tier])
+            if probs is not None:
+                probs[step] = q
             self.token.copy_(tokens[step].expand_as(self.token))
         return Proposal(tokens, probs, exact)
 
@@ -273,6 +266,7 @@ def make_steps(
     max_len: int,
     bucket: int = 1,
     require_graphs: bool = False,
+    heads: Sequence[DraftHead | None] | None = None,
 ) -> tuple[RoundSteps, str | None]:
     """CUDA graphs where they can run, else eager steps and the reason why not.
 
@@ -287,8 +281,8 @@ def make_steps(
         else sliding_window_problem(runner, max_len)
     )
     if reason is None:
-        return GraphSteps(runner, masks, gammas, max_len, bucket), None
+        return GraphSteps(runner, masks, gammas, max_len, bucket, heads=heads), None
     if require_graphs:
         raise ConfigError(f"--require-graphs, but the tier steps cannot be CUDA graphs: {reason}")
     log.warning("tier steps run eagerly, without CUDA graphs: %s", reason)
-    return EagerSteps(runner, masks), reason
+    return EagerSteps(runner, masks, heads), reason

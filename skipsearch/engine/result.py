@@ -73,7 +73,7 @@ class Summary:
     @classmethod
     def of(cls, results: Sequence[DecodeResult]) -> Summary:
         rounds = [(g, n) for r in results for g, n in zip(r.gammas, r.accepted, strict=True) if g > 0]
-        judged = sum(n + (n < g) for g, n in rounds)
+        judged = sum(judged_tokens(g, n) for g, n in rounds)
         return cls(
             tokens=sum(len(r.tokens) for r in results),
             seconds=sum(r.seconds for r in results),
@@ -82,6 +82,12 @@ class Summary:
             tokens_per_round=sum(n + 1 for _, n in rounds) / len(rounds) if rounds else None,
             mean_gamma=sum(g for g, _ in rounds) / len(rounds) if rounds else None,
         )
+
+
+def judged_tokens(gamma: int, accepted: int) -> int:
+    """Draft tokens a round judged: `n + 1` when it rejected one (`n < γ`), all `γ` otherwise — those
+    after the first rejection were never judged. The count behind every acceptance α of a decode."""
+    return accepted + (accepted < gamma)
 
 
 def new_tokens(sequence: Sequence[int], prompt_length: int, eos_ids: Collection[int]) -> tuple[int, ...]:

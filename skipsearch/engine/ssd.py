@@ -63,6 +63,75 @@ def positions(start: int, count: int, device: torch.device) -> torch.Tensor:
     return torch.arange(start, start + count, device=device)[None]
 
 
+def draft_forward(
+    runner: LayerwiseRunner,
+    mask: SkipMask,
+    token: torch.Tensor,
+    position: torch.Tensor,
+    cache: Any,
+    head: DraftHead | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draft position of the masked model: (its exact state at `s1`, logits `[b, 1, V or k]`).
+
+    The forward pass of a draft step, shared by the eager path and the captured graphs
+    (`engine.graphs`); `head` is a draft vocabulary's head (None: the full LM head)."""
+    s1 = mask.first_divergent_layer
+    hidden = runner.run_layers(runner.embed(token), 0, s1, position, mask, cache, attention_mask)
+    last = runner.run_layers(hidden, s1, runner.num_layers, position, mask, cache, attention_mask)
+    return hidden, (runner.head if head is None else head)(last)
+
+
+def propose(
+    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None, head: DraftHead | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The draft token for one step's logits `[V or k]`, and `q` over the full vocabulary (sampling).
+
+    With a draft `head`, greedy proposes the subset's argmax; sampling draws from `q` over the
+    subset, recorded over the full vocabulary with zeros outside it, so the residual
+    `max(0, p - q)` covers every other token."""
+    if sampling.greedy:
+        choice, q = logits.argmax(), None
+    else:
+        q = sampling.probs(logits)
+        choice = sample(q, generator)[0]
+    if head is None:
+        return choice, q
+    return head.token(choice), None if q is None else head.scatter(q)
+
+
+def verify_forward(
+    runner: LayerwiseRunner,
+    mask: SkipMask,
+    exact: torch.Tensor | None,
+    last: torch.Tensor,
+    block_positions: torch.Tensor,
+    cache: Any,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Full-model logits `[γ + 1, V]` over `block_positions` `[1, γ + 1]`, reusing the draft's work.
+
+    `exact` `[b, γ, d]`: the drafts' exact states (None or empty when γ = 0); `last` `[b, 1]`: the
+    last draft token (the pending token when γ = 0), which the draft never fed. Layers `< s1` run
+    only for `last`; the exact states are completed with the MLP of layer `s1 - 1` when the draft
+    skipped it; layers `>= s1` run for all γ + 1 positions. Shared by `verify` and `engine.graphs`.
+    """
+    s1, gamma = mask.first_divergent_layer, 0 if exact is None else exact.shape[1]
+    tail_mask = None if attention_mask is None else attention_mask[:, :, gamma : gamma + 1]
+    tail_position = block_positions[:, gamma : gamma + 1]
+    tail = runner.run_layers(runner.embed(last), 0, s1, tail_position, cache=cache, attention_mask=tail_mask)
+    if exact is None:
+        hidden = tail
+    else:
+        if gamma and s1 > 0 and not mask.runs_mlp(s1 - 1):
+            exact = runner.mlp(s1 - 1, exact)
+        hidden = torch.cat([exact, tail], dim=1)
+    hidden = runner.run_layers(
+        hidden, s1, runner.num_layers, block_positions, cache=cache, attention_mask=attention_mask
+    )
+    return runner.head(hidden)[0]
+
+
 def draft(
     runner: LayerwiseRunner,
     mask: SkipMask,
@@ -74,30 +143,19 @@ def draft(
     generator: torch.Generator | None,
     head: DraftHead | None = None,
 ) -> Proposal:
-    """γ steps of the masked model from `pending` `[1, 1]` at position `start`.
-
-    With a draft `head` (a draft vocabulary) each step multiplies only the subset's rows: greedy
-    proposes the subset's argmax; sampling draws from `q` over the subset, recorded over the full
-    vocabulary with zeros outside it, so the residual `max(0, p - q)` covers every other token.
-    """
-    s1, device = mask.first_divergent_layer, runner.device
+    """γ steps of the masked model from `pending` `[1, 1]` at position `start` (`draft_forward`,
+    `propose`)."""
+    device = runner.device
     tokens = torch.empty(gamma, dtype=torch.long, device=device)
     probs = None if sampling.greedy else torch.empty(gamma, runner.config.vocab_size, device=device)
     exact: list[torch.Tensor] = []
     token = pending
     for step in range(gamma):
-        position = positions(start + step, 1, device)
-        hidden = runner.run_layers(runner.embed(token), 0, s1, position, mask, cache)
+        hidden, logits = draft_forward(runner, mask, token, positions(start + step, 1, device), cache, head)
         exact.append(hidden)
-        last = runner.run_layers(hidden, s1, runner.num_layers, position, mask, cache)
-        logits = (runner.head if head is None else head)(last)[0, -1]
-        if probs is None:
-            choice = logits.argmax()
-        else:
-            q = sampling.probs(logits)
-            choice = sample(q, generator)[0]
-            probs[step] = q if head is None else head.scatter(q)
-        tokens[step] = choice if head is None else head.token(choice)
+        tokens[step], q = propose(logits[0, -1], sampling, generator, head)
+        if probs is not None:
+            probs[step] = q
         token = tokens[step].view(1, 1)
     return Proposal(tokens, probs, exact)
 
@@ -110,23 +168,15 @@ def verify(
     pending: torch.Tensor,
     start: int,
 ) -> torch.Tensor:
-    """Full-model logits `[γ + 1, V]` at positions `start .. start + γ`, reusing the draft's work.
+    """Full-model logits `[γ + 1, V]` at positions `start .. start + γ` (`verify_forward`).
 
     Expects layers `>= s1` cropped to `start` and layers `< s1` holding the draft's K/V up to
     `start + γ - 1`.
     """
-    s1, device = mask.first_divergent_layer, runner.device
     gamma = len(proposal.tokens)
     last = proposal.tokens[-1:].view(1, 1) if gamma else pending
-    tail = runner.run_layers(runner.embed(last), 0, s1, positions(start + gamma, 1, device), cache=cache)
-    exact = proposal.exact
-    if exact and s1 > 0 and not mask.runs_mlp(s1 - 1):
-        exact = [runner.mlp(s1 - 1, torch.cat(exact, dim=1))]
-    hidden = torch.cat([*exact, tail], dim=1)
-    hidden = runner.run_layers(
-        hidden, s1, runner.num_layers, positions(start, gamma + 1, device), cache=cache
-    )
-    return runner.head(hidden)[0]
+    exact = torch.cat(proposal.exact, dim=1) if proposal.exact else None
+    return verify_forward(runner, mask, exact, last, positions(start, gamma + 1, runner.device), cache)
 
 
 def settle(

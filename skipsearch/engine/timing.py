@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from skipsearch.models.device import device_sync
+
 TIMED_PHASES = ("draft", "verify", "sample", "cache")
 PHASES = (*TIMED_PHASES, "other")
 BUCKETS = ("short", "medium", "long")
@@ -55,7 +57,7 @@ class RoundClock:
     """
 
     def __init__(self, device: torch.device) -> None:
-        self.sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+        self.sync: Callable[[], None] = device_sync(device)
         self.began = 0.0
         self.spent = dict.fromkeys(TIMED_PHASES, 0.0)
 

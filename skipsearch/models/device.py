@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from skipsearch.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def check_device(device: str) -> None:
@@ -28,3 +34,12 @@ def check_device(device: str) -> None:
         raise ConfigError(f"--device {device}: MPS is not available here: use --device cpu")
     elif parsed.type not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"--device {device}: skipsearch runs on cpu, cuda or mps")
+
+
+def device_sync(device: torch.device | str) -> Callable[[], None]:
+    """What waits for `device`'s queued kernels: CUDA returns from a call once they are queued, so
+    a clock read without it would time the launch; elsewhere the work is done and it does nothing."""
+    import torch
+
+    device = torch.device(device)
+    return torch.cuda.synchronize if device.type == "cuda" else lambda: None

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from skipsearch.acceptance.profile import AcceptanceProfile
+from skipsearch.acceptance.profile import AcceptanceProfile, match_runs, play_rounds
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.closed_forms import CostForm, SelfSpeculative, optimal_gamma
 from skipsearch.cost.latency import LatencyProfile
@@ -56,14 +56,6 @@ def cost_model(name: str, latency: LatencyProfile | None = None, context: float 
 
 
 # -- simulation ------------------------------------------------------------------------------------
-def match_runs(matches: Sequence[bool]) -> np.ndarray:
-    """`runs[k]`: consecutive matches from position `k` (0 at a mismatch), so a round is O(1)."""
-    runs = np.zeros(len(matches) + 1, dtype=np.int64)
-    for k in range(len(matches) - 1, -1, -1):
-        runs[k] = runs[k + 1] + 1 if matches[k] else 0
-    return runs[:-1]
-
-
 @dataclass(frozen=True)
 class Trajectories:
     """Every tier's match runs on the same calibration prompts: `runs[tier][prompt][position]`."""
@@ -133,7 +125,7 @@ def simulate(
     `round_costs[t]`: one round of tier `t` at its draft length `gammas[t]`, in autoregressive
     steps. A round whose
     window runs past the continuation while every observed draft matched is censored (its length
-    is unknown) and ends that prompt, as in `simulate_rounds`; with one tier (or K copies of one
+    is unknown) and ends that prompt (`acceptance.profile.play_rounds`); with one tier (or K copies of one
     mask) the result is that mask's `tokens_per_round(γ)` and speedup exactly.
     """
     if min(gammas) < 1:
@@ -147,21 +139,20 @@ def simulate(
     time = 0.0
     usage = [0] * trajectories.num_tiers
     for prompt in range(len(trajectories.runs[0])):
-        controller = TierController(policy)
-        length = len(trajectories.runs[0][prompt])
-        k = 0
-        while k < length:
-            tier = controller.tier
-            gamma = gammas[tier]
-            accepted = min(int(trajectories.runs[tier][prompt][k]), gamma)
-            if accepted < gamma and k + accepted >= length:
+        controller, runs = TierController(policy), [tier[prompt] for tier in trajectories.runs]
+
+        def round_at(k: int, controller: TierController = controller, runs: list = runs) -> tuple[int, int]:
+            return gammas[controller.tier], int(runs[controller.tier][k])
+
+        for _, gamma, accepted, censored in play_rounds(len(runs[0]), round_at):
+            if censored:
                 break
+            tier = controller.tier
             rounds += 1
             tokens += accepted + 1
             time += round_costs[tier]
             usage[tier] += 1
             controller.update(accepted, gamma)
-            k += accepted + 1
     return Simulation(tuple(gammas), rounds, tokens, time, tuple(usage))
 
 

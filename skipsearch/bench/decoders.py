@@ -1,11 +1,8 @@
-"""The decode benchmark harness: every decoder on the same prompts, interleaved and paired.
+"""The decoders a benchmark compares, each as `decode(prompt, generator) -> DecodeResult`.
 
-`skipsearch decode`, `decode --from tiers.json` and the engine experiments all time decoders
-through `benchmark`, so a ratio between two decoders is always measured side by side in one run
-(drift hits both alike). `make_decoders` builds the standard set — the layer-wise autoregressive
-baseline, HF `generate`, our SSD engine and, for a contiguous prefix, HF's `assistant_early_exit` —
-with one stopping rule; `estimators` and `estimator_dict` put the estimator's prediction next to
-what the engine measured.
+`make_decoders` builds the standard set — the layer-wise autoregressive baseline, HF `generate`,
+our SSD engine and, for a contiguous prefix, HF's `assistant_early_exit` — with one stopping rule;
+`bench.interleaved.benchmark` times them side by side.
 """
 
 from __future__ import annotations
@@ -17,13 +14,9 @@ from typing import Any
 
 import torch
 
-from skipsearch.acceptance.estimator import Estimator
-from skipsearch.acceptance.profile import AcceptanceProfile
-from skipsearch.acceptance.worker import Measurement
-from skipsearch.cost.closed_forms import tokens_per_round_iid
 from skipsearch.engine.autoregressive import autoregressive_decode
 from skipsearch.engine.gamma import GammaPolicy
-from skipsearch.engine.result import DecodeResult, Summary
+from skipsearch.engine.result import DecodeResult
 from skipsearch.engine.sampling import Sampling
 from skipsearch.engine.ssd import speculative_decode
 from skipsearch.masks import SkipMask
@@ -31,7 +24,6 @@ from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.kernels import new_cache
 from skipsearch.models.loading import LoadedModel, eos_ids
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.progress import progress_bar
 
 AR, HF, SSD, EARLY_EXIT = "autoregressive", "hf-generate", "ssd", "hf-early-exit"
 
@@ -151,66 +143,3 @@ def assistant_settings(model: Any, policy: GammaPolicy) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(config, name, value)
-
-
-def benchmark(
-    decoders: dict[str, Decoder],
-    prompts: list[tuple[int, ...]],
-    repeats: int,
-    seed: int,
-    device: torch.device,
-) -> dict[str, list[DecodeResult]]:
-    """Every decoder on every prompt, `repeats` times, interleaved so drift hits all alike.
-
-    One untimed warm-up per decoder first; the decoder order rotates from prompt to prompt.
-    Results are in (repeat, prompt) order, so index `k` is the same prompt for every decoder.
-    """
-    names = list(decoders)
-    for name in names:
-        decoders[name](prompts[0], torch.Generator(device=device).manual_seed(seed))
-    runs: dict[str, list[DecodeResult]] = {name: [] for name in names}
-    with progress_bar("decode: interleaved runs", repeats * len(prompts)) as bar:
-        for repeat in range(repeats):
-            for index, prompt in enumerate(prompts):
-                turn = repeat * len(prompts) + index
-                for name in names[turn % len(names) :] + names[: turn % len(names)]:
-                    generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + turn)
-                    runs[name].append(decoders[name](prompt, generator))
-                bar.advance(bar.task_ids[0])
-    return runs
-
-
-# -- reporting ------------------------------------------------------------------------------------
-def estimators(measurement: Measurement) -> list[Estimator]:
-    """The configured estimator, plus `self` mode when that is `shared-kv`: its reference holds
-    the K/V and serves both, so one run shows which mode predicts the engine (docs/theory.md,
-    "Measuring acceptance")."""
-    configured = measurement.estimator
-    if configured.mode == "self":
-        return [configured]
-    return [configured, Estimator(configured.runner, configured.reference, "self", configured.vocab_ids)]
-
-
-def estimator_dict(
-    profile: AcceptanceProfile, mode: str, policy: GammaPolicy, sampling: Sampling, measured: Summary
-) -> dict[str, Any]:
-    """The estimator's acceptance and tokens per round for the engine's γ, and the relative error.
-
-    Greedy: the exact round simulation over the teacher-forced match vector (docs/theory.md, "The
-    round rule"). Sampling: the i.i.d. closed form `E(γ)` at the mean `sum_x min(p, q)` — the
-    estimator applies no top-k / top-p. A dynamic γ has no single prediction.
-    """
-    alpha = profile.alpha if sampling.greedy else profile.sampling_acceptance
-    predicted = None
-    if policy.is_fixed:
-        gamma = policy.initial
-        predicted = profile.tokens_per_round(gamma) if sampling.greedy else tokens_per_round_iid(alpha, gamma)
-    actual = measured.tokens_per_round
-    return {
-        "mode": mode,
-        "alpha": alpha,
-        "measured_acceptance": measured.acceptance,
-        "tokens_per_round": predicted,
-        "measured_tokens_per_round": actual,
-        "relative_error": (predicted - actual) / actual if predicted is not None and actual else None,
-    }

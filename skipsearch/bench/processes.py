@@ -9,7 +9,7 @@ is then right for that process only, and two runs of `skipsearch profile` disagr
 
 Whatever later decodes with the chosen mask runs in a process of its own, so the cost model wants
 the expected cost over processes: each of `processes` fresh interpreters takes `repeats /
-processes` samples, and the profile keeps the mean of their medians (`cost.profiler.combine`). They run
+processes` samples, and the profile keeps the mean of their medians (`bench.profiler.combine`). They run
 one at a time: two at once would share the cores and time each other.
 """
 
@@ -21,9 +21,7 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from skipsearch.cost.depth import scale_to_depth
-from skipsearch.cost.latency import LatencyProfile
-from skipsearch.cost.profiler import (
+from skipsearch.bench.profiler import (
     DEFAULT_CONTEXT_LENGTHS,
     DEFAULT_HEAD_ROWS,
     DEFAULT_POSITIONS,
@@ -35,6 +33,8 @@ from skipsearch.cost.profiler import (
     measure_samples,
     process_meta,
 )
+from skipsearch.cost.depth import scale_to_depth
+from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
 from skipsearch.models.loading import device_type
 from skipsearch.models.random_weights import RandomWeights

@@ -1,0 +1,294 @@
+"""One decode check: a draft or a tier set against autoregressive decoding, timed and proven lossless.
+
+`skipsearch decode` (one draft, next to HF `generate`, HF's early exit and the estimator's
+prediction) and `decode --from tiers.json` (a tier set next to its best single mask) run the same
+flow (`measure`): every decoder on the same prompts, interleaved (`interleaved.benchmark`); then
+the lossless check — on the timed runs when greedy, on greedy reruns when sampling, since sampled
+runs differ by chance. `decode_draft` and `decode_tiers` return the report the CLI prints and
+writes as JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from skipsearch.bench.decoders import AR, HF, SSD, Decoder
+from skipsearch.engine.gamma import GammaPolicy
+from skipsearch.engine.result import DecodeResult, Summary
+from skipsearch.engine.sampling import GREEDY, Sampling
+from skipsearch.engine.timing import breakdown
+from skipsearch.errors import ConfigError
+from skipsearch.masks import Draft
+from skipsearch.models.threads import busy_cpu_warning
+
+if TYPE_CHECKING:
+    from skipsearch.acceptance.measure_config import MeasureConfig
+    from skipsearch.bench.lossless import LosslessCheck
+    from skipsearch.models.loading import LoadedModel
+    from skipsearch.models.random_weights import RandomWeights
+    from skipsearch.models.runner import LayerwiseRunner
+    from skipsearch.tiers.manifest import TierManifest
+
+TIERS, SINGLE = "ssd-tiers", "ssd-best-single"
+FEW_REPEATS = 3  # below this, one slow pass moves the mean speed by a third or more
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How the decodes run: the same for every decoder of one check."""
+
+    sampling: Sampling
+    new_tokens: int
+    repeats: int
+    seed: int
+
+    def to_dict(self, prompts: int) -> dict[str, Any]:
+        """As the report holds them, with the caveats on their timing."""
+        return {
+            "sampling": {
+                "temperature": self.sampling.temperature,
+                "top_k": self.sampling.top_k,
+                "top_p": self.sampling.top_p,
+            },
+            "prompts": prompts,
+            "repeats": self.repeats,
+            "max_new_tokens": self.new_tokens,
+            "timing_caveats": timing_caveats(self.repeats),
+        }
+
+
+def timing_caveats(repeats: int) -> list[str]:
+    """Why the speeds of this decode may be noise: few repeats, or a machine busier than its cores
+    (the 1-minute load average, taken at the end of the timed passes, includes this process)."""
+    caveats = []
+    if repeats < FEW_REPEATS:
+        caveats.append(
+            f"only {repeats} repeat(s): speeds are single draws, not averages; use --repeats {FEW_REPEATS} "
+            "or more before quoting them"
+        )
+    busy = busy_cpu_warning()
+    if busy is not None:
+        caveats.append(f"{busy}; rerun on an idle machine before quoting the speeds and the speedup")
+    return caveats
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The timed runs of every decoder, in (repeat, prompt) order, and the lossless check."""
+
+    runs: dict[str, list[DecodeResult]]
+    lossless: LosslessCheck
+
+    def summaries(self) -> dict[str, Summary]:
+        return {name: Summary.of(results) for name, results in self.runs.items()}
+
+    def breakdown(self, name: str) -> list[dict[str, Any]]:
+        """`name`'s round time by context tercile and phase."""
+        return [b.to_dict() for b in breakdown([t for r in self.runs[name] for t in r.timings])]
+
+    def runs_dict(self) -> dict[str, list[dict[str, Any]]]:
+        return {name: [r.to_dict() for r in results] for name, results in self.runs.items()}
+
+
+def measure(
+    decoders: Callable[[Sampling], dict[str, Decoder]],
+    runner: LayerwiseRunner,
+    prompts: Sequence[tuple[int, ...]],
+    settings: DecodeSettings,
+    candidate: str,
+    widest: int | None,
+) -> Measured:
+    """`decoders(sampling)` benchmarked, and `candidate` checked lossless against `AR`.
+
+    `widest`: γ + 1 of the widest verify pass, to measure the tolerance a near-tie is judged by
+    (`lossless.check_runs`); None judges by the dtype's default."""
+    from skipsearch.bench.interleaved import benchmark
+    from skipsearch.bench.lossless import check_runs
+
+    prompts = list(prompts)
+    runs = benchmark(decoders(settings.sampling), prompts, settings.repeats, settings.seed, runner.device)
+    if settings.sampling.greedy:
+        checked = runs
+    else:  # sampled runs differ by chance: check losslessness on greedy reruns
+        greedy = decoders(GREEDY)
+        checked = {name: [greedy[name](p, None) for p in prompts] for name in (AR, candidate)}
+    lossless = check_runs(runner, prompts, checked[AR], checked[candidate], widest)
+    return Measured(runs, lossless)
+
+
+def decode_draft(
+    config: MeasureConfig,
+    pick_draft: Callable[[int], Draft],
+    policy: GammaPolicy,
+    settings: DecodeSettings,
+    weights: RandomWeights | None,
+) -> dict[str, Any]:
+    """One draft (`pick_draft(num_layers)`, called before anything slow) against autoregressive
+    decoding, HF `generate` and, for a contiguous prefix, HF's early exit; with real weights, next
+    to the estimator's prediction for it. Random weights: timing only, on random prompt ids."""
+    from skipsearch.acceptance.worker import prepare
+    from skipsearch.bench.decoders import make_decoders
+    from skipsearch.bench.estimate import estimator_dict, estimators
+    from skipsearch.masks import vocab_label
+    from skipsearch.models.draft_head import DraftHead
+    from skipsearch.models.loading import load_model
+    from skipsearch.models.random_weights import random_prompts
+    from skipsearch.models.runner import LayerwiseRunner
+
+    if weights is None:
+        measurement = prepare(config)
+        draft = pick_draft(measurement.num_layers)
+        runner, loaded = measurement.runner, measurement.loaded
+        prompts = measurement.prompt_ids()
+        vocab_ids = measurement.vocab_ids
+    else:  # timing only: no reference, no estimator, random prompt ids, the first k ids as vocabulary
+        measurement = None
+        loaded = load_model(config.model, config.device, config.dtype, weights)
+        runner = LayerwiseRunner(loaded.model)
+        draft = pick_draft(runner.num_layers)
+        spec = config.prompts
+        prompts = random_prompts(spec.n_prompts, spec.max_prompt_tokens, runner.config.vocab_size, spec.seed)
+        vocab_ids = range
+    mask, vocab = draft.mask, draft.vocab
+    head = None if vocab is None else DraftHead.gather(runner, vocab_ids(vocab))
+
+    def decoders(sampling: Sampling) -> dict[str, Decoder]:
+        return make_decoders(runner, loaded, mask, policy, sampling, settings.new_tokens, head)
+
+    widest = (policy.initial if policy.is_fixed else policy.gamma_max) + 1
+    measured = measure(decoders, runner, prompts, settings, SSD, widest)
+    runs, sampling = measured.runs, settings.sampling
+    summaries = measured.summaries()
+    estimates = [
+        estimator_dict(
+            e.evaluate(mask, sampling.temperature, config.draft_vocabs).for_vocab(vocab),
+            e.mode,
+            policy,
+            sampling,
+            summaries[SSD],
+        )
+        for e in (estimators(measurement) if measurement else [])
+    ]
+    return {
+        "model": config.model,
+        "mask": str(mask),
+        "draft_vocab": vocab_label(vocab),
+        "exit_layer": mask.exit_layer,
+        "gamma": policy.initial,
+        "dynamic_gamma": not policy.is_fixed,
+        "random_weights": weights is not None,
+        "kernel_plan": loaded.plan,
+        **settings.to_dict(len(prompts)),
+        "summaries": {name: s.to_dict(summaries[HF], "hf") for name, s in summaries.items()},
+        "estimators": estimates,
+        "lossless": measured.lossless.passed,
+        "lossless_check": measured.lossless.to_dict(),
+        "hf_matches_autoregressive": (
+            all(h.tokens == a.tokens for h, a in zip(runs[HF], runs[AR], strict=True))
+            if sampling.greedy
+            else None
+        ),
+        "breakdown": measured.breakdown(SSD),
+        "runs": measured.runs_dict(),
+    }
+
+
+def decode_tiers(
+    config: MeasureConfig,
+    manifest: TierManifest,
+    gammas: Sequence[int],
+    settings: DecodeSettings,
+    require_graphs: bool,
+    source: str,
+) -> dict[str, Any]:
+    """A tier set (read from `source`) against autoregressive decoding and the set's best single
+    mask, on CUDA graphs where there is a GPU and eagerly otherwise."""
+    from skipsearch.engine import autoregressive_decode, speculative_decode
+    from skipsearch.engine.graphs import make_steps
+    from skipsearch.engine.tiered import TieredResult, tiered_decode
+    from skipsearch.masks import SkipMask
+    from skipsearch.models.loading import eos_ids
+
+    runner, loaded, prompts = _load_for(config, manifest)
+    stop = eos_ids(loaded.model)
+    new_tokens = settings.new_tokens
+    max_len = max(len(p) for p in prompts) + new_tokens + max(gammas) + 2
+    steps, eager_reason = make_steps(
+        runner, manifest.masks, gammas, max_len, manifest.buckets[0], require_graphs
+    )
+    predicted = manifest.predicted
+    single = (
+        predicted.get("pool_best_single") or predicted.get("best_single") or {"mask": str(manifest.masks[0])}
+    )
+    single_mask = SkipMask.parse(single["mask"], runner.num_layers)
+    tiered: list[TieredResult] = []
+
+    def decoders(sampling: Sampling) -> dict[str, Decoder]:
+        def tiers(prompt: tuple[int, ...], generator: Any) -> DecodeResult:
+            out = tiered_decode(
+                runner,
+                prompt,
+                manifest.masks,
+                gammas,
+                manifest.policy,
+                new_tokens,
+                sampling,
+                generator,
+                stop,
+                steps,
+            )
+            tiered.append(out)
+            return out.result
+
+        return {
+            AR: lambda p, g: autoregressive_decode(runner, p, new_tokens, sampling, g, stop),
+            TIERS: tiers,
+            SINGLE: lambda p, g: speculative_decode(
+                runner, p, single_mask, new_tokens, int(single.get("gamma", gammas[0])), sampling, g, stop
+            ),
+        }
+
+    measured = measure(decoders, runner, prompts, settings, TIERS, max(gammas) + 1)
+    timed_tiers = tiered[1 : 1 + settings.repeats * len(prompts)]  # after benchmark's warm-up
+    summaries = measured.summaries()
+    rounds = [t for r in timed_tiers for t in r.tiers]
+    return {
+        "model": config.model,
+        "manifest": source,
+        "tiers": [str(m) for m in manifest.masks],
+        "policy": {"window": manifest.policy.window, "thresholds": list(manifest.policy.thresholds)},
+        "gammas": list(gammas),
+        "best_single": single,
+        "mode": steps.mode,
+        "eager_reason": eager_reason,
+        **settings.to_dict(len(prompts)),
+        "summaries": {name: s.to_dict(summaries[AR], "autoregressive") for name, s in summaries.items()},
+        "tier_share": [rounds.count(t) / len(rounds) if rounds else 0.0 for t in range(len(manifest.masks))],
+        "predicted": dict(manifest.predicted),
+        "lossless": measured.lossless.passed,
+        "lossless_check": measured.lossless.to_dict(),
+        "breakdown": measured.breakdown(TIERS),
+        "runs": measured.runs_dict(),
+        "tier_runs": [list(r.tiers) for r in timed_tiers],
+    }
+
+
+def _load_for(
+    config: MeasureConfig, manifest: TierManifest
+) -> tuple[LayerwiseRunner, LoadedModel, list[tuple[int, ...]]]:
+    """The model a tier set was searched on, checked by its depth, and the encoded prompts."""
+    from skipsearch.acceptance.prompts import encode_prompts
+    from skipsearch.models.loading import load_model
+    from skipsearch.models.runner import LayerwiseRunner
+
+    loaded = load_model(config.model, config.device, config.dtype)
+    runner = LayerwiseRunner(loaded.model)
+    if runner.num_layers != manifest.num_layers:
+        raise ConfigError(
+            f"the tiers are for a {manifest.num_layers}-layer model but {config.model} has "
+            f"{runner.num_layers}: pass --model {manifest.model}"
+        )
+    context = getattr(loaded.model.config, "max_position_embeddings", None)
+    return runner, loaded, [p.ids for p in encode_prompts(config.prompts, loaded.tokenizer, context)]

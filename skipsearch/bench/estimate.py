@@ -1,0 +1,48 @@
+"""The estimator's prediction next to what the engine measured (docs/theory.md, "Measuring acceptance")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from skipsearch.acceptance.estimator import Estimator
+from skipsearch.acceptance.profile import AcceptanceProfile
+from skipsearch.acceptance.worker import Measurement
+from skipsearch.cost.closed_forms import tokens_per_round_iid
+from skipsearch.engine.gamma import GammaPolicy
+from skipsearch.engine.result import Summary
+from skipsearch.engine.sampling import Sampling
+
+
+def estimators(measurement: Measurement) -> list[Estimator]:
+    """The configured estimator, plus `self` mode when that is `shared-kv`: its reference holds
+    the K/V and serves both, so one run shows which mode predicts the engine (docs/theory.md,
+    "Measuring acceptance")."""
+    configured = measurement.estimator
+    if configured.mode == "self":
+        return [configured]
+    return [configured, Estimator(configured.runner, configured.reference, "self", configured.vocab_ids)]
+
+
+def estimator_dict(
+    profile: AcceptanceProfile, mode: str, policy: GammaPolicy, sampling: Sampling, measured: Summary
+) -> dict[str, Any]:
+    """The estimator's acceptance and tokens per round for the engine's γ, and the relative error.
+
+    Greedy: the exact round simulation over the teacher-forced match vector (docs/theory.md, "The
+    round rule"). Sampling: the i.i.d. closed form `E(γ)` at the mean `sum_x min(p, q)` — the
+    estimator applies no top-k / top-p. A dynamic γ has no single prediction.
+    """
+    alpha = profile.alpha if sampling.greedy else profile.sampling_acceptance
+    predicted = None
+    if policy.is_fixed:
+        gamma = policy.initial
+        predicted = profile.tokens_per_round(gamma) if sampling.greedy else tokens_per_round_iid(alpha, gamma)
+    actual = measured.tokens_per_round
+    return {
+        "mode": mode,
+        "alpha": alpha,
+        "measured_acceptance": measured.acceptance,
+        "tokens_per_round": predicted,
+        "measured_tokens_per_round": actual,
+        "relative_error": (predicted - actual) / actual if predicted is not None and actual else None,
+    }

@@ -1,0 +1,242 @@
+"""Timing the parts of a forward pass, the round's bookkeeping and the draft head (`profiler`).
+
+Every sample is one whole forward in execution order, so each sub-layer's weights are as cold in
+the CPU caches as in real decoding; the (context, positions) passes are shuffled within each
+repeat. Imports torch only inside the measuring functions.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from skipsearch.bench.clock import Sync, timed
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.progress import progress_bar
+
+if TYPE_CHECKING:
+    import torch
+
+    from skipsearch.models.runner import LayerwiseRunner
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Seconds of each part of one forward pass over `k` new positions."""
+
+    embed: float
+    attn: tuple[float, ...]
+    mlp: tuple[float, ...]
+    head: float
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Every kept sample: `embed`/`head` `[context, positions, repeat]`, `attn`/`mlp` `[layer, ...]`."""
+
+    embed: np.ndarray
+    head: np.ndarray
+    attn: np.ndarray
+    mlp: np.ndarray
+
+    @classmethod
+    def empty(cls, layers: int, contexts: int, positions: int, repeats: int) -> Samples:
+        shape = (contexts, positions, repeats)
+        return cls(np.zeros(shape), np.zeros(shape), np.zeros((layers, *shape)), np.zeros((layers, *shape)))
+
+    def record(self, c: int, k: int, repeat: int, times: PassTimes) -> None:
+        """Store one pass at context index `c`, positions index `k`."""
+        self.embed[c, k, repeat] = times.embed
+        self.head[c, k, repeat] = times.head
+        self.attn[:, c, k, repeat] = times.attn
+        self.mlp[:, c, k, repeat] = times.mlp
+
+    def reduce(self, statistic: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
+        """Each table reduced over its repeats, as the nested lists `LatencyProfile` stores."""
+        return {name: statistic(getattr(self, name)).tolist() for name in LatencyProfile.TABLES}
+
+
+def prefill_cache(runner: LayerwiseRunner, context: int, generator: torch.Generator) -> Any:
+    """A `DynamicCache` holding `context` positions of random tokens in every layer.
+
+    Past recording is switched on afterwards so sliding-window layers can be cropped back too.
+    """
+    import torch
+
+    cache = runner.new_cache()
+    ids = random_ids(runner, context, generator)
+    position_ids = torch.arange(context, device=runner.device)[None]
+    with torch.no_grad():
+        runner.run_layers(runner.embed(ids), 0, runner.num_layers, position_ids, cache=cache)
+    cache.activate_past_recording()
+    return cache
+
+
+def random_ids(runner: LayerwiseRunner, length: int, generator: torch.Generator) -> torch.Tensor:
+    import torch
+
+    ids = torch.randint(0, runner.config.vocab_size, (1, length), generator=generator)
+    return ids.to(runner.device)
+
+
+def _pass_setup(
+    runner: LayerwiseRunner, ids: torch.Tensor, position_ids: torch.Tensor, cache: Any
+) -> tuple[torch.Tensor, Any, list[Any]]:
+    """Embedding, rotary tables and one causal mask per attention type: the per-pass preamble.
+
+    Charged to `embed`, since every pass (draft step or verify) pays it once whatever it skips.
+    """
+    hidden = runner.embed(ids)
+    rotary = runner.rotary(hidden, position_ids)
+    masks: dict[str, Any] = {}
+    for layer, kind in enumerate(runner.layer_types):
+        if kind not in masks:
+            masks[kind] = runner.causal_mask(hidden, position_ids, cache, layer)
+    return hidden, rotary, [masks[kind] for kind in runner.layer_types]
+
+
+def time_pass(runner: LayerwiseRunner, cache: Any, ids: torch.Tensor, sync: Sync) -> PassTimes:
+    """Time each part of one full forward over `ids` after the positions `cache` holds.
+
+    Each attention call appends its `k` positions to its layer's cache, as a real pass does; the
+    crop right after (outside the clock) takes them off again, so every sample sees one context.
+    """
+    import torch
+
+    context, positions = cache.get_seq_length(), ids.shape[1]
+    position_ids = torch.arange(context, context + positions, device=runner.device)[None]
+    with torch.no_grad():
+        (hidden, rotary, masks), embed = timed(sync, _pass_setup, runner, ids, position_ids, cache)
+        attn, mlp = [], []
+        for layer in range(runner.num_layers):
+            hidden, seconds = timed(sync, runner.attention, layer, hidden, rotary, masks[layer], cache)
+            cache.layers[layer].crop(-positions)
+            attn.append(seconds)
+            hidden, seconds = timed(sync, runner.mlp, layer, hidden)
+            mlp.append(seconds)
+        _, head = timed(sync, runner.head, hidden)
+    return PassTimes(embed, tuple(attn), tuple(mlp), head)
+
+
+def time_passes(
+    runner: LayerwiseRunner,
+    caches: Sequence[Any],
+    positions: Sequence[int],
+    repeats: int,
+    warmup: int,
+    sync: Sync,
+    generator: torch.Generator,
+    label: str,
+) -> Samples:
+    """`warmup + repeats` rounds over every (cache, positions) pair, shuffled within each round."""
+    grid = list(itertools.product(range(len(caches)), range(len(positions))))
+    samples = Samples.empty(runner.num_layers, len(caches), len(positions), repeats)
+    order = np.random.default_rng(int(generator.initial_seed()))
+    with progress_bar(label, (warmup + repeats) * len(grid)) as bar:
+        for repeat in range(-warmup, repeats):
+            for index in order.permutation(len(grid)):
+                c, k = grid[index]
+                ids = random_ids(runner, positions[k], generator)
+                times = time_pass(runner, caches[c], ids, sync)
+                if repeat >= 0:
+                    samples.record(c, k, repeat, times)
+                bar.advance(bar.task_ids[0])
+    return samples
+
+
+def round_bookkeeping(draft_logits: Sequence[torch.Tensor], verify_logits: torch.Tensor, cache: Any) -> int:
+    """The engine's own work of one greedy round outside the forward passes; returns the accepted count.
+
+    The draft's argmax per step (`[1, V]` each), then the engine's `greedy_accept` over the `γ + 1`
+    verify positions, its `crop` of the rejected positions and its cache-length check — the same
+    functions `engine.ssd.settle` runs, so the profile prices what the engine does. The crop
+    removes all `γ`: slicing costs the same whatever the count.
+    """
+    import torch
+
+    from skipsearch.engine.cache import check_lengths, crop
+    from skipsearch.engine.sampling import greedy_accept
+
+    drafted = torch.cat([logits.argmax(dim=-1) for logits in draft_logits])
+    accepted, _ = greedy_accept(drafted, verify_logits)
+    length = cache.get_seq_length() - len(draft_logits)
+    crop(cache, length)
+    check_lengths(cache, length)
+    return accepted
+
+
+def _shallow_copy(cache: Any) -> Any:
+    """A cache whose layers can be cropped without touching `cache`: crop rebinds, never writes."""
+    trial = copy.copy(cache)
+    trial.layers = [copy.copy(layer) for layer in cache.layers]
+    return trial
+
+
+def time_round_overhead(
+    runner: LayerwiseRunner,
+    cache: Any,
+    gammas: Sequence[int],
+    repeats: int,
+    warmup: int,
+    sync: Sync,
+    generator: torch.Generator,
+) -> dict[int, np.ndarray]:
+    """Seconds of `round_bookkeeping` per γ, on logits of the model's real vocabulary size."""
+    import torch
+
+    weight = runner.model.lm_head.weight
+    logits = torch.randn(2 * max(gammas) + 1, weight.shape[0], generator=generator).to(weight)
+    samples: dict[int, list[float]] = {gamma: [] for gamma in gammas}
+    order = np.random.default_rng(int(generator.initial_seed()))
+    for repeat in range(-warmup, repeats):
+        for gamma in order.permutation(gammas).tolist():
+            draft = list(logits[:gamma].split(1))
+            verify = logits[gamma : 2 * gamma + 1]
+            _, seconds = timed(sync, round_bookkeeping, draft, verify, _shallow_copy(cache))
+            if repeat >= 0:
+                samples[gamma].append(seconds)
+    return {gamma: np.asarray(times) for gamma, times in samples.items()}
+
+
+def _draft_head(runner: LayerwiseRunner, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """A draft step's head over a gathered contiguous matrix of `k` rows: final norm, `hidden @ rows.T`."""
+    import torch
+
+    return torch.nn.functional.linear(runner.decoder.norm(hidden), rows)
+
+
+def time_draft_heads(
+    runner: LayerwiseRunner,
+    cache: Any,
+    rows: Sequence[int],
+    repeats: int,
+    warmup: int,
+    sync: Sync,
+    generator: torch.Generator,
+) -> np.ndarray:
+    """Seconds of `_draft_head` with the first `k` rows of the LM head, `[len(rows), repeats]`.
+
+    Each sample follows an untimed full pass at one position, so the head's rows are as cold as
+    after a draft's layers: timed back to back, a small head would sit in the CPU caches and look
+    cheaper than it is in decoding. Row counts are shuffled within each repeat.
+    """
+    import torch
+
+    weight = runner.model.lm_head.weight
+    heads = [weight[:k].contiguous() for k in rows]
+    hidden = torch.randn(1, 1, weight.shape[1], generator=generator).to(weight)
+    samples = np.zeros((len(rows), repeats))
+    order = np.random.default_rng(int(generator.initial_seed()))
+    with torch.no_grad():
+        for repeat in range(-warmup, repeats):
+            for index in order.permutation(len(rows)).tolist():
+                time_pass(runner, cache, random_ids(runner, 1, generator), sync)
+                _, seconds = timed(sync, _draft_head, runner, hidden, heads[index])
+                if repeat >= 0:
+                    samples[index, repeat] = seconds
+    return samples

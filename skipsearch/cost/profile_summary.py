@@ -1,0 +1,67 @@
+"""What a measured `LatencyProfile` says about the closed forms' two assumptions (docs/theory.md,
+"Calibrated cost").
+
+Pure arithmetic over the profile: `skipsearch profile` prints it, the experiments tabulate it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.masks import SkipMask
+
+SUMMARY_GAMMAS = tuple(range(1, 9))
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """The two numbers the closed forms assume away, per context length (docs/theory.md, "Calibrated cost").
+
+    `draft_cost[i][E - 1]` is `c` of the contiguous draft `[0, E)` at `context_lengths[i]`: its
+    one-position step, embedding and head included, over a full step; the closed forms assume
+    `E / L`. `verify_cost[i][γ - 1]` is `f(γ)`: a full pass over `γ + 1` positions over one step.
+    `head_ratio[i]` is the draft head with `head_rows[i]` rows over the full head: `k / V` if time
+    were proportional to rows (empty for a profile without the table).
+    """
+
+    context_lengths: tuple[int, ...]
+    num_layers: int
+    draft_cost: tuple[tuple[float, ...], ...]
+    gammas: tuple[int, ...]
+    verify_cost: tuple[tuple[float, ...], ...]
+    head_rows: tuple[int, ...] = ()
+    head_ratio: tuple[float, ...] = ()
+
+    @property
+    def exits(self) -> range:
+        return range(1, self.num_layers + 1)
+
+    def naive(self, exit_layer: int) -> float:
+        """`E / L`: the draft cost if time were proportional to layers."""
+        return exit_layer / self.num_layers
+
+
+def summary(profile: LatencyProfile, gammas: Iterable[int] = SUMMARY_GAMMAS) -> ProfileSummary:
+    """Effective draft cost `c` per exit layer and verify cost `f(γ)` at every measured context length."""
+    gammas = tuple(gammas)
+    layers = profile.num_layers
+    prefixes = [SkipMask.prefix(layers, exit_layer) for exit_layer in range(1, layers + 1)]
+
+    def draft_costs(context: int) -> tuple[float, ...]:
+        step = profile.weights(context)
+        return tuple(mask.r_draft(step) for mask in prefixes)
+
+    def verify_costs(context: int) -> tuple[float, ...]:
+        return tuple(profile.weights(context, g + 1).total / profile.step_time(context) for g in gammas)
+
+    return ProfileSummary(
+        context_lengths=profile.context_lengths,
+        num_layers=layers,
+        draft_cost=tuple(draft_costs(c) for c in profile.context_lengths),
+        gammas=gammas,
+        verify_cost=tuple(verify_costs(c) for c in profile.context_lengths),
+        head_rows=profile.head_rows,
+        head_ratio=tuple(t / profile.head_by_rows[-1] for t in profile.head_by_rows),
+    )

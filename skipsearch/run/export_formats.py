@@ -1,0 +1,338 @@
+"""The export formats, one writer, reader and set of notes each (`run.export` writes them).
+
+- `skipsearch`: `skipsearch.json`, the canonical record — any mask, γ, tiers, predictions,
+  acceptance, provenance; `skipsearch decode --from` reads it.
+- `hf`: `generation_config.json` for transformers' assisted generation with
+  `assistant_early_exit` (a contiguous prefix only).
+- `skip-layers`: `skip_layers.json`, `{KEY: {"attention": [...], "mlp": [...]}}` keyed the way
+  Draft & Verify (`skip_layers[model_name]`) and SWIFT (`f"{model_name}_{task_name}"`) index it
+  (any mask); `--export-key` names the one key instead.
+- `layerskip`: `layerskip.json`, the flags of LayerSkip's `generate.py` (a contiguous prefix only).
+
+The notes — what each target engine can and cannot express — are prose in `export_notes.md`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from skipsearch import __version__
+from skipsearch.errors import ConfigError
+from skipsearch.masks import SkipMask, vocab_label
+from skipsearch.run.export_source import EXPORT_VERSION, ExportedDraft, ExportSource
+from skipsearch.store import DRAFT_VOCAB_FILE, TIERS_FILE, write_text_atomic
+
+NOTES_FILE = "export_notes.md"  # the prose of every note, per format
+
+
+# -- the notes ------------------------------------------------------------------------------------
+def parse_notes(text: str) -> dict[str, tuple[str, ...]]:
+    """`## section` -> its bullets (continuation lines indented by two spaces joined on)."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            current = sections.setdefault(line[3:].strip(), [])
+        elif current is not None and line.startswith("- "):
+            current.append(line[2:].strip())
+        elif current and line.startswith("  ") and line.strip():
+            current[-1] += " " + line.strip()
+    return {name: tuple(bullets) for name, bullets in sections.items()}
+
+
+NOTES = parse_notes(resources.files(__package__).joinpath(NOTES_FILE).read_text(encoding="utf-8"))
+
+
+def note_values(source: ExportSource, draft: ExportedDraft) -> dict[str, Any]:
+    """What the notes' `{placeholders}` stand for."""
+    exit_layer = draft.mask.exit_layer
+    best = source.best
+    return {
+        "model": source.model,
+        "gamma": draft.gamma,
+        "s1": draft.mask.first_divergent_layer,
+        "exit_layer": exit_layer,
+        "last_draft_layer": None if exit_layer is None else exit_layer - 1,
+        "n_tiers": 0 if source.tiers is None else len(source.tiers.masks),
+        "tiers_file": TIERS_FILE,
+        "keys": _key_list(skip_layer_keys(source)),
+        "best_mask": best.mask,
+        "trial": draft.trial,
+        "speed": f", {draft.speedup:.3f}x predicted" if draft.speedup is not None else "",
+        "best_speed": f"{best.speedup:.3f}x" if best.speedup is not None else "its score",
+        "draft_vocab": source.draft_vocab,
+        "draft_vocab_file": DRAFT_VOCAB_FILE,
+    }
+
+
+def _key_list(keys: tuple[str, ...]) -> str:
+    quoted = [f"`{key}`" for key in keys]
+    return (
+        f"the key {quoted[0]}" if len(quoted) == 1 else f"the keys {', '.join(quoted[:-1])} and {quoted[-1]}"
+    )
+
+
+def notes(section: str, source: ExportSource, draft: ExportedDraft) -> list[str]:
+    values = note_values(source, draft)
+    return [note.format(**values) for note in NOTES[section]]
+
+
+# -- the formats ----------------------------------------------------------------------------------
+Reader = Callable[[Path, int], tuple[SkipMask, int | None]]
+
+
+@dataclass(frozen=True)
+class Format:
+    """A target: its file, whether it needs an early exit, how to write, read back and explain it."""
+
+    name: str
+    file: str
+    prefix_only: bool
+    write: Callable[[ExportSource, ExportedDraft, Path], None]
+    read: Reader
+    notes: Callable[[ExportSource, ExportedDraft], list[str]]
+
+
+def _dump(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConfigError(f"cannot read {path} ({error}): export it again") from None
+
+
+def _int(data: Mapping[str, Any], key: str, path: Path, low: int = 1) -> int:
+    value = data.get(key) if isinstance(data, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{path}: {key} must be an integer >= {low}, got {value!r}: export it again")
+    return value
+
+
+# skipsearch --------------------------------------------------------------------------------------
+def write_skipsearch(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
+    best = source.best_json
+    mask = draft.mask
+    _dump(
+        path,
+        {
+            "format": "skipsearch",
+            "version": EXPORT_VERSION,
+            "model": source.model,
+            "model_source": best.get("model_source"),
+            "num_layers": mask.num_layers,
+            "mask": str(mask),
+            "skipped_attn": sorted(mask.attn),
+            "skipped_mlp": sorted(mask.mlp),
+            "exit_layer": mask.exit_layer,
+            "draft_vocab": vocab_label(source.draft_vocab),
+            "draft_vocab_ids": None if source.draft_vocab_ids is None else list(source.draft_vocab_ids),
+            "gamma": draft.gamma,
+            "gamma_policy": {"kind": "fixed", "gamma": draft.gamma},
+            "tiers": None if source.tiers is None else source.tiers.to_dict(),
+            "r_draft": best.get("r_draft"),
+            "r_reuse": best.get("r_reuse"),
+            "objective": best.get("objective"),
+            "cost": best.get("cost"),
+            "score": best.get("score"),
+            "predicted_speedup": best.get("predicted_speedup"),
+            "speedup_by_gamma": best.get("speedup_by_gamma"),
+            "acceptance": best.get("acceptance"),
+            "provenance": {
+                "run": None if source.run_dir is None else str(source.run_dir),
+                "study": source.study,
+                "trial": best.get("trial"),
+                "strategy": best.get("strategy"),
+                "seed": best.get("seed"),
+                "budget": best.get("budget"),
+                "prompt_set": best.get("prompt_set"),
+                "estimator_mode": best.get("estimator_mode"),
+                "reference_cache": best.get("reference_cache"),
+                "latency_profile": best.get("latency_profile"),
+                "torch": best.get("torch"),
+                "transformers": best.get("transformers"),
+                "skipsearch": __version__,
+            },
+            "notes": notes_skipsearch(source, draft),
+        },
+    )
+
+
+def read_skipsearch(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
+    data = _load(path)
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != "skipsearch"
+        or not isinstance(data.get("mask"), str)
+    ):
+        raise ConfigError(f"{path} is not a skipsearch export (format/mask missing): export it again")
+    mask = SkipMask.parse(data["mask"], _int(data, "num_layers", path))
+    if (sorted(mask.attn), sorted(mask.mlp), mask.exit_layer) != (
+        data.get("skipped_attn"),
+        data.get("skipped_mlp"),
+        data.get("exit_layer"),
+    ):
+        raise ConfigError(f"{path}: skipped_attn / skipped_mlp / exit_layer disagree with mask {mask}")
+    return mask, _int(data, "gamma", path)
+
+
+def notes_skipsearch(source: ExportSource, draft: ExportedDraft) -> list[str]:
+    tiers = [] if source.tiers is None else notes("skipsearch-tiers", source, draft)
+    vocab = [] if source.draft_vocab is None else notes("skipsearch-draft-vocab", source, draft)
+    return [*notes("skipsearch", source, draft), *vocab, *tiers]
+
+
+def _full_vocab_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
+    """Engines without a draft-vocabulary option run the mask with the full head: say so."""
+    return [] if source.draft_vocab is None else notes("no-draft-vocab", source, draft)
+
+
+# hf ----------------------------------------------------------------------------------------------
+def write_hf(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(
+        assistant_early_exit=draft.mask.exit_layer,
+        num_assistant_tokens=draft.gamma,
+        num_assistant_tokens_schedule="constant",
+        assistant_confidence_threshold=0.0,
+    )
+    config.validate(strict=True)
+    config.save_pretrained(path.parent)
+
+
+def read_hf(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(path.parent)
+        config.validate(strict=True)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path} is not a valid generation config ({error}): export it again") from None
+    data = config.to_dict()
+    exit_layer = _int(data, "assistant_early_exit", path)
+    if exit_layer >= num_layers or config.num_assistant_tokens_schedule != "constant":
+        raise ConfigError(
+            f"{path}: assistant_early_exit {exit_layer} must be below {num_layers} with a constant schedule"
+        )
+    return SkipMask.prefix(num_layers, exit_layer), _int(data, "num_assistant_tokens", path)
+
+
+def notes_hf(source: ExportSource, draft: ExportedDraft) -> list[str]:
+    return [*_fallback_note(source, draft), *_full_vocab_note(source, draft), *notes("hf", source, draft)]
+
+
+# skip-layers -------------------------------------------------------------------------------------
+def model_name(model: str) -> str:
+    """The name research code keys a model by: the last part of a hub id or path, no `.gguf`."""
+    name = Path(model.rstrip("/")).name
+    return name.removesuffix(".gguf") or model
+
+
+def skip_layer_keys(source: ExportSource) -> tuple[str, ...]:
+    """`--export-key`, else Draft & Verify's `model_name` and SWIFT's `model_name_task_name`
+    (the task: the run's prompt source, e.g. `humaneval`)."""
+    if source.export_key is not None:
+        return (source.export_key,)
+    name = model_name(source.model)
+    task = str(source.best_json.get("prompt_set") or "task").rsplit("-", 1)[0]
+    return (name, f"{name}_{task}")
+
+
+def write_skip_layers(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
+    entry = {"attention": sorted(draft.mask.attn), "mlp": sorted(draft.mask.mlp)}
+    _dump(path, {key: entry for key in skip_layer_keys(source)})
+
+
+def _is_skip_entry(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and set(entry) == {"attention", "mlp"}
+        and all(isinstance(v, list) and all(type(i) is int for i in v) for v in entry.values())
+    )
+
+
+def read_skip_layers(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
+    """Every key's mask; they must agree (one draft under several names)."""
+    data = _load(path)
+    if not isinstance(data, dict) or not data or not all(_is_skip_entry(e) for e in data.values()):
+        raise ConfigError(
+            f'{path}: expected {{KEY: {{"attention": [ints], "mlp": [ints]}}}} keyed by model name: '
+            "export it again"
+        )
+    masks = {SkipMask(num_layers, e["attention"], e["mlp"]) for e in data.values()}
+    if len(masks) != 1:
+        raise ConfigError(f"{path}: its keys hold different masks: export it again")
+    return masks.pop(), None
+
+
+def notes_skip_layers(source: ExportSource, draft: ExportedDraft) -> list[str]:
+    return [*_full_vocab_note(source, draft), *notes("skip-layers", source, draft)]
+
+
+# layerskip ---------------------------------------------------------------------------------------
+def layerskip_argv(draft: ExportedDraft) -> list[str]:
+    return [
+        "--generation_strategy",
+        "self_speculative",
+        "--exit_layer",
+        str(draft.mask.exit_layer),
+        "--num_speculations",
+        str(draft.gamma),
+    ]
+
+
+def write_layerskip(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
+    argv = layerskip_argv(draft)
+    _dump(
+        path,
+        {
+            "generation_strategy": "self_speculative",
+            "exit_layer": draft.mask.exit_layer,
+            "num_speculations": draft.gamma,
+            "argv": argv,
+            "command": f"torchrun generate.py --model MODEL {' '.join(argv)}",
+            "notes": notes_layerskip(source, draft),
+        },
+    )
+
+
+def read_layerskip(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
+    data = _load(path)
+    exit_layer, gamma = _int(data, "exit_layer", path), _int(data, "num_speculations", path)
+    if exit_layer >= num_layers or data.get("generation_strategy") != "self_speculative":
+        raise ConfigError(f"{path}: exit_layer must be below {num_layers} with strategy self_speculative")
+    draft = ExportedDraft(SkipMask.prefix(num_layers, exit_layer), gamma, None, None)
+    if data.get("argv") != layerskip_argv(draft):
+        raise ConfigError(f"{path}: argv disagrees with exit_layer / num_speculations: export it again")
+    return draft.mask, gamma
+
+
+def notes_layerskip(source: ExportSource, draft: ExportedDraft) -> list[str]:
+    fallback, full_vocab = _fallback_note(source, draft), _full_vocab_note(source, draft)
+    return [*fallback, *full_vocab, *notes("layerskip", source, draft)]
+
+
+def _fallback_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
+    return [] if draft.mask == source.best.mask else notes("fallback", source, draft)
+
+
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("skipsearch", "skipsearch.json", False, write_skipsearch, read_skipsearch, notes_skipsearch),
+        Format("hf", "generation_config.json", True, write_hf, read_hf, notes_hf),
+        Format(
+            "skip-layers", "skip_layers.json", False, write_skip_layers, read_skip_layers, notes_skip_layers
+        ),
+        Format("layerskip", "layerskip.json", True, write_layerskip, read_layerskip, notes_layerskip),
+    )
+}
+ALL = "all"

@@ -3,11 +3,16 @@
 Selected with `pytest -m gpu` (the `gpu_check` experiment runs them first); skipped without CUDA.
 """
 
+from __future__ import annotations
+
 import warnings
 
 import pytest
 import torch
 
+from skipsearch.cost.profiler import (
+    CudaClock,
+)
 from skipsearch.engine import Sampling, autoregressive_decode, speculative_decode
 from skipsearch.engine.graphs import GraphSteps, make_steps
 from skipsearch.engine.lossless import check_lossless
@@ -16,23 +21,45 @@ from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.tiers.policy import TierPolicy
 from tests.conftest import tiny_model
+from tests.unit.tiers.conftest import GAMMAS as TIER_GAMMAS
+from tests.unit.tiers.conftest import MASKS as TIER_MASKS
+from tests.unit.tiers.conftest import NEW_TOKENS as TIER_NEW_TOKENS
+from tests.unit.tiers.conftest import POLICY as TIER_POLICY
+from tests.unit.tiers.conftest import PROMPT as TIER_PROMPT
+from tests.unit.tiers.conftest import ROOM as TIER_ROOM
+
+pytestmark = pytest.mark.usefixtures("only_profile")
+
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
+
 PROMPT = (5, 17, 3, 42, 8, 23, 11)
+
+
 NEW_TOKENS = 32
+
+
 LAYERS = 6
+
+
 MASKS = [
     SkipMask.prefix(LAYERS, 4),
     SkipMask.from_layers(LAYERS, [1, 4]),
     SkipMask(LAYERS, [2], [2, 3]),
     SkipMask(LAYERS, [], [0]),
 ]
+
+
 GAMMAS = (2, 3)
+
+
 POLICY = TierPolicy(window=2, thresholds=(0.5,))
+
+
 ROOM = len(PROMPT) + NEW_TOKENS + max(GAMMAS) + 2
 
 
@@ -82,3 +109,40 @@ def test_graphed_rounds_sync_a_bounded_number_of_times() -> None:
             torch.cuda.set_sync_debug_mode("default")
     syncs = sum("synchroniz" in str(w.message) for w in caught)
     assert syncs <= 6 * rounds + 10, f"{syncs} syncs over {rounds} rounds"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_events_time_the_kernels_not_the_launch() -> None:
+    """A matmul chain queued in microseconds must be charged its device time."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def work() -> torch.Tensor:
+        out = a
+        for _ in range(20):
+            out = out @ a
+        return out
+
+    CudaClock(a.device).time(work)  # warm-up
+    _, seconds = CudaClock(a.device).time(work)
+    flops = 20 * 2 * 4096**3
+    assert flops / seconds < 2e15  # no GPU of today does bf16 faster: the time is real
+    assert seconds > 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graphs_decode_losslessly():
+    runner = LayerwiseRunner(tiny_model("llama").to("cuda"))
+    expected = autoregressive_decode(runner, TIER_PROMPT, TIER_NEW_TOKENS).tokens
+    eager = tiered_decode(runner, TIER_PROMPT, TIER_MASKS, TIER_GAMMAS, TIER_POLICY, TIER_NEW_TOKENS)
+    for bucket in (1, 4):
+        steps, reason = make_steps(
+            runner, TIER_MASKS, TIER_GAMMAS, TIER_ROOM, bucket=bucket, require_graphs=True
+        )
+        assert isinstance(steps, GraphSteps) and steps.mode.startswith("cuda-graphs") and reason is None
+        for _ in range(2):  # the graphs are captured once and replayed for every sequence
+            graphed = tiered_decode(
+                runner, TIER_PROMPT, TIER_MASKS, TIER_GAMMAS, TIER_POLICY, TIER_NEW_TOKENS, steps=steps
+            )
+            assert graphed.result.tokens == expected and graphed.tiers == eager.tiers

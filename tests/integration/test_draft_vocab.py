@@ -3,39 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-SMALL = ["--n-prompts", "3", "--new-tokens", "16", "--max-prompt-tokens", "96"]
-
-
-def skipsearch(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "skipsearch", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=900)
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.stderr
-
-
-@pytest.mark.parametrize("value", ["0", "many", "-5", "2.5"])
-def test_a_bad_draft_vocabulary_is_one_line_before_the_model_loads(value: str, tmp_path: Path) -> None:
-    result = skipsearch("measure", "--skip", "14", "--draft-vocab", value, *SMALL)
-    assert_one_line_error(result, "draft vocabulary")
-    run = skipsearch("run", "--draft-vocab", value, "--out", str(tmp_path / "r"), *SMALL)
-    assert_one_line_error(run, "draft vocabulary")
-    assert not (tmp_path / "r").exists()
+from tests.unit.cli.conftest import VOCAB_SMALL, assert_one_line_error, skipsearch
 
 
 @pytest.mark.integration
 def test_a_draft_vocabulary_larger_than_the_model_is_one_line() -> None:
-    result = skipsearch("measure", "--skip", "14", "--draft-vocab", "1000000", *SMALL)
+    result = skipsearch("measure", "--skip", "14", "--draft-vocab", "1000000", *VOCAB_SMALL)
     assert_one_line_error(result, "larger than")
 
 
@@ -44,7 +22,7 @@ def test_measure_with_a_draft_vocabulary_accepts_no_more_than_the_full_one(tmp_p
     results = {}
     for size in ("full", "8192"):
         out = tmp_path / f"{size}.json"
-        done = skipsearch("measure", "--skip", "14", "--draft-vocab", size, "--json", str(out), *SMALL)
+        done = skipsearch("measure", "--skip", "14", "--draft-vocab", size, "--json", str(out), *VOCAB_SMALL)
         assert done.returncode == 0, done.stderr
         results[size] = json.loads(out.read_text())
     assert results["8192"]["draft_vocab"] == 8192 and results["full"]["draft_vocab"] == "full"
@@ -55,7 +33,7 @@ def test_measure_with_a_draft_vocabulary_accepts_no_more_than_the_full_one(tmp_p
 def test_decode_with_a_draft_vocabulary_is_lossless(tmp_path: Path) -> None:
     out = tmp_path / "decode.json"
     options = ["--skip", "14", "--draft-vocab", "4096", "--gamma", "2", "--repeats", "1"]
-    done = skipsearch("decode", *options, "--json", str(out), *SMALL)
+    done = skipsearch("decode", *options, "--json", str(out), *VOCAB_SMALL)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     assert result["lossless"] is True and result["draft_vocab"] == 4096
@@ -66,7 +44,7 @@ def test_a_search_records_its_vocabulary_and_an_older_run_resumes(tmp_path: Path
     space = tmp_path / "space.yaml"
     space.write_text("kind: sparse\nprotected: [0, -1]\nmax_skipped: 3\ndraft_vocab: [full, 8192, 2048]\n")
     out = tmp_path / "run"
-    done = skipsearch("run", "--space", str(space), "--budget", "3", "--out", str(out), *SMALL)
+    done = skipsearch("run", "--space", str(space), "--budget", "3", "--out", str(out), *VOCAB_SMALL)
     assert done.returncode == 0, done.stderr
     best = json.loads((out / "best.json").read_text())
     assert best["draft_vocab"] in ("full", 8192, 2048)
@@ -80,11 +58,11 @@ def test_a_search_records_its_vocabulary_and_an_older_run_resumes(tmp_path: Path
     assert ids is None if best["draft_vocab"] == "full" else len(set(ids)) == best["draft_vocab"]
     # A run written before draft vocabularies existed: no draft_vocab in run.yaml, full only.
     plain = tmp_path / "plain"
-    done = skipsearch("run", "--budget", "2", "--out", str(plain), *SMALL)
+    done = skipsearch("run", "--budget", "2", "--out", str(plain), *VOCAB_SMALL)
     assert done.returncode == 0, done.stderr
     stored = yaml.safe_load((plain / "run.yaml").read_text())
     del stored["config"]["draft_vocab"], stored["config"]["measure"]["draft_vocabs"]
     (plain / "run.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
-    done = skipsearch("run", "--budget", "3", "--out", str(plain), "--resume", *SMALL)
+    done = skipsearch("run", "--budget", "3", "--out", str(plain), "--resume", *VOCAB_SMALL)
     assert done.returncode == 0, done.stderr
     assert json.loads((plain / "best.json").read_text())["draft_vocab"] == "full"

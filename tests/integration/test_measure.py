@@ -15,12 +15,20 @@ from skipsearch.masks import SkipMask
 from tests.conftest import direct_matches
 
 pytestmark = pytest.mark.integration
+
+
 SPEC = PromptSpec(n_prompts=6, max_prompt_tokens=160, new_tokens=32, seed=0)
 
 
 @pytest.fixture(scope="module")
 def measurement():
     return prepare(MeasureConfig(prompts=SPEC, mode="shared-kv"))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "skipsearch", *args], capture_output=True, text=True, timeout=600
+    )
 
 
 def test_empty_mask_is_exactly_one_and_skipping_layer_zero_is_terrible(measurement):
@@ -52,12 +60,6 @@ def test_late_first_skip_costs_less_to_evaluate_than_early(measurement):
     late = min(seconds(SkipMask.from_layers(30, [27])) for _ in range(2))
     print(f"evaluation: first skip at layer 1 {early:.2f} s, at layer 27 {late:.2f} s")
     assert late < early
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "skipsearch", *args], capture_output=True, text=True, timeout=600
-    )
 
 
 def test_measure_cli_writes_json(tmp_path):

@@ -1,9 +1,32 @@
+"""Skip masks and drafts: strings, JSON, validation and the reuse arithmetic."""
+
+from __future__ import annotations
+
 import json
 
 import pytest
 
 from skipsearch.errors import InvalidMaskError
-from skipsearch.masks import SkipMask, SublayerWeights, parse_layer_list
+from skipsearch.masks import Draft, SkipMask, SublayerWeights, parse_draft_vocab, parse_layer_list
+
+
+# -- the candidate type ---------------------------------------------------------------------------
+def test_draft_string_extends_the_mask_string() -> None:
+    draft = Draft.parse("a:4,14|m:4,14,20|v:8192", 30)
+    assert draft == Draft(SkipMask(30, [4, 14], [4, 14, 20]), 8192)
+    assert str(draft) == "a:4,14|m:4,14,20|v:8192"
+    assert Draft.parse("4,14", 30) == Draft(SkipMask.from_layers(30, [4, 14]))
+    assert str(Draft(SkipMask.from_layers(30, [4]))) == "a:4|m:4"
+    assert Draft.from_dict(draft.to_dict()) == draft
+    assert Draft.from_dict(SkipMask(30, [4]).to_dict()).vocab is None
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "many", "1.5", ""])
+def test_a_draft_vocabulary_is_a_positive_size_or_full(text: str) -> None:
+    with pytest.raises(InvalidMaskError, match="positive integer"):
+        parse_draft_vocab(text)
+    assert parse_draft_vocab("full") is None
+    assert parse_draft_vocab("4096") == 4096
 
 
 def test_layer_skip_sets_both_bits_and_first_divergent_layer():

@@ -1,29 +1,66 @@
+"""The estimator in each mode against a direct computation with plain transformers.
+
+The round-aware estimator (`rounds` mode) reproduces the SSD engine's greedy rounds exactly.
+
+The engine's draft reads the full model's K/V before its round and its own K/V within it; the
+`rounds` mode simulates that, so at every position the engine judges, the estimator's greedy match
+must equal the engine's accept decision — where `shared-kv` (full K/V within the round too) may not.
+"""
+
+from __future__ import annotations
+
 import pytest
 import torch
 from transformers import DynamicCache
 
-from skipsearch.acceptance.estimator import Estimator, sampling_acceptance
-from skipsearch.acceptance.reference import ReferenceCache
+from skipsearch.acceptance.estimator import Estimator, sampling_acceptance, subset_acceptance
+from skipsearch.engine import speculative_decode
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import direct_matches, random_reference, tiny_model
+from tests.unit.acceptance.conftest import MASKS
 
-MASKS = [
-    SkipMask.from_layers(6, [0]),
-    SkipMask.from_layers(6, [2]),
-    SkipMask.from_layers(6, [1, 4]),
-    SkipMask.prefix(6, 4),
-    SkipMask(6, attn=[3], mlp=[1, 5]),
+LAYERS = 6
+
+
+NEW_TOKENS = 24
+
+
+ROUND_MASKS = [
+    SkipMask.from_layers(LAYERS, [2]),
+    SkipMask.from_layers(LAYERS, [1, 4]),
+    SkipMask(LAYERS, attn=[3], mlp=[1, 5]),
+    SkipMask(LAYERS, attn=[], mlp=[2, 4]),
+    SkipMask.prefix(LAYERS, 4),
 ]
 
 
 @pytest.fixture(scope="module")
-def setup():
-    model = tiny_model("llama", layers=6, seed=1)
+def rounds_setup():
+    model = tiny_model("llama", layers=LAYERS, seed=1)
     model.generation_config.eos_token_id = None
     runner = LayerwiseRunner(model)
-    reference = random_reference(runner, [7, 12, 4, 9], new_tokens=10)
-    return model, runner, reference
+    reference = random_reference(runner, [7, 12, 5, 9], new_tokens=NEW_TOKENS, seed=5)
+    return runner, reference
+
+
+def engine_judgements(runner, reference, mask, gamma) -> list[tuple[int, int, bool]]:
+    """(reference row, continuation offset, accepted) of every draft token the engine judged."""
+    judged = []
+    for row in range(reference.input_ids.shape[0]):
+        prompt = reference.input_ids[row, : int(reference.prompt_lengths[row])].tolist()
+        result = speculative_decode(runner, prompt, mask, NEW_TOKENS, gamma=gamma)
+        continuation = reference.input_ids[row, len(prompt) : int(reference.lengths[row])].tolist()
+        assert list(result.tokens) == continuation  # lossless: the engine judges the same tokens
+        offset = 0
+        for drafted, accepted in zip(result.gammas, result.accepted, strict=True):
+            judged += [(row, offset + j, j < accepted) for j in range(min(accepted + 1, drafted))]
+            offset += accepted + 1
+    return judged
+
+
+def disagreements(profile, judged) -> int:
+    return sum(profile.greedy_match[row][offset] != accepted for row, offset, accepted in judged)
 
 
 def brute_force_shared_kv(runner, reference, mask):
@@ -48,10 +85,21 @@ def brute_force_shared_kv(runner, reference, mask):
     return torch.stack(logits)
 
 
-def test_reference_continuations_have_the_requested_length(setup):
-    _, _, reference = setup
-    assert (reference.lengths - reference.prompt_lengths).tolist() == [10] * 4
-    assert reference.hidden.shape[:2] == (7, 4)
+# -- estimation -----------------------------------------------------------------------------------
+def test_subset_acceptance_by_hand() -> None:
+    target = torch.tensor([[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 1.0, 0.0]])  # argmax: 1, then 0
+    draft = torch.tensor([[6.0, 1.0, 2.0, 0.0], [0.0, 2.0, 1.0, 4.0]])
+    ids = torch.tensor([1, 2])
+    match, _ = subset_acceptance(target, draft, ids, 0.0)
+    assert match.tolist() == [False, False]  # row 0: the subset's best is 2; row 1: 0 is outside it
+    hidden_best = torch.tensor([[0.0, 2.0, 9.0, 1.0]])
+    match, _ = subset_acceptance(target[:1], hidden_best, torch.tensor([1, 3]), 0.0)
+    assert match.tolist() == [True]  # the subset hides the draft's own argmax (2): it proposes 1
+    _, accept = subset_acceptance(target[:1], draft[:1], ids, 2.0)
+    p = torch.softmax(target[0] / 2.0, -1)
+    q = torch.zeros(4)
+    q[ids] = torch.softmax(draft[0, ids] / 2.0, -1)
+    assert float(accept[0]) == pytest.approx(float(torch.minimum(p, q).sum()))
 
 
 @pytest.mark.parametrize("mode", ["self", "shared-kv"])
@@ -94,17 +142,6 @@ def test_sampling_acceptance_is_total_variation_overlap():
     assert sampling_acceptance(target, draft, 0.0).item() == 0.0
 
 
-def test_reference_cache_round_trips_on_disk(setup, tmp_path):
-    _, runner, reference = setup
-    path = tmp_path / "ref.safetensors"
-    reference.save(path, {"model": "tiny"})
-    again = ReferenceCache.load(path, runner.device)
-    assert torch.equal(again.hidden, reference.hidden) and torch.equal(again.keys, reference.keys)
-    assert Estimator(runner, again, "shared-kv").evaluate(MASKS[1]) == Estimator(
-        runner, reference, "shared-kv"
-    ).evaluate(MASKS[1])
-
-
 def test_a_lone_mlp_skip_is_not_ignored(setup):
     _, runner, reference = setup
     estimator = Estimator(runner, reference, "shared-kv")
@@ -115,18 +152,6 @@ def test_a_lone_mlp_skip_is_not_ignored(setup):
     )
 
 
-def test_self_mode_leaves_the_reference_k_v_on_disk(setup, tmp_path):
-    """`self` mode never reads K/V: loading them would hold 0.7 GiB of a 7B model for nothing."""
-    _, runner, reference = setup
-    path = tmp_path / "ref.safetensors"
-    reference.save(path, {"model": "tiny"})
-    lean = ReferenceCache.load(path, runner.device, with_kv=False)
-    assert lean.keys is None and lean.values is None and torch.equal(lean.hidden, reference.hidden)
-    assert Estimator(runner, lean, "self").evaluate(MASKS[1]) == Estimator(
-        runner, reference, "self"
-    ).evaluate(MASKS[1])
-
-
 def test_target_logits_carry_no_autograd_graph(setup):
     _, runner, reference = setup
     with torch.enable_grad():
@@ -135,18 +160,24 @@ def test_target_logits_carry_no_autograd_graph(setup):
     assert estimator.time_full_forward() > 0
 
 
-def test_reference_continuations_are_the_engines_autoregressive_output_in_bf16() -> None:
-    """Decoded as the baseline decodes, the reference is the sequence the engine produces, bit for
-    bit, even in bf16 (a batched generate parts from it at near-ties)."""
-    from skipsearch.engine import autoregressive_decode
-    from skipsearch.models.kernels import FP32_ATTENTION, AttentionChoice, apply_attention
+def test_rounds_mode_matches_every_engine_judgement(rounds_setup) -> None:
+    runner, reference = rounds_setup
+    shared = Estimator(runner, reference, "shared-kv")
+    shared_misses = 0
+    for gamma in (2, 4):
+        rounds = Estimator(runner, reference, "rounds", round_gamma=gamma)
+        for mask in ROUND_MASKS:
+            judged = engine_judgements(runner, reference, mask, gamma)
+            assert disagreements(rounds.evaluate(mask, temperature=0), judged) == 0, (mask, gamma)
+            shared_misses += disagreements(shared.evaluate(mask, temperature=0), judged)
+        assert len(rounds.passes) == len(ROUND_MASKS) and min(rounds.passes) >= 2
+    assert shared_misses > 0  # the engine's own K/V within a round matters on these masks
 
-    model = tiny_model("llama", layers=4).to(torch.bfloat16)
-    apply_attention(model, AttentionChoice("bfloat16", FP32_ATTENTION, {}, {}))
-    runner = LayerwiseRunner(model)
-    reference = random_reference(runner, [9, 14, 6], new_tokens=20)
-    for row in range(3):
-        start, end = int(reference.prompt_lengths[row]), int(reference.lengths[row])
-        prompt = tuple(reference.input_ids[row, :start].tolist())
-        expected = reference.input_ids[row, start:end].tolist()
-        assert list(autoregressive_decode(runner, prompt, 20).tokens) == expected
+
+def test_rounds_mode_is_shared_kv_for_a_contiguous_exit(rounds_setup) -> None:
+    """A prefix's K/V is the full model's, so the round structure cannot change a match."""
+    runner, reference = rounds_setup
+    mask = SkipMask.prefix(LAYERS, 3)
+    rounds = Estimator(runner, reference, "rounds", round_gamma=3).evaluate(mask)
+    shared = Estimator(runner, reference, "shared-kv").evaluate(mask)
+    assert rounds.greedy_match == shared.greedy_match

@@ -3,21 +3,11 @@
 import pytest
 import torch
 
-from skipsearch.acceptance.importance import SublayerImportance, measured_importance
-from skipsearch.acceptance.stream_proxy import proxy_importance
+from skipsearch.acceptance.importance import measured_importance
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
-from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import random_reference, tiny_model
-
-LAYERS = 6
-
-
-def importance_of(model: torch.nn.Module) -> SublayerImportance:
-    model.generation_config.eos_token_id = None
-    runner = LayerwiseRunner(model)
-    reference = random_reference(runner, [7, 12, 4], new_tokens=8, with_kv=False)
-    return proxy_importance(runner, reference)
+from tests.conftest import tiny_model
+from tests.unit.acceptance.conftest import LAYERS, importance_of
 
 
 @pytest.mark.parametrize(("part", "layer"), [("attn", 2), ("mlp", 4), ("attn", 0)])
@@ -33,17 +23,6 @@ def test_a_zeroed_sublayer_is_the_least_important(part: str, layer: int) -> None
     assert min(values, key=values.__getitem__) == (part, layer)
     assert values[(part, layer)] == pytest.approx(0.0, abs=1e-6)
     assert min(v for k, v in values.items() if k != (part, layer)) > 1e-4
-
-
-def test_proxy_needs_no_mask_evaluation_and_round_trips() -> None:
-    importance = importance_of(tiny_model("llama", layers=LAYERS, seed=2))
-    assert importance.source == "proxy" and importance.num_layers == LAYERS
-    assert all(
-        0.0 <= v <= 2.0 for table in (importance.attn, importance.mlp, importance.layer) for v in table
-    )
-    assert SublayerImportance.from_dict(importance.to_dict()) == importance
-    assert importance.of(3, attn=True, mlp=True) == importance.layer[3]
-    assert importance.of(3, attn=False, mlp=True) == importance.mlp[3]
 
 
 def test_measured_importance_is_one_minus_alpha_of_single_unit_masks() -> None:

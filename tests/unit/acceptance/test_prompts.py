@@ -21,7 +21,7 @@ from skipsearch.acceptance.prompts import (
 from skipsearch.errors import PromptError
 from tests.conftest import make_tokenizer
 
-SPEC_BENCH_FILE = Path(__file__).parents[2] / "shared/data/spec_bench/question.jsonl"
+SPEC_BENCH_FILE = Path(__file__).parents[4] / "shared/data/spec_bench/question.jsonl"
 
 
 def write_jsonl(path: Path, objects: list[object]) -> Path:

@@ -24,7 +24,11 @@ from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model
 
 PROMPT = (5, 17, 3, 42, 8, 23, 11)
+
+
 NEW_TOKENS = 16
+
+
 FLIP_AT = 6  # output position whose verify logits are perturbed
 
 
@@ -59,6 +63,15 @@ def perturbed_decode(runner: LayerwiseRunner, monkeypatch: pytest.MonkeyPatch, a
     return out, margin, runner_up
 
 
+def wrong_at_flip(runner, rank: int) -> tuple[tuple[int, ...], tuple[int, ...], float]:
+    """(AR output, the same with the token of `rank` at FLIP_AT, that token's gap to the top logit)."""
+    ar = autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
+    logits = runner.forward(torch.tensor([[*PROMPT, *ar[:FLIP_AT]]]))[0, -1]
+    order = logits.argsort(descending=True)
+    token = int(order[rank])
+    return ar, (*ar[:FLIP_AT], token, *ar[FLIP_AT + 1 :]), float(logits[order[0]] - logits[token])
+
+
 def test_a_flip_within_epsilon_is_numerical_and_beyond_it_a_divergence(runner, monkeypatch) -> None:
     ar = autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
     flipped, margin, runner_up = perturbed_decode(runner, monkeypatch, ar)
@@ -76,15 +89,6 @@ def test_a_flip_within_epsilon_is_numerical_and_beyond_it_a_divergence(runner, m
     assert check_lossless(runner, [PROMPT], [ar], [flipped], epsilon=margin / 2).verdict() == (
         "FAIL (0 numerical near-tie flip(s), 1 real divergence(s))"
     )
-
-
-def wrong_at_flip(runner, rank: int) -> tuple[tuple[int, ...], tuple[int, ...], float]:
-    """(AR output, the same with the token of `rank` at FLIP_AT, that token's gap to the top logit)."""
-    ar = autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
-    logits = runner.forward(torch.tensor([[*PROMPT, *ar[:FLIP_AT]]]))[0, -1]
-    order = logits.argsort(descending=True)
-    token = int(order[rank])
-    return ar, (*ar[:FLIP_AT], token, *ar[FLIP_AT + 1 :]), float(logits[order[0]] - logits[token])
 
 
 def test_a_flip_below_the_runner_up_is_numerical_only_within_epsilon(runner) -> None:

@@ -11,11 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from skipsearch import cli
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.cost.processes import profile_processes
 from skipsearch.cost.profiler import (
-    CudaClock,
     ProcessTimings,
     Samples,
     WallClock,
@@ -30,37 +27,40 @@ from skipsearch.cost.profiler import (
     time_pass,
 )
 from skipsearch.errors import ConfigError
-from skipsearch.models import loading
-from skipsearch.models.loading import LoadedModel, dtype_name
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.store import default_profile_path, readable_profile_path
-from tests.conftest import make_tokenizer, tiny_model
+from tests.conftest import tiny_model
+from tests.unit.bench.conftest import CONTEXTS, POSITIONS
 
-CONTEXTS = (8, 24)
-POSITIONS = (1, 2, 3, 4)
-
-
-@pytest.fixture(scope="module")
-def runner() -> LayerwiseRunner:
-    return LayerwiseRunner(tiny_model("llama", layers=4))
+pytestmark = pytest.mark.usefixtures("only_profile")
 
 
-@pytest.fixture(scope="module")
-def measured(runner: LayerwiseRunner) -> LatencyProfile:
-    return measure_latency(runner, CONTEXTS, POSITIONS, repeats=3, warmup=1, model="tiny")
+# -- several processes ---------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def only_profile(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Register only this command, so the test does not depend on the other commands' imports."""
-    monkeypatch.setattr(cli, "COMMANDS", ("profile",))
+def _measurement(attn: list[float], overhead: list[float], bandwidth: float = 1e10) -> ProcessTimings:
+    """One layer, one context, one position count; every table holds the `attn` samples."""
+    samples = Samples.empty(layers=1, contexts=1, positions=1, repeats=len(attn))
+    for table in (samples.embed, samples.head, samples.attn, samples.mlp):
+        table[...] = attn
+    return ProcessTimings(samples, {1: np.asarray(overhead)}, (4, 8), np.asarray([attn, attn]) / 2, bandwidth)
 
 
-@pytest.fixture
-def cache_in_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """Default profile paths inside the test's folder (not for the real model: it would re-convert)."""
-    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+# -- summary -------------------------------------------------------------------------------------
+
+
+def _handmade() -> LatencyProfile:
+    """Two layers, one context; embed 1, attn 1 -> 2, mlp 2 -> 3, head 2 -> 4 (positions 1 -> 3)."""
+    tables = {"embed": [[1, 1]], "head": [[2, 4]], "attn": [[[1, 2]]] * 2, "mlp": [[[2, 3]]] * 2}
+    return LatencyProfile.from_dict(
+        {
+            "meta": {"num_layers": 2},
+            "context_lengths": [100],
+            "positions": [1, 3],
+            **tables,
+            "spread": tables,
+            "round_overhead": {"1": 0.0},
+        }
+    )
 
 
 # -- measuring -----------------------------------------------------------------------------------
@@ -158,17 +158,6 @@ def test_a_busy_device_is_flagged(caplog: pytest.LogCaptureFixture) -> None:
     assert "noisy" in caplog.text
 
 
-# -- several processes ---------------------------------------------------------------------------
-
-
-def _measurement(attn: list[float], overhead: list[float], bandwidth: float = 1e10) -> ProcessTimings:
-    """One layer, one context, one position count; every table holds the `attn` samples."""
-    samples = Samples.empty(layers=1, contexts=1, positions=1, repeats=len(attn))
-    for table in (samples.embed, samples.head, samples.attn, samples.mlp):
-        table[...] = attn
-    return ProcessTimings(samples, {1: np.asarray(overhead)}, (4, 8), np.asarray([attn, attn]) / 2, bandwidth)
-
-
 def test_processes_are_combined_by_the_mean_of_their_medians() -> None:
     """A fast process (median 1) and a slow one (median 3, one stalled sample) average to 2."""
     fast = _measurement([1.0, 1.0, 1.2], [0.1, 0.3], bandwidth=1e10)
@@ -185,56 +174,6 @@ def test_processes_are_combined_by_the_mean_of_their_medians() -> None:
     # The draft head took half of `attn` in each process: medians 0.5 and 1.5.
     assert (profile.head_rows, profile.head_by_rows) == ((4, 8), (pytest.approx(1.0), pytest.approx(1.0)))
     assert profile.meta["copy_bandwidth"] == pytest.approx(1.5e10)  # the processes' mean
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Llama on disk with a tokenizer, so a fresh process can load it like any model."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama", layers=3).save_pretrained(path)
-    make_tokenizer().save_pretrained(path)
-    return path
-
-
-def test_profile_over_fresh_processes(tiny_model_dir: Path) -> None:
-    """Two spawned processes, two samples each: one profile of four samples per entry."""
-    profile = profile_processes(
-        str(tiny_model_dir), context_lengths=(8,), positions=(1, 2), repeats=3, warmup=0, processes=2
-    )
-    assert (profile.num_layers, profile.context_lengths, profile.positions) == (3, (8,), (1, 2))
-    assert (profile.meta["processes"], profile.meta["repeats"]) == (2, 4)  # ceil(3 / 2) each
-    assert np.asarray(profile.mlp).min() > 0 and profile.round_overhead[1] > 0
-
-
-def test_an_error_in_a_fresh_process_reaches_the_caller(tiny_model_dir: Path) -> None:
-    with pytest.raises(ConfigError, match="256 positions"):
-        profile_processes(str(tiny_model_dir), context_lengths=(300,), repeats=2, processes=2)
-
-
-@pytest.mark.parametrize(
-    ("processes", "repeats", "message"), [(0, 4, "processes must be"), (5, 4, "at least")]
-)
-def test_bad_process_counts(processes: int, repeats: int, message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
-        profile_processes("no-such-model", repeats=repeats, processes=processes)
-
-
-# -- summary -------------------------------------------------------------------------------------
-
-
-def _handmade() -> LatencyProfile:
-    """Two layers, one context; embed 1, attn 1 -> 2, mlp 2 -> 3, head 2 -> 4 (positions 1 -> 3)."""
-    tables = {"embed": [[1, 1]], "head": [[2, 4]], "attn": [[[1, 2]]] * 2, "mlp": [[[2, 3]]] * 2}
-    return LatencyProfile.from_dict(
-        {
-            "meta": {"num_layers": 2},
-            "context_lengths": [100],
-            "positions": [1, 3],
-            **tables,
-            "spread": tables,
-            "round_overhead": {"1": 0.0},
-        }
-    )
 
 
 def test_summary_exact_numbers() -> None:
@@ -263,152 +202,6 @@ def test_summary_of_a_measured_profile(measured: LatencyProfile) -> None:
     assert all(len(row) == 8 and min(row) > 0 for row in digest.verify_cost)
 
 
-# -- paths ---------------------------------------------------------------------------------------
-
-
-def test_default_profile_path_is_one_file_per_model_device_kind_and_dtype(cache_in_tmp: Path) -> None:
-    path = default_profile_path("HuggingFaceTB/SmolLM2-135M", "cuda:0", "bfloat16")
-    assert path == cache_in_tmp / "profiles" / "HuggingFaceTB_SmolLM2-135M-cuda-bfloat16.json"
-    assert path == default_profile_path("HuggingFaceTB/SmolLM2-135M", "cuda", "bfloat16")
-    assert default_profile_path("smollm2-135m", "cpu", "float32").name == "smollm2-135m-cpu-float32.json"
-
-
-def test_a_profile_named_before_the_dtype_is_still_read(cache_in_tmp: Path) -> None:
-    legacy = cache_in_tmp / "profiles" / "smollm2-135m-cpu.json"
-    assert readable_profile_path("smollm2-135m", "cpu", "float32").name == "smollm2-135m-cpu-float32.json"
-    legacy.parent.mkdir(parents=True)
-    legacy.write_text("{}")
-    assert readable_profile_path("smollm2-135m", "cpu", "float32") == legacy
-
-
 def test_profile_module_imports_without_torch() -> None:
     code = "import sys, skipsearch.cost.profiler, skipsearch.cli.profile; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-# -- command line --------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def tiny_loader(monkeypatch: pytest.MonkeyPatch, cache_in_tmp: Path) -> None:
-    """`load_model` returns the tiny Llama, so the command runs end to end in a second."""
-    model = tiny_model("llama", layers=4)
-    monkeypatch.setattr(
-        loading,
-        "load_model",
-        lambda name, device, dtype, random_weights=None, announce=True: LoadedModel(
-            model, None, name, "test"
-        ),
-    )
-
-
-def test_cli_writes_the_profile_and_prints_the_summary(tiny_loader, capsys, tmp_path: Path) -> None:
-    out = tmp_path / "profile.json"
-    args = ["profile", "--model", "tiny", "--context-lengths", "16,8", "--repeats", "1", "--warmup", "0"]
-    args += ["--processes", "1"]
-    assert cli.main([*args, "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "Draft cost c" in printed and "E/L" in printed and "f(γ)" in printed and str(out) in printed
-    assert "Draft head of k rows" in printed and "ratio to full" in printed
-    profile = LatencyProfile.load(out)
-    assert (profile.context_lengths, profile.meta["model"]) == ((8, 16), "tiny")
-
-
-def test_cli_default_output_is_where_measure_looks(tiny_loader, capsys) -> None:
-    args = [
-        "--model",
-        "tiny",
-        "--context-lengths",
-        "8",
-        "--repeats",
-        "1",
-        "--warmup",
-        "0",
-        "--processes",
-        "1",
-    ]
-    assert cli.main(["profile", *args]) == 0
-    written = default_profile_path("tiny", "cpu", dtype_name("cpu", "auto"))
-    assert LatencyProfile.load(written).context_lengths == (8,)
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--context-lengths", "128,abc"], "--context-lengths"),
-        (["--context-lengths", "0,128"], "--context-lengths"),
-        (["--context-lengths", ""], "--context-lengths"),
-        (["--repeats", "0"], "repeats"),
-        (["--context-lengths", "4096"], "positions"),
-        (["--processes", "0"], "processes"),
-        (["--repeats", "2", "--processes", "3"], "at least processes"),
-    ],
-)
-def test_cli_bad_arguments_are_one_line_errors(tiny_loader, capsys, args: list[str], message: str) -> None:
-    assert cli.main(["profile", "--model", "tiny", "--processes", "1", *args]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("skipsearch: error:") and message in err and "\n" not in err
-
-
-def test_skip_existing_measures_nothing_when_a_profile_is_there(tiny_loader, capsys, tmp_path: Path) -> None:
-    out = tmp_path / "profile.json"
-    args = ["profile", "--model", "tiny", "--context-lengths", "8", "--repeats", "1", "--warmup", "0"]
-    args += ["--processes", "1", "--out", str(out), "--skip-existing"]
-    assert cli.main(args) == 0  # nothing there yet: measured
-    written = out.read_text()
-    assert cli.main([*args[:4], "16", *args[5:]]) == 0  # another context, but the file exists
-    assert out.read_text() == written
-    assert "not measured again" in " ".join(capsys.readouterr().out.split())  # rich wraps long paths
-    out.write_text("{not json")
-    assert cli.main(args) == 2  # a damaged profile is an error, not a silent skip
-
-
-def test_cli_out_must_not_be_a_directory(tiny_loader, capsys, tmp_path: Path) -> None:
-    assert cli.main(["profile", "--model", "tiny", "--out", str(tmp_path)]) == 2
-    assert "is a directory" in capsys.readouterr().err
-
-
-# -- the real embedded model ---------------------------------------------------------------------
-
-
-@pytest.mark.integration
-def test_cli_on_the_embedded_model(tmp_path: Path, capsys) -> None:
-    """One short context, two processes of one sample: the real command, file and summary in ~20 s."""
-    out = tmp_path / "smollm2.json"
-    args = ["--model", "smollm2-135m", "--context-lengths", "64", "--repeats", "2", "--warmup", "0"]
-    args += ["--processes", "2"]
-    assert cli.main(["profile", *args, "--out", str(out)]) == 0
-    profile = LatencyProfile.load(out)
-    assert (profile.num_layers, profile.context_lengths) == (30, (64,))
-    assert profile.positions == tuple(range(1, 10))
-    assert (profile.meta["model"], profile.meta["processes"]) == ("smollm2-135m", 2)
-    digest = summary(profile)
-    assert digest.draft_cost[0][-1] == pytest.approx(1.0)
-    # Reference 001 §5.1: embedding and head make a one-layer draft cost far more than 1/L.
-    assert digest.draft_cost[0][0] > 2 * digest.naive(1)
-
-
-def test_one_process_by_default_on_a_gpu_several_on_a_cpu() -> None:
-    from skipsearch.cost.processes import DEFAULT_PROCESSES, default_processes
-
-    assert default_processes("cuda:0") == default_processes("cuda") == 1
-    assert default_processes("cpu") == DEFAULT_PROCESSES > 1
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_events_time_the_kernels_not_the_launch() -> None:
-    """A matmul chain queued in microseconds must be charged its device time."""
-    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-
-    def work() -> torch.Tensor:
-        out = a
-        for _ in range(20):
-            out = out @ a
-        return out
-
-    CudaClock(a.device).time(work)  # warm-up
-    _, seconds = CudaClock(a.device).time(work)
-    flops = 20 * 2 * 4096**3
-    assert flops / seconds < 2e15  # no GPU of today does bf16 faster: the time is real
-    assert seconds > 1e-4

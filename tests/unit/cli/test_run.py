@@ -7,52 +7,31 @@ from `config.json` without loading, as the registry gives it for an alias.
 
 from __future__ import annotations
 
-import json
+import hashlib
+import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
-import torch
-from rich.console import Console
 
 from skipsearch.cli import main
-from skipsearch.cli.decode_tables import timing_caveats
-from skipsearch.cli.models import models_table
-from skipsearch.models.registry import REGISTRY
-from skipsearch.run import pipeline
-from skipsearch.run.report import verdict
-from skipsearch.store import JOURNAL_FILE, RUN_FILE
-from tests.conftest import make_tokenizer, tiny_model
+from skipsearch.run import owner, pipeline
+from skipsearch.search.journal import repair_journal
+from skipsearch.store import JOURNAL_FILE, RUN_FILE, cache_dir
+from tests.unit.cli.conftest import VOCAB_SMALL, assert_one_line_error, run_cli, skipsearch
+from tests.unit.conftest import (  # the tiny model directory and the one-line helpers
+    SMALL,
+    one_line_error,
+    run_args,
+)
 
-SMALL = ["--n-prompts", "2", "--new-tokens", "8", "--max-prompt-tokens", "32"]
-
-
-@pytest.fixture(autouse=True)
-def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+pytestmark = pytest.mark.usefixtures("cache_in_tmp")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    directory = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = make_tokenizer()
-    tiny_model("llama", layers=6, vocab_size=len(tokenizer)).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
-
-
-def one_line_error(capsys: pytest.CaptureFixture, *args: str) -> str:
-    assert main(list(args)) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("skipsearch: error: "), err
-    return err
-
-
-def run_args(model_dir: str, out: Path, *extra: str) -> list[str]:
-    return ["run", "--model", model_dir, *SMALL, "--out", str(out), *extra]
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.mark.parametrize(
@@ -84,14 +63,6 @@ def test_a_run_failing_before_its_first_trial_removes_its_directory(
     (tmp_path / "kept").mkdir()  # made by someone else: emptied of what the run made, not removed
     assert main(run_args(model_dir, tmp_path / "kept", "--budget", "2")) == 130
     assert list((tmp_path / "kept").iterdir()) == []
-
-
-@pytest.fixture
-def finished_run(model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> Path:
-    out = tmp_path / "run"
-    assert main(run_args(model_dir, out, "--budget", "3", "--strategy", "random")) == 0
-    capsys.readouterr()
-    return out
 
 
 def test_a_torn_journal_resumes_to_the_budget_with_one_line_about_it(
@@ -128,18 +99,6 @@ def test_a_damaged_run_yaml_is_one_line(
     assert "damaged" in one_line_error(capsys, *args)
 
 
-def test_report_and_export_pick_a_study_of_a_compare_directory(
-    finished_run: Path, capsys: pytest.CaptureFixture
-) -> None:
-    """A run directory stands in for a compare one: its one study is `random`."""
-    (finished_run / "best.json").unlink()
-    assert "random" in one_line_error(capsys, "report", str(finished_run), "--study", "learned-s0")
-    assert main(["report", str(finished_run), "--study", "random"]) == 0
-    assert (finished_run / "studies" / "random" / "best.json").is_file()
-    assert main(["export", str(finished_run), "--study", "random", "--format", "skip-layers"]) == 0
-    assert (finished_run / "studies" / "random" / "exports" / "skip_layers.json").is_file()
-
-
 def test_a_backwards_range_is_refused_before_torch_is_imported(model_dir: str) -> None:
     code = (
         "import sys; from skipsearch.cli import main; "
@@ -151,57 +110,157 @@ def test_a_backwards_range_is_refused_before_torch_is_imported(model_dir: str) -
     assert result.stderr.count("\n") == 1 and "runs backwards" in result.stderr
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")
-def test_measure_on_a_missing_cuda_device_is_one_line(model_dir: str, capsys: pytest.CaptureFixture) -> None:
-    err = one_line_error(capsys, "measure", "--model", model_dir, "--skip", "2", "--device", "cuda")
-    assert "no CUDA device" in err and "--device cpu" in err
+# -- 2: a resume keeps the stored budget ----------------------------------------------------------
+def test_resume_without_budget_finishes_at_the_stored_budget(
+    finished_run: Path, model_dir: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["run", "--model", model_dir, "--out", str(finished_run), "--resume"]) == 0
+    assert "3 masks scored" in capsys.readouterr().out
+    assert "budget: 3" in (finished_run / RUN_FILE).read_text()
 
 
-def test_decode_warns_on_few_repeats_and_a_busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("skipsearch.models.threads.busy_cores", lambda: 0.1)
-    assert timing_caveats(3) == []
-    assert "only 1 repeat" in timing_caveats(1)[0]
-    monkeypatch.setattr("skipsearch.models.threads.busy_cores", lambda: 1.0)
-    assert "other processes keep 1.0 of the" in timing_caveats(3)[0]
+def test_compare_resume_without_budget_keeps_the_stored_budget(
+    model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "compare"
+    compare = [
+        "compare",
+        "--model",
+        model_dir,
+        *SMALL,
+        "--strategies",
+        "random",
+        "--seeds",
+        "1",
+        "--out",
+        str(out),
+    ]
+    assert main([*compare, "--budget", "2"]) == 0
+    assert main([*compare, "--resume"]) == 0
+    capsys.readouterr()
+    assert "budget: 2" in (out / RUN_FILE).read_text()
 
 
-def test_models_never_cuts_an_alias_at_80_columns() -> None:
-    console = Console(width=80, record=True)
-    console.print(models_table(REGISTRY.values(), lambda entry: True))
-    lines = console.export_text().splitlines()
-    assert max(len(line) for line in lines) <= 80
-    for alias in REGISTRY:
-        assert any(alias in line for line in lines), alias
-
-
-def summary(cost: str) -> dict:
-    return {
-        "model": "m",
-        "mask": "a:" + ",".join(map(str, range(1, 29))) + "|m:" + ",".join(map(str, range(1, 29))),
-        "skipped_attn": [1],
-        "skipped_mlp": [1],
-        "gamma_best": 2,
-        "cost": cost,
-        "predicted_speedup": {"closed_form": 1.30, "calibrated": 0.72},
-        "acceptance": {"alpha": 0.7, "sampling_acceptance": 0.8, "temperature": 1.0},
-        "r_draft": 0.5,
-        "r_reuse": 0.1,
-        "strategy": "learned",
-        "seed": 0,
-    }
-
-
-@pytest.mark.parametrize(
-    ("cost", "figure", "named"),
-    [("closed-form", "1.300x", "closed-form"), ("calibrated", "0.720x", "calibrated")],
-)
-def test_the_verdict_names_the_cost_model_and_the_mask_has_its_own_line(cost, figure, named) -> None:
-    text = verdict(summary(cost), pd.DataFrame({"repeat": [False]}), [])
-    assert (
-        f"{figure} {'closed form' if cost == 'closed-form' else 'calibrated on this device'} (the cost model"
-        in text
+# -- 4: nothing outside the run is written through it ---------------------------------------------
+@pytest.mark.parametrize("linked", [JOURNAL_FILE, "cache/evaluations.jsonl"])
+def test_a_run_whose_files_are_symlinks_writes_nothing_outside(
+    finished_run: Path, model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture, linked: str
+) -> None:
+    outside = tmp_path / "outside.txt"
+    inside = finished_run / linked
+    data = inside.read_bytes()
+    outside.write_bytes(data[: len(data) - 7])  # torn: the journal repair would cut it
+    inside.unlink()
+    inside.symlink_to(outside)
+    before = digest(outside)
+    assert "symbolic link" in one_line_error(
+        capsys, *run_args(model_dir, finished_run, "--budget", "5", "--resume")
     )
-    closing = text.split("## Verdict")[1]
-    assert named in closing and figure[:4] in closing
-    assert f"    {summary(cost)['mask']}" in text.splitlines()
-    assert json.dumps(summary(cost))  # the summary stays plain data
+    assert "symbolic link" in one_line_error(capsys, "report", str(finished_run))
+    assert digest(outside) == before
+
+
+# -- 5: --out must be new, empty or a run ----------------------------------------------------------
+def test_out_that_is_not_new_empty_or_a_run_is_refused_before_the_model_loads(
+    model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pipeline, "open_context", lambda *a: pytest.fail("the model was loaded"))
+    root = sorted(os.listdir("/"))
+    assert "not empty and holds no run" in one_line_error(capsys, *run_args(model_dir, Path("/")))
+    assert sorted(os.listdir("/")) == root
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "main.py").write_text("print('mine')\n")
+    assert "not empty" in one_line_error(capsys, *run_args(model_dir, tmp_path / "src"))
+    (tmp_path / "file").write_text("x")
+    assert "cannot create" in one_line_error(capsys, *run_args(model_dir, tmp_path / "file" / "run"))
+    assert [p.name for p in (tmp_path / "src").iterdir()] == ["main.py"]
+
+
+def test_an_unwritable_out_is_one_line_before_the_model_loads(
+    model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tests run as root, whom a read-only mode does not stop: the refusal is what the OS says."""
+    monkeypatch.setattr(pipeline, "open_context", lambda *a: pytest.fail("the model was loaded"))
+
+    def read_only(path: object, *args: object) -> int:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(owner.os, "open", read_only)
+    assert "cannot write to --out" in one_line_error(capsys, *run_args(model_dir, tmp_path / "ro"))
+    assert not (tmp_path / "ro").exists()
+
+
+# -- 6: prompts against the model's context -------------------------------------------------------
+def test_a_prompt_beyond_the_context_is_one_line_and_leaves_no_reference(
+    model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The tiny model's context is 256 tokens; humaneval prompts are longer in its tokenizer."""
+    args = ["measure", "--model", model_dir, "--skip", "1", "--n-prompts", "2", "--max-prompt-tokens", "250"]
+    assert "context of 256 tokens" in one_line_error(capsys, *args)
+    assert not (cache_dir() / "reference").exists() or not any((cache_dir() / "reference").iterdir())
+
+
+# -- 8: wrong or missing words --------------------------------------------------------------------
+@pytest.mark.parametrize("context", ["0", "-5"])
+def test_context_below_one_is_refused_even_with_extrapolation(
+    model_dir: str, capsys: pytest.CaptureFixture, context: str
+) -> None:
+    args = ["measure", "--model", model_dir, "--skip", "1", "--context", context, "--extrapolate-context"]
+    err = one_line_error(capsys, *args)
+    assert "--context >= 1" in err and "--extrapolate-context" not in err.split(":", 2)[-1]
+
+
+def test_a_journal_damaged_in_the_middle_says_so(
+    finished_run: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal = finished_run / JOURNAL_FILE
+    lines = journal.read_bytes().splitlines(keepends=True)
+    lines[2] = b"{not json\n"
+    journal.write_bytes(b"".join(lines))
+    with caplog.at_level(logging.WARNING, logger="skipsearch.search.journal"):
+        repair_journal(journal)
+    message = caplog.records[-1].getMessage()
+    assert (
+        "damaged in the middle" in message and "torn record" not in message and f"of {len(lines)}" in message
+    )
+
+
+def test_the_empty_prompt_warning_prints_once(
+    model_dir: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):"}\n{"prompt": "#"}\n')
+    args = ["decode", "--model", model_dir, "--skip", "1", "--prompts", str(prompts), "--n-prompts", "2"]
+    assert main([*args, "--new-tokens", "8", "--max-prompt-tokens", "32", "--repeats", "1"]) == 0
+    capsys.readouterr()
+    assert sum("zero tokens" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_unknown_space(tmp_path):
+    result = run_cli("--space", "no-such-space", "--out", str(tmp_path / "r"))
+    assert_one_line_error(result, "no-such-space")
+    assert not (tmp_path / "r").exists()
+
+
+def test_budget_must_be_positive(tmp_path):
+    result = run_cli("--budget", "0", "--out", str(tmp_path / "r"))
+    assert_one_line_error(result, "budget")
+    assert not (tmp_path / "r").exists()
+
+
+def test_existing_run_directory_needs_resume(tmp_path):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "run.yaml").write_text("keep me")
+    result = run_cli("--out", str(out))
+    assert_one_line_error(result, "--resume")
+    assert (out / "run.yaml").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("value", ["0", "many", "-5", "2.5"])
+def test_a_bad_draft_vocabulary_is_one_line_before_the_model_loads(value: str, tmp_path: Path) -> None:
+    result = skipsearch("measure", "--skip", "14", "--draft-vocab", value, *VOCAB_SMALL)
+    assert_one_line_error(result, "draft vocabulary")
+    run = skipsearch("run", "--draft-vocab", value, "--out", str(tmp_path / "r"), *VOCAB_SMALL)
+    assert_one_line_error(run, "draft vocabulary")
+    assert not (tmp_path / "r").exists()

@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -23,7 +21,6 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import psutil
 import pytest
 
 from skipsearch.acceptance.measure_config import MeasureConfig
@@ -39,10 +36,8 @@ from skipsearch.executors.ray import (
     worker_device,
 )
 from skipsearch.masks import SkipMask
+from tests.unit.executors.conftest import MARKER, assert_ray_gone, ray
 
-ray = pytest.importorskip("ray")  # not installed on the GPU test machine (`make gpu-check`)
-
-MARKER = "SKIPSEARCH_RAY_TEST"
 NUM_LAYERS = 12
 
 
@@ -116,28 +111,6 @@ def marker(monkeypatch: pytest.MonkeyPatch) -> str:
     return tag
 
 
-def tagged_processes(tag: str) -> list[str]:
-    """Live processes other than this one that carry `tag`: Ray's, if it left any behind."""
-    found = []
-    for process in psutil.process_iter(["pid", "name", "status"]):
-        if process.pid == os.getpid() or process.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        try:
-            if process.environ().get(MARKER) == tag:
-                found.append(f"{process.pid} {process.info['name']}")
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    return found
-
-
-def assert_ray_gone(tag: str) -> None:
-    assert not ray.is_initialized()
-    deadline = time.monotonic() + 10  # processes told to stop may take a moment to exit
-    while (left := tagged_processes(tag)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert left == []
-
-
 def evaluate_all(executor: Executor, masks: list[SkipMask]) -> dict[str, AcceptanceProfile | Exception]:
     """Keep the executor full, as the search loop does, until every mask came back."""
     pending, results = list(masks), {}
@@ -163,12 +136,53 @@ def shared_ray() -> Iterator[None]:
     ray.shutdown()
 
 
+def test_ray_gpu_workers_free_the_drivers_model(monkeypatch) -> None:
+    """The driver's weights and reference leave the device once GPU workers hold their own."""
+    import argparse
+    from types import SimpleNamespace
+
+    import torch
+
+    from skipsearch.acceptance.estimator import Estimator
+    from skipsearch.acceptance.prompts import PromptSpec
+    from skipsearch.acceptance.reference import ReferenceCache
+    from skipsearch.acceptance.worker import Measurement
+    from skipsearch.cli import executor_options
+    from skipsearch.executors.ray import WorkerPlan
+    from skipsearch.models.loading import LoadedModel
+    from skipsearch.models.runner import LayerwiseRunner
+    from tests.conftest import tiny_model
+
+    runner = LayerwiseRunner(tiny_model("llama", layers=3))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    states: list = []
+    runner.run_layers(runner.embed(ids), 0, 3, torch.arange(4)[None], collect=states)
+    reference = ReferenceCache(ids, torch.tensor([2]), torch.tensor([4]), torch.stack(states))
+    measurement = Measurement(
+        LoadedModel(runner.model, None, "tiny", "memory"),
+        runner,
+        Estimator(runner, reference),
+        "ref",
+        PromptSpec(),
+    )
+    plan = WorkerPlan(workers=2, cpus_per_worker=1, gpus_per_worker=0.5)
+    monkeypatch.setattr(executor_options, "measurement_executor", lambda *a: SimpleNamespace(plan=plan))
+    parser = argparse.ArgumentParser()
+    executor_options.add_executor_options(parser)
+    factory = executor_options.executor_factory(
+        parser.parse_args(["--executor", "ray", "--gpus-per-worker", "0.5"])
+    )
+    factory(None, 1.0, measurement)
+    assert {p.device.type for p in runner.model.parameters()} == {"meta"}
+    assert reference.hidden.device.type == "meta" and measurement.num_layers == 3
+
+
 @pytest.mark.usefixtures("shared_ray")
 class TestOnASharedRay:
     def test_two_workers_return_exactly_the_local_profiles(self, tmp_path: Path) -> None:
         from skipsearch.models.runner import LayerwiseRunner
         from tests.conftest import random_reference, tiny_model
-        from tests.test_estimator import MASKS
+        from tests.unit.acceptance.conftest import MASKS
 
         model = tiny_model("llama", layers=6, seed=1)
         model.generation_config.eos_token_id = None
@@ -190,7 +204,7 @@ class TestOnASharedRay:
 
         from skipsearch.search import SearchConfig, load_study, make_strategy, run_search
         from skipsearch.search.space_files import load_space
-        from tests.test_search import synthetic_score
+        from tests.unit.search.conftest import synthetic_score
 
         space = load_space("sparse").resolve(NUM_LAYERS)
         with RayExecutor(Toy(0.3), RayOptions(workers=2)) as executor:
@@ -336,24 +350,3 @@ def test_ctrl_c_while_waiting_leaves_no_ray_process(marker: str) -> None:
             executor.wait_any()
         assert time.perf_counter() - began < 10
     assert_ray_gone(marker)
-
-
-# -- the real model, through the CLI -----------------------------------------------------------
-@pytest.mark.integration
-def test_cli_run_on_two_ray_workers_finishes_its_budget(tmp_path: Path) -> None:
-    import pandas as pd
-
-    tag, out = uuid.uuid4().hex, tmp_path / "run"
-    command = [
-        *(sys.executable, "-m", "skipsearch", "run", "--executor", "ray", "--workers", "2"),
-        *("--budget", "12", "--n-prompts", "4", "--new-tokens", "16", "--max-prompt-tokens", "96"),
-        *("--out", str(out)),
-    ]
-    env = {**os.environ, MARKER: tag}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Ray: 2 CPU worker(s)" in done.stderr
-    trials = pd.read_csv(out / "trials.csv")
-    unique = trials[~trials["repeat"]]
-    assert len(unique) == 12 and unique["mask"].nunique() == 12
-    assert_ray_gone(tag)

@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
+
+
 BLOCKED = (
     "import runpy, sys; sys.modules.update(optuna=None, gguf=None, ray=None); "
     "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"

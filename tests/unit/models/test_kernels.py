@@ -1,14 +1,12 @@
 """The kernel plan: `--dtype auto` from the CPU's flags, the fp32 attention path, and what a step reads."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from skipsearch.models import kernels
-from skipsearch.models.dtypes import choose_dtype, cpu_flags
 from skipsearch.models.kernels import (
     FP32_ATTENTION,
     NATIVE_ATTENTION,
@@ -20,49 +18,13 @@ from skipsearch.models.kernels import (
     step_bytes,
 )
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.models.threads import busy_cores, choose_threads
 from tests.conftest import tiny_model
-
-AVX512_BF16 = frozenset({"avx512f", "avx512_bf16", "fma"})
-NO_BF16 = frozenset({"avx2", "fma", "avx512f"})
 
 
 @pytest.fixture
 def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
-
-
-# -- the dtype ------------------------------------------------------------------------------------
-def test_auto_is_bf16_on_a_cpu_with_native_bf16() -> None:
-    choice = choose_dtype("cpu", "auto", AVX512_BF16)
-    assert choice.name == "bfloat16" and "avx512_bf16" in choice.reason
-    assert choose_dtype("cpu", "auto", frozenset({"amx_bf16"})).name == "bfloat16"
-
-
-def test_a_cpu_without_native_bf16_falls_back_to_fp32_and_says_so() -> None:
-    choice = choose_dtype("cpu", "auto", NO_BF16)
-    assert choice.name == "float32"
-    assert "no native bf16" in choice.reason and "avx512_bf16" in choice.reason
-
-
-def test_unreadable_flags_fall_back_to_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("skipsearch.models.dtypes.cpu_flags", lambda: None)
-    choice = choose_dtype("cpu", "auto")
-    assert choice.name == "float32" and "could not be read" in choice.reason
-
-
-def test_an_explicit_dtype_and_an_accelerator_are_not_second_guessed() -> None:
-    assert choose_dtype("cpu", "float32", AVX512_BF16).name == "float32"
-    assert choose_dtype("cpu", "torch.bfloat16", NO_BF16).name == "bfloat16"
-    assert choose_dtype("cuda", "auto", NO_BF16).name == "bfloat16"
-
-
-def test_cpu_flags_are_read_from_the_kernels_report(tmp_path: Path) -> None:
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx512_bf16 fma\n\n")
-    assert cpu_flags(cpuinfo) == frozenset({"fpu", "avx512_bf16", "fma"})
-    assert cpu_flags(tmp_path / "missing") is None
 
 
 # -- the attention path ---------------------------------------------------------------------------
@@ -159,39 +121,6 @@ def test_fp32_attention_doubles_the_kv_bytes_of_a_bf16_model() -> None:
     native = step_bytes(model)[1]
     apply_attention(model, kernels.AttentionChoice("bfloat16", FP32_ATTENTION, {}, {}))
     assert step_bytes(model)[1] == 2 * native
-
-
-# -- threads --------------------------------------------------------------------------------------
-def test_one_thread_per_free_core_unless_the_user_chose() -> None:
-    assert choose_threads(current=2, cores=2, busy=0.1, user_set=False).threads == 2
-    busy = choose_threads(current=2, cores=2, busy=1.0, user_set=False)
-    assert busy.threads == 1 and "1.0 cores busy" in busy.reason
-    assert choose_threads(current=8, cores=8, busy=7.9, user_set=False).threads == 1  # never zero
-    assert choose_threads(current=2, cores=2, busy=1.0, user_set=True).threads == 2  # OMP_NUM_THREADS
-    assert choose_threads(current=1, cores=2, busy=0.0, user_set=False).threads == 1  # set before
-
-
-def test_busy_cores_come_from_the_kernels_cpu_counters(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    stat = tmp_path / "stat"
-    readings = iter(["cpu  100 0 100 800 0 0 0 0 0 0\n", "cpu  150 0 100 850 0 0 0 0 0 0\n"])
-
-    def read_text(self: Path) -> str:
-        return next(readings)
-
-    monkeypatch.setattr(Path, "read_text", read_text)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    # 50 busy jiffies of 100 on all cores together: half of two cores, one core's worth
-    assert busy_cores(seconds=0, path=stat) == pytest.approx(1.0)
-
-
-def test_the_load_average_stands_in_without_proc_stat(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert busy_cores(seconds=0, path=tmp_path / "missing") == 1.5
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])

@@ -1,3 +1,5 @@
+"""The layer-wise runner reproduces the model exactly, and skips what the mask says."""
+
 import pytest
 import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel

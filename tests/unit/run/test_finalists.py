@@ -37,6 +37,23 @@ def record(number: int, mask: str, score: float, gamma: int = 1, vocab: int | st
     )
 
 
+@pytest.fixture(scope="module")
+def measurement() -> SimpleNamespace:
+    runner = LayerwiseRunner(tiny_model("llama", layers=LAYERS))
+    reference = random_reference(runner, [9, 12, 7], new_tokens=24)
+    vocab_ids = lambda k: range(k)  # noqa: E731 - the first k ids stand in for a frequency ranking
+    return SimpleNamespace(estimator=Estimator(runner, reference, "shared-kv", vocab_ids))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = make_tokenizer()
+    tiny_model("llama", layers=LAYERS, vocab_size=len(tokenizer)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
 def test_finalists_are_the_best_distinct_drafts() -> None:
     records = [
         record(0, "a:1|m:1", 0.7),
@@ -46,14 +63,6 @@ def test_finalists_are_the_best_distinct_drafts() -> None:
         record(4, "a:3|m:3", 0.6),
     ]
     assert [r.number for r in finalist_records(records)] == [1, 3, 0]
-
-
-@pytest.fixture(scope="module")
-def measurement() -> SimpleNamespace:
-    runner = LayerwiseRunner(tiny_model("llama", layers=LAYERS))
-    reference = random_reference(runner, [9, 12, 7], new_tokens=24)
-    vocab_ids = lambda k: range(k)  # noqa: E731 - the first k ids stand in for a frequency ranking
-    return SimpleNamespace(estimator=Estimator(runner, reference, "shared-kv", vocab_ids))
 
 
 def test_at_gamma_1_the_exact_score_is_the_shared_kv_score(measurement: SimpleNamespace) -> None:
@@ -84,15 +93,6 @@ def test_at_gamma_3_the_rounds_are_the_engines(measurement: SimpleNamespace) -> 
     exact = Estimator(measurement.estimator.runner, measurement.estimator.reference, "rounds", round_gamma=3)
     assert finalist.exact_tokens_per_round == pytest.approx(exact.evaluate(mask).tokens_per_round(3))
     assert finalist.exact_score == pytest.approx(scorer(mask, exact.evaluate(mask)).per_gamma[3])
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    directory = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = make_tokenizer()
-    tiny_model("llama", layers=LAYERS, vocab_size=len(tokenizer)).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
 
 
 def test_a_run_writes_its_finalists_and_its_verdict_ranks_by_them(

@@ -6,11 +6,9 @@ import pytest
 
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
-from skipsearch.models.loading import dtype_name
 from skipsearch.run import pipeline
 from skipsearch.run.pipeline import RunContext, cost_note
-from skipsearch.run.preflight import resolve_cost
-from skipsearch.store import RUN_FILE, default_profile_path
+from skipsearch.store import RUN_FILE
 
 PROFILE = "/cache/profiles/smollm2-135m-cpu.json"
 
@@ -22,40 +20,6 @@ def context(profiled: bool) -> RunContext:
         latency=object() if profiled else None,
         provenance={"latency_profile": PROFILE if profiled else None},
     )
-
-
-@pytest.fixture
-def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-def write_profile() -> None:
-    """Only the file's existence decides `auto` (the model is never touched)."""
-    path = default_profile_path("smollm2-135m", "cpu", dtype_name("cpu", "auto"))
-    path.parent.mkdir(parents=True)
-    path.write_text("{}")
-
-
-@pytest.mark.parametrize(("profiled", "expected"), [(True, "calibrated"), (False, "closed-form")])
-def test_auto_is_calibrated_exactly_when_a_profile_exists(
-    cache_in_tmp: Path, profiled: bool, expected: str
-) -> None:
-    if profiled:
-        write_profile()
-    resolved = resolve_cost(RunConfig(cost="auto"))
-    assert resolved.cost == expected
-    assert resolved.budget == RunConfig().budget  # nothing else changes
-
-
-def test_an_explicit_cost_is_kept(cache_in_tmp: Path) -> None:
-    write_profile()
-    assert resolve_cost(RunConfig(cost="closed-form")).cost == "closed-form"
-
-
-def test_calibrated_without_a_profile_is_refused_naming_the_command(cache_in_tmp: Path) -> None:
-    with pytest.raises(ConfigError, match="skipsearch profile --model smollm2-135m --device cpu"):
-        resolve_cost(RunConfig(cost="calibrated"))
 
 
 def test_a_resumed_comparison_keeps_its_settings(

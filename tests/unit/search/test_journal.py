@@ -12,9 +12,7 @@ from optuna.trial import TrialState
 from skipsearch.search import load_study
 from skipsearch.search.journal import repair_journal, whole_records_length
 from skipsearch.store import JOURNAL_FILE
-from tests.test_search import CountingEvaluator, no_fsync, search
-
-__all__ = ["no_fsync"]  # the autouse fixture, re-used: fsync dominates these tests' time
+from tests.unit.search.conftest import CountingEvaluator, search
 
 BUDGET = 4
 

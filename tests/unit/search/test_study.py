@@ -13,11 +13,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -27,12 +26,9 @@ from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, LocalExecutor, Outcome
 from skipsearch.masks import SkipMask
 from skipsearch.search import (
-    EvaluationCache,
     LearnedStrategy,
     PlanContext,
-    Score,
     SearchConfig,
-    SearchResult,
     Strategy,
     best_trial,
     load_study,
@@ -41,87 +37,82 @@ from skipsearch.search import (
     study_trials_frame,
 )
 from skipsearch.search.space_files import load_space
-from skipsearch.search.spaces import ConcreteSpace
-
-NUM_LAYERS = 12
-_DAMAGE = np.random.default_rng(123)
-ATTN_DAMAGE = _DAMAGE.lognormal(-2.5, 1.2, NUM_LAYERS)
-MLP_DAMAGE = _DAMAGE.lognormal(-2.5, 1.2, NUM_LAYERS)
-DRAWS = np.random.default_rng(7).random((4, 64))
-GAMMAS = range(1, 7)
-
-
-@pytest.fixture(autouse=True)
-def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The journal fsyncs every write: ~90% of these tests' time. A killed process loses no
-    written data without it (the page cache outlives the process); only power loss would."""
-    monkeypatch.setattr(os, "fsync", lambda fd: None)
-
-
-def synthetic_profile(mask: SkipMask) -> AcceptanceProfile:
-    damage = sum(ATTN_DAMAGE[i] for i in mask.attn) + sum(MLP_DAMAGE[i] for i in mask.mlp)
-    accept = float(np.exp(-damage))
-    matches = tuple(tuple(bool(d < accept) for d in row) for row in DRAWS)
-    return AcceptanceProfile(str(mask), matches, tuple((accept,) * len(row) for row in DRAWS), 0.0)
-
-
-def synthetic_score(mask: SkipMask, profile: AcceptanceProfile) -> Score:
-    """Closed-form SSD speedup (DESIGN §5) at the best gamma."""
-    per_gamma = {g: profile.tokens_per_round(g) / (g * mask.r_draft() + 1 - mask.r_reuse) for g in GAMMAS}
-    gamma = max(per_gamma, key=per_gamma.__getitem__)
-    return Score(per_gamma[gamma], gamma, per_gamma, {"alpha": profile.alpha})
-
-
-@dataclass
-class CountingEvaluator:
-    """Counts calls; optionally logs them to a file and hangs (to be killed) at call `hang_at`."""
-
-    log: Path | None = None
-    hang_at: int | None = None
-    calls: list[str] = field(default_factory=list)
-
-    def __call__(self, mask: SkipMask) -> AcceptanceProfile:
-        self.calls.append(str(mask))
-        if self.log is not None:
-            with self.log.open("a") as f:
-                f.write(f"{mask}\n")
-        if self.hang_at is not None and len(self.calls) == self.hang_at:
-            (self.log or Path()).with_suffix(".hanging").touch()
-            time.sleep(600)
-        return synthetic_profile(mask)
-
-
-def search(
-    run_dir: Path,
-    strategy: Strategy | str,
-    evaluate: CountingEvaluator,
-    *,
-    space: ConcreteSpace | str = "sparse",
-    cache_dir: Path | None = None,
-    resume: bool = False,
-    **config: Any,
-) -> SearchResult:
-    """One study with the synthetic scorer: the tests' (and the crash subprocess's) entry point."""
-    if isinstance(space, str):
-        space = load_space(space).resolve(NUM_LAYERS)
-    if isinstance(strategy, str):
-        strategy = make_strategy(strategy)
-    cache = EvaluationCache(cache_dir) if cache_dir else None
-    with LocalExecutor(evaluate) as executor:
-        return run_search(
-            space,
-            strategy,
-            executor,
-            synthetic_score,
-            run_dir,
-            SearchConfig(**{"budget": 20, **config}),
-            cache=cache,
-            resume=resume,
-        )
+from tests.unit.search.conftest import (
+    NUM_LAYERS,
+    CountingEvaluator,
+    search,
+    synthetic_profile,
+    synthetic_score,
+)
 
 
 def masks_in_order(run_dir: Path, name: str) -> list[str]:
     return list(study_trials_frame(load_study(run_dir, name))["mask"])
+
+
+# -- cache, repeats, guard ---------------------------------------------------------------------
+class StuckSampler(optuna.samplers.BaseSampler):
+    """Proposes the highest value of every param, always: one mask, over and over."""
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: Any) -> dict:
+        return {}
+
+    def sample_relative(self, study: optuna.Study, trial: Any, search_space: dict) -> dict:
+        return {}
+
+    def sample_independent(self, study: optuna.Study, trial: Any, name: str, distribution: Any) -> Any:
+        return distribution.high
+
+
+@dataclass(frozen=True)
+class StuckStrategy(Strategy):
+    """A new strategy is a new class: this one never plans and its sampler repeats itself."""
+
+    name: ClassVar[str] = "stuck"
+
+    def plan(self, ctx: PlanContext) -> Any:
+        return iter(())
+
+    def sampler(self, seed: int, pareto: bool) -> optuna.samplers.BaseSampler:
+        return StuckSampler()
+
+
+class ParallelExecutor(Executor):
+    """Stands in for N Ray actors: `capacity` masks in flight, finishing newest first."""
+
+    def __init__(self, evaluate: CountingEvaluator, capacity: int) -> None:
+        self.evaluate, self._capacity, self.pending = evaluate, capacity, []
+        self.max_in_flight = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending)
+
+    def submit(self, mask: SkipMask) -> None:
+        assert len(self.pending) < self._capacity
+        self.pending.append(mask)
+        self.max_in_flight = max(self.max_in_flight, len(self.pending))
+
+    def wait_any(self) -> Outcome:
+        mask = self.pending.pop()
+        return Outcome(mask, self.evaluate(mask), 0.0)
+
+    def close(self) -> None:
+        self.pending.clear()
+
+
+REPOSITORY = Path(__file__).resolve().parents[3]
+CRASH_SCRIPT = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from tests.unit.search.conftest import CountingEvaluator, search
+search(Path({run!r}), "learned", CountingEvaluator(log=Path({log!r}), hang_at=4), budget=8)
+"""
 
 
 # -- budget and exhaustive search --------------------------------------------------------------
@@ -206,26 +197,6 @@ def test_warm_start_enqueues_the_best_cached_baselines(tmp_path: Path) -> None:
     assert cold.calls[:2] == [str(m) for m in space.uniform_masks(2)]
 
 
-@pytest.mark.parametrize(("algorithm", "package"), [("gp", "scipy"), ("cmaes", "cmaes")])
-def test_samplers_needing_missing_packages_say_what_to_install(algorithm: str, package: str) -> None:
-    try:
-        __import__(package)
-    except ImportError:
-        with pytest.raises(ConfigError, match=f"pip install {package}"):
-            LearnedStrategy(algorithm=algorithm)
-    else:
-        LearnedStrategy(algorithm=algorithm)
-
-
-def test_strategy_and_sampler_names_are_checked() -> None:
-    with pytest.raises(ConfigError, match="unknown strategy 'greedy'"):
-        make_strategy("greedy")
-    with pytest.raises(ConfigError, match="unknown sampler 'anneal'"):
-        make_strategy("learned", algorithm="anneal")
-    with pytest.raises(ConfigError, match="bad option"):
-        make_strategy("random", depth=3)
-
-
 def test_nsga2_sampler_runs(tmp_path: Path) -> None:
     result = search(tmp_path, LearnedStrategy(algorithm="nsga2"), CountingEvaluator(), budget=6)
     assert result.budget_used == 6
@@ -238,33 +209,6 @@ def test_gp_and_cmaes_samplers_run_past_their_startup_trials(tmp_path: Path, alg
     result = search(tmp_path, strategy, CountingEvaluator(), budget=8)
     frame = study_trials_frame(load_study(tmp_path, "learned"))
     assert result.budget_used == 8 and (frame["origin"] == "sampler").sum() >= 5
-
-
-# -- cache, repeats, guard ---------------------------------------------------------------------
-class StuckSampler(optuna.samplers.BaseSampler):
-    """Proposes the highest value of every param, always: one mask, over and over."""
-
-    def infer_relative_search_space(self, study: optuna.Study, trial: Any) -> dict:
-        return {}
-
-    def sample_relative(self, study: optuna.Study, trial: Any, search_space: dict) -> dict:
-        return {}
-
-    def sample_independent(self, study: optuna.Study, trial: Any, name: str, distribution: Any) -> Any:
-        return distribution.high
-
-
-@dataclass(frozen=True)
-class StuckStrategy(Strategy):
-    """A new strategy is a new class: this one never plans and its sampler repeats itself."""
-
-    name: ClassVar[str] = "stuck"
-
-    def plan(self, ctx: PlanContext) -> Any:
-        return iter(())
-
-    def sampler(self, seed: int, pareto: bool) -> optuna.samplers.BaseSampler:
-        return StuckSampler()
 
 
 def test_repeats_are_free_and_the_guard_breaks_a_stuck_sampler(tmp_path: Path) -> None:
@@ -294,51 +238,6 @@ def test_a_shared_cache_serves_another_study(tmp_path: Path) -> None:
     assert again.calls == [] and second.budget_used == first.budget_used
     assert second.model_evaluations == 0
     assert study_trials_frame(load_study(tmp_path / "b", "uniform"))["cache_hit"].all()
-
-
-def test_cache_round_trip_torn_line_and_key(tmp_path: Path) -> None:
-    mask = SkipMask.from_layers(NUM_LAYERS, [3, 4])
-    cache = EvaluationCache(tmp_path, key="model-a")
-    cache.put(mask, synthetic_profile(mask), 1.5)
-    with cache.path.open("a") as f:
-        f.write('{"mask": "a:5|m:5", "prof')  # killed mid-write
-    reopened = EvaluationCache(tmp_path, key="model-a")
-    assert len(reopened) == 1 and reopened.get(mask) is not None
-    other = SkipMask.from_layers(NUM_LAYERS, [6])
-    reopened.put(other, synthetic_profile(other), 0.5)
-    assert other in EvaluationCache(tmp_path)
-    cached = reopened.get(mask)
-    assert cached is not None and cached.profile.greedy_match == synthetic_profile(mask).greedy_match
-    with pytest.raises(ConfigError, match="model-a"):
-        EvaluationCache(tmp_path, key="model-b")
-
-
-class ParallelExecutor(Executor):
-    """Stands in for N Ray actors: `capacity` masks in flight, finishing newest first."""
-
-    def __init__(self, evaluate: CountingEvaluator, capacity: int) -> None:
-        self.evaluate, self._capacity, self.pending = evaluate, capacity, []
-        self.max_in_flight = 0
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.pending)
-
-    def submit(self, mask: SkipMask) -> None:
-        assert len(self.pending) < self._capacity
-        self.pending.append(mask)
-        self.max_in_flight = max(self.max_in_flight, len(self.pending))
-
-    def wait_any(self) -> Outcome:
-        mask = self.pending.pop()
-        return Outcome(mask, self.evaluate(mask), 0.0)
-
-    def close(self) -> None:
-        self.pending.clear()
 
 
 @pytest.mark.parametrize("strategy", [make_strategy("learned"), StuckStrategy()])
@@ -387,19 +286,10 @@ def test_resume_needs_the_flag_and_the_same_settings(tmp_path: Path) -> None:
     assert result.budget_used == 6 and len(more.calls) == 3
 
 
-CRASH_SCRIPT = """
-import sys
-from pathlib import Path
-sys.path.insert(0, {tests!r})
-from test_search import CountingEvaluator, search
-search(Path({run!r}), "learned", CountingEvaluator(log=Path({log!r}), hang_at=4), budget=8)
-"""
-
-
 def test_resume_after_sigkill_never_reevaluates_a_finished_mask(tmp_path: Path) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "calls.log"
-    script = CRASH_SCRIPT.format(tests=str(Path(__file__).parent), run=str(run_dir), log=str(log))
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], cwd=Path(__file__).parent.parent)
+    script = CRASH_SCRIPT.format(root=str(REPOSITORY), run=str(run_dir), log=str(log))
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], cwd=REPOSITORY)
     deadline = time.monotonic() + 60
     while not log.with_suffix(".hanging").exists():
         assert proc.poll() is None and time.monotonic() < deadline, "the study subprocess did not start"

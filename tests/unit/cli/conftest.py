@@ -1,0 +1,28 @@
+"""`skipsearch` in a fresh process and the check that it failed in one line: shared by the command-line
+tests here and in tests/integration/."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+VOCAB_SMALL = ["--n-prompts", "3", "--new-tokens", "16", "--max-prompt-tokens", "96"]
+
+
+def skipsearch(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "skipsearch", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=900)
+
+
+SUBPROCESS_SMALL = ["--n-prompts", "2", "--new-tokens", "8", "--max-prompt-tokens", "64"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "skipsearch", "run", *args, *SUBPROCESS_SMALL]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr

@@ -27,7 +27,6 @@ pytestmark = pytest.mark.usefixtures("one_thread", "only_profile")
 __all__ = ["one_thread", "only_profile"]
 
 
-@pytest.mark.integration
 def test_infeasible_constraints_fail_before_anything_is_written(tmp_path):
     space = tmp_path / "infeasible.yaml"
     space.write_text("kind: sparse\nr_draft_min: 0.3\nr_draft_max: 0.35\nmax_skipped: 2\n")
@@ -36,7 +35,6 @@ def test_infeasible_constraints_fail_before_anything_is_written(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.integration
 def test_decode_command_on_smollm2(tmp_path, capsys):
     out = tmp_path / "decode.json"
     options = ["--skip", "24-29", "--n-prompts", "1", "--max-new-tokens", "8", "--max-prompt-tokens", "64"]
@@ -51,7 +49,6 @@ def test_decode_command_on_smollm2(tmp_path, capsys):
 # -- the real embedded model ---------------------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_cli_on_the_embedded_model(tmp_path: Path, capsys) -> None:
     """One short context, two processes of one sample: the real command, file and summary in ~20 s."""
     out = tmp_path / "smollm2.json"
@@ -68,7 +65,6 @@ def test_cli_on_the_embedded_model(tmp_path: Path, capsys) -> None:
     assert digest.draft_cost[0][0] > 2 * digest.naive(1)
 
 
-@pytest.mark.integration
 def test_decode_command_runs_tiers_on_smollm2(tmp_path, capsys):
     masks = (SkipMask.prefix(30, 28), SkipMask.prefix(30, 24))
     TierManifest("smollm2-135m", masks, TierPolicy(4, (0.7,)), (1, 3)).save(tmp_path / "tiers.json")

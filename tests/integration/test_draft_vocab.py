@@ -5,19 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.unit.cli.conftest import VOCAB_SMALL, assert_one_line_error, skipsearch
 
 
-@pytest.mark.integration
 def test_a_draft_vocabulary_larger_than_the_model_is_one_line() -> None:
     result = skipsearch("measure", "--skip", "14", "--draft-vocab", "1000000", *VOCAB_SMALL)
     assert_one_line_error(result, "larger than")
 
 
-@pytest.mark.integration
 def test_measure_with_a_draft_vocabulary_accepts_no_more_than_the_full_one(tmp_path: Path) -> None:
     results = {}
     for size in ("full", "8192"):
@@ -29,7 +26,6 @@ def test_measure_with_a_draft_vocabulary_accepts_no_more_than_the_full_one(tmp_p
     assert results["8192"]["alpha"] <= results["full"]["alpha"]
 
 
-@pytest.mark.integration
 def test_decode_with_a_draft_vocabulary_is_lossless(tmp_path: Path) -> None:
     out = tmp_path / "decode.json"
     options = ["--skip", "14", "--draft-vocab", "4096", "--gamma", "2", "--repeats", "1"]
@@ -39,7 +35,6 @@ def test_decode_with_a_draft_vocabulary_is_lossless(tmp_path: Path) -> None:
     assert result["lossless"] is True and result["draft_vocab"] == 4096
 
 
-@pytest.mark.integration
 def test_a_search_records_its_vocabulary_and_an_older_run_resumes(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
     space.write_text("kind: sparse\nprotected: [0, -1]\nmax_skipped: 3\ndraft_vocab: [full, 8192, 2048]\n")

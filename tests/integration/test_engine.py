@@ -18,7 +18,6 @@ __all__ = ["one_thread", "runner"]
 
 
 # -- the real embedded model ----------------------------------------------------------------------
-@pytest.mark.integration
 def test_greedy_ssd_is_lossless_on_smollm2():
     """Token for token in fp32 (bf16 may part at near-ties: `engine.lossless` judges those)."""
     from skipsearch.acceptance.prompts import PromptSpec, encode_prompts

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-
 from skipsearch.engine import autoregressive_decode
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.run.export import write_hf
 from tests.unit.run.conftest import assisted_greedy, hf_source
 
 
-@pytest.mark.integration
 def test_hf_export_decodes_like_plain_greedy_on_smollm2(tmp_path, monkeypatch):
     from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
     from skipsearch.models.loading import load_model

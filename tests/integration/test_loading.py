@@ -9,8 +9,6 @@ from safetensors.torch import load_file
 from skipsearch.models import loading
 from skipsearch.models.registry import REGISTRY
 
-pytestmark = pytest.mark.integration
-
 
 def test_a_bf16_cache_is_cast_from_the_fp32_one_already_on_disk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

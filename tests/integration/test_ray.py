@@ -8,13 +8,10 @@ import sys
 import uuid
 from pathlib import Path
 
-import pytest
-
 from tests.unit.executors.conftest import MARKER, assert_ray_gone
 
 
 # -- the real model, through the CLI -----------------------------------------------------------
-@pytest.mark.integration
 def test_cli_run_on_two_ray_workers_finishes_its_budget(tmp_path: Path) -> None:
     import pandas as pd
 

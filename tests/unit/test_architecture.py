@@ -18,7 +18,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
@@ -64,6 +63,7 @@ def test_a_wrong_import_breaks_its_contract(
     assert any(contract in name for name in broken), result.stdout
 
 
+@pytest.mark.slow
 def test_a_built_wheel_ships_the_search_spaces(tmp_path: Path) -> None:
     source = tmp_path / "source"
     shutil.copytree(ROOT / "skipsearch", source / "skipsearch", ignore=shutil.ignore_patterns("__pycache__"))

@@ -23,6 +23,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_profile_over_fresh_processes(tiny_model_dir: Path) -> None:
     """Two spawned processes, two samples each: one profile of four samples per entry."""
     profile = profile_processes(
@@ -33,6 +34,7 @@ def test_profile_over_fresh_processes(tiny_model_dir: Path) -> None:
     assert np.asarray(profile.mlp).min() > 0 and profile.round_overhead[1] > 0
 
 
+@pytest.mark.slow
 def test_an_error_in_a_fresh_process_reaches_the_caller(tiny_model_dir: Path) -> None:
     with pytest.raises(ConfigError, match="256 positions"):
         profile_processes(str(tiny_model_dir), context_lengths=(300,), repeats=2, processes=2)

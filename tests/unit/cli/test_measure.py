@@ -52,6 +52,7 @@ def test_a_mask_in_neither_form_hints_at_the_a_m_form(capsys: pytest.CaptureFixt
     assert "a:4,14|m:4,14,20" in one_line_error(capsys, "measure", "--mask", "zz:1,2|q")
 
 
+@pytest.mark.slow
 def test_measure_refuses_an_out_of_range_context_in_one_line(tmp_path: Path) -> None:
     synthetic_latency(tmp_path)
     command = [

@@ -37,6 +37,7 @@ def tiny_loader(monkeypatch: pytest.MonkeyPatch, cache_in_tmp: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_cli_writes_the_profile_and_prints_the_summary(tiny_loader, capsys, tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     args = ["profile", "--model", "tiny", "--context-lengths", "16,8", "--repeats", "1", "--warmup", "0"]
@@ -49,6 +50,7 @@ def test_cli_writes_the_profile_and_prints_the_summary(tiny_loader, capsys, tmp_
     assert (profile.context_lengths, profile.meta["model"]) == ((8, 16), "tiny")
 
 
+@pytest.mark.slow
 def test_cli_default_output_is_where_measure_looks(tiny_loader, capsys) -> None:
     args = [
         "--model",

@@ -24,6 +24,7 @@ def test_refusals_are_one_line(args: list[str], message: str, capsys: pytest.Cap
     assert message in err and "\n" not in err
 
 
+@pytest.mark.slow
 def test_profile_of_the_mistral_7b_shape_on_this_cpu(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The acceptance criterion of issue 14: a 2-layer cut of the 7B architecture, scaled to 32."""
     out = tmp_path / "mistral.json"
@@ -41,6 +42,7 @@ def test_profile_of_the_mistral_7b_shape_on_this_cpu(tmp_path: Path, capsys: pyt
     assert profile.weights(128).attn[0] == profile.weights(128).attn[31] > 0
 
 
+@pytest.mark.slow
 def test_decode_of_the_mistral_7b_shape_on_this_cpu(tmp_path: Path) -> None:
     """GQA, a 32k vocabulary and 4,096-wide layers through every decoder, without a tokenizer."""
     out = tmp_path / "decode.json"

@@ -177,6 +177,7 @@ def test_ray_gpu_workers_free_the_drivers_model(monkeypatch) -> None:
     assert reference.hidden.device.type == "meta" and measurement.num_layers == 3
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("shared_ray")
 class TestOnASharedRay:
     def test_two_workers_return_exactly_the_local_profiles(self, tmp_path: Path) -> None:
@@ -327,6 +328,7 @@ def test_a_fraction_of_a_gpu_per_worker_packs_several_workers_on_each() -> None:
             RayOptions(gpus_per_worker=bad)
 
 
+@pytest.mark.slow
 def test_each_gpu_worker_gets_its_own_gpu(marker: str) -> None:
     """Two GPUs declared to a CPU-only Ray: the scheduling and CUDA_VISIBLE_DEVICES are real."""
     ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
@@ -341,6 +343,7 @@ def test_each_gpu_worker_gets_its_own_gpu(marker: str) -> None:
 
 
 # -- (5) a Ray the executor started is gone after close, also after Ctrl-C ----------------------
+@pytest.mark.slow
 def test_ctrl_c_while_waiting_leaves_no_ray_process(marker: str) -> None:
     with RayExecutor(Toy(30.0), RayOptions(workers=1)) as executor:
         executor.submit(SkipMask.from_layers(NUM_LAYERS, [3]))

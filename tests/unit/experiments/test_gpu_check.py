@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+import pytest
 
+ROOT = Path(__file__).resolve().parents[3]
 
 BLOCKED = (
     "import runpy, sys; sys.modules.update(optuna=None, gguf=None, ray=None); "
@@ -18,6 +19,7 @@ BLOCKED = (
 )
 
 
+@pytest.mark.slow
 def test_the_tiny_gpu_check_writes_every_section(tmp_path: Path) -> None:
     script = ROOT / "experiments" / "gpu_check.py"
     done = subprocess.run(

@@ -23,9 +23,7 @@ from tests.conftest import eight_token_model, tiny_model
 
 PROMPT = (3, 17, 42, 8, 25, 11)
 
-
 NEW_TOKENS = 24
-
 
 CHI2_7_999 = 24.32  # upper 0.1% point of chi-square, 7 degrees of freedom (8 bins)
 
@@ -106,6 +104,7 @@ def test_greedy_ssd_with_a_draft_vocabulary_is_lossless(
     assert speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=gamma, head=head).tokens == expected
 
 
+@pytest.mark.slow
 def test_sampling_with_a_subset_that_excludes_the_likely_tokens_follows_the_target(
     eight_tokens: SimpleNamespace,
 ) -> None:
@@ -114,6 +113,7 @@ def test_sampling_with_a_subset_that_excludes_the_likely_tokens_follows_the_targ
     assert _chi_square(_first_tokens(eight_tokens, 600), eight_tokens.p) < CHI2_7_999
 
 
+@pytest.mark.slow
 def test_a_residual_that_ignores_tokens_outside_the_subset_is_caught(
     eight_tokens: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -77,6 +77,7 @@ def test_optunas_journal_lock_dies_with_a_killed_writer(tmp_path: Path) -> None:
     assert time.monotonic() - start < 2.0
 
 
+@pytest.mark.slow
 def test_two_runs_raced_on_one_out_keep_one_owner(model_dir: str) -> None:
     """The stress script, a few races: one new-run race and one resume race."""
     env = {**os.environ, "PYTHONPATH": str(REPOSITORY)}

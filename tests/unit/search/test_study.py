@@ -286,6 +286,7 @@ def test_resume_needs_the_flag_and_the_same_settings(tmp_path: Path) -> None:
     assert result.budget_used == 6 and len(more.calls) == 3
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_never_reevaluates_a_finished_mask(tmp_path: Path) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "calls.log"
     script = CRASH_SCRIPT.format(root=str(REPOSITORY), run=str(run_dir), log=str(log))

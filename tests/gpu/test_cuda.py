@@ -1,4 +1,6 @@
-"""The CUDA paths: bf16 losslessness, sampling, CUDA-graph tiers and their host syncs.
+"""The CUDA paths: bf16 losslessness, CUDA-graph tiers and their host syncs, CUDA-event timing.
+
+Sampling on CUDA is checked in distribution by tests/unit/engine/test_sampling.py (its `cuda` case).
 
 Selected with `pytest -m gpu` (the `gpu_check` experiment runs them first); skipped without CUDA.
 """
@@ -13,7 +15,7 @@ import torch
 from skipsearch.cost.profiler import (
     CudaClock,
 )
-from skipsearch.engine import Sampling, autoregressive_decode, speculative_decode
+from skipsearch.engine import autoregressive_decode, speculative_decode
 from skipsearch.engine.graphs import GraphSteps, make_steps
 from skipsearch.engine.lossless import check_lossless
 from skipsearch.engine.tiered import tiered_decode
@@ -28,23 +30,11 @@ from tests.unit.tiers.conftest import POLICY as TIER_POLICY
 from tests.unit.tiers.conftest import PROMPT as TIER_PROMPT
 from tests.unit.tiers.conftest import ROOM as TIER_ROOM
 
-pytestmark = pytest.mark.usefixtures("only_profile")
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
-
-
 PROMPT = (5, 17, 3, 42, 8, 23, 11)
-
 
 NEW_TOKENS = 32
 
-
 LAYERS = 6
-
 
 MASKS = [
     SkipMask.prefix(LAYERS, 4),
@@ -56,9 +46,7 @@ MASKS = [
 
 GAMMAS = (2, 3)
 
-
 POLICY = TierPolicy(window=2, thresholds=(0.5,))
-
 
 ROOM = len(PROMPT) + NEW_TOKENS + max(GAMMAS) + 2
 
@@ -76,13 +64,6 @@ def test_greedy_ssd_is_lossless_on_cuda_in_bf16(family: str, mask: SkipMask) -> 
     ssd = speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=3).tokens
     check = check_lossless(runner, [PROMPT], [ar], [ssd])
     assert check.passed, check.to_dict()
-
-
-def test_sampling_runs_on_cuda() -> None:
-    runner = bf16_runner()
-    generator = torch.Generator(device="cuda").manual_seed(3)
-    sampled = speculative_decode(runner, PROMPT, MASKS[1], NEW_TOKENS, 3, Sampling(0.8, top_p=0.9), generator)
-    assert len(sampled.tokens) == NEW_TOKENS and sum(sampled.accepted) >= 0
 
 
 def test_a_sliding_window_model_is_captured_within_its_window() -> None:
@@ -111,8 +92,6 @@ def test_graphed_rounds_sync_a_bounded_number_of_times() -> None:
     assert syncs <= 6 * rounds + 10, f"{syncs} syncs over {rounds} rounds"
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_events_time_the_kernels_not_the_launch() -> None:
     """A matmul chain queued in microseconds must be charged its device time."""
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
@@ -130,8 +109,6 @@ def test_cuda_events_time_the_kernels_not_the_launch() -> None:
     assert seconds > 1e-4
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_cuda_graphs_decode_losslessly():
     runner = LayerwiseRunner(tiny_model("llama").to("cuda"))
     expected = autoregressive_decode(runner, TIER_PROMPT, TIER_NEW_TOKENS).tokens

@@ -31,33 +31,47 @@ def _chi_square(counts: torch.Tensor, p: torch.Tensor) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-@pytest.fixture(scope="module")
-def small_vocab():
+def eight_token_setup(device: str) -> SimpleNamespace:
     """8-token model whose draft (layers 1-2 skipped) differs a lot from the target at T = 3.
 
     Chosen so every p(x) >= 0.029 and total variation(p, q) = 0.34: rejections are frequent and
     the residual decides a third of the samples.
     """
-    model = eight_token_model()
+    model = eight_token_model().to(device)
     runner = LayerwiseRunner(model)
     mask = SkipMask.from_layers(3, [1, 2])
     sampling = Sampling(temperature=3.0)
     prompt = (1, 5, 3)
-    ids = torch.tensor([prompt])
-    p = sampling.probs(runner.forward(ids)[0, -1])
-    q = sampling.probs(runner.forward(ids, mask=mask)[0, -1])
-    return SimpleNamespace(runner=runner, mask=mask, sampling=sampling, prompt=prompt, p=p, q=q)
+    ids = torch.tensor([prompt], device=device)
+    p = sampling.probs(runner.forward(ids)[0, -1]).cpu()
+    q = sampling.probs(runner.forward(ids, mask=mask)[0, -1]).cpu()
+    return SimpleNamespace(
+        runner=runner, mask=mask, sampling=sampling, prompt=prompt, p=p, q=q, device=device
+    )
+
+
+@pytest.fixture(scope="module")
+def small_vocab() -> SimpleNamespace:
+    return eight_token_setup("cpu")
 
 
 def _first_tokens(setup, seeds: int) -> torch.Tensor:
+    return _first_rounds(setup, seeds)[0]
+
+
+def _first_rounds(setup, seeds: int) -> tuple[torch.Tensor, float]:
+    """Histogram of the first sampled token over `seeds` decodes, and how often the first round
+    accepted its first draft token."""
     counts = torch.zeros(len(setup.p))
+    first_accepted = 0
     for seed in range(seeds):
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator(device=setup.device).manual_seed(seed)
         result = speculative_decode(
             setup.runner, setup.prompt, setup.mask, 3, gamma=2, sampling=setup.sampling, generator=generator
         )
         counts[result.tokens[0]] += 1
-    return counts
+        first_accepted += result.accepted[0] >= 1
+    return counts, first_accepted / seeds
 
 
 def _accept_many(p: torch.Tensor, q: torch.Tensor, draws: int) -> tuple[torch.Tensor, float]:
@@ -73,8 +87,23 @@ def _accept_many(p: torch.Tensor, q: torch.Tensor, draws: int) -> tuple[torch.Te
     return counts, accepted_total / draws
 
 
-def test_sampled_first_token_follows_the_target(small_vocab):
-    assert _chi_square(_first_tokens(small_vocab, 600), small_vocab.p) < CHI2_7_999
+CUDA = pytest.param(
+    "cuda",
+    marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_sampled_first_token_follows_the_target(device: str) -> None:
+    """Speculative sampling through the engine on `device`: the first token is distributed as the
+    target's p (chi-square, 8 bins), and the first draft token is accepted with probability
+    sum(min(p, q)) = 1 - TV(p, q) (within 4 standard deviations of a binomial over the draws)."""
+    setup = eight_token_setup(device)
+    draws = 600
+    counts, accept_rate = _first_rounds(setup, draws)
+    assert _chi_square(counts, setup.p) < CHI2_7_999
+    expected = float(torch.minimum(setup.p, setup.q).sum())
+    assert abs(accept_rate - expected) < 4 * (expected * (1 - expected) / draws) ** 0.5
 
 
 def test_residual_without_the_clamp_is_rejected(small_vocab, monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from skipsearch.acceptance.rounds import AcceptanceProfile
@@ -21,8 +23,24 @@ def test_submit_then_wait_any_returns_the_profile_and_time() -> None:
         executor.submit(MASK)
         assert executor.in_flight == 1
         outcome = executor.wait_any()
-        assert outcome.mask == MASK and outcome.result == profile(MASK) and outcome.seconds >= 0
+        assert outcome.mask == MASK and outcome.result == profile(MASK)
         assert executor.in_flight == 0
+
+
+def test_the_seconds_are_the_evaluation_s_own_within_the_wait() -> None:
+    """The outcome's time covers the evaluation (it sleeps 50 ms) and lies within the wall time of
+    `wait_any`, which runs it."""
+
+    def slow(mask: SkipMask) -> AcceptanceProfile:
+        time.sleep(0.05)
+        return profile(mask)
+
+    with LocalExecutor(slow) as executor:
+        executor.submit(MASK)
+        began = time.perf_counter()
+        outcome = executor.wait_any()
+        wall = time.perf_counter() - began
+    assert 0.05 <= outcome.seconds <= wall
 
 
 def test_an_evaluator_error_comes_back_as_the_result() -> None:

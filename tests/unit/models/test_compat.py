@@ -29,7 +29,19 @@ class LayerWithoutLength:
 
 
 def test_the_installed_transformers_passes() -> None:
-    check_installed_transformers()
+    from transformers.cache_utils import StaticLayer
+    from transformers.masking_utils import create_causal_mask
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    assert api_problems(create_causal_mask, LlamaAttention.forward, StaticLayer) == []
+    check_installed_transformers()  # and the guard on them does not raise
+
+
+def test_the_installed_check_reads_the_installed_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the installed mask function replaced by the 5.17 one, the check on the installed package fails."""
+    monkeypatch.setattr("transformers.masking_utils.create_causal_mask", mask_5_17)
+    with pytest.raises(ModelLoadError, match="create_causal_mask takes no `cache`"):
+        check_installed_transformers()
 
 
 def test_the_api_of_the_pin_has_no_problems() -> None:

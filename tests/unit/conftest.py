@@ -1,5 +1,5 @@
-"""The tiny model directory, the per-test cache and the one-line-error helpers that the command-line tests
-of `cli/` and `run/` share."""
+"""What the command-line tests of `cli/` and `run/` share: the tiny model directory, the per-test cache,
+the one-line-error helpers, and a synthetic latency profile for context-aware scoring."""
 
 from __future__ import annotations
 

@@ -17,7 +17,6 @@ from tests.conftest import tiny_model
 
 CONTEXTS = (8, 24)
 
-
 POSITIONS = (1, 2, 3, 4)
 
 

@@ -25,9 +25,7 @@ from tests.conftest import tiny_model
 
 PROMPT = (5, 17, 3, 42, 8, 23, 11)
 
-
 NEW_TOKENS = 16
-
 
 FLIP_AT = 6  # output position whose verify logits are perturbed
 

@@ -18,8 +18,7 @@ SUBPROCESS_SMALL = ["--n-prompts", "2", "--new-tokens", "8", "--max-prompt-token
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "skipsearch", "run", *args, *SUBPROCESS_SMALL]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+    return skipsearch("run", *args, *SUBPROCESS_SMALL)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, message: str) -> None:

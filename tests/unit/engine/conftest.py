@@ -12,7 +12,6 @@ from tests.conftest import tiny_model
 
 NEW_TOKENS = 40
 
-
 PROMPT = (5, 17, 3, 42, 8, 11, 29, 60, 1, 33, 7, 21)
 
 

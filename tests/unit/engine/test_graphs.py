@@ -17,15 +17,11 @@ from tests.conftest import tiny_model
 
 PROMPT = (5, 17, 3, 42, 8, 23, 11)
 
-
 NEW_TOKENS = 24
-
 
 GAMMAS = (2, 3)
 
-
 POLICY = TierPolicy(window=2, thresholds=(0.5,))
-
 
 ROOM = len(PROMPT) + NEW_TOKENS + max(GAMMAS) + 2
 

@@ -19,7 +19,6 @@ from tests.unit.engine.conftest import NEW_TOKENS, PROMPT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-
 MASKS = {
     "contiguous exit 3": SkipMask.prefix(6, 3),
     "sparse single": SkipMask.from_layers(6, [2]),

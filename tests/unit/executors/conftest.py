@@ -10,7 +10,6 @@ import pytest
 
 ray = pytest.importorskip("ray")  # not installed on the GPU test machine (`make gpu-check`)
 
-
 MARKER = "SKIPSEARCH_RAY_TEST"
 
 

@@ -8,7 +8,6 @@ from skipsearch.models.dtypes import choose_dtype, cpu_flags
 
 AVX512_BF16 = frozenset({"avx512f", "avx512_bf16", "fma"})
 
-
 NO_BF16 = frozenset({"avx2", "fma", "avx512f"})
 
 

@@ -28,9 +28,7 @@ LAYERS = 8
 # ({1, 2}) and every early exit, which must skip the last layer, scores lower.
 DAMAGE = np.array([3.0, 0.02, 0.02, 0.6, 0.8, 0.9, 1.0, 2.0])
 
-
 DRAWS = np.random.default_rng(7).random((4, 48))
-
 
 SPACES = {
     "contiguous": {"kind": "contiguous"},

@@ -36,18 +36,13 @@ def write_space(tmp_path: Path, text: str, name: str = "space.yaml") -> Path:
 
 NUM_LAYERS = 12
 
-
 _DAMAGE = np.random.default_rng(123)
-
 
 ATTN_DAMAGE = _DAMAGE.lognormal(-2.5, 1.2, NUM_LAYERS)
 
-
 MLP_DAMAGE = _DAMAGE.lognormal(-2.5, 1.2, NUM_LAYERS)
 
-
 DRAWS = np.random.default_rng(7).random((4, 64))
-
 
 GAMMAS = range(1, 7)
 

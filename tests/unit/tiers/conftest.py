@@ -39,18 +39,13 @@ RICH_PROFILE, CHEAP_PROFILE = profile(RICH, *stretches(0.75)), profile(CHEAP, *s
 # -- the engine --------------------------------------------------------------------------------------
 PROMPT = (5, 17, 3, 42, 8, 11, 29, 60, 1, 33, 7, 21)
 
-
 NEW_TOKENS = 40
-
 
 MASKS = (SkipMask(6, attn=[3], mlp=[2]), SkipMask.from_layers(6, [1, 4]), SkipMask.prefix(6, 2))
 
-
 GAMMAS = (3, 2, 4)
 
-
 POLICY = TierPolicy(2, (0.3, 0.6))
-
 
 ROOM = len(PROMPT) + NEW_TOKENS + max(GAMMAS) + 1
 

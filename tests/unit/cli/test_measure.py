@@ -32,7 +32,7 @@ def test_measure_on_a_missing_cuda_device_is_one_line(model_dir: str, capsys: py
     assert "no CUDA device" in err and "--device cpu" in err
 
 
-# -- 7: tracebacks -------------------------------------------------------------------------------
+# -- tracebacks ------------------------------------------------------------------------------------
 def test_a_truncated_gguf_and_a_pickled_payload_are_one_line(
     model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

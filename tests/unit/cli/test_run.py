@@ -1,5 +1,6 @@
-"""Issue 15, redone from the command line: each bad input is one line and exit 2 with nothing left
-behind, a torn journal resumes, and what is printed says what was measured.
+"""`skipsearch run` from the command line (issues 15 and 20): each bad input is one line and exit 2
+with nothing left behind, a torn journal resumes, a resume keeps the stored settings, and nothing
+outside the run directory is written through it.
 
 A tiny Llama saved as a local model directory stands in for the real model: its depth is read
 from `config.json` without loading, as the registry gives it for an alias.
@@ -110,7 +111,7 @@ def test_a_backwards_range_is_refused_before_torch_is_imported(model_dir: str) -
     assert result.stderr.count("\n") == 1 and "runs backwards" in result.stderr
 
 
-# -- 2: a resume keeps the stored budget ----------------------------------------------------------
+# -- a resume keeps the stored budget --------------------------------------------------------------
 def test_resume_without_budget_finishes_at_the_stored_budget(
     finished_run: Path, model_dir: str, capsys: pytest.CaptureFixture
 ) -> None:
@@ -141,7 +142,7 @@ def test_compare_resume_without_budget_keeps_the_stored_budget(
     assert "budget: 2" in (out / RUN_FILE).read_text()
 
 
-# -- 4: nothing outside the run is written through it ---------------------------------------------
+# -- nothing outside the run is written through it -------------------------------------------------
 @pytest.mark.parametrize("linked", [JOURNAL_FILE, "cache/evaluations.jsonl"])
 def test_a_run_whose_files_are_symlinks_writes_nothing_outside(
     finished_run: Path, model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture, linked: str
@@ -160,7 +161,7 @@ def test_a_run_whose_files_are_symlinks_writes_nothing_outside(
     assert digest(outside) == before
 
 
-# -- 5: --out must be new, empty or a run ----------------------------------------------------------
+# -- --out must be new, empty or a run -------------------------------------------------------------
 def test_out_that_is_not_new_empty_or_a_run_is_refused_before_the_model_loads(
     model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -190,7 +191,7 @@ def test_an_unwritable_out_is_one_line_before_the_model_loads(
     assert not (tmp_path / "ro").exists()
 
 
-# -- 6: prompts against the model's context -------------------------------------------------------
+# -- prompts against the model's context -----------------------------------------------------------
 def test_a_prompt_beyond_the_context_is_one_line_and_leaves_no_reference(
     model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -200,7 +201,7 @@ def test_a_prompt_beyond_the_context_is_one_line_and_leaves_no_reference(
     assert not (cache_dir() / "reference").exists() or not any((cache_dir() / "reference").iterdir())
 
 
-# -- 8: wrong or missing words --------------------------------------------------------------------
+# -- wrong or missing words ------------------------------------------------------------------------
 @pytest.mark.parametrize("context", ["0", "-5"])
 def test_context_below_one_is_refused_even_with_extrapolation(
     model_dir: str, capsys: pytest.CaptureFixture, context: str

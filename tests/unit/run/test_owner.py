@@ -1,5 +1,5 @@
-"""Issue 20, from the command line: a run directory has one owner, a resume keeps what was stored,
-nothing outside the run is written through it, and the last tracebacks are one line each.
+"""Issue 20, from the command line: a run directory has one owner (`run/owner.py`), and a lock left
+by a killed run is taken over.
 
 The concurrency tests start real processes: a lock held by this test process stands in for a
 live run (`flock` conflicts between processes as it does between two runs), and
@@ -30,7 +30,7 @@ from tests.unit.conftest import (  # the tiny model directory and the one-line h
 pytestmark = pytest.mark.usefixtures("cache_in_tmp")
 
 
-# -- 1 and 3: one owner ---------------------------------------------------------------------------
+# -- one owner -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("resume", [False, True], ids=["new-run", "resume-of-a-live-run"])
 def test_a_second_command_on_a_held_run_is_one_line_naming_the_owner(
     finished_run: Path, model_dir: str, tmp_path: Path, resume: bool

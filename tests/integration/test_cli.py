@@ -16,11 +16,10 @@ from skipsearch.cost.profiler import (
 from skipsearch.masks import SkipMask
 from skipsearch.tiers.manifest import TierManifest
 from skipsearch.tiers.policy import TierPolicy
-from tests.unit.bench.conftest import only_profile
-from tests.unit.cli.conftest import assert_one_line_error, run_cli
+from tests.unit.cli.conftest import assert_one_line_error, only_profile, run_cli
 from tests.unit.engine.conftest import one_thread
 
-pytestmark = pytest.mark.usefixtures("one_thread", "only_profile")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # Fixtures of another folder's conftest.py, imported: listed so that they count as used.
@@ -49,6 +48,7 @@ def test_decode_command_on_smollm2(tmp_path, capsys):
 # -- the real embedded model ---------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("only_profile")  # the profile command alone, as in tests/unit/cli/test_profile.py
 def test_cli_on_the_embedded_model(tmp_path: Path, capsys) -> None:
     """One short context, two processes of one sample: the real command, file and summary in ~20 s."""
     out = tmp_path / "smollm2.json"

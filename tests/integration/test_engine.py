@@ -8,13 +8,13 @@ from skipsearch.engine import (
 )
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from tests.unit.engine.conftest import one_thread, runner
+from tests.unit.engine.conftest import one_thread
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # Fixtures of another folder's conftest.py, imported: listed so that they count as used.
-__all__ = ["one_thread", "runner"]
+__all__ = ["one_thread"]
 
 
 # -- the real embedded model ----------------------------------------------------------------------

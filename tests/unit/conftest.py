@@ -20,6 +20,7 @@ SMALL = ["--n-prompts", "2", "--new-tokens", "8", "--max-prompt-tokens", "32"]
 
 @pytest.fixture
 def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The skipsearch cache (references, profiles, rankings) inside the test's folder."""
     monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
 

@@ -4,17 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from skipsearch.store import default_profile_path, readable_profile_path
-from tests.unit.bench.conftest import cache_in_tmp, only_profile
-
-pytestmark = pytest.mark.usefixtures("only_profile")
-
-
-# Fixtures of another folder's conftest.py, imported: listed so that they count as used.
-__all__ = ["cache_in_tmp", "only_profile"]
-
 
 # -- paths ---------------------------------------------------------------------------------------
 

@@ -30,12 +30,6 @@ from tests.conftest import make_tokenizer, tiny_model
 CODE = "def add(a, b):\n    return a + b\n"
 
 
-@pytest.fixture
-def cache_in_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
     """A tiny model whose head has 28 rows more than its tokenizer has ids (292): never produced."""

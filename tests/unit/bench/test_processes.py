@@ -11,8 +11,6 @@ from skipsearch.cost.processes import profile_processes
 from skipsearch.errors import ConfigError
 from tests.conftest import make_tokenizer, tiny_model
 
-pytestmark = pytest.mark.usefixtures("only_profile")
-
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -29,9 +29,20 @@ from skipsearch.cost.profiler import (
 from skipsearch.errors import ConfigError
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model
-from tests.unit.bench.conftest import CONTEXTS, POSITIONS
 
-pytestmark = pytest.mark.usefixtures("only_profile")
+CONTEXTS = (8, 24)
+
+POSITIONS = (1, 2, 3, 4)
+
+
+@pytest.fixture(scope="module")
+def runner() -> LayerwiseRunner:
+    return LayerwiseRunner(tiny_model("llama", layers=4))
+
+
+@pytest.fixture(scope="module")
+def measured(runner: LayerwiseRunner) -> LatencyProfile:
+    return measure_latency(runner, CONTEXTS, POSITIONS, repeats=3, warmup=1, model="tiny")
 
 
 # -- several processes ---------------------------------------------------------------------------

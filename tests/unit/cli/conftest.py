@@ -6,6 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+from skipsearch import cli
+
 VOCAB_SMALL = ["--n-prompts", "3", "--new-tokens", "16", "--max-prompt-tokens", "96"]
 
 
@@ -25,3 +29,9 @@ def assert_one_line_error(result: subprocess.CompletedProcess, message: str) -> 
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+@pytest.fixture
+def only_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Register only the `profile` command, so its tests do not depend on the other commands' imports."""
+    monkeypatch.setattr(cli, "COMMANDS", ("profile",))

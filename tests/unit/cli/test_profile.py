@@ -12,13 +12,8 @@ from skipsearch.models import loading
 from skipsearch.models.loading import LoadedModel, dtype_name
 from skipsearch.store import default_profile_path
 from tests.conftest import tiny_model
-from tests.unit.bench.conftest import cache_in_tmp, measured, only_profile, runner
 
 pytestmark = pytest.mark.usefixtures("only_profile")
-
-
-# Fixtures of another folder's conftest.py, imported: listed so that they count as used.
-__all__ = ["cache_in_tmp", "measured", "only_profile", "runner"]
 
 
 # -- command line --------------------------------------------------------------------------------

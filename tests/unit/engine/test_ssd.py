@@ -1,4 +1,5 @@
-"""The SSD engine is lossless: greedy output equals autoregressive, sampled output follows p."""
+"""The SSD round: greedy output equals autoregressive decoding for every mask, γ and family; the
+cache rollback and the round records (sampled output: test_sampling.py)."""
 
 import json
 

@@ -21,12 +21,6 @@ from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model
 
 
-@pytest.fixture
-def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 # -- the attention path ---------------------------------------------------------------------------
 def test_fp32_attention_matches_upcast_attention_and_keeps_fp32_kv() -> None:
     """bf16 weights with fp32 attention: the cache holds the bf16 projections upcast (exactly), and a

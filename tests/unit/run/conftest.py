@@ -98,9 +98,3 @@ def assisted_greedy(
     )
     assert drafted and max(drafted) == 3  # num_assistant_tokens = γ, no confidence cut
     return out[0, len(prompt) :].tolist()
-
-
-@pytest.fixture
-def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"

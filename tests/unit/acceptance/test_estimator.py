@@ -1,0 +1,197 @@
+"""The estimator in each mode against a direct computation with plain transformers.
+
+The round-aware estimator (`rounds` mode) reproduces the SSD engine's greedy rounds exactly.
+
+The engine's draft reads the full model's K/V before its round and its own K/V within it; the
+`rounds` mode simulates that, so at every position the engine judges, the estimator's greedy match
+must equal the engine's accept decision — where `shared-kv` (full K/V within the round too) may not.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from skipsearch.acceptance.estimator import Estimator, sampling_acceptance, subset_acceptance
+from skipsearch.engine import speculative_decode
+from skipsearch.masks import SkipMask
+from skipsearch.models.runner import LayerwiseRunner
+from tests.conftest import direct_matches, random_reference, tiny_model
+from tests.unit.acceptance.conftest import MASKS
+
+LAYERS = 6
+
+NEW_TOKENS = 24
+
+ROUND_MASKS = [
+    SkipMask.from_layers(LAYERS, [2]),
+    SkipMask.from_layers(LAYERS, [1, 4]),
+    SkipMask(LAYERS, attn=[3], mlp=[1, 5]),
+    SkipMask(LAYERS, attn=[], mlp=[2, 4]),
+    SkipMask.prefix(LAYERS, 4),
+]
+
+
+@pytest.fixture(scope="module")
+def rounds_setup():
+    model = tiny_model("llama", layers=LAYERS, seed=1)
+    model.generation_config.eos_token_id = None
+    runner = LayerwiseRunner(model)
+    reference = random_reference(runner, [7, 12, 5, 9], new_tokens=NEW_TOKENS, seed=5)
+    return runner, reference
+
+
+def engine_judgements(runner, reference, mask, gamma) -> list[tuple[int, int, bool]]:
+    """(reference row, continuation offset, accepted) of every draft token the engine judged."""
+    judged = []
+    for row in range(reference.input_ids.shape[0]):
+        prompt = reference.input_ids[row, : int(reference.prompt_lengths[row])].tolist()
+        result = speculative_decode(runner, prompt, mask, NEW_TOKENS, gamma=gamma)
+        continuation = reference.input_ids[row, len(prompt) : int(reference.lengths[row])].tolist()
+        assert list(result.tokens) == continuation  # lossless: the engine judges the same tokens
+        offset = 0
+        for drafted, accepted in zip(result.gammas, result.accepted, strict=True):
+            judged += [(row, offset + j, j < accepted) for j in range(min(accepted + 1, drafted))]
+            offset += accepted + 1
+    return judged
+
+
+def disagreements(profile, judged) -> int:
+    return sum(profile.greedy_match[row][offset] != accepted for row, offset, accepted in judged)
+
+
+def brute_force_shared_kv(runner, reference, mask):
+    """Each prediction position alone, with a real cache holding the full model's K/V before it."""
+    logits = []
+    for row in range(reference.input_ids.shape[0]):
+        start, end = int(reference.prompt_lengths[row]), int(reference.lengths[row])
+        for pos in range(start - 1, end - 1):
+            cache = DynamicCache(config=runner.config)
+            for layer in range(runner.num_layers):
+                cache.update(
+                    reference.keys[layer, row : row + 1, :, :pos],
+                    reference.values[layer, row : row + 1, :, :pos],
+                    layer,
+                )
+            hidden = reference.hidden[:, row : row + 1, pos : pos + 1]
+            start = mask.first_skipped_layer
+            out = runner.run_layers(
+                hidden[start], start, runner.num_layers, torch.tensor([[pos]]), mask, cache
+            )
+            logits.append(runner.head(out)[0, 0])
+    return torch.stack(logits)
+
+
+# -- estimation -----------------------------------------------------------------------------------
+def test_subset_acceptance_by_hand() -> None:
+    target = torch.tensor([[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 1.0, 0.0]])  # argmax: 1, then 0
+    draft = torch.tensor([[6.0, 1.0, 2.0, 0.0], [0.0, 2.0, 1.0, 4.0]])
+    ids = torch.tensor([1, 2])
+    match, _ = subset_acceptance(target, draft, ids, 0.0)
+    assert match.tolist() == [False, False]  # row 0: the subset's best is 2; row 1: 0 is outside it
+    hidden_best = torch.tensor([[0.0, 2.0, 9.0, 1.0]])
+    match, _ = subset_acceptance(target[:1], hidden_best, torch.tensor([1, 3]), 0.0)
+    assert match.tolist() == [True]  # the subset hides the draft's own argmax (2): it proposes 1
+    _, accept = subset_acceptance(target[:1], draft[:1], ids, 2.0)
+    p = torch.softmax(target[0] / 2.0, -1)
+    q = torch.zeros(4)
+    q[ids] = torch.softmax(draft[0, ids] / 2.0, -1)
+    assert float(accept[0]) == pytest.approx(float(torch.minimum(p, q).sum()))
+
+
+@pytest.mark.parametrize("mode", ["self", "shared-kv"])
+def test_empty_mask_is_accepted_everywhere(setup, mode):
+    _, runner, reference = setup
+    profile = Estimator(runner, reference, mode).evaluate(SkipMask(6))
+    assert profile.alpha == 1.0
+    assert profile.sampling_acceptance == pytest.approx(1.0)
+    assert profile.tokens_per_round(3) == 4.0
+
+
+@pytest.mark.parametrize("mask", [m for m in MASKS if m.is_layer_level], ids=str)
+def test_self_mode_equals_direct_transformers_computation(setup, mask):
+    model, runner, reference = setup
+    profile = Estimator(runner, reference, "self").evaluate(mask)
+    flat = [m for row in profile.greedy_match for m in row]
+    assert flat == direct_matches(model, reference, mask.skipped_layers)
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=str)
+def test_shared_kv_mode_equals_per_position_decoding_on_the_full_cache(setup, mask):
+    _, runner, reference = setup
+    estimator = Estimator(runner, reference, "shared-kv")
+    assert torch.allclose(
+        estimator.draft_logits(mask), brute_force_shared_kv(runner, reference, mask), atol=1e-4
+    )
+
+
+def test_skipping_changes_acceptance(setup):
+    _, runner, reference = setup
+    estimator = Estimator(runner, reference, "shared-kv")
+    alphas = [estimator.evaluate(mask).alpha for mask in MASKS]
+    assert min(alphas) < 1.0
+
+
+def test_sampling_acceptance_is_total_variation_overlap():
+    target = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    draft = torch.log(torch.tensor([[0.2, 0.3, 0.5]]))
+    assert sampling_acceptance(target, draft, 1.0).item() == pytest.approx(0.7)
+    assert sampling_acceptance(target, draft, 0.0).item() == 0.0
+
+
+def test_a_lone_mlp_skip_is_not_ignored(setup):
+    _, runner, reference = setup
+    estimator = Estimator(runner, reference, "shared-kv")
+    mask = SkipMask(6, mlp=[2])
+    assert not torch.allclose(estimator.draft_logits(mask), estimator.target_logits)
+    assert torch.allclose(
+        estimator.draft_logits(mask), brute_force_shared_kv(runner, reference, mask), atol=1e-4
+    )
+
+
+def test_target_logits_carry_no_autograd_graph(setup):
+    _, runner, reference = setup
+    with torch.enable_grad():
+        estimator = Estimator(runner, reference, "self")
+    assert estimator.target_logits.grad_fn is None and not estimator.target_logits.requires_grad
+
+
+def test_the_full_forward_time_is_the_second_pass_only(setup, monkeypatch):
+    """`time_full_forward` runs one untimed pass, then times one: each pass here sleeps 50 ms, so
+    the time is at least one pass and the wall time around the call exceeds it by at least the
+    untimed one."""
+    _, runner, reference = setup
+    estimator = Estimator(runner, reference, "self")
+    passes = []
+    monkeypatch.setattr(estimator, "_full_forward", lambda: (passes.append(1), time.sleep(0.05)))
+    began = time.perf_counter()
+    seconds = estimator.time_full_forward()
+    wall = time.perf_counter() - began
+    assert len(passes) == 2 and seconds >= 0.05 and wall - seconds >= 0.05
+
+
+@pytest.mark.slow
+def test_rounds_mode_matches_every_engine_judgement(rounds_setup) -> None:
+    runner, reference = rounds_setup
+    shared = Estimator(runner, reference, "shared-kv")
+    shared_misses = 0
+    for gamma in (2, 4):
+        rounds = Estimator(runner, reference, "rounds", round_gamma=gamma)
+        for mask in ROUND_MASKS:
+            judged = engine_judgements(runner, reference, mask, gamma)
+            assert disagreements(rounds.evaluate(mask, temperature=0), judged) == 0, (mask, gamma)
+            shared_misses += disagreements(shared.evaluate(mask, temperature=0), judged)
+        assert len(rounds.passes) == len(ROUND_MASKS) and min(rounds.passes) >= 2
+    assert shared_misses > 0  # the engine's own K/V within a round matters on these masks
+
+
+def test_rounds_mode_is_shared_kv_for_a_contiguous_exit(rounds_setup) -> None:
+    """A prefix's K/V is the full model's, so the round structure cannot change a match."""
+    runner, reference = rounds_setup
+    mask = SkipMask.prefix(LAYERS, 3)
+    rounds = Estimator(runner, reference, "rounds", round_gamma=3).evaluate(mask)
+    shared = Estimator(runner, reference, "shared-kv").evaluate(mask)
+    assert rounds.greedy_match == shared.greedy_match

@@ -1,0 +1,94 @@
+"""`skipsearch decode`: settings checked before decoding, a mask read from a run, a tier manifest run end
+to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from skipsearch.cli import main
+from skipsearch.errors import ConfigError
+from skipsearch.tiers.manifest import TierManifest
+from tests.unit.conftest import (  # the tiny model directory and the one-line helpers
+    one_line_error,
+)
+from tests.unit.engine.conftest import one_thread
+from tests.unit.tiers.conftest import GAMMAS, MASKS, POLICY, PROMPT, runner
+
+pytestmark = pytest.mark.usefixtures("one_thread", "cache_in_tmp")
+
+
+# Fixtures of another folder's conftest.py, imported: listed so that they count as used.
+__all__ = ["one_thread", "runner"]
+
+
+def test_a_bad_gamma_in_best_json_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    best = tmp_path / "best.json"
+    best.write_text(json.dumps({"mask": "a:1|m:1", "gamma_best": -4}))
+    err = one_line_error(capsys, "decode", "--from", str(best))
+    assert str(best) in err and "gamma_best" in err
+
+
+# -- CLI ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--skip", "4", "--gamma", "0"],
+        ["--skip", "4", "--temperature", "-1"],
+        ["--skip", "4", "--top-p", "0"],
+        ["--skip", "4", "--top-p", "1.5"],
+        ["--skip", "4", "--repeats", "0"],
+        ["--skip", "4", "--dynamic-gamma", "--gamma", "1"],
+    ],
+    ids=" ".join,
+)
+def test_decode_rejects_invalid_settings(options, capsys):
+    assert main(["decode", *options]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_decode_rejects_a_mask_that_skips_everything(monkeypatch, capsys):
+    monkeypatch.setattr("skipsearch.acceptance.worker.prepare", lambda config: SimpleNamespace(num_layers=6))
+    assert main(["decode", "--skip", "0-5"]) == 2
+    assert "skips every layer" in capsys.readouterr().err
+
+
+def test_decode_reads_mask_and_gamma_from_a_run(tmp_path, capsys):
+    from skipsearch.cli.decode import read_from
+
+    best = tmp_path / "best.json"
+    best.write_text(json.dumps({"mask": "a:1,4|m:1,4", "gamma_best": 5, "score": 1.3}))
+    assert read_from(best) == ("a:1,4|m:1,4", 5)
+    no_mask = tmp_path / "no_mask.json"
+    no_mask.write_text(json.dumps({"gamma": 2}))
+    with pytest.raises(ConfigError, match="mask"):
+        read_from(no_mask)
+    assert main(["decode", "--from", str(best), "--skip", "1"]) == 2
+    assert "once" in capsys.readouterr().err
+
+
+# -- decode --from tiers.json ------------------------------------------------------------------------
+def test_decode_command_runs_a_tier_manifest(runner, tmp_path, monkeypatch, capsys):
+    from skipsearch.models.loading import LoadedModel
+
+    predicted = {"speedup": 1.1, "cost": "closed-form"}
+    TierManifest("tiny", MASKS, POLICY, GAMMAS, predicted=predicted).save(tmp_path / "tiers.json")
+    loaded = LoadedModel(runner.model, None, "tiny", "memory")
+    monkeypatch.setattr("skipsearch.models.loading.load_model", lambda *args: loaded)
+    monkeypatch.setattr(
+        "skipsearch.acceptance.prompts.encode_prompts",
+        lambda spec, tokenizer, context=None: [SimpleNamespace(ids=PROMPT)],
+    )
+    out = tmp_path / "decode.json"
+    options = ["--from", str(tmp_path / "tiers.json"), "--new-tokens", "16", "--repeats", "1"]
+    assert main(["decode", *options, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["lossless"] and result["mode"] == "eager" and result["gammas"] == list(GAMMAS)
+    assert set(result["summaries"]) == {"autoregressive", "ssd-tiers", "ssd-best-single"}
+    assert sum(result["tier_share"]) == pytest.approx(1.0)
+    assert "PASS" in capsys.readouterr().out
+    assert main(["decode", *options, "--dynamic-gamma"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

@@ -1,0 +1,100 @@
+"""`skipsearch profile` end to end on a tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skipsearch import cli
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.models import loading
+from skipsearch.models.loading import LoadedModel, dtype_name
+from skipsearch.store import default_profile_path
+from tests.conftest import tiny_model
+
+pytestmark = pytest.mark.usefixtures("only_profile")
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_loader(monkeypatch: pytest.MonkeyPatch, cache_in_tmp: Path) -> None:
+    """`load_model` returns the tiny Llama, so the command runs end to end in a second."""
+    model = tiny_model("llama", layers=4)
+    monkeypatch.setattr(
+        loading,
+        "load_model",
+        lambda name, device, dtype, random_weights=None, announce=True: LoadedModel(
+            model, None, name, "test"
+        ),
+    )
+
+
+@pytest.mark.slow
+def test_cli_writes_the_profile_and_prints_the_summary(tiny_loader, capsys, tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    args = ["profile", "--model", "tiny", "--context-lengths", "16,8", "--repeats", "1", "--warmup", "0"]
+    args += ["--processes", "1"]
+    assert cli.main([*args, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Draft cost c" in printed and "E/L" in printed and "f(γ)" in printed and str(out) in printed
+    assert "Draft head of k rows" in printed and "ratio to full" in printed
+    profile = LatencyProfile.load(out)
+    assert (profile.context_lengths, profile.meta["model"]) == ((8, 16), "tiny")
+
+
+@pytest.mark.slow
+def test_cli_default_output_is_where_measure_looks(tiny_loader, capsys) -> None:
+    args = [
+        "--model",
+        "tiny",
+        "--context-lengths",
+        "8",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--processes",
+        "1",
+    ]
+    assert cli.main(["profile", *args]) == 0
+    written = default_profile_path("tiny", "cpu", dtype_name("cpu", "auto"))
+    assert LatencyProfile.load(written).context_lengths == (8,)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--context-lengths", "128,abc"], "--context-lengths"),
+        (["--context-lengths", "0,128"], "--context-lengths"),
+        (["--context-lengths", ""], "--context-lengths"),
+        (["--repeats", "0"], "repeats"),
+        (["--context-lengths", "4096"], "positions"),
+        (["--processes", "0"], "processes"),
+        (["--repeats", "2", "--processes", "3"], "at least processes"),
+    ],
+)
+def test_cli_bad_arguments_are_one_line_errors(tiny_loader, capsys, args: list[str], message: str) -> None:
+    assert cli.main(["profile", "--model", "tiny", "--processes", "1", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("skipsearch: error:") and message in err and "\n" not in err
+
+
+def test_skip_existing_measures_nothing_when_a_profile_is_there(tiny_loader, capsys, tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    args = ["profile", "--model", "tiny", "--context-lengths", "8", "--repeats", "1", "--warmup", "0"]
+    args += ["--processes", "1", "--out", str(out), "--skip-existing"]
+    assert cli.main(args) == 0  # nothing there yet: measured
+    written = out.read_text()
+    assert cli.main([*args[:4], "16", *args[5:]]) == 0  # another context, but the file exists
+    assert out.read_text() == written
+    assert "not measured again" in " ".join(capsys.readouterr().out.split())  # rich wraps long paths
+    out.write_text("{not json")
+    assert cli.main(args) == 2  # a damaged profile is an error, not a silent skip
+
+
+def test_cli_out_must_not_be_a_directory(tiny_loader, capsys, tmp_path: Path) -> None:
+    assert cli.main(["profile", "--model", "tiny", "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err

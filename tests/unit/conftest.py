@@ -1,0 +1,92 @@
+"""What the command-line tests of `cli/` and `run/` share: the tiny model directory, the per-test cache,
+the one-line-error helpers, and a synthetic latency profile for context-aware scoring."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from skipsearch.cli import main
+from skipsearch.cost.latency import LatencyProfile
+from tests.conftest import make_tokenizer, tiny_model
+
+SMALL = ["--n-prompts", "2", "--new-tokens", "8", "--max-prompt-tokens", "32"]
+
+
+@pytest.fixture
+def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The skipsearch cache (references, profiles, rankings) inside the test's folder."""
+    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = make_tokenizer()
+    tiny_model("llama", layers=6, vocab_size=len(tokenizer)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def one_line_error(capsys: pytest.CaptureFixture, *args: str) -> str:
+    assert main(list(args)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("skipsearch: error: "), err
+    return err
+
+
+def run_args(model_dir: str, out: Path, *extra: str) -> list[str]:
+    return ["run", "--model", model_dir, *SMALL, "--out", str(out), *extra]
+
+
+@pytest.fixture
+def finished_run(model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> Path:
+    out = tmp_path / "run"
+    assert main(run_args(model_dir, out, "--budget", "3", "--strategy", "random")) == 0
+    capsys.readouterr()
+    return out
+
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, cwd: Path = REPOSITORY) -> subprocess.CompletedProcess:
+    """`skipsearch ARGS` in a new process, with this checkout and this test's cache."""
+    env = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+    return subprocess.run(
+        [sys.executable, "-m", "skipsearch", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+# -- context-aware scoring -------------------------------------------------------------------------
+def synthetic_latency(tmp_path: Path | None = None) -> LatencyProfile:
+    """Two layers; attention 1 ms + 1 ms per 1k tokens of context, MLP 2 ms, embed and head 0.5 ms,
+    all independent of positions; no overhead."""
+    contexts, positions = (128, 1024, 2048), (1, 2, 3)
+    flat = lambda t: [[t] * len(positions) for _ in contexts]  # noqa: E731
+    attn = [[[1e-3 + 1e-6 * c] * len(positions) for c in contexts]] * 2
+    tables = {"embed": flat(5e-4), "head": flat(5e-4), "attn": attn, "mlp": [flat(2e-3)] * 2}
+    profile = LatencyProfile.from_dict(
+        {
+            "meta": {"num_layers": 2},
+            "context_lengths": list(contexts),
+            "positions": list(positions),
+            **tables,
+            "spread": {k: np.zeros_like(np.asarray(v)).tolist() for k, v in tables.items()},
+            "round_overhead": {"1": 0.0, "2": 0.0},
+        }
+    )
+    if tmp_path is not None:
+        profile.save(tmp_path / "profile.json")
+    return profile

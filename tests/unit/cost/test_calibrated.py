@@ -1,0 +1,132 @@
+"""The calibrated cost model and `predict`, with round times worked out by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from skipsearch.cost.calibrated import Calibrated, MeasuredRound, RoundTime, predict
+from skipsearch.cost.closed_forms import (
+    Contiguous,
+    SelfSpeculative,
+    SeparateDraft,
+    best_of,
+    speedup,
+    speedup_curve,
+)
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.errors import ConfigError, InvalidMaskError
+from skipsearch.masks import SkipMask
+from tests.unit.cost.conftest import _latency, _profile, _tables, _with_head_table, exact
+
+# -- calibrated model ----------------------------------------------------------------------------
+
+
+def test_calibrated_round_time_by_hand() -> None:
+    form = Calibrated(_latency(), SkipMask.from_layers(2, [1]), context=100)
+    # gamma=1: draft 1 step of embed 1 + attn0 1 + mlp0 2 + head 2; verify: embed 1 + layer 0 for
+    # one position (1 + 2) + layer 1 for two (1.5 + 2.5) + head for two (3); overhead 0.5.
+    assert form.round_time(1).draft == exact(6.0)
+    assert form.round_time(1).verify == exact(1 + 3 + 4 + 3)
+    assert form.round_time(1).total == exact(17.5)
+    # gamma=3: draft 3 x 6; verify at 4 positions (extrapolated): 1 + 3 + (2.5 + 3.5) + 5; overhead 1.5.
+    assert form.round_time(3).total == exact(18 + 15 + 1.5)
+    assert form.round_cost(3) == exact(34.5 / 9)
+    assert speedup(0.5, form, 1) == exact(1.5 * 9 / 17.5)
+
+
+def test_calibrated_mlp_first_skip_reruns_that_mlp() -> None:
+    form = Calibrated(_latency(), SkipMask(2, mlp={0}), context=100)
+    assert form.round_time(1).draft == exact(9 - 2)
+    assert form.round_time(1).verify == exact(1 + 1 + (2.5 + 1.5 + 2.5) + 3)
+
+
+def test_calibrated_memory_bound_verify_costs_a_full_step() -> None:
+    """Times independent of positions, no embed/head/overhead: KV reuse saves nothing
+    (docs/theory.md, "Calibrated cost")."""
+    flat = {
+        "embed": _tables(0, 0),
+        "head": _tables(0, 0),
+        "attn": [_tables(1, 1)] * 4,
+        "mlp": [_tables(1, 1)] * 4,
+    }
+    data = {**_latency().to_dict(), **flat, "spread": flat, "meta": {}, "round_overhead": {"1": 0.0}}
+    form = Calibrated(LatencyProfile.from_dict(data), SkipMask.prefix(4, 2))
+    assert form.round_cost(3) == exact(SeparateDraft(0.5).round_cost(3))
+    assert Contiguous(0.5).round_cost(3) < form.round_cost(3)
+
+
+def test_calibrated_rejects_a_mask_for_another_model() -> None:
+    with pytest.raises(InvalidMaskError, match="profile the same model"):
+        Calibrated(_latency(), SkipMask.from_layers(3, [1])).round_cost(1)
+
+
+# -- predict -------------------------------------------------------------------------------------
+
+
+def test_predict_closed_form_and_calibrated() -> None:
+    profile = _profile("1101001110", "0111011")
+    mask = SkipMask.from_layers(2, [1])
+    prediction = predict(profile, mask, gamma_max=3)
+    assert prediction.tokens_per_round == tuple(profile.tokens_per_round(g) for g in (1, 2, 3))
+    assert prediction.closed_form == exact(speedup_curve(profile, SelfSpeculative(0.5, 0.5), 3))
+    assert (prediction.r_draft, prediction.r_reuse, prediction.calibrated) == (0.5, 0.5, None)
+    assert prediction.best == prediction.best_closed_form == best_of(prediction.closed_form)
+
+    calibrated = predict(profile, mask, gamma_max=3, latency=_latency(), context=100)
+    assert calibrated.calibrated == exact(speedup_curve(profile, Calibrated(_latency(), mask, 100), 3))
+    assert calibrated.best == best_of(calibrated.calibrated)
+    data = json.loads(json.dumps(calibrated.to_dict()))
+    assert data["best_calibrated"] == {
+        "gamma": calibrated.best.gamma,
+        "speedup": exact(calibrated.best.speedup),
+    }
+
+
+def test_predict_uses_sublayer_reuse_for_mlp_first_masks() -> None:
+    prediction = predict(_profile("1101"), SkipMask(4, mlp={3}), gamma_max=2, epsilon=0.1)
+    assert (prediction.r_draft, prediction.r_reuse) == (7 / 8, 7 / 8)
+
+
+def test_calibrated_draft_step_pays_its_own_head_and_verify_the_full_one() -> None:
+    latency = _with_head_table([2, 4, 8], [1.0, 1.5, 4.0])
+    mask = SkipMask.from_layers(2, [1])
+    full = Calibrated(latency, mask, context=100)
+    subset = Calibrated(latency, mask, context=100, draft_vocab=4)
+    # Draft step: embed 1 + attn0 1 + mlp0 2 + a head of 4 rows (2 x 1.5 / 4 = 0.75) instead of 2.
+    assert subset.round_time(1).draft == exact(4.75)
+    assert subset.round_time(3).draft == exact(3 * 4.75)
+    assert subset.round_time(3).verify == full.round_time(3).verify == exact(15)
+    assert full.round_time(1) == Calibrated(_latency(), mask, context=100).round_time(1)
+    assert Calibrated(latency, mask, 100, draft_vocab=8).round_time(2) == full.round_time(2)
+    old = Calibrated(_latency(), mask, context=100, draft_vocab=4, vocab_size=8)
+    assert old.round_time(1).draft == exact(4 + 2 * 4 / 8)  # no table: k/V of the full head
+
+
+def test_predict_with_a_draft_vocabulary() -> None:
+    profile = _profile("1101001110", "0111011")
+    mask = SkipMask.from_layers(2, [1])
+    latency = _with_head_table([2, 4, 8], [1.0, 1.5, 4.0])
+    full = predict(profile, mask, gamma_max=3, latency=latency, context=100)
+    assert full == predict(profile, mask, gamma_max=3, latency=_latency(), context=100)
+    assert full.to_dict()["draft_vocab"] == "full"
+    subset = predict(profile, mask, gamma_max=3, latency=latency, context=100, draft_vocab=4)
+    assert subset.draft_vocab == 4 and subset.to_dict()["draft_vocab"] == 4
+    calibrated = Calibrated(latency, mask, 100, draft_vocab=4)
+    assert subset.calibrated == exact(speedup_curve(profile, calibrated, 3))
+    # Closed form: the profile's head share 2 / 9 of a step, half the rows kept.
+    assert subset.r_draft == exact(0.5 - 2 / 9 * (1 - 4 / 8))
+    assert subset.closed_form > full.closed_form
+    without_profile = predict(profile, mask, gamma_max=3, draft_vocab=4, vocab_size=8, head_share=0.2)
+    assert without_profile.r_draft == exact(0.5 - 0.2 * 0.5) and without_profile.calibrated is None
+
+
+def test_a_measured_round_is_priced_as_the_calibrated_round_time() -> None:
+    """γ draft steps, the verify of γ drafts and the per-round overhead, over one full step."""
+    form = MeasuredRound(step=2.0, draft_step=0.5, verify={1: 2.2, 2: 2.4}, overhead=lambda g: 0.1 * g)
+    assert form.round_time(2) == RoundTime(1.0, 2.4, 0.2)
+    assert form.round_cost(2) == pytest.approx(1.8)
+    assert MeasuredRound(2.0, 0.5, {1: 2.2}).round_cost(1) == pytest.approx(1.35)  # no overhead
+    with pytest.raises(ConfigError, match="no verify time for gamma 3"):
+        form.round_cost(3)

@@ -1,0 +1,157 @@
+"""The kernel plan: `--dtype auto` from the CPU's flags, the fp32 attention path, and what a step reads."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from skipsearch.models import kernels
+from skipsearch.models.kernels import (
+    FP32_ATTENTION,
+    NATIVE_ATTENTION,
+    GrowingLayer,
+    PlanCache,
+    apply_attention,
+    choose_attention,
+    new_cache,
+    step_bytes,
+)
+from skipsearch.models.runner import LayerwiseRunner
+from tests.conftest import tiny_model
+
+
+# -- the attention path ---------------------------------------------------------------------------
+def test_fp32_attention_matches_upcast_attention_and_keeps_fp32_kv() -> None:
+    """bf16 weights with fp32 attention: the cache holds the bf16 projections upcast (exactly), and a
+    cached step-by-step decode equals the whole-sequence pass up to bf16 rounding of the rest."""
+    model = tiny_model("llama", layers=3).to(torch.bfloat16)
+    apply_attention(model, kernels.AttentionChoice("bfloat16", FP32_ATTENTION, {}, {}))
+    runner = LayerwiseRunner(model)
+    cache = runner.new_cache()
+    assert isinstance(cache, PlanCache) and cache.kv_dtype == torch.float32
+    ids = torch.tensor([[5, 17, 3, 42, 8, 23]])
+    whole = runner.forward(ids)[0].float()
+    steps = torch.cat(
+        [runner.forward(ids[:, i : i + 1], cache=cache)[0] for i in range(ids.shape[1])]
+    ).float()
+    assert cache.layers[0].keys.dtype == torch.float32
+    assert torch.equal(cache.layers[0].keys, cache.layers[0].keys.to(torch.bfloat16).float())  # exact upcast
+    assert (whole - steps).abs().max() < 0.1 * whole.abs().max()
+    assert torch.equal(whole.argmax(-1), steps.argmax(-1))
+
+
+def test_native_models_get_the_native_cache() -> None:
+    model = tiny_model("llama", layers=2)
+    assert model.config._attn_implementation == NATIVE_ATTENTION
+    cache = new_cache(model.config)
+    assert isinstance(cache, PlanCache) and cache.kv_dtype is None
+
+
+def test_fp32_models_and_accelerators_are_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "measure_attention_paths", lambda dtype: pytest.fail("measured"))
+    assert choose_attention(torch.float32, "cpu").path == NATIVE_ATTENTION
+    assert choose_attention(torch.bfloat16, "cuda").path == NATIVE_ATTENTION
+
+
+def test_the_attention_choice_is_measured_once_and_cached(
+    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+
+    def measured(dtype: torch.dtype) -> tuple[dict, dict]:
+        calls.append(dtype)
+        return {"1": 0.9, "4": 0.3}, {"1": 0.1, "4": 0.2}
+
+    monkeypatch.setattr(kernels, "measure_attention_paths", measured)
+    first = choose_attention(torch.bfloat16, "cpu")
+    again = choose_attention(torch.bfloat16, "cpu")
+    assert first == again and first.path == FP32_ATTENTION and len(calls) == 1
+    stored = json.loads(kernels.choice_path("bfloat16").read_text())
+    assert stored["path"] == FP32_ATTENTION and stored["native_ms"]["1"] == 0.9
+    assert "0.90 vs 0.10 ms" in first.describe()
+
+
+def test_a_native_path_that_measures_faster_is_kept(
+    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        kernels, "measure_attention_paths", lambda d: ({"1": 0.1, "4": 0.2}, {"1": 0.3, "4": 0.4})
+    )
+    assert choose_attention(torch.bfloat16, "cpu").path == NATIVE_ATTENTION
+
+
+def test_an_inconclusive_measurement_is_not_cached(
+    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load both paths wait on the scheduler and measure alike: no decision is stored."""
+    monkeypatch.setattr(
+        kernels, "measure_attention_paths", lambda d: ({"1": 8.0, "4": 8.0}, {"1": 8.0, "4": 7.9})
+    )
+    assert choose_attention(torch.bfloat16, "cpu").path == FP32_ATTENTION
+    assert not kernels.choice_path("bfloat16").exists()
+
+
+def test_the_real_measurement_times_both_paths_at_each_query_count() -> None:
+    native, fp32 = kernels.measure_attention_paths(torch.bfloat16)
+    assert set(native) == set(fp32) == {str(q) for q in kernels.PROBE_QUERIES}
+    assert all(v > 0 for v in [*native.values(), *fp32.values()])
+
+
+# -- the bytes a step reads -----------------------------------------------------------------------
+def test_step_bytes_count_a_tied_embedding_once_and_an_untied_one_not_at_all() -> None:
+    tied = tiny_model("llama", layers=2, tie_word_embeddings=True)
+    untied = tiny_model("llama", layers=2, tie_word_embeddings=False)
+    embedding = 61 * 32 * 4
+    all_untied = sum(p.numel() * 4 for p in untied.parameters())
+    assert step_bytes(untied)[0] == all_untied - embedding
+    assert step_bytes(tied)[0] == all_untied - embedding  # the head is the embedding, read once
+    # K/V per position: 2 (K and V) x 2 layers x 2 KV heads x head dim 8 x 4 bytes
+    assert step_bytes(untied)[1] == 2 * 2 * 2 * 8 * 4
+
+
+def test_fp32_attention_doubles_the_kv_bytes_of_a_bf16_model() -> None:
+    model = tiny_model("llama", layers=2).to(torch.bfloat16)
+    native = step_bytes(model)[1]
+    apply_attention(model, kernels.AttentionChoice("bfloat16", FP32_ATTENTION, {}, {}))
+    assert step_bytes(model)[1] == 2 * native
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_the_fp32_path_equals_transformers_sdpa_on_an_fp32_model(family: str) -> None:
+    """Same arithmetic, other call: prefill, a cached 3-position verify and a cached single step."""
+    native = LayerwiseRunner(tiny_model(family, layers=3))
+    upcast_model = tiny_model(family, layers=3)
+    apply_attention(upcast_model, kernels.AttentionChoice("float32", FP32_ATTENTION, {}, {}))
+    upcast = LayerwiseRunner(upcast_model)
+    ids = torch.tensor([[5, 17, 3, 42, 8, 23, 11, 2, 9]])
+    outputs = []
+    for runner in (native, upcast):
+        cache = runner.new_cache()
+        chunks = (ids[:, :5], ids[:, 5:8], ids[:, 8:])
+        outputs.append(torch.cat([runner.forward(chunk, cache=cache)[0] for chunk in chunks]))
+    assert torch.allclose(outputs[0], outputs[1], atol=1e-5)
+
+
+def test_a_growing_layer_holds_what_transformers_layer_holds_through_appends_and_crops() -> None:
+    """Appends past the first capacity, crops back, appends over the rolled-back positions."""
+    from transformers.cache_utils import DynamicLayer
+
+    generator = torch.Generator().manual_seed(0)
+    growing, plain = GrowingLayer(), DynamicLayer()
+    for step, (add, cut) in enumerate([(200, 0), (3, -2), (100, 0), (1, -1), (4, -3), (60, 0)]):
+        keys = torch.randn(1, 2, add, 8, generator=generator)
+        values = torch.randn(1, 2, add, 8, generator=generator)
+        got, want = growing.update(keys, values), plain.update(keys, values)
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), step
+        growing.crop(cut), plain.crop(cut)
+        assert growing.get_seq_length() == plain.get_seq_length()
+        assert torch.equal(growing.keys, plain.keys) and torch.equal(growing.values, plain.values)
+    assert growing._keys.shape[2] >= 2 * 256  # grew by doubling past MIN_CAPACITY
+
+
+def test_a_growing_layer_stores_its_own_dtype() -> None:
+    layer = GrowingLayer(torch.float32)
+    keys = torch.randn(1, 2, 3, 8).bfloat16()
+    stored, _ = layer.update(keys, keys)
+    assert stored.dtype == torch.float32 and torch.equal(stored, keys.float())

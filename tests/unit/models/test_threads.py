@@ -1,0 +1,41 @@
+"""Thread counts from free cores."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from skipsearch.models.threads import busy_cores, choose_threads
+
+
+# -- threads --------------------------------------------------------------------------------------
+def test_one_thread_per_free_core_unless_the_user_chose() -> None:
+    assert choose_threads(current=2, cores=2, busy=0.1, user_set=False).threads == 2
+    busy = choose_threads(current=2, cores=2, busy=1.0, user_set=False)
+    assert busy.threads == 1 and "1.0 cores busy" in busy.reason
+    assert choose_threads(current=8, cores=8, busy=7.9, user_set=False).threads == 1  # never zero
+    assert choose_threads(current=2, cores=2, busy=1.0, user_set=True).threads == 2  # OMP_NUM_THREADS
+    assert choose_threads(current=1, cores=2, busy=0.0, user_set=False).threads == 1  # set before
+
+
+def test_busy_cores_come_from_the_kernels_cpu_counters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stat = tmp_path / "stat"
+    readings = iter(["cpu  100 0 100 800 0 0 0 0 0 0\n", "cpu  150 0 100 850 0 0 0 0 0 0\n"])
+
+    def read_text(self: Path) -> str:
+        return next(readings)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    # 50 busy jiffies of 100 on all cores together: half of two cores, one core's worth
+    assert busy_cores(seconds=0, path=stat) == pytest.approx(1.0)
+
+
+def test_the_load_average_stands_in_without_proc_stat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert busy_cores(seconds=0, path=tmp_path / "missing") == 1.5

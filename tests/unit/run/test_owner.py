@@ -1,0 +1,93 @@
+"""Issue 20, from the command line: a run directory has one owner (`run/owner.py`), and a lock left
+by a killed run is taken over.
+
+The concurrency tests start real processes: a lock held by this test process stands in for a
+live run (`flock` conflicts between processes as it does between two runs), and
+`experiments/race.py` races two real runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from skipsearch.cli import main
+from skipsearch.run.owner import run_owner
+from skipsearch.search.journal import FlockLock
+from skipsearch.store import JOURNAL_FILE, LOCK_FILE
+from tests.unit.conftest import (  # the tiny model directory and the one-line helpers
+    REPOSITORY,
+    cli,
+    run_args,
+)
+
+pytestmark = pytest.mark.usefixtures("cache_in_tmp")
+
+
+# -- one owner -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("resume", [False, True], ids=["new-run", "resume-of-a-live-run"])
+def test_a_second_command_on_a_held_run_is_one_line_naming_the_owner(
+    finished_run: Path, model_dir: str, tmp_path: Path, resume: bool
+) -> None:
+    out = finished_run if resume else tmp_path / "new"
+    before = sorted(p.name for p in out.iterdir()) if resume else None
+    with run_owner(out, resume):
+        result = cli(*run_args(model_dir, out, "--budget", "4", *(["--resume"] if resume else [])))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and f"in use by another skipsearch command (pid {os.getpid()})" in (
+        result.stderr
+    )
+    if resume:
+        assert sorted(p.name for p in out.iterdir()) == before  # the run is untouched
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over_quietly(
+    model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).write_text("999999\n")  # a dead pid; the kernel dropped its flock with it
+    assert main(run_args(model_dir, out, "--budget", "2", "--strategy", "random")) == 0
+    assert "2 masks scored" in capsys.readouterr().out
+
+
+def test_optunas_journal_lock_dies_with_a_killed_writer(tmp_path: Path) -> None:
+    """Optuna's symlink lock outlived a SIGKILL (20-30 s, 'Forcibly releasing'); a flock does not."""
+    journal = tmp_path / JOURNAL_FILE
+    journal.write_bytes(b"")
+    code = (
+        "import sys, time; from pathlib import Path; from skipsearch.search.journal import FlockLock; "
+        f"FlockLock(Path({str(journal)!r})).acquire(); print('locked', flush=True); time.sleep(60)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    assert holder.stdout.readline().strip() == "locked"
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    start = time.monotonic()
+    lock = FlockLock(journal)
+    lock.acquire()
+    lock.release()
+    assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.slow
+def test_two_runs_raced_on_one_out_keep_one_owner(model_dir: str) -> None:
+    """The stress script, a few races: one new-run race and one resume race."""
+    env = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+    result = subprocess.run(
+        [sys.executable, str(REPOSITORY / "experiments" / "race.py"), "--races", "2", "--model", model_dir],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith(("new ", "resume "))]
+    assert len(rows) == 2 and all(row[-4:] == ["0", "0", "0", "0"] for row in rows), result.stdout

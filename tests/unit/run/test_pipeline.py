@@ -1,0 +1,63 @@
+"""`--cost auto`: which cost model a run scores with, decided once; a resume keeps the stored settings."""
+
+from pathlib import Path
+
+import pytest
+
+from skipsearch.config import RunConfig
+from skipsearch.errors import ConfigError
+from skipsearch.run import pipeline
+from skipsearch.run.pipeline import RunContext, cost_note
+from skipsearch.store import RUN_FILE
+
+PROFILE = "/cache/profiles/smollm2-135m-cpu.json"
+
+
+def context(profiled: bool) -> RunContext:
+    """Only `latency` and the provenance matter here: the model is never touched."""
+    return RunContext(
+        measurement=None,
+        latency=object() if profiled else None,
+        provenance={"latency_profile": PROFILE if profiled else None},
+    )
+
+
+def test_a_resumed_comparison_keeps_its_settings(
+    tmp_path: Path, cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started in closed form for acceptance: a resume that types neither continues exactly that,
+    to the new budget it types (the model is never loaded: the test stops where it would be)."""
+    RunConfig(cost="closed-form", objective="acceptance", budget=5).save(tmp_path / RUN_FILE, {})
+    opened: list[RunConfig] = []
+
+    def stop(config: RunConfig, strategies: tuple[str, ...]) -> RunContext:
+        opened.append(config)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "open_context", stop)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_compare(
+            RunConfig(cost="auto", budget=9),
+            1,
+            tmp_path,
+            resume=True,
+            progress=print,
+            typed={"budget": "--budget"},
+        )
+    assert (opened[0].cost, opened[0].objective, opened[0].budget) == ("closed-form", "acceptance", 9)
+    assert (tmp_path / RUN_FILE).is_file()  # a resumed run is never removed
+
+
+def test_a_resume_refuses_a_typed_setting_it_would_ignore(tmp_path: Path, cache_in_tmp: Path) -> None:
+    RunConfig(objective="acceptance", budget=5).save(tmp_path / RUN_FILE, {})
+    typed = {"objective": "--objective"}
+    with pytest.raises(ConfigError, match=r"--objective speedup would be ignored.*objective='acceptance'"):
+        pipeline.run_compare(RunConfig(budget=9), 1, tmp_path, resume=True, progress=print, typed=typed)
+
+
+def test_the_note_names_the_profile_or_how_to_make_one() -> None:
+    calibrated = cost_note(RunConfig(cost="calibrated"), context(True))
+    assert "calibrated" in calibrated and PROFILE in calibrated
+    closed = cost_note(RunConfig(cost="closed-form"), context(False))
+    assert "closed form" in closed and "skipsearch profile --model smollm2-135m" in closed
+    assert "skipsearch profile" not in cost_note(RunConfig(cost="closed-form"), context(True))

@@ -1,0 +1,60 @@
+"""Checks a run makes before loading anything: the cost model chosen and informed strategies' inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skipsearch.config import RunConfig
+from skipsearch.errors import ConfigError
+from skipsearch.models.loading import dtype_name
+from skipsearch.run.preflight import resolve_cost
+from skipsearch.store import default_profile_path
+from tests.unit.search.conftest import (
+    NUM_LAYERS,
+)
+
+
+def write_profile() -> None:
+    """Only the file's existence decides `auto` (the model is never touched)."""
+    path = default_profile_path("smollm2-135m", "cpu", dtype_name("cpu", "auto"))
+    path.parent.mkdir(parents=True)
+    path.write_text("{}")
+
+
+def test_the_run_checks_informed_strategies_before_the_reference_is_built() -> None:
+    """`check_searches` runs before the model loads (known depth) or right after, before any file."""
+    from dataclasses import replace
+
+    from skipsearch.config import RunConfig
+    from skipsearch.run.preflight import check_searches
+
+    with pytest.raises(ConfigError, match="use --strategy exhaustive"):
+        check_searches(RunConfig(strategy="knapsack", space="contiguous"), NUM_LAYERS, ["knapsack"])
+    measured = RunConfig(strategy="ranking", importance="measured", budget=10)
+    with pytest.raises(ConfigError, match=r"evaluates 10 single-unit masks .* raise --budget above 10"):
+        check_searches(measured, NUM_LAYERS, ["ranking"])
+    check_searches(measured, NUM_LAYERS, ["random"])  # only informed ones measure
+    check_searches(replace(measured, budget=11), NUM_LAYERS, ["ranking"])
+
+
+@pytest.mark.parametrize(("profiled", "expected"), [(True, "calibrated"), (False, "closed-form")])
+def test_auto_is_calibrated_exactly_when_a_profile_exists(
+    cache_in_tmp: Path, profiled: bool, expected: str
+) -> None:
+    if profiled:
+        write_profile()
+    resolved = resolve_cost(RunConfig(cost="auto"))
+    assert resolved.cost == expected
+    assert resolved.budget == RunConfig().budget  # nothing else changes
+
+
+def test_an_explicit_cost_is_kept(cache_in_tmp: Path) -> None:
+    write_profile()
+    assert resolve_cost(RunConfig(cost="closed-form")).cost == "closed-form"
+
+
+def test_calibrated_without_a_profile_is_refused_naming_the_command(cache_in_tmp: Path) -> None:
+    with pytest.raises(ConfigError, match="skipsearch profile --model smollm2-135m --device cpu"):
+        resolve_cost(RunConfig(cost="calibrated"))

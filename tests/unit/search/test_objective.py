@@ -1,0 +1,41 @@
+"""The score's dependence on context length, exactly as the latency profile says."""
+
+from __future__ import annotations
+
+import pytest
+
+from skipsearch.acceptance.profile import AcceptanceProfile
+from skipsearch.errors import ConfigError
+from skipsearch.masks import SkipMask
+from skipsearch.search.objective import make_scorer
+from tests.unit.conftest import synthetic_latency
+
+
+def test_context_changes_the_score_exactly_as_the_profile_says() -> None:
+    """Skipping attention of layer 1 at γ = 1, every draft token accepted: E = 2 tokens per round.
+
+    Step t = embed + head + 2 attn + 2 mlp; draft = t - attn; verify (γ+1 = 2 positions, same
+    times, nothing reused past layer 1's attention) = t. S = 2 t / (2 t - attn)."""
+    mask = SkipMask(2, attn={1})
+    profile = AcceptanceProfile(str(mask), ((True,) * 8,), ((1.0,) * 8,), 0.0)
+    latency = synthetic_latency()
+    for context in (128, 2048, 1536):
+        attn = 1e-3 + 1e-6 * context
+        step = 1e-3 + 2 * attn + 4e-3
+        expected = 2 * step / (2 * step - attn)
+        score = make_scorer(cost="calibrated", latency=latency, gamma_max=1, context=context)(mask, profile)
+        assert score.value == pytest.approx(expected, rel=1e-12)
+    at_2048 = make_scorer(cost="calibrated", latency=latency, gamma_max=1, context=2048)(mask, profile)
+    default = make_scorer(cost="calibrated", latency=latency, gamma_max=1)(mask, profile)
+    assert at_2048.value > default.value  # attention weighs more at long context
+
+
+def test_a_context_outside_the_profile_needs_extrapolation() -> None:
+    latency = synthetic_latency()
+    with pytest.raises(ConfigError, match=r"outside the profiled range 128\.\.2048"):
+        make_scorer(cost="calibrated", latency=latency, context=4096)
+    with pytest.raises(ConfigError, match="only the calibrated cost"):
+        make_scorer(cost="closed-form", latency=latency, context=1024)
+    far = latency.for_context(4096, extrapolate=True)
+    assert far.attn_time(0, 4096) == pytest.approx(1e-3 + 1e-6 * 4096)
+    assert latency.attn_time(0, 4096) == pytest.approx(1e-3 + 1e-6 * 2048)  # clamped as before

@@ -1,0 +1,85 @@
+"""Search-space files: built-ins by name or path, and errors that name the file and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skipsearch.errors import ConfigError
+from skipsearch.search.space_files import SPACES_DIR, available_spaces, load_space
+from skipsearch.search.space_spec import SpaceSpec, TierSpec
+from tests.unit.search.conftest import write_space
+
+
+# -- built-in files ----------------------------------------------------------------------------
+def test_builtin_spaces_load_by_name_and_resolve_at_any_depth() -> None:
+    assert set(available_spaces()) >= {"contiguous", "sparse", "sublayer", "tiers"}
+    for num_layers in (6, 12, 30, 80):
+        for name in ("contiguous", "sparse", "sublayer"):
+            spec = load_space(name)
+            assert isinstance(spec, SpaceSpec) and spec.kind == name
+            space = spec.resolve(num_layers)
+            assert space.size() > 0 and space.kind == name
+        tiers = load_space("tiers")
+        assert isinstance(tiers, TierSpec)
+        resolved = tiers.resolve(num_layers)
+        assert resolved.num_tiers == 3 and resolved.policy.thresholds == (0.5, 0.8)
+        assert resolved.base.kind == "sparse"
+
+
+def test_load_by_path_equals_load_by_name() -> None:
+    assert load_space(SPACES_DIR / "sparse.yaml") == load_space("sparse")
+
+
+# -- validation errors: every message names the file and the key --------------------------------
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("kind: sparse\ncolour: red\n", "colour"),
+        ("protected: [0]\n", "kind"),
+        ("kind: dense\n", "kind"),
+        ("kind: sparse\nr_draft_min: fast\n", "r_draft_min"),
+        ("kind: sparse\nr_draft_max: 1.5\n", "r_draft_max"),
+        ("kind: sparse\nr_draft_min: 0.8\nr_draft_max: 0.5\n", "r_draft_min"),
+        ("kind: sparse\ngamma_min: 0\n", "gamma_min"),
+        ("kind: sparse\ngamma_max: 2.5\n", "gamma_max"),
+        ("kind: sparse\ngamma_min: 6\ngamma_max: 3\n", "gamma_min"),
+        ("kind: sparse\nmin_skipped: 5\nmax_skipped: 2\n", "min_skipped"),
+        ("kind: sparse\nmax_skipped: -3\n", "max_skipped"),
+        ("kind: sparse\nmax_skipped: true\n", "max_skipped"),
+        ("kind: sparse\nmin_skipped: 1.5\n", "min_skipped"),
+        ("kind: sparse\nprotected: 0\n", "protected"),
+        ("kind: sparse\nprotected: [first]\n", "protected"),
+        ("kind: sparse\nprotected: [1.5]\n", "protected"),
+        ("kind: sparse\nprotected: []\n", "protected"),
+        ("kind: sparse\nname: [a]\n", "name"),
+        ("kind: tiers\nnum_tiers: 5\npolicy: {thresholds: [0.5]}\n", "num_tiers"),
+        ("kind: tiers\nnum_tiers: 3\npolicy: {thresholds: [0.5]}\n", "policy.thresholds"),
+        ("kind: tiers\nnum_tiers: 3\npolicy: {thresholds: [0.8, 0.5]}\n", "policy.thresholds"),
+        ("kind: tiers\nnum_tiers: 2\npolicy: {thresholds: [1.2]}\n", "policy.thresholds"),
+        ("kind: tiers\nnum_tiers: 2\npolicy: {thresholds: [0.5], window: 0}\n", "policy.window"),
+        ("kind: tiers\nnum_tiers: 2\npolicy: {thresholds: [0.5], every: 3}\n", "policy.every"),
+        ("kind: tiers\nbase: nowhere\npolicy: {thresholds: [0.5, 0.8]}\n", "base"),
+        ("kind: tiers\nbase: tiers\npolicy: {thresholds: [0.5, 0.8]}\n", "base"),
+        ("kind: tiers\nprotected: [0]\npolicy: {thresholds: [0.5, 0.8]}\n", "protected"),
+    ],
+)
+def test_invalid_files_name_file_and_key(tmp_path: Path, text: str, key: str) -> None:
+    path = write_space(tmp_path, text, "bad_space.yaml")
+    with pytest.raises(ConfigError) as err:
+        load_space(path)
+    message = str(err.value)
+    assert str(path) in message and f"key '{key}'" in message
+    assert message.count(":") >= 2  # problem, then the fix
+
+
+def test_file_level_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_space(write_space(tmp_path, "kind: [sparse\n", "broken.yaml"))
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_space(write_space(tmp_path, "- sparse\n", "list.yaml"))
+    with pytest.raises(ConfigError, match=r"use one of .*sparse"):
+        load_space("no_such_space")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_space(tmp_path / "missing.yaml")

@@ -1,0 +1,94 @@
+"""The layering of docs/architecture.md, "Layers" is a checked contract: import-linter's contracts
+in pyproject.toml.
+
+The suite runs `lint-imports` on the tree as it is, and on copies with one deliberately wrong
+import each, which must break the contract they violate. A built wheel carries the search-space
+YAML files, so `--space sparse` works from an installed package.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def lint_imports(tree: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=tree,
+        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_the_tree_keeps_every_contract() -> None:
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "bad_import", "contract"),
+    [
+        ("skipsearch/engine/ssd.py", "from skipsearch.search import spaces", "engine runs drafts"),
+        ("skipsearch/masks.py", "import torch", "Pure arithmetic"),
+        ("experiments/fidelity.py", "from skipsearch.cli import main", "Nothing imports the command line"),
+        ("skipsearch/models/runner.py", "from skipsearch.acceptance import profile", "Layers"),
+        ("skipsearch/cost/latency.py", "from skipsearch.bench import profiler", "Layers"),
+        ("skipsearch/cost/depth.py", "import torch", "Pure arithmetic"),
+    ],
+)
+def test_a_wrong_import_breaks_its_contract(
+    tmp_path: Path, module: str, bad_import: str, contract: str
+) -> None:
+    for name in ("skipsearch", "experiments"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    target = tmp_path / module
+    target.write_text(target.read_text() + f"\n{bad_import}  # noqa\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    # "<contract name> KEPT|BROKEN", one per contract; the report wraps long names over lines.
+    parts = re.split(r" (KEPT|BROKEN)\b", " ".join(result.stdout.split()))
+    broken = [name for name, verdict in zip(parts[::2], parts[1::2], strict=False) if verdict == "BROKEN"]
+    assert any(contract in name for name in broken), result.stdout
+
+
+@pytest.mark.slow
+def test_a_built_wheel_ships_the_search_spaces(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "skipsearch", source / "skipsearch", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            tmp_path,
+            ROOT,
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("skipsearch-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = sorted(Path(n).name for n in names if n.startswith("skipsearch/search/builtin_spaces/"))
+    assert shipped == sorted(p.name for p in (ROOT / "search_spaces").glob("*.yaml"))

@@ -1,0 +1,116 @@
+"""Skip masks and drafts: strings, JSON, validation and the reuse arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from skipsearch.errors import InvalidMaskError
+from skipsearch.masks import Draft, SkipMask, SublayerWeights, parse_draft_vocab, parse_layer_list
+
+
+# -- the candidate type ---------------------------------------------------------------------------
+def test_draft_string_extends_the_mask_string() -> None:
+    draft = Draft.parse("a:4,14|m:4,14,20|v:8192", 30)
+    assert draft == Draft(SkipMask(30, [4, 14], [4, 14, 20]), 8192)
+    assert str(draft) == "a:4,14|m:4,14,20|v:8192"
+    assert Draft.parse("4,14", 30) == Draft(SkipMask.from_layers(30, [4, 14]))
+    assert str(Draft(SkipMask.from_layers(30, [4]))) == "a:4|m:4"
+    assert Draft.from_dict(draft.to_dict()) == draft
+    assert Draft.from_dict(SkipMask(30, [4]).to_dict()).vocab is None
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "many", "1.5", ""])
+def test_a_draft_vocabulary_is_a_positive_size_or_full(text: str) -> None:
+    with pytest.raises(InvalidMaskError, match="positive integer"):
+        parse_draft_vocab(text)
+    assert parse_draft_vocab("full") is None
+    assert parse_draft_vocab("4096") == 4096
+
+
+def test_layer_skip_sets_both_bits_and_first_divergent_layer():
+    mask = SkipMask.from_layers(10, [4, 7])
+    assert mask.attn == mask.mlp == {4, 7}
+    assert mask.first_divergent_layer == 4
+    assert mask.r_reuse == pytest.approx(0.4)
+    assert mask.r_draft() == pytest.approx(0.8)
+
+
+def test_skipped_attention_diverges_at_its_layer_but_skipped_mlp_one_later():
+    assert SkipMask(10, attn=[5]).first_divergent_layer == 5
+    assert SkipMask(10, mlp=[5]).first_divergent_layer == 6
+    assert SkipMask(10, attn=[7], mlp=[5]).first_divergent_layer == 6
+    assert SkipMask(10, mlp=[9]).r_reuse == 1.0
+
+
+def test_first_layer_skipped_reuses_nothing_and_empty_mask_reuses_everything():
+    assert SkipMask.from_layers(8, [0]).r_reuse == 0.0
+    empty = SkipMask(8)
+    assert empty.is_empty and empty.r_reuse == 1.0 and empty.r_draft() == 1.0
+    assert empty.exit_layer == 8
+
+
+def test_contiguous_prefix_has_r_reuse_equal_r_draft():
+    mask = SkipMask.prefix(12, 9)
+    assert mask.exit_layer == 9
+    assert mask.r_reuse == mask.r_draft() == pytest.approx(0.75)
+    assert SkipMask.from_layers(12, [3]).exit_layer is None
+
+
+def test_string_and_json_round_trip():
+    mask = SkipMask(30, attn=[4, 14], mlp=[4, 14, 20])
+    assert str(mask) == "a:4,14|m:4,14,20"
+    assert SkipMask.parse(str(mask), 30) == mask
+    assert SkipMask.from_json(mask.to_json()) == mask
+    assert json.loads(mask.to_json()) == {"num_layers": 30, "attn": [4, 14], "mlp": [4, 14, 20]}
+    assert hash(SkipMask.parse("4,14", 30)) == hash(SkipMask.from_layers(30, [14, 4]))
+    assert str(SkipMask(5)) == "a:|m:"
+    assert SkipMask.parse("a:|m:", 5) == SkipMask(5)
+
+
+def test_parse_layer_lists_with_ranges():
+    assert parse_layer_list("4, 14,20-22") == [4, 14, 20, 21, 22]
+    assert parse_layer_list("") == []
+    with pytest.raises(InvalidMaskError, match="comma-separated"):
+        parse_layer_list("4;5")
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: SkipMask.from_layers(4, [4]), "out of range"),
+        (lambda: SkipMask(4, mlp=[-1]), "out of range"),
+        (lambda: SkipMask.from_layers(3, [0, 1, 2]), "skips every layer"),
+        (lambda: SkipMask.prefix(4, 0), "exit layer"),
+        (lambda: SkipMask.parse("x:1", 4), "cannot read"),
+        (lambda: SkipMask.parse("a:1|z:2", 4), "cannot read mask"),
+    ],
+)
+def test_invalid_masks_are_rejected_with_a_reason(build, message):
+    with pytest.raises(InvalidMaskError, match=message):
+        build()
+
+
+def test_weighted_r_draft_uses_measured_costs():
+    weights = SublayerWeights(embed=1.0, attn=[2.0, 2.0], mlp=[4.0, 4.0], head=3.0)
+    assert weights.total == 16.0
+    assert SkipMask(2, attn=[1]).r_draft(weights) == pytest.approx(14 / 16)
+    assert SkipMask.from_layers(2, [0]).r_draft(weights) == pytest.approx(10 / 16)
+    with pytest.raises(InvalidMaskError, match="profile the same model"):
+        SkipMask(3).r_draft(weights)
+
+
+def test_evaluation_starts_at_the_first_skipped_sublayer_not_at_s1():
+    mlp_first = SkipMask(10, attn=[7], mlp=[5])
+    assert mlp_first.first_divergent_layer == 6
+    assert mlp_first.first_skipped_layer == 5
+    assert SkipMask(10).first_skipped_layer == 10
+
+
+def test_reused_sublayers() -> None:
+    assert SkipMask.from_layers(4, [1]).reused_sublayers == 2
+    assert SkipMask(4, attn={2}, mlp={3}).reused_sublayers == 4
+    assert SkipMask(4, mlp={1}).reused_sublayers == 3  # s1 = 2, yet verify reruns MLP 1
+    assert SkipMask(4).reused_sublayers == 8
+    assert SkipMask.from_layers(4, [0]).reused_sublayers == 0

@@ -8,9 +8,9 @@ same normed input, and so do the MLP's gate and up projections, so their weights
 one matrix per group: five products a layer become two, with the same bytes read.
 
 transformers' modules stay as they are and call `q_proj`, `k_proj`, `v_proj` (and `gate_proj`,
-`up_proj`) in turn on one tensor. The first projection of a group becomes a `StackedLinear` that
-holds the stacked weight — the only copy, so memory does not grow and `.to()` moves it — and
-computes the product once per input; the others become `SliceOfStack`s that hand out their slice.
+`up_proj`) in turn on one tensor. A `StackedLinear` beside them (`qkv_proj`, `gate_up_proj`) holds
+the stacked weight — the only copy, so memory does not grow and `.to()` moves it — and computes the
+product once per input; each projection becomes a `SliceOfStack` that hands out its slice.
 Each output column is the same dot product as before, so the outputs equal the separate
 projections' (checked in the tests); every decoder (draft, verify, autoregressive, HF `generate`)
 runs the same stacked modules either way.
@@ -25,7 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
+# (parent module, the stack's name, the projections it replaces), named as vLLM names its stacks
+GROUPS = (
+    ("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("mlp", "gate_up_proj", ("gate_proj", "up_proj")),
+)
 
 
 class StackedLinear(nn.Module):
@@ -60,18 +64,30 @@ class StackedLinear(nn.Module):
         return out
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.slice(0, hidden)
+        """The whole stacked product (transformers' modules call the slices instead)."""
+        return F.linear(hidden, self.weight, self.bias)
 
 
 class SliceOfStack(nn.Module):
-    """Stands in for one projection of a group after the first: its slice of the stacked product.
-    The stack is held outside the module tree, so its weight is counted and moved once."""
+    """Stands in for one projection of a group: its slice of the stacked product, and a `weight`
+    (and `bias`) that are views of its rows of the stack, so code that reads a projection's weight
+    still finds it. The stack is held outside this module, so its weight is counted and moved once."""
 
     def __init__(self, stack: StackedLinear, index: int) -> None:
         super().__init__()
         self._stack = (stack,)
         self.index = index
+        self.start = sum(stack.sizes[:index])
         self.in_features, self.out_features = stack.in_features, stack.sizes[index]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._stack[0].weight[self.start : self.start + self.out_features]
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        bias = self._stack[0].bias
+        return None if bias is None else bias[self.start : self.start + self.out_features]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._stack[0].slice(self.index, hidden)
@@ -94,14 +110,14 @@ def stack_projections(model: Any) -> int:
     """
     stacked = 0
     for layer in model.model.layers:
-        for parent_name, names in GROUPS:
+        for parent_name, stack_name, names in GROUPS:
             parent = getattr(layer, parent_name, None)
             linears = [getattr(parent, name, None) for name in names]
             if parent is None or not _stackable(linears):
                 continue
             stack = StackedLinear(linears)
-            setattr(parent, names[0], stack)
-            for index, name in enumerate(names[1:], start=1):
+            parent.add_module(stack_name, stack)
+            for index, name in enumerate(names):
                 setattr(parent, name, SliceOfStack(stack, index))
             stacked += 1
     return stacked

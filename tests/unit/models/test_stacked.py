@@ -21,11 +21,13 @@ def test_a_stacked_model_computes_what_the_separate_projections_did(family: str,
     with torch.no_grad():
         before = model(ids).logits
         weights_before = step_bytes(model)
+        weights = [model.model.layers[0].self_attn.k_proj.weight.clone()]
         groups = stack_projections(model)
         after = model(ids).logits
     assert groups == 2 * model.config.num_hidden_layers
     attention = model.model.layers[0].self_attn
-    assert isinstance(attention.q_proj, StackedLinear) and isinstance(attention.v_proj, SliceOfStack)
+    assert isinstance(attention.qkv_proj, StackedLinear) and isinstance(attention.v_proj, SliceOfStack)
+    torch.testing.assert_close(attention.k_proj.weight, weights[0])  # still readable as a projection's
     torch.testing.assert_close(after, before, rtol=0, atol=1e-5 if dtype == torch.float32 else 0.05)
     assert step_bytes(model) == weights_before  # the stack replaces the weights, it does not copy them
     assert stack_projections(model) == 0  # already stacked: left alone
@@ -34,7 +36,7 @@ def test_a_stacked_model_computes_what_the_separate_projections_did(family: str,
 def test_the_stash_is_released_once_every_slice_is_taken() -> None:
     model = tiny_model()
     stack_projections(model)
-    stack = model.model.layers[0].mlp.gate_proj
+    stack = model.model.layers[0].mlp.gate_up_proj
     with torch.no_grad():
         model(torch.tensor([[5, 6, 7]]))
     assert stack._input is None and stack._slices == ()
@@ -55,5 +57,5 @@ def test_a_stacked_model_moves_as_one() -> None:
     stack_projections(model)
     model.to("meta")
     attention = model.model.layers[0].self_attn
-    assert attention.q_proj.weight.is_meta
-    assert attention.k_proj._stack[0] is attention.q_proj
+    assert attention.qkv_proj.weight.is_meta and attention.q_proj.weight.is_meta
+    assert attention.k_proj._stack[0] is attention.qkv_proj

@@ -4,7 +4,8 @@
 (`models.stacked`): 2 products a layer instead of 5, the same bytes. This experiment loads the
 model once without stacking, copies it and stacks the copy, then times one-position steps (a decode
 or draft step) and four-position passes (a verify of 3 drafts) of both, alternating the order, at
-each context; it also checks that both give the same logits. Writes
+each context, and checks that both give the same logits. Then, per dtype (`--dtypes`), it times
+whole autoregressive decodes of HumanEval prompts with both, alternating prompt by prompt. Writes
 `results/kernels/stacked_projections.md`.
 
     python experiments/stacked_projections.py      # ~3 min on two idle cores
@@ -20,10 +21,13 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import torch
 
+from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
+from skipsearch.engine import autoregressive_decode
 from skipsearch.models import stacked
 from skipsearch.models.loading import load_model
 from skipsearch.models.registry import REGISTRY, available_offline
@@ -33,14 +37,34 @@ RESULTS = Path(__file__).resolve().parents[1] / "results" / "kernels"
 POSITIONS = (1, 4)
 
 
-def runners(model: str) -> tuple[LayerwiseRunner, LayerwiseRunner, str]:
-    """(separate, stacked) runners of one model on the default plan, and the plan in words."""
+def runners(model: str, dtype: str = "auto") -> tuple[LayerwiseRunner, LayerwiseRunner, Any]:
+    """(separate, stacked) runners of one model on the plan of `dtype`, and the loaded model."""
     with mock.patch.object(stacked, "stack_projections", lambda model: 0):
-        loaded = load_model(model, announce=False)
+        loaded = load_model(model, dtype=dtype, announce=False)
     separate = loaded.model
     stacked_model = copy.deepcopy(separate)
     stacked.stack_projections(stacked_model)
-    return LayerwiseRunner(separate), LayerwiseRunner(stacked_model), loaded.plan
+    return LayerwiseRunner(separate), LayerwiseRunner(stacked_model), loaded
+
+
+def decode_speeds(
+    model: str, dtype: str, prompts: int, new_tokens: int, repeats: int
+) -> dict[str, list[float]]:
+    """Autoregressive tok/s (prefill included) per prompt and repeat, separate and stacked alternating."""
+    separate, stacked_runner, loaded = runners(model, dtype)
+    spec = PromptSpec(n_prompts=prompts, max_prompt_tokens=256, new_tokens=new_tokens)
+    encoded = [p.ids for p in encode_prompts(spec, loaded.tokenizer)]
+    pair = {"separate": separate, "stacked": stacked_runner}
+    for runner in pair.values():  # warm-up
+        autoregressive_decode(runner, encoded[0], 4)
+    speeds: dict[str, list[float]] = {name: [] for name in pair}
+    for repeat in range(repeats):
+        for index, prompt in enumerate(encoded):
+            order = list(pair) if (repeat + index) % 2 == 0 else list(reversed(pair))
+            for name in order:
+                result = autoregressive_decode(pair[name], prompt, new_tokens)
+                speeds[name].append(len(result.tokens) / result.seconds)
+    return speeds
 
 
 def timings(
@@ -89,6 +113,9 @@ def main() -> None:
     parser.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b")
     parser.add_argument("--contexts", default="128,512,2048")
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--dtypes", default="auto,float32", help="plans whose decodes are compared")
+    parser.add_argument("--decode-prompts", type=int, default=4)
+    parser.add_argument("--decode-repeats", type=int, default=2)
     args = parser.parse_args()
     load_before = os.getloadavg()
     lines = [
@@ -123,6 +150,27 @@ def main() -> None:
                 )
                 lines.append(f"| {model} | {context} | {positions} | {cells[0]} | {cells[1]} | {ratio:.3f} |")
                 print(lines[-1], flush=True)
+    lines += [
+        "",
+        f"Autoregressive decodes, {args.decode_prompts} HumanEval prompts × 48 new tokens × "
+        f"{args.decode_repeats} repeats, separate and stacked alternating prompt by prompt (tok/s with the "
+        "prefill; median and range of the per-prompt ratios):",
+        "",
+        "| model | dtype | separate tok/s | stacked tok/s | stacked ÷ separate (per prompt) |",
+        "|---|---|---|---|---|",
+    ]
+    for model in args.models.split(","):
+        if not available_offline(REGISTRY[model]):
+            continue
+        for dtype in args.dtypes.split(","):
+            speeds = decode_speeds(model, dtype, args.decode_prompts, 48, args.decode_repeats)
+            ratios = [b / a for a, b in zip(speeds["separate"], speeds["stacked"], strict=True)]
+            lines.append(
+                f"| {model} | {dtype} | {statistics.mean(speeds['separate']):.1f} | "
+                f"{statistics.mean(speeds['stacked']):.1f} | {statistics.median(ratios):.3f} "
+                f"({min(ratios):.3f}–{max(ratios):.3f}) |"
+            )
+            print(lines[-1], flush=True)
     load_after = os.getloadavg()
     lines += [
         "",

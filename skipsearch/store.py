@@ -130,6 +130,11 @@ def readable_profile_path(model_id: str, device: str, dtype: str) -> Path:
     return legacy if not path.is_file() and legacy.is_file() else path
 
 
+def kernel_choice_path(machine: str, dtype: str) -> Path:
+    """Where the attention path measured fastest for a dtype on this machine is kept (`models.kernels`)."""
+    return cache_dir() / "kernels" / f"{machine}-{dtype}.json".replace("/", "_")
+
+
 def draft_vocab_cache_path(model_id: str, corpus_hash: str) -> Path:
     """Where a draft vocabulary ranking is kept: one per model and counting corpus, counted once."""
     return cache_dir() / "draft_vocab" / f"{slug(model_id)}-{corpus_hash[:16]}.json"

@@ -10,30 +10,33 @@ from typing import TYPE_CHECKING
 from skipsearch.acceptance.importance import IMPORTANCE_SOURCES
 from skipsearch.cli.common import add_draft_vocab_option, add_model_options, add_prompt_options
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
+from skipsearch.config import RunConfig
 from skipsearch.search.objective import AUTO_COST, COSTS, OBJECTIVES
 from skipsearch.search.strategies import SAMPLER_PACKAGES, STRATEGIES
 
 if TYPE_CHECKING:
-    from skipsearch.config import RunConfig
     from skipsearch.search.study import ProgressCallback
 
 
 def add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--budget", type=int, default=60, help="distinct masks to measure (default %(default)s)"
+        "--budget", type=int, default=RunConfig.budget, help="distinct masks to measure (default %(default)s)"
     )
     parser.add_argument(
         "--space",
-        default="sparse",
+        default=RunConfig.space,
         help="search space name (search_spaces/) or YAML path (default %(default)s)",
     )
     parser.add_argument(
-        "--gamma-max", type=int, default=8, help="largest draft length scored (default %(default)s)"
+        "--gamma-max",
+        type=int,
+        default=RunConfig.gamma_max,
+        help="largest draft length scored (default %(default)s)",
     )
     parser.add_argument(
         "--objective",
         choices=OBJECTIVES,
-        default="speedup",
+        default=RunConfig.objective,
         help="what a mask is scored by: its modelled speedup at the best gamma, or its acceptance rate "
         "(default %(default)s)",
     )
@@ -46,24 +49,30 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--pareto", action="store_true", help="multi-objective: speedup vs r_draft")
     parser.add_argument(
-        "--seed", type=int, default=0, help="search seed: sampler and random masks (default %(default)s)"
+        "--seed",
+        type=int,
+        default=RunConfig.seed,
+        help="search seed: sampler and random masks (default %(default)s)",
     )
     parser.add_argument(
         "--sampler",
         choices=tuple(SAMPLER_PACKAGES),
-        default="tpe",
+        default=RunConfig.sampler,
         help="the Optuna sampler of --strategy learned (default %(default)s)",
     )
     parser.add_argument("--warm-start", action="store_true", help="learned: start from the best baselines")
     parser.add_argument(
-        "--temperature", type=float, default=1.0, help="for sampling acceptance (default %(default)s)"
+        "--temperature",
+        type=float,
+        default=RunConfig.temperature,
+        help="for sampling acceptance (default %(default)s)",
     )
     add_draft_vocab_option(parser, "score every mask with this draft vocabulary only (overrides the space)")
     add_context_options(parser)
     parser.add_argument(
         "--importance",
         choices=IMPORTANCE_SOURCES,
-        default="proxy",
+        default=RunConfig.importance,
         help="what ranks sub-layers for ranking/knapsack: the stream-cosine proxy from the reference "
         "cache (no mask measured), or each single-unit mask measured, taken from the budget "
         "(default %(default)s)",
@@ -93,7 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--strategy",
         choices=tuple(STRATEGIES),
-        default="learned",
+        default=RunConfig.strategy,
         help="knapsack+tpe: knapsack candidates for a third of the budget, then TPE (default %(default)s)",
     )
     parser.add_argument("--out", help="run directory (default results/<model>-<space>-<strategy>-s<seed>)")

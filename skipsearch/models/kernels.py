@@ -34,7 +34,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from skipsearch.store import cache_dir, write_text_atomic
+from skipsearch.store import kernel_choice_path, write_text_atomic
 
 NATIVE_ATTENTION = "sdpa"
 FP32_ATTENTION = "sdpa_fp32kv"  # registered with transformers below
@@ -268,7 +268,7 @@ def measure_attention_paths(dtype: torch.dtype) -> tuple[dict[str, float], dict[
 def choice_path(dtype_name: str) -> Path:
     """One measurement per machine, torch version and dtype."""
     machine = f"{platform.machine()}-{platform.processor() or 'cpu'}-torch{torch.__version__}"
-    return cache_dir() / "kernels" / f"{machine}-{dtype_name}.json".replace("/", "_")
+    return kernel_choice_path(machine, dtype_name)
 
 
 def choose_attention(dtype: torch.dtype, device_kind: str) -> AttentionChoice:

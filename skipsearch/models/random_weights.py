@@ -82,9 +82,12 @@ def random_model(name: str, device: str, dtype: Any, weights: RandomWeights) -> 
     from transformers import AutoModelForCausalLM
 
     config = random_config(name, weights)
-    torch.manual_seed(weights.seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # transformers initialises weights from the global RNG and takes no generator: seed it for the
+    # build only, and give the caller's RNG state back (`fork_rng`).
+    with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
+        torch.manual_seed(weights.seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
 
 

@@ -13,7 +13,9 @@ the stacked weight — the only copy, so memory does not grow and `.to()` moves 
 product once per input; each projection becomes a `SliceOfStack` that hands out its slice.
 Each output column is the same dot product as before, so the outputs equal the separate
 projections' (checked in the tests); every decoder (draft, verify, autoregressive, HF `generate`)
-runs the same stacked modules either way.
+runs the same stacked modules either way. `load_model` stacks half-precision models only: in fp32
+this CPU's larger products are slower, and the stacked decode lost ~3%
+(results/kernels/stacked_projections.md).
 """
 
 from __future__ import annotations

@@ -133,10 +133,11 @@ def main() -> None:
         if not available_offline(REGISTRY[model]):
             print(f"skipping {model}: not installed")
             continue
-        separate, stacked_runner, plan = runners(model)
+        separate, stacked_runner, loaded = runners(model)
         pair = {"separate": separate, "stacked": stacked_runner}
         notes.append(
-            f"- {model}: largest logit difference between the two {same_logits(pair):.3g}; plan: {plan}"
+            f"- {model}: largest logit difference between the two {same_logits(pair):.3g}; "
+            f"plan: {loaded.plan}"
         )
         for context in (int(c) for c in args.contexts.split(",")):
             times = timings(pair, context, args.repeats)

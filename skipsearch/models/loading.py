@@ -293,8 +293,8 @@ def load_model(
     attention = choose_attention(torch_dtype, device_type(device))
     apply_attention(loaded.model, attention)
     loaded.plan = f"{choice.name} ({choice.reason}); {attention.describe()}"
-    # Measured on this project's CPU (results/kernels/stacked_projections.md): stacking takes ~10% off
-    # a bf16 decode, whose small products are dispatch-bound, and adds ~3% to an fp32 one.
+    # Measured on this project's CPU (results/kernels/stacked_projections.md): stacking speeds a bf16
+    # decode, whose small products are dispatch-bound, by 10-18%, and an fp32 one by nothing.
     if torch_dtype != torch.float32 and stack_projections(loaded.model):
         loaded.plan += "; q/k/v and gate/up projections stacked (2 matrix products a layer, not 5)"
     threads = fit_threads_to_load() if device_type(device) == "cpu" else None

@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from _load import load_line
+
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "threads"
 CONTEXT = 512
 STEPS = 60
@@ -123,11 +125,7 @@ def main() -> None:
         f"median of {STEPS} one-position steps per process, {args.rounds} fresh processes per cell, "
         "interleaved.",
         f"Kernel plan: {plan}.",
-        "Load average (1, 5, 15 min) before: "
-        + ", ".join(f"{x:.2f}" for x in load_before)
-        + "; after: "
-        + ", ".join(f"{x:.2f}" for x in load_after)
-        + " (the busy phases add one).",
+        load_line(load_before, load_after) + " (the busy phases add one).",
         "",
         "| wait policy | threads | load | threads used | step ms (median of processes) | range "
         "| ÷ its idle step | ÷ best idle step |",

@@ -25,6 +25,7 @@ from typing import Any
 from unittest import mock
 
 import torch
+from _load import load_line
 
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.engine import autoregressive_decode
@@ -177,11 +178,7 @@ def main() -> None:
         "",
         *notes,
         "",
-        f"{torch.get_num_threads()} torch threads. Load average (1, 5, 15 min) before: "
-        + ", ".join(f"{x:.2f}" for x in load_before)
-        + "; after: "
-        + ", ".join(f"{x:.2f}" for x in load_after)
-        + ".",
+        f"{torch.get_num_threads()} torch threads. {load_line(load_before, load_after)}.",
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "stacked_projections.md").write_text("\n".join(lines) + "\n")

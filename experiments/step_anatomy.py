@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from _load import load_line
 from torch.profiler import ProfilerActivity, profile
 
 from skipsearch.bench.clock import WallClock
@@ -117,11 +118,7 @@ def main() -> None:
         "",
         "Group columns are self CPU time per step from `torch.profiler` (which adds its own overhead, so "
         "they sum to more than the untraced step).",
-        "Load average (1, 5, 15 min) before: "
-        + ", ".join(f"{x:.2f}" for x in load_before)
-        + "; after: "
-        + ", ".join(f"{x:.2f}" for x in load_after)
-        + ".",
+        load_line(load_before, load_after) + ".",
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = f"step_anatomy-{args.model}-{loaded.model.dtype}".replace("torch.", "")

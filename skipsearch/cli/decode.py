@@ -150,11 +150,10 @@ def run(args: argparse.Namespace) -> int:
     weights = random_weights(args)
 
     def pick_draft(num_layers: int) -> Draft:  # checked before anything slow
-        if mask_text:
-            with named_file(Path(args.from_path)):
-                draft = Draft.parse(mask_text, num_layers)
-        else:
-            draft = Draft(mask_from_args(args, num_layers), draft_vocab_from_args(args))
+        if not mask_text:  # --mask may carry the vocabulary (`|v:K`); draft_vocab_from_args reads both
+            return Draft(mask_from_args(args, num_layers), draft_vocab_from_args(args))
+        with named_file(Path(args.from_path)):
+            draft = Draft.parse(mask_text, num_layers)
         return draft if args.draft_vocab is None else Draft(draft.mask, draft_vocab_from_args(args))
 
     settings = DecodeSettings(sampling, args.new_tokens, args.repeats, args.seed)

@@ -203,13 +203,6 @@ def time_round_overhead(
     return {gamma: np.asarray(times) for gamma, times in samples.items()}
 
 
-def _draft_head(runner: LayerwiseRunner, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """A draft step's head over a gathered contiguous matrix of `k` rows: final norm, `hidden @ rows.T`."""
-    import torch
-
-    return torch.nn.functional.linear(runner.decoder.norm(hidden), rows)
-
-
 def time_draft_heads(
     runner: LayerwiseRunner,
     cache: Any,
@@ -219,7 +212,8 @@ def time_draft_heads(
     sync: Sync,
     generator: torch.Generator,
 ) -> np.ndarray:
-    """Seconds of `_draft_head` with the first `k` rows of the LM head, `[len(rows), repeats]`.
+    """Seconds of a draft head (`DraftHead`: final norm and its own product) over the first `k`
+    rows of the LM head, `[len(rows), repeats]`.
 
     Each sample follows an untimed full pass at one position, so the head's rows are as cold as
     after a draft's layers: timed back to back, a small head would sit in the CPU caches and look
@@ -227,16 +221,18 @@ def time_draft_heads(
     """
     import torch
 
-    weight = runner.model.lm_head.weight
-    heads = [weight[:k].contiguous() for k in rows]
-    hidden = torch.randn(1, 1, weight.shape[1], generator=generator).to(weight)
+    from skipsearch.models.draft_head import DraftHead
+
+    heads = [DraftHead.gather(runner, range(k)) for k in rows]
+    embedding = runner.decoder.embed_tokens.weight
+    hidden = torch.randn(1, 1, runner.config.hidden_size, generator=generator).to(embedding)
     samples = np.zeros((len(rows), repeats))
     order = np.random.default_rng(int(generator.initial_seed()))
     with torch.no_grad():
         for repeat in range(-warmup, repeats):
             for index in order.permutation(len(rows)).tolist():
                 time_pass(runner, cache, random_ids(runner, 1, generator), sync)
-                _, seconds = timed(sync, _draft_head, runner, hidden, heads[index])
+                _, seconds = timed(sync, heads[index], hidden)
                 if repeat >= 0:
                     samples[index, repeat] = seconds
     return samples

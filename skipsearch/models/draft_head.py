@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from skipsearch.errors import ConfigError
+from skipsearch.models.packed import linear_product
 from skipsearch.models.runner import LayerwiseRunner
 
 
@@ -21,14 +22,14 @@ from skipsearch.models.runner import LayerwiseRunner
 class DraftHead:
     """Final norm + the LM head restricted to `ids`: logits over the subset, in `ids` order.
 
-    `weight` is a contiguous copy of those rows (a gather per step would read the full matrix's
-    pages again); `vocab_size` is the full vocabulary, for scattering subset probabilities back.
+    `product` multiplies by a contiguous copy of those rows (a gather per step would read the full
+    matrix's pages again) on the kernel the full head runs on (`models.packed.linear_product`);
+    `vocab_size` is the full vocabulary, for scattering subset probabilities back.
     """
 
     runner: LayerwiseRunner
     ids: torch.Tensor
-    weight: torch.Tensor
-    bias: torch.Tensor | None
+    product: torch.nn.Module
     vocab_size: int
 
     @classmethod
@@ -43,7 +44,7 @@ class DraftHead:
         with torch.no_grad():
             weight = head.weight.index_select(0, index).contiguous()
             bias = None if head.bias is None else head.bias.index_select(0, index).contiguous()
-        return cls(runner, index, weight, bias, vocab_size)
+        return cls(runner, index, linear_product(weight, bias), vocab_size)
 
     @property
     def size(self) -> int:
@@ -51,7 +52,7 @@ class DraftHead:
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits `[..., k]` of the subset for the last layer's output `hidden` `[..., d]`."""
-        return torch.nn.functional.linear(self.runner.decoder.norm(hidden), self.weight, self.bias)
+        return self.product(self.runner.decoder.norm(hidden))
 
     def token(self, index: torch.Tensor) -> torch.Tensor:
         """Vocabulary ids of positions `index` in the subset."""

@@ -34,6 +34,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from skipsearch.models.packed import PackedLinear
 from skipsearch.store import kernel_choice_path, write_text_atomic
 
 NATIVE_ATTENTION = "sdpa"
@@ -313,18 +314,21 @@ def step_bytes(model: Any) -> tuple[int, int]:
     """(weight bytes, K/V bytes per cached position) that one decode step must read.
 
     Every weight matrix is read once per step except the input embedding, of which a step reads one
-    row per position — unless it is tied to the LM head, which reads it whole. The K/V of every
-    cached position is read in every layer, in the cache's dtype (float32 beside fp32 attention).
+    row per position — unless the LM head is tied to it and reads it whole. A packed matrix
+    (`models.packed`) is read in its packed copy; a tied head's plain copy then serves only the
+    lookup. The K/V of every cached position is read in every layer, in the cache's dtype (float32
+    beside fp32 attention).
     """
     embedding = model.get_input_embeddings().weight
-    tied = embedding.data_ptr() == model.get_output_embeddings().weight.data_ptr()
-    seen: set[int] = set()
-    weights = 0
-    for parameter in model.parameters():
-        if parameter.data_ptr() in seen or (parameter is embedding and not tied):
-            continue
-        seen.add(parameter.data_ptr())
-        weights += parameter.numel() * parameter.element_size()
+    head = model.get_output_embeddings()
+    read = {id(parameter): parameter for parameter in model.parameters() if parameter is not embedding}
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            read.pop(id(module.plain), None)
+            read[id(module.packed)] = module.packed
+    if not isinstance(head, PackedLinear) and head.weight is embedding:
+        read[id(embedding)] = embedding
+    weights = sum(tensor.numel() * tensor.element_size() for tensor in read.values())
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_element = 4 if uses_fp32_attention(config) else embedding.element_size()

@@ -15,7 +15,8 @@ Each output column is the same dot product as before, so the outputs equal the s
 projections' (checked in the tests); every decoder (draft, verify, autoregressive, HF `generate`)
 runs the same stacked modules either way. `load_model` stacks half-precision models only: in fp32
 the stacked decode gained nothing on this CPU (−3% to +2% over two runs), and fp32 stays the
-exact, unchanged reference (results/kernels/stacked_projections.md).
+exact, unchanged reference (results/kernels/stacked_projections.md, by
+`experiments/kernel_change.py --change stacked`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from skipsearch.models.packed import plain_linear
 
 # (parent module, the stack's name, the projections it replaces), named as vLLM names its stacks
 GROUPS = (
@@ -44,20 +46,17 @@ class StackedLinear(nn.Module):
         self.sizes = [linear.out_features for linear in linears]
         self.in_features, self.out_features = linears[0].in_features, sum(self.sizes)
         stacked = torch.cat([linear.weight.detach() for linear in linears])
-        self.weight = nn.Parameter(stacked, requires_grad=False)
         biases = [linear.bias for linear in linears]
-        self.bias = (
-            nn.Parameter(torch.cat([b.detach() for b in biases]), requires_grad=False)
-            if biases[0] is not None
-            else None
-        )
+        bias = torch.cat([b.detach() for b in biases]) if biases[0] is not None else None
+        # A module of its own, so the plan's later steps (packing) find the stack's product too.
+        self.product = plain_linear(stacked, bias)
         self._input: torch.Tensor | None = None
         self._slices: tuple[torch.Tensor, ...] = ()
         self._untaken: set[int] = set()
 
     def slice(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
         if hidden is not self._input or index not in self._untaken:
-            self._slices = F.linear(hidden, self.weight, self.bias).split(self.sizes, dim=-1)
+            self._slices = self.product(hidden).split(self.sizes, dim=-1)
             self._input, self._untaken = hidden, set(range(len(self.sizes)))
         out = self._slices[index]
         self._untaken.discard(index)
@@ -65,9 +64,17 @@ class StackedLinear(nn.Module):
             self._input, self._slices = None, ()
         return out
 
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.product.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.product.bias
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """The whole stacked product (transformers' modules call the slices instead)."""
-        return F.linear(hidden, self.weight, self.bias)
+        return self.product(hidden)
 
 
 class SliceOfStack(nn.Module):

@@ -77,7 +77,7 @@ def test_draft_head_is_the_full_head_at_its_ids(runner: LayerwiseRunner) -> None
     head = DraftHead.gather(runner, ids)
     hidden = torch.randn(2, 3, runner.config.hidden_size)
     torch.testing.assert_close(head(hidden), runner.head(hidden)[..., ids])
-    assert head.weight.is_contiguous() and head.size == 5
+    assert head.product.weight.is_contiguous() and head.size == 5
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.0])
     full = head.scatter(probs)
     assert full.shape == (runner.config.vocab_size,) and float(full[ids].sum()) == pytest.approx(1.0)

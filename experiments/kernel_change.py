@@ -1,14 +1,17 @@
-"""Stacked projections against separate ones, in one process, paired (issue 19: the kernel plan).
+"""One change of the kernel plan against the plan without it, in one process, paired (issue 19).
 
-`load_model` stacks each layer's q/k/v and gate/up projections into one matrix product each
-(`models.stacked`): 2 products a layer instead of 5, the same bytes. This experiment loads the
-model once without stacking, copies it and stacks the copy, then times one-position steps (a decode
-or draft step) and four-position passes (a verify of 3 drafts) of both, alternating the order, at
-each context, and checks that both give the same logits. Then, per dtype (`--dtypes`), it times
-whole autoregressive decodes of HumanEval prompts with both, alternating prompt by prompt. Writes
-`results/kernels/stacked_projections.md`.
+`load_model` builds a bf16 model's plan in steps: stacked q/k/v and gate/up projections
+(`models.stacked`: 2 matrix products a layer instead of 5, the same bytes), then weights prepacked
+for oneDNN (`models.packed`: reordered once at load instead of on every call). `--change` names
+the step under test. The model is loaded once without either step, copied, and the copies get the
+plan without that step and the whole plan; the experiment times one-position steps (a decode or
+draft step) and four-position passes (a verify of 3 drafts) of both, alternating the order, at each
+context, and checks that both give the same logits. Then, per dtype (`--dtypes`), it times whole
+autoregressive decodes of HumanEval prompts with both, alternating prompt by prompt. Writes
+`results/kernels/stacked_projections.md` or `results/kernels/packed_weights.md`.
 
-    python experiments/stacked_projections.py      # ~3 min on two idle cores
+    python experiments/kernel_change.py --change stacked      # ~3 min on two idle cores
+    python experiments/kernel_change.py --change packed --dtypes auto
 
 Run it alone on an idle machine; the load average is recorded before and after.
 """
@@ -29,33 +32,48 @@ from _load import load_line
 
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.engine import autoregressive_decode
-from skipsearch.models import stacked
+from skipsearch.models import packed, stacked
 from skipsearch.models.loading import load_model
 from skipsearch.models.registry import REGISTRY, available_offline
 from skipsearch.models.runner import LayerwiseRunner
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "kernels"
 POSITIONS = (1, 4)
+# The plan's steps after the attention path, in `load_model`'s order, and where each one's report goes.
+STEPS = {"stacked": "stack_projections", "packed": "pack_linears"}
+MODULES = {"stacked": stacked, "packed": packed}
+REPORTS = {"stacked": "stacked_projections.md", "packed": "packed_weights.md"}
+TITLES = {
+    "stacked": "Stacked q/k/v and gate/up projections against separate ones",
+    "packed": "Weights prepacked for oneDNN against F.linear's plain weights",
+}
 
 
-def runners(model: str, dtype: str = "auto") -> tuple[LayerwiseRunner, LayerwiseRunner, Any]:
-    """(separate, stacked) runners of one model on the plan of `dtype`, and the loaded model."""
-    with mock.patch.object(stacked, "stack_projections", lambda model: 0):
+def runners(model: str, change: str, dtype: str = "auto") -> tuple[LayerwiseRunner, LayerwiseRunner, Any]:
+    """(without, with) runners of one model: the plan of `dtype` without the step `change`, and the
+    whole plan (each step applied whatever the dtype, so fp32 can be asked what stacking would do;
+    packing leaves fp32 alone); and the loaded model."""
+    with (
+        mock.patch.object(stacked, STEPS["stacked"], lambda model: 0),
+        mock.patch.object(packed, STEPS["packed"], lambda model: 0),
+    ):
         loaded = load_model(model, dtype=dtype, announce=False)
-    separate = loaded.model
-    stacked_model = copy.deepcopy(separate)
-    stacked.stack_projections(stacked_model)
-    return LayerwiseRunner(separate), LayerwiseRunner(stacked_model), loaded
+    without, whole = loaded.model, copy.deepcopy(loaded.model)
+    for step, function in STEPS.items():
+        if step != change:
+            getattr(MODULES[step], function)(without)
+        getattr(MODULES[step], function)(whole)
+    return LayerwiseRunner(without), LayerwiseRunner(whole), loaded
 
 
 def decode_speeds(
-    model: str, dtype: str, prompts: int, new_tokens: int, repeats: int
+    model: str, change: str, dtype: str, prompts: int, new_tokens: int, repeats: int
 ) -> dict[str, list[float]]:
-    """Autoregressive tok/s (prefill included) per prompt and repeat, separate and stacked alternating."""
-    separate, stacked_runner, loaded = runners(model, dtype)
+    """Autoregressive tok/s (prefill included) per prompt and repeat, without and with alternating."""
+    without, with_change, loaded = runners(model, change, dtype)
     spec = PromptSpec(n_prompts=prompts, max_prompt_tokens=256, new_tokens=new_tokens)
     encoded = [p.ids for p in encode_prompts(spec, loaded.tokenizer)]
-    pair = {"separate": separate, "stacked": stacked_runner}
+    pair = {"without": without, "with": with_change}
     for runner in pair.values():  # warm-up
         autoregressive_decode(runner, encoded[0], 4)
     speeds: dict[str, list[float]] = {name: [] for name in pair}
@@ -73,7 +91,7 @@ def timings(
 ) -> dict[tuple[str, int], list[float]]:
     """ms per pass, by (variant, positions), the variants alternating in order every repeat."""
     ids = torch.randint(
-        0, pair["separate"].config.vocab_size, (1, context + 8), generator=torch.Generator().manual_seed(0)
+        0, pair["without"].config.vocab_size, (1, context + 8), generator=torch.Generator().manual_seed(0)
     )
     caches = {}
     with torch.no_grad():
@@ -102,7 +120,7 @@ def timings(
 
 def same_logits(pair: dict[str, LayerwiseRunner]) -> float:
     ids = torch.randint(
-        0, pair["separate"].config.vocab_size, (1, 64), generator=torch.Generator().manual_seed(1)
+        0, pair["without"].config.vocab_size, (1, 64), generator=torch.Generator().manual_seed(1)
     )
     with torch.no_grad():
         a, b = (runner.forward(ids).float() for runner in pair.values())
@@ -111,6 +129,7 @@ def same_logits(pair: dict[str, LayerwiseRunner]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--change", choices=sorted(STEPS), required=True, help="the plan's step under test")
     parser.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b")
     parser.add_argument("--contexts", default="128,512,2048")
     parser.add_argument("--repeats", type=int, default=30)
@@ -119,14 +138,16 @@ def main() -> None:
     parser.add_argument("--decode-repeats", type=int, default=2)
     args = parser.parse_args()
     load_before = os.getloadavg()
+    change = args.change
     lines = [
-        "# Stacked q/k/v and gate/up projections against separate ones (issue 19)",
+        f"# {TITLES[change]} (issue 19)",
         "",
-        f"`python experiments/stacked_projections.py --contexts {args.contexts} --repeats {args.repeats}`: "
-        "one process per model, the unstacked model and its stacked copy timed alternately, median ms per "
-        "pass (interquartile range in brackets).",
+        f"`python experiments/kernel_change.py --change {change} --contexts {args.contexts} "
+        f"--repeats {args.repeats} --dtypes {args.dtypes}`: one process per model, the plan without "
+        f"`{change}` and the whole plan timed alternately, median ms per pass (interquartile range in "
+        "brackets).",
         "",
-        "| model | context | positions | separate ms | stacked ms | stacked ÷ separate |",
+        "| model | context | positions | without ms | with ms | with ÷ without |",
         "|---|---|---|---|---|---|",
     ]
     notes = []
@@ -134,8 +155,8 @@ def main() -> None:
         if not available_offline(REGISTRY[model]):
             print(f"skipping {model}: not installed")
             continue
-        separate, stacked_runner, loaded = runners(model)
-        pair = {"separate": separate, "stacked": stacked_runner}
+        without, with_change, loaded = runners(model, change)
+        pair = {"without": without, "with": with_change}
         notes.append(
             f"- {model}: largest logit difference between the two {same_logits(pair):.3g}; "
             f"plan: {loaded.plan}"
@@ -147,29 +168,29 @@ def main() -> None:
                 for name in pair:
                     quartiles = statistics.quantiles(times[name, positions], n=4)
                     cells.append(f"{quartiles[1]:.2f} ({quartiles[0]:.2f}–{quartiles[2]:.2f})")
-                ratio = statistics.median(times["stacked", positions]) / statistics.median(
-                    times["separate", positions]
+                ratio = statistics.median(times["with", positions]) / statistics.median(
+                    times["without", positions]
                 )
                 lines.append(f"| {model} | {context} | {positions} | {cells[0]} | {cells[1]} | {ratio:.3f} |")
                 print(lines[-1], flush=True)
     lines += [
         "",
         f"Autoregressive decodes, {args.decode_prompts} HumanEval prompts × 48 new tokens × "
-        f"{args.decode_repeats} repeats, separate and stacked alternating prompt by prompt (tok/s with the "
+        f"{args.decode_repeats} repeats, without and with alternating prompt by prompt (tok/s with the "
         "prefill; median and range of the per-prompt ratios):",
         "",
-        "| model | dtype | separate tok/s | stacked tok/s | stacked ÷ separate (per prompt) |",
+        "| model | dtype | without tok/s | with tok/s | with ÷ without (per prompt) |",
         "|---|---|---|---|---|",
     ]
     for model in args.models.split(","):
         if not available_offline(REGISTRY[model]):
             continue
         for dtype in args.dtypes.split(","):
-            speeds = decode_speeds(model, dtype, args.decode_prompts, 48, args.decode_repeats)
-            ratios = [b / a for a, b in zip(speeds["separate"], speeds["stacked"], strict=True)]
+            speeds = decode_speeds(model, change, dtype, args.decode_prompts, 48, args.decode_repeats)
+            ratios = [b / a for a, b in zip(speeds["without"], speeds["with"], strict=True)]
             lines.append(
-                f"| {model} | {dtype} | {statistics.mean(speeds['separate']):.1f} | "
-                f"{statistics.mean(speeds['stacked']):.1f} | {statistics.median(ratios):.3f} "
+                f"| {model} | {dtype} | {statistics.mean(speeds['without']):.1f} | "
+                f"{statistics.mean(speeds['with']):.1f} | {statistics.median(ratios):.3f} "
                 f"({min(ratios):.3f}–{max(ratios):.3f}) |"
             )
             print(lines[-1], flush=True)
@@ -181,7 +202,7 @@ def main() -> None:
         f"{torch.get_num_threads()} torch threads. {load_line(load_before, load_after)}.",
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "stacked_projections.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / REPORTS[change]).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

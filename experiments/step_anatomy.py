@@ -34,7 +34,13 @@ from skipsearch.models.runner import LayerwiseRunner
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "profile"
 GROUPS = {
-    "linear (weights)": ("aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "mkldnn::_linear_pointwise"),
+    "linear (weights)": (
+        "aten::linear",
+        "aten::mm",
+        "aten::addmm",
+        "aten::matmul",
+        "mkldnn::_linear_pointwise",
+    ),
     "attention kernel (K/V)": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
     "copies and casts (K/V writes)": ("aten::cat", "aten::copy_", "aten::_to_copy"),
 }

@@ -9,11 +9,16 @@ reuse it (`r_reuse`).
 A Draft is a mask plus a draft vocabulary (docs/theory.md, "The draft vocabulary"): `full`, or the
 top-`k` ids of a frequency ranking, so that each draft step multiplies only `k` rows of the LM head.
 Verify always uses the full head, so the output stays lossless.
+
+A Draft may also attend to fewer keys (docs/theory.md, "KV patterns"): a KVPattern keeps the first
+`sink` positions and the last `window` of the cache, so at long context a draft step reads a fixed
+number of keys instead of all of them. Every layer still runs; verify attends to the whole cache.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -48,6 +53,8 @@ def parse_layer_list(text: str) -> list[int]:
 
 FULL_VOCAB = "full"
 VOCAB_KEY = "v"
+KV_KEY = "kv"
+FULL_KV = "full"
 
 
 def parse_draft_vocab(text: str | int | None) -> int | None:
@@ -267,26 +274,91 @@ class SublayerWeights:
         return (self.total - skipped) / self.total
 
 
-def split_draft(text: str) -> tuple[str, int | None]:
-    """`a:4|m:4|v:8192` -> (`a:4|m:4`, 8192); without `v:` the vocabulary is None (full)."""
-    parts = [part for part in text.strip().split("|") if part.strip()]
-    vocab_parts = [p for p in parts if p.strip().startswith(f"{VOCAB_KEY}:")]
-    if len(vocab_parts) > 1:
-        raise InvalidMaskError(f"cannot read draft {text!r}: give the vocabulary once, e.g. |v:8192")
-    vocab = parse_draft_vocab(vocab_parts[0].split(":", 1)[1]) if vocab_parts else None
-    return "|".join(p for p in parts if p not in vocab_parts), vocab
+@dataclass(frozen=True)
+class KVPattern:
+    """The keys a draft step attends to: the first `sink` positions of the cache and the last
+    `window` up to and including its own, `s{sink}w{window}` (`s4w1024`).
+
+    A draft at position `p` sees keys `[0, sink)` and `[p + 1 - window, p]`; while `p + 1 <= sink +
+    window` that is every key, and the draft step is exactly the full model's.
+    """
+
+    sink: int
+    window: int
+
+    def __post_init__(self) -> None:
+        for name in ("sink", "window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidMaskError(f"KV pattern {name} must be an integer, got {value!r}")
+        if self.sink < 0 or self.window < 1:
+            raise InvalidMaskError(
+                f"KV pattern s{self.sink}w{self.window}: the sink must be >= 0 and the window >= 1 "
+                "(the window holds the draft's own position), e.g. s4w1024"
+            )
+
+    @classmethod
+    def parse(cls, text: str | None) -> KVPattern | None:
+        """`full` (or None) -> None; `s4w1024` -> KVPattern(4, 1024)."""
+        if text is None or text.strip().lower() == FULL_KV:
+            return None
+        found = _KV_FORM.fullmatch(text.strip().lower())
+        if found is None:
+            raise InvalidMaskError(
+                f"cannot read KV pattern {text!r}: write 'full' or s<sink>w<window>, e.g. s4w1024"
+            )
+        return cls(int(found["sink"]), int(found["window"]))
+
+    def __str__(self) -> str:
+        return f"s{self.sink}w{self.window}"
+
+    def keys(self, context: int) -> int:
+        """Keys a draft step reads with `context` positions cached (its own included)."""
+        return min(context, self.sink + self.window)
+
+    def covers(self, context: int) -> bool:
+        """Whether a draft step with `context` positions sees all of them (is exact)."""
+        return context <= self.sink + self.window
+
+
+_KV_FORM = re.compile(r"s(?P<sink>\d+)w(?P<window>\d+)")
+
+
+def kv_label(kv: KVPattern | None) -> str:
+    """`"full"` or the pattern's string: how JSON files and reports name a KV pattern
+    (`KVPattern.parse` reads it back)."""
+    return FULL_KV if kv is None else str(kv)
+
+
+def split_draft(text: str) -> tuple[str, int | None, KVPattern | None]:
+    """`a:4|m:4|v:8192|kv:s4w1024` -> (`a:4|m:4`, 8192, s4w1024); without `v:` the vocabulary is
+    None (full), without `kv:` the KV pattern is None (full)."""
+    parts = [part.strip() for part in text.strip().split("|") if part.strip()]
+    found: dict[str, str] = {}
+    for key, example in ((VOCAB_KEY, "|v:8192"), (KV_KEY, "|kv:s4w1024")):
+        given = [p for p in parts if p.startswith(f"{key}:")]
+        if len(given) > 1:
+            raise InvalidMaskError(f"cannot read draft {text!r}: give {key}: once, e.g. {example}")
+        if given:
+            found[key] = given[0].split(":", 1)[1]
+            parts.remove(given[0])
+    vocab = parse_draft_vocab(found[VOCAB_KEY]) if VOCAB_KEY in found else None
+    return "|".join(parts), vocab, KVPattern.parse(found.get(KV_KEY))
 
 
 @dataclass(frozen=True)
 class Draft:
-    """A search candidate: a SkipMask plus a draft vocabulary of `vocab` ids (None = the full vocabulary).
+    """A search candidate: a SkipMask, a draft vocabulary of `vocab` ids (None = the full
+    vocabulary) and a KV pattern (None = every key).
 
-    The string form extends the mask's: `a:4,14|m:4,14,20|v:8192`; a plain mask string means the
-    full vocabulary, so every mask string written before drafts existed still reads the same.
+    The string form extends the mask's: `a:4,14|m:4,14,20|v:8192|kv:s4w1024`; a plain mask string
+    means the full vocabulary and every key, so every mask string written before drafts existed
+    still reads the same.
     """
 
     mask: SkipMask
     vocab: int | None = None
+    kv: KVPattern | None = None
 
     def __post_init__(self) -> None:
         if self.vocab is not None and (isinstance(self.vocab, bool) or int(self.vocab) < 1):
@@ -296,16 +368,21 @@ class Draft:
 
     @classmethod
     def parse(cls, text: str, num_layers: int) -> Draft:
-        """Read `a:..|m:..|v:K` (or any mask form without `v:`, meaning the full vocabulary)."""
-        mask_text, vocab = split_draft(text)
-        return cls(SkipMask.parse(mask_text, num_layers), vocab)
+        """Read `a:..|m:..|v:K|kv:sSwW` (`v:` and `kv:` optional, meaning full)."""
+        mask_text, vocab, kv = split_draft(text)
+        return cls(SkipMask.parse(mask_text, num_layers), vocab, kv)
 
     def __str__(self) -> str:
-        return str(self.mask) if self.vocab is None else f"{self.mask}|{VOCAB_KEY}:{self.vocab}"
+        text = str(self.mask) if self.vocab is None else f"{self.mask}|{VOCAB_KEY}:{self.vocab}"
+        return text if self.kv is None else f"{text}|{KV_KEY}:{self.kv}"
 
     def to_dict(self) -> dict:
-        return {**self.mask.to_dict(), "draft_vocab": vocab_label(self.vocab)}
+        return {**self.mask.to_dict(), "draft_vocab": vocab_label(self.vocab), "kv": kv_label(self.kv)}
 
     @classmethod
     def from_dict(cls, data: dict) -> Draft:
-        return cls(SkipMask.from_dict(data), parse_draft_vocab(data.get("draft_vocab")))
+        return cls(
+            SkipMask.from_dict(data),
+            parse_draft_vocab(data.get("draft_vocab")),
+            KVPattern.parse(data.get("kv")),
+        )

@@ -15,6 +15,7 @@ from transformers import (
 
 from skipsearch.acceptance.prompts import EncodedPrompt
 from skipsearch.acceptance.reference import build_reference
+from skipsearch.models.kernels import apply_attention, choose_attention
 
 TINY = {
     "vocab_size": 61,
@@ -38,6 +39,13 @@ def tiny_model(family: str = "llama", layers: int = 6, seed: int = 0, **override
     # Random init gives near-uniform logits; sharpen so argmax is stable and skips matter.
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def with_plan_attention(model):
+    """`model` switched to the kernel plan's attention for its dtype on a CPU, which reads KV
+    patterns (a model built here starts on transformers' own SDPA)."""
+    apply_attention(model, choose_attention(model.dtype, "cpu"))
     return model
 
 

@@ -131,7 +131,7 @@ def decode_draft(
     from skipsearch.acceptance.worker import prepare
     from skipsearch.bench.decoders import make_decoders
     from skipsearch.bench.estimate import estimator_dict, estimators
-    from skipsearch.masks import vocab_label
+    from skipsearch.masks import kv_label, vocab_label
     from skipsearch.models.draft_head import DraftHead
     from skipsearch.models.loading import load_model
     from skipsearch.models.random_weights import random_prompts
@@ -151,11 +151,11 @@ def decode_draft(
         spec = config.prompts
         prompts = random_prompts(spec.n_prompts, spec.max_prompt_tokens, runner.config.vocab_size, spec.seed)
         vocab_ids = range
-    mask, vocab = draft.mask, draft.vocab
+    mask, vocab, kv = draft.mask, draft.vocab, draft.kv
     head = None if vocab is None else DraftHead.gather(runner, vocab_ids(vocab))
 
     def decoders(sampling: Sampling) -> dict[str, Decoder]:
-        return make_decoders(runner, loaded, mask, policy, sampling, settings.new_tokens, head)
+        return make_decoders(runner, loaded, mask, policy, sampling, settings.new_tokens, head, kv)
 
     widest = (policy.initial if policy.is_fixed else policy.gamma_max) + 1
     measured = measure(decoders, runner, prompts, settings, SSD, widest)
@@ -169,12 +169,14 @@ def decode_draft(
             sampling,
             summaries[SSD],
         )
-        for e in (estimators(measurement) if measurement else [])
+        # The estimators measure layer masks and vocabularies; KV patterns are decoded, not estimated.
+        for e in (estimators(measurement) if measurement and kv is None else [])
     ]
     return {
         "model": config.model,
         "mask": str(mask),
         "draft_vocab": vocab_label(vocab),
+        "kv": kv_label(kv),
         "exit_layer": mask.exit_layer,
         "gamma": policy.initial,
         "dynamic_gamma": not policy.is_fixed,

@@ -19,7 +19,7 @@ from skipsearch.engine.gamma import GammaPolicy
 from skipsearch.engine.result import DecodeResult
 from skipsearch.engine.sampling import Sampling
 from skipsearch.engine.ssd import speculative_decode
-from skipsearch.masks import SkipMask
+from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.kernels import new_cache
 from skipsearch.models.loading import LoadedModel, eos_ids
@@ -39,10 +39,12 @@ def make_decoders(
     sampling: Sampling,
     max_new_tokens: int,
     head: DraftHead | None = None,
+    kv: KVPattern | None = None,
 ) -> dict[str, Decoder]:
     """Each configuration as `decode(prompt, generator) -> DecodeResult`, same stopping rule.
 
-    `head`: the SSD draft's head over a draft vocabulary (HF's early exit has no such option)."""
+    `head`: the SSD draft's head over a draft vocabulary; `kv`: its KV pattern (HF's early exit
+    has neither, so it runs only for a plain contiguous prefix)."""
     model: Any = loaded.model
     tokenizer: Any = loaded.tokenizer
     stop = eos_ids(model)
@@ -58,10 +60,10 @@ def make_decoders(
         ),
         HF: generate,
         SSD: lambda prompt, generator: speculative_decode(
-            runner, prompt, mask, max_new_tokens, policy, sampling, generator, stop, head
+            runner, prompt, mask, max_new_tokens, policy, sampling, generator, stop, head, kv
         ),
     }
-    if mask.exit_layer is not None:
+    if mask.exit_layer is not None and kv is None:
 
         def early_exit(prompt: tuple[int, ...], generator: torch.Generator | None) -> DecodeResult:
             with assistant_settings(model, policy):

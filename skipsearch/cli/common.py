@@ -7,7 +7,7 @@ import argparse
 from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, resolve_source
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask, parse_draft_vocab, parse_layer_list, split_draft
+from skipsearch.masks import KVPattern, SkipMask, parse_draft_vocab, parse_layer_list, split_draft
 from skipsearch.models.random_weights import RandomWeights
 from skipsearch.models.registry import DEFAULT_MODEL
 
@@ -116,6 +116,34 @@ def draft_vocab_from_args(args: argparse.Namespace) -> int | None:
     if given is not None and in_mask is not None and given != in_mask:
         raise ConfigError(
             f"two draft vocabularies: --mask says v:{in_mask}, --draft-vocab says {given}; give one"
+        )
+    return given if given is not None else in_mask
+
+
+def add_kv_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("KV pattern (the draft attends to a sink and a recent window)")
+    group.add_argument(
+        "--kv-sink", type=int, metavar="S", help="the first S positions (default 0 with --kv-window)"
+    )
+    group.add_argument(
+        "--kv-window", type=int, metavar="W", help="the last W positions, the draft's own included"
+    )
+
+
+def kv_pattern_from_args(args: argparse.Namespace) -> KVPattern | None:
+    """`--kv-sink/--kv-window`, or the `|kv:sSwW` of a draft string given to `--mask`: None (every
+    key) or the pattern; a one-line error for a bad pattern or for two that differ."""
+    sink, window = getattr(args, "kv_sink", None), getattr(args, "kv_window", None)
+    if sink is not None and window is None:
+        raise ConfigError(
+            "--kv-sink needs --kv-window: the draft attends to the sink and a window, e.g. --kv-window 1024"
+        )
+    given = None if window is None else KVPattern(0 if sink is None else sink, window)
+    mask_text = getattr(args, "mask", None)
+    in_mask = split_draft(mask_text)[2] if mask_text else None
+    if given is not None and in_mask is not None and given != in_mask:
+        raise ConfigError(
+            f"two KV patterns: --mask says kv:{in_mask}, --kv-sink/--kv-window say {given}; give one"
         )
     return given if given is not None else in_mask
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from skipsearch.cli.common import (
     add_draft_vocab_option,
+    add_kv_options,
     add_mask_options,
     add_model_options,
     add_prompt_options,
@@ -66,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="adapt gamma to recent acceptance (starts at --gamma, range 2..8, switches off below 0.4)",
     )
     add_draft_vocab_option(parser, "draft from a draft vocabulary (default: from --from, else full)")
+    add_kv_options(parser)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
     parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
@@ -111,15 +113,25 @@ def named_file(path: Path) -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     from skipsearch.bench.decode import DecodeSettings, decode_draft
-    from skipsearch.cli.common import check_mask_args, draft_vocab_from_args, mask_from_args, measure_config
+    from skipsearch.cli.common import (
+        check_mask_args,
+        draft_vocab_from_args,
+        kv_pattern_from_args,
+        mask_from_args,
+        measure_config,
+    )
     from skipsearch.engine import GammaPolicy, Sampling
     from skipsearch.masks import Draft, split_draft
     from skipsearch.models.device import check_device
     from skipsearch.run.preflight import known_depth
     from skipsearch.tiers.manifest import is_tier_manifest
 
+    kv = kv_pattern_from_args(args)
     if args.from_path and is_tier_manifest(Path(args.from_path)):
         from skipsearch.cli.decode_tiers import run_tiers
+
+        if kv is not None:
+            raise ConfigError("a tier set decodes with full attention: drop --kv-sink/--kv-window")
 
         return run_tiers(args)
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
@@ -150,11 +162,12 @@ def run(args: argparse.Namespace) -> int:
     weights = random_weights(args)
 
     def pick_draft(num_layers: int) -> Draft:  # checked before anything slow
-        if not mask_text:  # --mask may carry the vocabulary (`|v:K`); draft_vocab_from_args reads both
-            return Draft(mask_from_args(args, num_layers), draft_vocab_from_args(args))
+        if not mask_text:  # --mask may carry `|v:K` and `|kv:sSwW`; the *_from_args read flags and mask
+            return Draft(mask_from_args(args, num_layers), draft_vocab_from_args(args), kv)
         with named_file(Path(args.from_path)):
             draft = Draft.parse(mask_text, num_layers)
-        return draft if args.draft_vocab is None else Draft(draft.mask, draft_vocab_from_args(args))
+        vocab = draft.vocab if args.draft_vocab is None else draft_vocab_from_args(args)
+        return Draft(draft.mask, vocab, kv if kv is not None else draft.kv)
 
     settings = DecodeSettings(sampling, args.new_tokens, args.repeats, args.seed)
     result = decode_draft(config, pick_draft, policy, settings, weights)
@@ -173,8 +186,9 @@ def print_result(result: dict[str, Any]) -> None:
     console = Console()
     decoding = "greedy" if result["sampling"]["temperature"] == 0 else f"sampling {result['sampling']}"
     gamma = f"dynamic from {result['gamma']}" if result["dynamic_gamma"] else str(result["gamma"])
+    kv = "" if result["kv"] == "full" else f"  KV pattern [cyan]{result['kv']}[/]"
     console.print(
-        f"[bold]{result['model']}[/]  mask [cyan]{result['mask']}[/]  gamma {gamma}  {decoding}\n"
+        f"[bold]{result['model']}[/]  mask [cyan]{result['mask']}[/]{kv}  gamma {gamma}  {decoding}\n"
         f"{result['prompts']} prompts x {result['repeats']} repeats, <= {result['max_new_tokens']} new tokens"
     )
 

@@ -98,6 +98,7 @@ class GraphSteps:
             raise ConfigError(problem)
         self.runner, self.masks, self.max_len = runner, tuple(masks), max_len
         self.heads = tuple(heads) if heads is not None else (None,) * len(self.masks)
+        self.kvs = (None,) * len(self.masks)  # KV patterns are not captured yet: every key
         gamma = max(gammas)
         self.capture = runner.device.type == "cuda" if capture is None else capture
         if self.capture and runner.device.type != "cuda":

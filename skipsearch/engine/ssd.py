@@ -40,7 +40,7 @@ from skipsearch.engine.result import DecodeResult, new_tokens
 from skipsearch.engine.sampling import GREEDY, Sampling, greedy_accept, sample, sample_accept
 from skipsearch.engine.timing import RoundClock, RoundTiming
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask
+from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.runner import LayerwiseRunner
 
@@ -63,6 +63,13 @@ def positions(start: int, count: int, device: torch.device) -> torch.Tensor:
     return torch.arange(start, start + count, device=device)[None]
 
 
+def divergent_layer(mask: SkipMask, kv: KVPattern | None) -> int:
+    """`s1` of a draft: the mask's first divergent layer, or 0 under a KV pattern, whose first
+    attention already reads fewer keys (so no layer's output, and no K/V past layer 0's, is the
+    full model's; layer 0's K/V is recomputed by verify for simplicity)."""
+    return 0 if kv is not None else mask.first_divergent_layer
+
+
 def draft_forward(
     runner: LayerwiseRunner,
     mask: SkipMask,
@@ -71,14 +78,16 @@ def draft_forward(
     cache: Any,
     head: DraftHead | None = None,
     attention_mask: torch.Tensor | None = None,
+    kv: KVPattern | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One draft position of the masked model: (its exact state at `s1`, logits `[b, 1, V or k]`).
 
     The forward pass of a draft step, shared by the eager path and the captured graphs
-    (`engine.graphs`); `head` is a draft vocabulary's head (None: the full LM head)."""
-    s1 = mask.first_divergent_layer
+    (`engine.graphs`); `head` is a draft vocabulary's head (None: the full LM head), `kv` the
+    keys its attention reads (None: all)."""
+    s1 = divergent_layer(mask, kv)
     hidden = runner.run_layers(runner.embed(token), 0, s1, position, mask, cache, attention_mask)
-    last = runner.run_layers(hidden, s1, runner.num_layers, position, mask, cache, attention_mask)
+    last = runner.run_layers(hidden, s1, runner.num_layers, position, mask, cache, attention_mask, kv=kv)
     return hidden, (runner.head if head is None else head)(last)
 
 
@@ -108,6 +117,7 @@ def verify_forward(
     block_positions: torch.Tensor,
     cache: Any,
     attention_mask: torch.Tensor | None = None,
+    kv: KVPattern | None = None,
 ) -> torch.Tensor:
     """Full-model logits `[γ + 1, V]` over `block_positions` `[1, γ + 1]`, reusing the draft's work.
 
@@ -116,7 +126,7 @@ def verify_forward(
     only for `last`; the exact states are completed with the MLP of layer `s1 - 1` when the draft
     skipped it; layers `>= s1` run for all γ + 1 positions. Shared by `verify` and `engine.graphs`.
     """
-    s1, gamma = mask.first_divergent_layer, 0 if exact is None else exact.shape[1]
+    s1, gamma = divergent_layer(mask, kv), 0 if exact is None else exact.shape[1]
     tail_mask = None if attention_mask is None else attention_mask[:, :, gamma : gamma + 1]
     tail_position = block_positions[:, gamma : gamma + 1]
     tail = runner.run_layers(runner.embed(last), 0, s1, tail_position, cache=cache, attention_mask=tail_mask)
@@ -142,6 +152,7 @@ def draft(
     sampling: Sampling,
     generator: torch.Generator | None,
     head: DraftHead | None = None,
+    kv: KVPattern | None = None,
 ) -> Proposal:
     """γ steps of the masked model from `pending` `[1, 1]` at position `start` (`draft_forward`,
     `propose`)."""
@@ -151,7 +162,8 @@ def draft(
     exact: list[torch.Tensor] = []
     token = pending
     for step in range(gamma):
-        hidden, logits = draft_forward(runner, mask, token, positions(start + step, 1, device), cache, head)
+        at = positions(start + step, 1, device)
+        hidden, logits = draft_forward(runner, mask, token, at, cache, head, kv=kv)
         exact.append(hidden)
         tokens[step], q = propose(logits[0, -1], sampling, generator, head)
         if probs is not None:
@@ -167,6 +179,7 @@ def verify(
     proposal: Proposal,
     pending: torch.Tensor,
     start: int,
+    kv: KVPattern | None = None,
 ) -> torch.Tensor:
     """Full-model logits `[γ + 1, V]` at positions `start .. start + γ` (`verify_forward`).
 
@@ -176,7 +189,8 @@ def verify(
     gamma = len(proposal.tokens)
     last = proposal.tokens[-1:].view(1, 1) if gamma else pending
     exact = torch.cat(proposal.exact, dim=1) if proposal.exact else None
-    return verify_forward(runner, mask, exact, last, positions(start, gamma + 1, runner.device), cache)
+    block = positions(start, gamma + 1, runner.device)
+    return verify_forward(runner, mask, exact, last, block, cache, kv=kv)
 
 
 def settle(
@@ -219,10 +233,12 @@ class Round:
 
 
 class RoundSteps(Protocol):
-    """The forward passes of a decode over `masks`; `mode` says how they run (for logs and reports)."""
+    """The forward passes of a decode over `masks` (and their KV patterns, `kvs`); `mode` says how
+    they run (for logs and reports)."""
 
     mode: str
     masks: tuple[SkipMask, ...]
+    kvs: tuple[KVPattern | None, ...]
 
     def prefill(self, prompt: Sequence[int]) -> Any:
         """A cache holding the prompt's K/V except the last token's (see `engine.cache`)."""
@@ -237,7 +253,8 @@ class RoundSteps(Protocol):
 class EagerSteps:
     """`draft` and `verify` with the round's mask over a DynamicCache: the reference path.
 
-    `heads[i]` is mask `i`'s draft head (None: the full LM head)."""
+    `heads[i]` is mask `i`'s draft head (None: the full LM head), `kvs[i]` its KV pattern (None:
+    every key)."""
 
     mode = "eager"
 
@@ -246,19 +263,24 @@ class EagerSteps:
         runner: LayerwiseRunner,
         masks: Sequence[SkipMask],
         heads: Sequence[DraftHead | None] | None = None,
+        kvs: Sequence[KVPattern | None] | None = None,
     ) -> None:
         self.runner, self.masks = runner, tuple(masks)
         self.heads = tuple(heads) if heads is not None else (None,) * len(self.masks)
+        self.kvs = tuple(kvs) if kvs is not None else (None,) * len(self.masks)
 
     def prefill(self, prompt: Sequence[int]) -> Any:
         return self.runner.prefill(prompt)
 
     def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
-        mask, head = self.masks[at.tier], self.heads[at.tier]
-        return draft(self.runner, mask, at.cache, at.pending, at.start, at.gamma, sampling, generator, head)
+        mask, head, kv = self.masks[at.tier], self.heads[at.tier], self.kvs[at.tier]
+        return draft(
+            self.runner, mask, at.cache, at.pending, at.start, at.gamma, sampling, generator, head, kv
+        )
 
     def verify(self, at: Round, proposal: Proposal) -> torch.Tensor:
-        return verify(self.runner, self.masks[at.tier], at.cache, proposal, at.pending, at.start)
+        kv = self.kvs[at.tier]
+        return verify(self.runner, self.masks[at.tier], at.cache, proposal, at.pending, at.start, kv)
 
 
 class Schedule(Protocol):
@@ -320,7 +342,8 @@ def run_rounds(
         with clock.phase("draft"):
             proposal = steps.draft(at, sampling, generator)
         with clock.phase("cache"):
-            crop(cache, start, range(steps.masks[tier].first_divergent_layer, runner.num_layers))
+            s1 = divergent_layer(steps.masks[tier], steps.kvs[tier])
+            crop(cache, start, range(s1, runner.num_layers))
         with clock.phase("verify"):
             logits = steps.verify(at, proposal)
         n, committed = settle(cache, tokens, proposal, logits, sampling, generator, clock)
@@ -352,16 +375,18 @@ def speculative_decode(
     generator: torch.Generator | None = None,
     eos_ids: Collection[int] = (),
     head: DraftHead | None = None,
+    kv: KVPattern | None = None,
 ) -> DecodeResult:
     """Decode up to `max_new_tokens` after `prompt` with the draft `mask` (see module docstring).
 
     Lossless: greedy output equals `autoregressive_decode`'s token for token; sampled output
     follows the target's distribution under `sampling`. `gamma` is a fixed draft length or a
-    dynamic policy; `head`, a draft vocabulary's head for the draft steps (verify keeps the full one).
+    dynamic policy; `head`, a draft vocabulary's head for the draft steps (verify keeps the full
+    one); `kv`, the keys the draft steps attend to (verify attends to all).
     """
     mask.check_fits(runner.num_layers)
     policy = gamma if isinstance(gamma, GammaPolicy) else GammaPolicy.fixed(gamma)
     schedule = OneMask(GammaController(policy))
-    steps = EagerSteps(runner, [mask], [head])
+    steps = EagerSteps(runner, [mask], [head], [kv])
     result, _ = run_rounds(runner, prompt, max_new_tokens, steps, schedule, sampling, generator, eos_ids)
     return result

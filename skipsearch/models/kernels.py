@@ -30,15 +30,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface, DynamicCache
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from skipsearch.models.attention import FP32_ATTENTION, NATIVE_ATTENTION, uses_fp32_attention
 from skipsearch.models.packed import PackedLinear
 from skipsearch.store import kernel_choice_path, write_text_atomic
 
-NATIVE_ATTENTION = "sdpa"
-FP32_ATTENTION = "sdpa_fp32kv"  # registered with transformers below
 # The shape the attention paths are compared on: SmolLM2's heads at a 2k context (the choice is
 # about the kernel, which is the same for every model of this family).
 PROBE_HEADS, PROBE_KV_HEADS, PROBE_HEAD_DIM, PROBE_KEYS = 9, 3, 64, 2048
@@ -48,48 +46,6 @@ MIN_CAPACITY = 256  # positions a layer's buffers start with
 DECISIVE = 0.15  # the least relative gap between the paths that decides
 
 log = logging.getLogger(__name__)
-
-
-# -- the fp32 attention path ----------------------------------------------------------------------
-def sdpa_fp32kv(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    is_causal: bool | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """SDPA in float32 (K/V come fp32 from `new_cache`), the output back in the query's dtype for
-    the output projection.
-
-    Grouped K/V heads go to SDPA as they are (`enable_gqa`), also under a mask: transformers'
-    own SDPA path repeats K/V per query head whenever there is a mask (every verify pass), which
-    copies the whole cache three times over on a 3:1 model and is slower on this CPU.
-    """
-    if attention_mask is not None and attention_mask.is_floating_point():
-        attention_mask = attention_mask.float()
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    queries, keys = query.shape[2], key.shape[2]
-    if causal and attention_mask is None and 1 < queries < keys:  # SDPA's is_causal aligns top-left
-        attention_mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
-    out = F.scaled_dot_product_attention(
-        query.float(),
-        key.float(),
-        value.float(),
-        attn_mask=attention_mask,
-        dropout_p=dropout,
-        scale=scaling,
-        is_causal=bool(causal and attention_mask is None and query.shape[2] > 1),
-        enable_gqa=key.shape[1] != query.shape[1],
-    )
-    return out.transpose(1, 2).contiguous().to(query.dtype), None
-
-
-AttentionInterface.register(FP32_ATTENTION, sdpa_fp32kv)
-AttentionMaskInterface.register(FP32_ATTENTION, sdpa_mask)
 
 
 class GrowingLayer(DynamicLayer):
@@ -196,10 +152,6 @@ class PlanCache(DynamicCache):
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
-def uses_fp32_attention(config: Any) -> bool:
-    return getattr(config, "_attn_implementation", None) == FP32_ATTENTION
-
-
 def new_cache(config: Any) -> PlanCache:
     """The KV cache the model's plan wants: float32 K/V beside the fp32 attention path, else the
     projections' dtype; appends in place either way."""
@@ -288,9 +240,11 @@ def choose_attention(dtype: torch.dtype, device_kind: str) -> AttentionChoice:
     path = choice_path(name)
     if path.is_file():
         try:
-            return AttentionChoice(**json.loads(path.read_text()))
+            cached = AttentionChoice(**json.loads(path.read_text()))
+            if cached.path in (NATIVE_ATTENTION, FP32_ATTENTION):
+                return cached
         except (ValueError, TypeError):
-            pass  # a damaged or older file: measure again
+            pass  # a damaged or older file (one naming transformers' plain "sdpa"): measure again
     native, fp32 = measure_attention_paths(dtype)
     ratio = sum(fp32.values()) / sum(native.values())
     faster = FP32_ATTENTION if ratio < 1 else NATIVE_ATTENTION

@@ -14,9 +14,12 @@ from typing import Any
 import torch
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-from skipsearch.masks import SkipMask
+from skipsearch.errors import ConfigError
+from skipsearch.masks import KVPattern, SkipMask
+from skipsearch.models.attention import supports_kv_patterns
 from skipsearch.models.compat import check_installed_transformers
 from skipsearch.models.kernels import new_cache
+from skipsearch.models.kv_attention import KV_PATTERN_KEYWORD
 from skipsearch.models.loading import check_architecture
 
 SLIDING = "sliding_attention"
@@ -86,14 +89,18 @@ class LayerwiseRunner:
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
         cache: Any = None,
+        kv: KVPattern | None = None,
     ) -> torch.Tensor:
-        """Residual + self-attention sub-layer (writes this layer's K/V into `cache` if given)."""
+        """Residual + self-attention sub-layer (writes this layer's K/V into `cache` if given),
+        attending only to the keys of `kv` when given (`models.kv_attention`)."""
         block = self.layers[layer]
+        pattern = {} if kv is None else {KV_PATTERN_KEYWORD: kv}
         out, _ = block.self_attn(
             hidden_states=block.input_layernorm(hidden),
             position_embeddings=position_embeddings,
             attention_mask=attention_mask,
             cache=cache,
+            **pattern,
         )
         return hidden + out
 
@@ -114,14 +121,21 @@ class LayerwiseRunner:
         cache: Any = None,
         attention_mask: torch.Tensor | None = None,
         collect: list[torch.Tensor] | None = None,
+        kv: KVPattern | None = None,
     ) -> torch.Tensor:
-        """Run layers `[start, end)` from `hidden` (the input of layer `start`).
+        """Run layers `[start, end)` from `hidden` (the input of layer `start`), their attention
+        over the keys of `kv` when given (a KV-pattern draft).
 
         `attention_mask` overrides the model's causal mask for every layer (the shared-KV
         estimator needs its own); otherwise it is built per layer from that layer's cache
         length, since a draft that skips attention leaves some layers' caches shorter.
         `collect`, when given, receives the input of every layer run and finally the output.
         """
+        if kv is not None and not supports_kv_patterns(self.config):
+            raise ConfigError(
+                "a KV-pattern draft needs the kernel plan's attention, not "
+                f"{self.config._attn_implementation!r}: load the model with load_model (or apply_attention)"
+            )
         position_embeddings = self.rotary(hidden, position_ids)
         masks: dict[tuple[str, int], torch.Tensor | None] = {}
         for layer in range(start, end):
@@ -135,7 +149,7 @@ class LayerwiseRunner:
                     if key not in masks:
                         masks[key] = self.causal_mask(hidden, position_ids, cache, layer)
                     layer_mask = masks[key]
-                hidden = self.attention(layer, hidden, position_embeddings, layer_mask, cache)
+                hidden = self.attention(layer, hidden, position_embeddings, layer_mask, cache, kv)
             if mask is None or mask.runs_mlp(layer):
                 hidden = self.mlp(layer, hidden)
         if collect is not None:

@@ -7,7 +7,14 @@ import json
 import pytest
 
 from skipsearch.errors import InvalidMaskError
-from skipsearch.masks import Draft, SkipMask, SublayerWeights, parse_draft_vocab, parse_layer_list
+from skipsearch.masks import (
+    Draft,
+    KVPattern,
+    SkipMask,
+    SublayerWeights,
+    parse_draft_vocab,
+    parse_layer_list,
+)
 
 
 # -- the candidate type ---------------------------------------------------------------------------
@@ -19,6 +26,33 @@ def test_draft_string_extends_the_mask_string() -> None:
     assert str(Draft(SkipMask.from_layers(30, [4]))) == "a:4|m:4"
     assert Draft.from_dict(draft.to_dict()) == draft
     assert Draft.from_dict(SkipMask(30, [4]).to_dict()).vocab is None
+
+
+def test_a_kv_pattern_extends_the_draft_string() -> None:
+    draft = Draft.parse("a:4|m:4|v:8192|kv:s4w1024", 30)
+    assert draft.kv == KVPattern(4, 1024) and draft.vocab == 8192
+    assert str(draft) == "a:4|m:4|v:8192|kv:s4w1024"
+    assert Draft.parse("kv:s0w64|4", 30) == Draft(SkipMask.from_layers(30, [4]), None, KVPattern(0, 64))
+    assert Draft.parse("4|kv:full", 30).kv is None
+    assert Draft.from_dict(draft.to_dict()) == draft and draft.to_dict()["kv"] == "s4w1024"
+    assert Draft.from_dict(SkipMask(30, [4]).to_dict()).kv is None  # written before KV patterns
+    assert KVPattern(4, 1024).keys(300) == 300 and KVPattern(4, 1024).keys(8192) == 1028
+    assert KVPattern(4, 1024).covers(1028) and not KVPattern(4, 1024).covers(1029)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("s4w0", "window >= 1"),
+        ("w1024", "s<sink>w<window>"),
+        ("s-1w8", "s<sink>w<window>"),
+        ("s4w8k2", "s<sink>w<window>"),
+        ("a:4|kv:s1w2|kv:s1w4", "kv: once"),
+    ],
+)
+def test_a_bad_kv_pattern_is_rejected_with_the_form_to_use(text: str, message: str) -> None:
+    with pytest.raises(InvalidMaskError, match=message):
+        Draft.parse(text if "|" in text else f"4|kv:{text}", 30)
 
 
 @pytest.mark.parametrize("text", ["0", "-3", "many", "1.5", ""])

@@ -13,9 +13,9 @@ from skipsearch.engine import (
 from skipsearch.engine import sampling as sampling_ops
 from skipsearch.engine.sampling import greedy_accept, logits_to_probs, sample_accept
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask
+from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import eight_token_model
+from tests.conftest import eight_token_model, with_plan_attention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -31,22 +31,26 @@ def _chi_square(counts: torch.Tensor, p: torch.Tensor) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-def eight_token_setup(device: str) -> SimpleNamespace:
-    """8-token model whose draft (layers 1-2 skipped) differs a lot from the target at T = 3.
+def eight_token_setup(device: str, kv: KVPattern | None = None) -> SimpleNamespace:
+    """8-token model whose draft differs a lot from the target at T = 3: layers 1-2 skipped, or
+    with `kv` every layer run over a KV pattern that leaves most of a longer prompt out.
 
-    Chosen so every p(x) >= 0.029 and total variation(p, q) = 0.34: rejections are frequent and
-    the residual decides a third of the samples.
+    Chosen so every p(x) >= 0.023 and total variation(p, q) is 0.34 for the skipped layers and
+    0.72 for the pattern `s0w1`: rejections are frequent and the residual decides many samples.
     """
-    model = eight_token_model().to(device)
+    model = with_plan_attention(eight_token_model()).to(device)
     runner = LayerwiseRunner(model)
-    mask = SkipMask.from_layers(3, [1, 2])
+    mask = SkipMask(3) if kv is not None else SkipMask.from_layers(3, [1, 2])
     sampling = Sampling(temperature=3.0)
-    prompt = (1, 5, 3)
+    prompt = (1, 5, 3) if kv is None else (1, 5, 3, 7, 2, 6, 4, 0, 5, 1, 3)
     ids = torch.tensor([prompt], device=device)
-    p = sampling.probs(runner.forward(ids)[0, -1]).cpu()
-    q = sampling.probs(runner.forward(ids, mask=mask)[0, -1]).cpu()
+    at = torch.arange(len(prompt), device=device)[None]
+    with torch.no_grad():
+        p = sampling.probs(runner.forward(ids)[0, -1]).cpu()
+        drafted = runner.head(runner.run_layers(runner.embed(ids), 0, 3, at, mask, kv=kv))
+        q = sampling.probs(drafted[0, -1]).cpu()
     return SimpleNamespace(
-        runner=runner, mask=mask, sampling=sampling, prompt=prompt, p=p, q=q, device=device
+        runner=runner, mask=mask, kv=kv, sampling=sampling, prompt=prompt, p=p, q=q, device=device
     )
 
 
@@ -67,7 +71,14 @@ def _first_rounds(setup, seeds: int) -> tuple[torch.Tensor, float]:
     for seed in range(seeds):
         generator = torch.Generator(device=setup.device).manual_seed(seed)
         result = speculative_decode(
-            setup.runner, setup.prompt, setup.mask, 3, gamma=2, sampling=setup.sampling, generator=generator
+            setup.runner,
+            setup.prompt,
+            setup.mask,
+            3,
+            gamma=2,
+            sampling=setup.sampling,
+            generator=generator,
+            kv=setup.kv,
         )
         counts[result.tokens[0]] += 1
         first_accepted += result.accepted[0] >= 1
@@ -93,12 +104,14 @@ CUDA = pytest.param(
 )
 
 
+@pytest.mark.parametrize("kv", [None, KVPattern(0, 1)], ids=["skipped layers", "KV pattern"])
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-def test_sampled_first_token_follows_the_target(device: str) -> None:
+def test_sampled_first_token_follows_the_target(device: str, kv: KVPattern | None) -> None:
     """Speculative sampling through the engine on `device`: the first token is distributed as the
     target's p (chi-square, 8 bins), and the first draft token is accepted with probability
     sum(min(p, q)) = 1 - TV(p, q) (within 4 standard deviations of a binomial over the draws)."""
-    setup = eight_token_setup(device)
+    setup = eight_token_setup(device, kv)
+    assert float((setup.p - setup.q).abs().sum()) / 2 > 0.3  # the draft is far from the target
     draws = 600
     counts, accept_rate = _first_rounds(setup, draws)
     assert _chi_square(counts, setup.p) < CHI2_7_999

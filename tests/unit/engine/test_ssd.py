@@ -13,9 +13,9 @@ from skipsearch.engine import (
     ssd,
 )
 from skipsearch.engine import cache as cache_ops
-from skipsearch.masks import SkipMask
+from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import tiny_model
+from tests.conftest import tiny_model, with_plan_attention
 from tests.unit.engine.conftest import NEW_TOKENS, PROMPT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -122,3 +122,21 @@ def test_round_records(runner):
     assert 0 < summary.acceptance <= 1
     assert summary.tokens_per_round == pytest.approx(NEW_TOKENS / summary.rounds)
     assert json.loads(json.dumps(result.to_dict()))["tokens"] == list(result.tokens)
+
+
+KV_PATTERNS = {"sink and window": KVPattern(2, 6), "window only": KVPattern(0, 4)}
+
+
+@pytest.fixture(scope="module")
+def plan_runner():
+    return LayerwiseRunner(with_plan_attention(tiny_model("llama")))
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("mask", [SkipMask(6), SkipMask.from_layers(6, [2])], ids=["no skip", "skip 2"])
+@pytest.mark.parametrize("kv", KV_PATTERNS.values(), ids=KV_PATTERNS.keys())
+def test_greedy_ssd_with_a_kv_pattern_equals_autoregressive(plan_runner, kv, mask, gamma):
+    reference = autoregressive_decode(plan_runner, PROMPT, NEW_TOKENS).tokens
+    result = speculative_decode(plan_runner, PROMPT, mask, NEW_TOKENS, gamma=gamma, kv=kv)
+    assert result.tokens == reference
+    assert any(n < g for n, g in zip(result.accepted, result.gammas, strict=True))  # the pattern bites

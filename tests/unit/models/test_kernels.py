@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from skipsearch.models import kernels
+from skipsearch.models.attention import FP32_ATTENTION, NATIVE_ATTENTION, grouped_queries
 from skipsearch.models.kernels import (
-    FP32_ATTENTION,
-    NATIVE_ATTENTION,
     GrowingLayer,
     PlanCache,
     apply_attention,
@@ -18,7 +18,7 @@ from skipsearch.models.kernels import (
     step_bytes,
 )
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import tiny_model
+from tests.conftest import tiny_model, with_plan_attention
 
 
 # -- the attention path ---------------------------------------------------------------------------
@@ -42,7 +42,7 @@ def test_fp32_attention_matches_upcast_attention_and_keeps_fp32_kv() -> None:
 
 
 def test_native_models_get_the_native_cache() -> None:
-    model = tiny_model("llama", layers=2)
+    model = with_plan_attention(tiny_model("llama", layers=2))
     assert model.config._attn_implementation == NATIVE_ATTENTION
     cache = new_cache(model.config)
     assert isinstance(cache, PlanCache) and cache.kv_dtype is None
@@ -155,3 +155,16 @@ def test_a_growing_layer_stores_its_own_dtype() -> None:
     keys = torch.randn(1, 2, 3, 8).bfloat16()
     stored, _ = layer.update(keys, keys)
     assert stored.dtype == torch.float32 and torch.equal(stored, keys.float())
+
+
+@pytest.mark.parametrize("queries", [1, 4])
+def test_grouped_query_rows_give_grouped_attention(queries: int) -> None:
+    """Stacking a K/V head's query heads as rows of one query is the same attention as SDPA's
+    `enable_gqa`, mask and all, in transformers' output layout."""
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 6, queries, 8, generator=generator)
+    key, value = (torch.randn(1, 2, 20, 8, generator=generator) for _ in "kv")
+    mask = torch.ones(1, 1, queries, 20, dtype=torch.bool).tril(20 - queries) if queries > 1 else None
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True)
+    out = grouped_queries(query, key, value, mask, None)
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=1e-6, atol=1e-6)

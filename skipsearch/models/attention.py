@@ -1,0 +1,136 @@
+"""The kernel plan's attention functions, registered with transformers by name (docs/theory.md,
+"The kernel plan").
+
+- `sdpa_fp32kv` (`FP32_ATTENTION`): SDPA in float32 over a float32 K/V cache, beside bf16
+  weights, where that is faster than attention in bf16 (`models.kernels` measures and chooses).
+- `sdpa_plan` (`NATIVE_ATTENTION`): transformers' own SDPA in the weights' dtype.
+
+Both read a draft step's KV pattern (`models.kv_attention`); transformers' plain names would
+ignore it, so a model runs these two (`apply_attention`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from skipsearch.models.kv_attention import KV_PATTERN_KEYWORD, pattern_attention
+
+NATIVE_ATTENTION = "sdpa_plan"  # transformers' SDPA, with KV patterns; registered below
+FP32_ATTENTION = "sdpa_fp32kv"  # registered with transformers below
+GROUPED_QUERIES = 16  # query blocks up to this long stack their grouped heads (`grouped_queries`)
+
+
+# -- the fp32 attention path ----------------------------------------------------------------------
+def sdpa_fp32kv(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """SDPA in float32 (K/V come fp32 from `new_cache`), the output back in the query's dtype for
+    the output projection.
+
+    Grouped K/V heads are never repeated: transformers' own SDPA path repeats K/V per query head
+    whenever there is a mask (every verify pass), which copies the whole cache three times over on
+    a 3:1 model. A short query block (a decode, draft or verify pass) goes further: the query heads
+    of one K/V head become rows of one query (`grouped_queries`), so each K/V head is read once,
+    not once per query head — at long context the K/V is the larger read of a step, and SDPA's
+    `enable_gqa` streams it from memory once per query head. A long block (a prefill) keeps
+    `enable_gqa` and `is_causal`, which need no mask the size of the block.
+    """
+    if attention_mask is not None and attention_mask.is_floating_point():
+        attention_mask = attention_mask.float()
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    queries, keys = query.shape[2], key.shape[2]
+    group = query.shape[1] // key.shape[1]
+    if causal and attention_mask is None and 1 < queries < keys:  # SDPA's is_causal aligns top-left
+        attention_mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
+    if group > 1 and queries <= GROUPED_QUERIES and (attention_mask is not None or queries == 1):
+        out = grouped_queries(query.float(), key.float(), value.float(), attention_mask, scaling)
+        return out.to(query.dtype), None
+    out = F.scaled_dot_product_attention(
+        query.float(),
+        key.float(),
+        value.float(),
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=bool(causal and attention_mask is None and query.shape[2] > 1),
+        enable_gqa=group > 1,
+    )
+    return out.transpose(1, 2).contiguous().to(query.dtype), None
+
+
+def grouped_queries(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None,
+) -> torch.Tensor:
+    """SDPA of `query` `[b, H, M, D]` with its `H / KV` heads per K/V head stacked as rows of one
+    query per K/V head (`[b, KV, group * M, D]`, the mask repeated to match); the output in
+    transformers' layout `[b, M, H, D]`. Each row's arithmetic is the row's own, so this is the
+    same attention, with each K/V head streamed once."""
+    batch, heads, queries, dim = query.shape
+    kv_heads = key.shape[1]
+    rows = query.reshape(batch, kv_heads, heads // kv_heads * queries, dim)
+    if attention_mask is not None:
+        attention_mask = attention_mask.expand(*attention_mask.shape[:-2], queries, key.shape[2])
+        attention_mask = attention_mask.repeat(*[1] * (attention_mask.dim() - 2), heads // kv_heads, 1)
+    out = F.scaled_dot_product_attention(rows, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(batch, heads, queries, dim).transpose(1, 2).contiguous()
+
+
+def with_kv_patterns(attention: Callable[..., tuple[torch.Tensor, None]]) -> Callable[..., Any]:
+    """`attention`, or `pattern_attention` where the layer runs a draft step whose KV pattern
+    (`kv_pattern` keyword, `models.kv_attention`) leaves keys out."""
+
+    def attend(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        pattern = kwargs.pop(KV_PATTERN_KEYWORD, None)
+        if pattern is not None:
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            out = pattern_attention(query, key, value, pattern, scale)
+            if out is not None:
+                return out, None
+        return attention(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+
+    return attend
+
+
+for _name, _attention in ((NATIVE_ATTENTION, sdpa_attention_forward), (FP32_ATTENTION, sdpa_fp32kv)):
+    AttentionInterface.register(_name, with_kv_patterns(_attention))
+    AttentionMaskInterface.register(_name, sdpa_mask)
+
+
+def supports_kv_patterns(config: Any) -> bool:
+    """Whether the model runs one of the plan's attention functions, which read KV patterns
+    (transformers' own ignore the keyword: a pattern would silently attend to every key)."""
+    return getattr(config, "_attn_implementation", None) in (NATIVE_ATTENTION, FP32_ATTENTION)
+
+
+def uses_fp32_attention(config: Any) -> bool:
+    return getattr(config, "_attn_implementation", None) == FP32_ATTENTION

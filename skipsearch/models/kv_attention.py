@@ -1,0 +1,54 @@
+"""Attention over a draft's KV pattern: the sink and the window of the cache, read where they lie
+(docs/theory.md, "KV patterns").
+
+A draft step with `KVPattern(sink, window)` attends to the cache's first `sink` positions and
+the last `window` up to its own. Both are slices of the cache's buffers, so the step reads
+`sink + window` keys whatever the context, and copies none: the scores of the two slices are
+computed apart, concatenated (a few thousand floats a head) and normalised together, which is the
+softmax over their union. A query block of several positions (the estimator's teacher-forced
+passes) gets each query's own window through a band mask over the union of their windows.
+
+The plan's attention functions (`models.kernels`) call `pattern_attention` when the layer runs a
+draft step with a pattern (the `kv_pattern` keyword, passed through transformers' attention
+modules) and the pattern leaves some key out; otherwise the full attention runs, so a draft whose
+window still covers the context is exactly the full model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from skipsearch.masks import KVPattern
+
+KV_PATTERN_KEYWORD = "kv_pattern"
+
+
+def pattern_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pattern: KVPattern, scaling: float
+) -> torch.Tensor | None:
+    """Attention output `[b, M, H, D]` (transformers' layout) of `query` `[b, H, M, D]` over the
+    pattern's keys of `key`/`value` `[b, KV, N, D]` (the cache, the queries' own positions last),
+    in the cache's dtype with the softmax in float32; None when every query sees every key."""
+    batch, heads, queries, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    if pattern.covers(length):  # the last query, whose window starts latest, sees every key
+        return None
+    first = length - queries  # position of the first query
+    window_start = max(pattern.sink, first + 1 - pattern.window)
+    group = heads // kv_heads
+    # Queries of one K/V head side by side: [b, KV, group * M, D], head-major as SDPA's GQA groups them.
+    grouped = query.to(key.dtype).reshape(batch, kv_heads, group * queries, dim)
+    sink_keys, sink_values = key[:, :, : pattern.sink], value[:, :, : pattern.sink]
+    window_keys, window_values = key[:, :, window_start:], value[:, :, window_start:]
+    scores = torch.cat(
+        [grouped @ sink_keys.transpose(-1, -2), grouped @ window_keys.transpose(-1, -2)], dim=-1
+    ).float()
+    scores.mul_(scaling)
+    if queries > 1:  # query i at `first + i` sees the window keys in [first + i + 1 - window, first + i]
+        absolute = torch.arange(window_start, length, device=key.device)
+        at = torch.arange(first, length, device=key.device)[:, None]
+        outside = (absolute > at) | (absolute <= at - pattern.window)
+        scores[..., pattern.sink :].masked_fill_(outside.repeat(group, 1), float("-inf"))
+    weights = scores.softmax(dim=-1).to(key.dtype)
+    out = weights[..., : pattern.sink] @ sink_values + weights[..., pattern.sink :] @ window_values
+    return out.reshape(batch, heads, queries, dim).transpose(1, 2).contiguous().to(query.dtype)

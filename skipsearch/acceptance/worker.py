@@ -21,7 +21,7 @@ from skipsearch.acceptance.prompts import PromptSpec, encode_prompts, select_pro
 from skipsearch.acceptance.reference import ReferenceCache, build_reference, reference_key
 from skipsearch.acceptance.vocab import VocabRanking, ranking_for
 from skipsearch.errors import ConfigError
-from skipsearch.models.attention import GROUPED_QUERIES
+from skipsearch.models.attention import GROUPED_KEYS, GROUPED_QUERIES
 from skipsearch.models.loading import LoadedModel, load_model
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.models.stacked import is_stacked
@@ -111,7 +111,7 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
     # the same bits, so they are not part of the key).
     stacked = "/stacked" if is_stacked(loaded.model) else ""
     implementation = loaded.model.config._attn_implementation
-    dtype = f"{loaded.model.dtype}/{implementation}{stacked}/grouped{GROUPED_QUERIES}"
+    dtype = f"{loaded.model.dtype}/{implementation}{stacked}/grouped{GROUPED_QUERIES}x{GROUPED_KEYS}"
     # A cache holding K/V also serves `self` mode, so look for it first.
     candidates = [reference_key(loaded.source, dtype, config.prompts.key(), kv) for kv in (True, with_kv)]
     paths = [reference_cache_path(key) for key in candidates]

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from skipsearch.models import kernels
+from skipsearch.models import attention, kernels
 from skipsearch.models.attention import FP32_ATTENTION, NATIVE_ATTENTION, grouped_queries
 from skipsearch.models.kernels import (
     GrowingLayer,
@@ -168,3 +168,21 @@ def test_grouped_query_rows_give_grouped_attention(queries: int) -> None:
     expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True)
     out = grouped_queries(query, key, value, mask, None)
     torch.testing.assert_close(out, expected.transpose(1, 2), rtol=1e-6, atol=1e-6)
+
+
+def test_the_fp32_path_groups_query_rows_over_a_long_cache_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    grouped = []
+    monkeypatch.setattr(attention, "GROUPED_KEYS", 16)
+    monkeypatch.setattr(
+        attention, "grouped_queries", lambda *args: grouped.append(args) or grouped_queries(*args)
+    )
+    generator = torch.Generator().manual_seed(0)
+    module = torch.nn.Module()
+    outputs = {}
+    for keys in (8, 20):
+        query = torch.randn(1, 6, 1, 8, generator=generator)
+        key, value = (torch.randn(1, 2, keys, 8, generator=generator) for _ in "kv")
+        outputs[keys] = attention.sdpa_fp32kv(module, query, key, value, None)[0]
+        expected = F.scaled_dot_product_attention(query, key, value, enable_gqa=True).transpose(1, 2)
+        torch.testing.assert_close(outputs[keys], expected, rtol=1e-6, atol=1e-6)
+    assert len(grouped) == 1 and grouped[0][1].shape[2] == 20

@@ -122,8 +122,8 @@ def main() -> None:
     load_after = os.getloadavg()
     lines += [
         "",
-        "Group columns are self CPU time per step from `torch.profiler` (which adds its own overhead, so "
-        "they sum to more than the untraced step).",
+        "Group columns are self CPU time per step from `torch.profiler`, which adds overhead of its own; "
+        "Python time between operators is in no group.",
         load_line(load_before, load_after) + ".",
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)

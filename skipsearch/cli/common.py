@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, resolve_source
@@ -111,12 +112,16 @@ def draft_vocab_from_args(args: argparse.Namespace) -> int | None:
     """`--draft-vocab`, or the `|v:K` of a draft string given to `--mask` (as a run's tables print
     drafts): None (full) or the size, a one-line error for anything else or for two that differ."""
     given = parse_draft_vocab(getattr(args, "draft_vocab", None))
+    return _flags_or_mask(args, given, 1, "draft vocabularies", "v", "--draft-vocab says")
+
+
+def _flags_or_mask(args: argparse.Namespace, given: Any, part: int, what: str, key: str, flags: str) -> Any:
+    """`given` (read from flags) or part `part` of the draft string given to `--mask`
+    (`split_draft`), whichever is set; a one-line error when both are and differ."""
     mask_text = getattr(args, "mask", None)
-    in_mask = split_draft(mask_text)[1] if mask_text else None
+    in_mask = split_draft(mask_text)[part] if mask_text else None
     if given is not None and in_mask is not None and given != in_mask:
-        raise ConfigError(
-            f"two draft vocabularies: --mask says v:{in_mask}, --draft-vocab says {given}; give one"
-        )
+        raise ConfigError(f"two {what}: --mask says {key}:{in_mask}, {flags} {given}; give one")
     return given if given is not None else in_mask
 
 
@@ -139,13 +144,7 @@ def kv_pattern_from_args(args: argparse.Namespace) -> KVPattern | None:
             "--kv-sink needs --kv-window: the draft attends to the sink and a window, e.g. --kv-window 1024"
         )
     given = None if window is None else KVPattern(0 if sink is None else sink, window)
-    mask_text = getattr(args, "mask", None)
-    in_mask = split_draft(mask_text)[2] if mask_text else None
-    if given is not None and in_mask is not None and given != in_mask:
-        raise ConfigError(
-            f"two KV patterns: --mask says kv:{in_mask}, --kv-sink/--kv-window say {given}; give one"
-        )
-    return given if given is not None else in_mask
+    return _flags_or_mask(args, given, 2, "KV patterns", "kv", "--kv-sink/--kv-window say")
 
 
 def add_mask_options(parser: argparse.ArgumentParser) -> None:

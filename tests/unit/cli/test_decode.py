@@ -42,6 +42,11 @@ def test_a_bad_gamma_in_best_json_names_the_file(tmp_path: Path, capsys: pytest.
         ["--skip", "4", "--top-p", "1.5"],
         ["--skip", "4", "--repeats", "0"],
         ["--skip", "4", "--dynamic-gamma", "--gamma", "1"],
+        ["--skip", "4", "--kv-window", "0"],
+        ["--skip", "4", "--kv-sink", "-1", "--kv-window", "8"],
+        ["--skip", "4", "--kv-sink", "4"],
+        ["--mask", "a:4|kv:s4w64", "--kv-window", "32"],
+        ["--mask", "a:4|kv:w64"],
     ],
     ids=" ".join,
 )

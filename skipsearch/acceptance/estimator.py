@@ -15,6 +15,11 @@ fixed point every round's drafts saw what the engine's draft sees, so greedy mat
 engine's at `round_gamma`. Each pass fixes at least one more position from the left, so it ends;
 on real masks it takes 2-4 passes.
 
+A KV pattern (docs/theory.md, "KV patterns") narrows what each draft position attends to: the
+estimator ANDs the pattern's band (keys before `sink`, or within `window` of the query) into the
+attention mask of every mode, and starts at layer 0, since every layer's attention changes. The
+masked SDPA reads every key, but the draft sees exactly the keys the engine's slices give it.
+
 A draft vocabulary (docs/theory.md, "The draft vocabulary") changes only the head: the draft
 proposes the argmax over the subset, and samples from `q` renormalised over it. Both follow exactly
 from the draft's full logits, so one forward measures the mask at every vocabulary size
@@ -35,7 +40,7 @@ from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MODES_WITH_KV
 from skipsearch.acceptance.profile import AcceptanceProfile, round_starts
 from skipsearch.acceptance.reference import FORWARD_BATCH, ReferenceCache
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask
+from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.device import device_sync
 from skipsearch.models.runner import LayerwiseRunner
 
@@ -125,29 +130,33 @@ class Estimator:
             self.target_logits = runner.head(reference.hidden[-1][self.rows, self.cols])
         self.target_tokens = self.target_logits.argmax(-1)
 
-    def draft_logits(self, mask: SkipMask) -> torch.Tensor:
-        """Logits of the draft at every prediction position, from its first skipped layer on."""
+    def draft_logits(self, mask: SkipMask, kv: KVPattern | None = None) -> torch.Tensor:
+        """Logits of the draft at every prediction position, from its first skipped layer on
+        (layer 0 under a KV pattern)."""
         if self.mode == "rounds":
-            return self._round_logits(mask)
-        start = mask.first_skipped_layer
+            return self._round_logits(mask, kv)
         if self.mode == "self":
-            return self.runner.head(torch.cat([self._self_rows(mask, start, r) for r in self._row_chunks()]))
-        return self._shared_kv_logits(mask, None)
+            start = _first_changed_layer(mask, kv)
+            rows = [self._self_rows(mask, start, r, kv) for r in self._row_chunks()]
+            return self.runner.head(torch.cat(rows))
+        return self._shared_kv_logits(mask, None, kv)
 
-    def _shared_kv_logits(self, mask: SkipMask, starts: torch.Tensor | None) -> torch.Tensor:
+    def _shared_kv_logits(
+        self, mask: SkipMask, starts: torch.Tensor | None, kv: KVPattern | None = None
+    ) -> torch.Tensor:
         """`shared-kv` logits; `starts` `[prompts, queries]`: each query's round start (None: itself)."""
-        start = mask.first_skipped_layer
+        start = _first_changed_layer(mask, kv)
         finals = [
-            self._shared_kv_rows(mask, start, rows, None if starts is None else starts[rows])
+            self._shared_kv_rows(mask, start, rows, None if starts is None else starts[rows], kv)
             for rows in self._row_chunks()
         ]
         return self.runner.head(torch.cat(finals))
 
-    def _round_logits(self, mask: SkipMask) -> torch.Tensor:
+    def _round_logits(self, mask: SkipMask, kv: KVPattern | None = None) -> torch.Tensor:
         """`shared-kv` passes until the rounds their greedy matches imply stop changing (see above)."""
         starts = None
         for passes in range(1, self.target_tokens.numel() + 2):
-            logits = self._shared_kv_logits(mask, starts)
+            logits = self._shared_kv_logits(mask, starts, kv)
             found = self._round_starts(self._drafted(logits) == self.target_tokens)
             if starts is not None and torch.equal(found, starts):
                 self.passes.append(passes)
@@ -176,20 +185,36 @@ class Estimator:
         count = self.reference.input_ids.shape[0]
         return [slice(begin, min(begin + FORWARD_BATCH, count)) for begin in range(0, count, FORWARD_BATCH)]
 
-    def _self_rows(self, mask: SkipMask, start: int, rows: slice) -> torch.Tensor:
+    def _self_rows(
+        self, mask: SkipMask, start: int, rows: slice, kv: KVPattern | None = None
+    ) -> torch.Tensor:
         """`self` mode: the draft runs every position of the rows, attending to its own K/V."""
         ref = self.reference
         width = int(ref.lengths[rows].max())
-        position_ids = torch.arange(width, device=self.runner.device)[None]
+        positions = torch.arange(width, device=self.runner.device)
+        position_ids = positions[None]
         hidden = ref.hidden[start, rows, :width]
-        hidden = self.runner.run_layers(hidden, start, self.runner.num_layers, position_ids, mask)
+        band = None
+        if kv is not None:  # causal, and within the pattern
+            band = (positions[None] <= positions[:, None]) & _in_pattern(
+                positions[None], positions[:, None], kv
+            )
+            band = band[None, None]
+        hidden = self.runner.run_layers(
+            hidden, start, self.runner.num_layers, position_ids, mask, attention_mask=band
+        )
         prompt, length = ref.prompt_lengths[rows].tolist(), ref.lengths[rows].tolist()
         return torch.cat(
             [hidden[i, p - 1 : n - 1] for i, (p, n) in enumerate(zip(prompt, length, strict=True))]
         )
 
     def _shared_kv_rows(
-        self, mask: SkipMask, start: int, rows: slice, starts: torch.Tensor | None
+        self,
+        mask: SkipMask,
+        start: int,
+        rows: slice,
+        starts: torch.Tensor | None,
+        kv: KVPattern | None = None,
     ) -> torch.Tensor:
         """`shared-kv` mode: only prediction positions run; each attends to the full model's K/V
         before its round and to its own K/V from the round's start to itself (`starts`, offsets
@@ -209,6 +234,10 @@ class Estimator:
         round_start = prompt[:, None] - 1 + starts
         earlier = torch.arange(width, device=device)[None, None] < round_start[..., None]
         own = (offsets[:, None, :] >= starts[..., None]) & (offsets[:, None, :] <= offsets[:, :, None])
+        if kv is not None:  # absolute key positions against each query's
+            query = position_ids[..., None]
+            earlier &= _in_pattern(torch.arange(width, device=device)[None, None], query, kv)
+            own &= _in_pattern((prompt[:, None] - 1 + offsets)[:, None, :], query, kv)
         attention_mask = torch.cat([earlier, own], dim=2)[:, None]
         cache = SharedKV(ref.keys[:, rows, :, :width], ref.values[:, rows, :, :width])
         hidden = self.runner.run_layers(
@@ -218,11 +247,16 @@ class Estimator:
 
     @torch.no_grad()
     def evaluate(
-        self, mask: SkipMask, temperature: float = 1.0, vocabs: Sequence[int] = ()
+        self,
+        mask: SkipMask,
+        temperature: float = 1.0,
+        vocabs: Sequence[int] = (),
+        kv: KVPattern | None = None,
     ) -> AcceptanceProfile:
-        """The mask's profile with the full vocabulary, and in `by_vocab` one per size in `vocabs`."""
+        """The draft's profile with the full vocabulary, and in `by_vocab` one per size in `vocabs`;
+        `kv`, the draft's KV pattern (None: every key)."""
         mask.check_fits(self.runner.num_layers)
-        logits = self.draft_logits(mask)
+        logits = self.draft_logits(mask, kv)
         matches = logits.argmax(-1) == self.target_tokens
         full = self._profile(
             mask, matches, sampling_acceptance(self.target_logits, logits, temperature), temperature
@@ -289,6 +323,18 @@ class Estimator:
             ids = ref.input_ids[begin : begin + FORWARD_BATCH]
             self.runner.run_layers(self.runner.embed(ids), 0, self.runner.num_layers, position_ids)
         self.runner.head(ref.hidden[-1][self.rows, self.cols])
+
+
+def _first_changed_layer(mask: SkipMask, kv: KVPattern | None) -> int:
+    """Where the draft's computation first differs from the full model's: its first skipped
+    sub-layer's layer, or layer 0 under a KV pattern (every layer's attention reads fewer keys)."""
+    return 0 if kv is not None else mask.first_skipped_layer
+
+
+def _in_pattern(key: torch.Tensor, query: torch.Tensor, kv: KVPattern) -> torch.Tensor:
+    """Whether the key at absolute position `key` is in the pattern of the query at `query`
+    (broadcast): in the sink, or among the `window` positions up to the query's own."""
+    return (key < kv.sink) | (key > query - kv.window)
 
 
 def _split(values: list, sizes: Sequence[int]) -> list[list]:

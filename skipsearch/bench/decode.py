@@ -163,14 +163,13 @@ def decode_draft(
     summaries = measured.summaries()
     estimates = [
         estimator_dict(
-            e.evaluate(mask, sampling.temperature, config.draft_vocabs).for_vocab(vocab),
+            e.evaluate(mask, sampling.temperature, config.draft_vocabs, kv).for_vocab(vocab),
             e.mode,
             policy,
             sampling,
             summaries[SSD],
         )
-        # The estimators measure layer masks and vocabularies; KV patterns are decoded, not estimated.
-        for e in (estimators(measurement) if measurement and kv is None else [])
+        for e in (estimators(measurement) if measurement else [])
     ]
     return {
         "model": config.model,

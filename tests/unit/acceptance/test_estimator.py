@@ -17,9 +17,9 @@ from transformers import DynamicCache
 
 from skipsearch.acceptance.estimator import Estimator, sampling_acceptance, subset_acceptance
 from skipsearch.engine import speculative_decode
-from skipsearch.masks import SkipMask
+from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import direct_matches, random_reference, tiny_model
+from tests.conftest import direct_matches, random_reference, tiny_model, with_plan_attention
 from tests.unit.acceptance.conftest import MASKS
 
 LAYERS = 6
@@ -44,12 +44,12 @@ def rounds_setup():
     return runner, reference
 
 
-def engine_judgements(runner, reference, mask, gamma) -> list[tuple[int, int, bool]]:
+def engine_judgements(runner, reference, mask, gamma, kv=None) -> list[tuple[int, int, bool]]:
     """(reference row, continuation offset, accepted) of every draft token the engine judged."""
     judged = []
     for row in range(reference.input_ids.shape[0]):
         prompt = reference.input_ids[row, : int(reference.prompt_lengths[row])].tolist()
-        result = speculative_decode(runner, prompt, mask, NEW_TOKENS, gamma=gamma)
+        result = speculative_decode(runner, prompt, mask, NEW_TOKENS, gamma=gamma, kv=kv)
         continuation = reference.input_ids[row, len(prompt) : int(reference.lengths[row])].tolist()
         assert list(result.tokens) == continuation  # lossless: the engine judges the same tokens
         offset = 0
@@ -186,6 +186,39 @@ def test_rounds_mode_matches_every_engine_judgement(rounds_setup) -> None:
             shared_misses += disagreements(shared.evaluate(mask, temperature=0), judged)
         assert len(rounds.passes) == len(ROUND_MASKS) and min(rounds.passes) >= 2
     assert shared_misses > 0  # the engine's own K/V within a round matters on these masks
+
+
+@pytest.fixture(scope="module")
+def plan_rounds_setup():
+    model = with_plan_attention(tiny_model("llama", layers=LAYERS, seed=1))
+    model.generation_config.eos_token_id = None
+    runner = LayerwiseRunner(model)
+    return runner, random_reference(runner, [7, 12, 5, 9], new_tokens=NEW_TOKENS, seed=5)
+
+
+@pytest.mark.parametrize("mask", [SkipMask(LAYERS), SkipMask.from_layers(LAYERS, [2])], ids=str)
+@pytest.mark.parametrize("kv", [KVPattern(2, 6), KVPattern(0, 4)], ids=str)
+def test_rounds_mode_matches_every_engine_judgement_of_a_kv_pattern_draft(
+    plan_rounds_setup, kv, mask
+) -> None:
+    """The pattern's band in the estimator's mask is what the engine's slices read: the same
+    judgements, and some of them rejections (the pattern bites at these contexts)."""
+    runner, reference = plan_rounds_setup
+    estimator = Estimator(runner, reference, "rounds", round_gamma=3)
+    judged = engine_judgements(runner, reference, mask, 3, kv)
+    profile = estimator.evaluate(mask, temperature=0, kv=kv)
+    assert disagreements(profile, judged) == 0
+    assert not all(accepted for _, _, accepted in judged)
+
+
+@pytest.mark.parametrize("mode", ["self", "shared-kv"])
+def test_a_pattern_that_covers_every_context_changes_no_mode(plan_rounds_setup, mode) -> None:
+    runner, reference = plan_rounds_setup
+    estimator = Estimator(runner, reference, mode)
+    mask = SkipMask.from_layers(LAYERS, [2])
+    covering = KVPattern(1, int(reference.lengths.max()))
+    torch.testing.assert_close(estimator.draft_logits(mask, covering), estimator.draft_logits(mask))
+    assert not torch.allclose(estimator.draft_logits(mask, KVPattern(1, 3)), estimator.draft_logits(mask))
 
 
 def test_rounds_mode_is_shared_kv_for_a_contiguous_exit(rounds_setup) -> None:

@@ -109,20 +109,17 @@ def with_kv_patterns(attention: Callable[..., tuple[torch.Tensor, None]]) -> Cal
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        dropout: float = 0.0,
-        scaling: float | None = None,
+        *args: Any,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
         pattern = kwargs.pop(KV_PATTERN_KEYWORD, None)
         if pattern is not None:
+            scaling = kwargs.get("scaling")
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
             out = pattern_attention(query, key, value, pattern, scale)
             if out is not None:
                 return out, None
-        return attention(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
+        return attention(module, query, key, value, *args, **kwargs)
 
     return attend
 

@@ -294,8 +294,9 @@ def load_model(
     attention = choose_attention(torch_dtype, device_type(device))
     apply_attention(loaded.model, attention)
     loaded.plan = f"{choice.name} ({choice.reason}); {attention.describe()}"
-    # Measured on this project's CPU (results/kernels/stacked_projections.md): stacking speeds a bf16
-    # decode, whose small products are dispatch-bound, by 10-18%, and an fp32 one by nothing.
+    # Measured on this project's CPU: stacking sped a bf16 decode by 10-18% on F.linear, and an fp32
+    # one by nothing; on packed weights it no longer pays (results/kernels/stacked_projections.md,
+    # decodes 0.94-0.95x). It stays until the plan's results are re-measured without it (issue 19).
     if torch_dtype != torch.float32 and stack_projections(loaded.model):
         loaded.plan += "; q/k/v and gate/up projections stacked (2 matrix products a layer, not 5)"
     # Measured there too (results/kernels/packed_weights.md): a bf16 product on a weight reordered

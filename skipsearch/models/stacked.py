@@ -1,9 +1,10 @@
 """Stacked projections: one matrix product where a layer multiplies one input by two or three
 matrices (docs/theory.md, "The kernel plan").
 
-A decode step of a small model on a CPU is bound by the number of matrix products, not by their
-bytes: SmolLM2-135M runs 211 a step, each reading 0.2–1.8 MB, and a bf16 product of one position
-pays a fixed cost in oneDNN that a larger matrix amortises. Attention's q/k/v projections read the
+On `F.linear`, a decode step of a small model on a CPU was bound by the number of matrix
+products, not by their bytes: SmolLM2-135M runs 211 a step, each reading 0.2–1.8 MB, and a bf16
+product of one position paid a fixed cost in oneDNN (the reorder of its weight, which
+`models.packed` now does once) that a larger matrix amortises. Attention's q/k/v projections read the
 same normed input, and so do the MLP's gate and up projections, so their weights are stacked into
 one matrix per group: five products a layer become two, with the same bytes read.
 
@@ -15,8 +16,8 @@ Each output column is the same dot product as before, so the outputs equal the s
 projections' (checked in the tests); every decoder (draft, verify, autoregressive, HF `generate`)
 runs the same stacked modules either way. `load_model` stacks half-precision models only: in fp32
 the stacked decode gained nothing on this CPU (−3% to +2% over two runs), and fp32 stays the
-exact, unchanged reference (results/kernels/stacked_projections.md, by
-`experiments/kernel_change.py --change stacked`).
+exact, unchanged reference. On packed weights stacking no longer pays in bf16 either
+(results/kernels/stacked_projections.md, by `experiments/kernel_change.py --change stacked`).
 """
 
 from __future__ import annotations

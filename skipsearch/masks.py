@@ -21,6 +21,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from skipsearch.errors import InvalidMaskError
 
@@ -312,9 +313,12 @@ class KVPattern:
     def __str__(self) -> str:
         return f"s{self.sink}w{self.window}"
 
-    def keys(self, context: int) -> int:
-        """Keys a draft step reads with `context` positions cached (its own included)."""
-        return min(context, self.sink + self.window)
+    def sees(self, key: Any, query: Any) -> Any:
+        """Whether the draft at position `query` attends to the key at position `key` (at or before
+        it): in the sink, or among the `window` positions up to its own. Ints or tensors that
+        broadcast; the one statement of the pattern's band, for the estimator's masks and the
+        engine's window."""
+        return (key < self.sink) | (key > query - self.window)
 
     def covers(self, context: int) -> bool:
         """Whether a draft step with `context` positions sees all of them (is exact)."""

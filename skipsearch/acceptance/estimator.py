@@ -196,9 +196,7 @@ class Estimator:
         hidden = ref.hidden[start, rows, :width]
         band = None
         if kv is not None:  # causal, and within the pattern
-            band = (positions[None] <= positions[:, None]) & _in_pattern(
-                positions[None], positions[:, None], kv
-            )
+            band = (positions[None] <= positions[:, None]) & kv.sees(positions[None], positions[:, None])
             band = band[None, None]
         hidden = self.runner.run_layers(
             hidden, start, self.runner.num_layers, position_ids, mask, attention_mask=band
@@ -236,8 +234,8 @@ class Estimator:
         own = (offsets[:, None, :] >= starts[..., None]) & (offsets[:, None, :] <= offsets[:, :, None])
         if kv is not None:  # absolute key positions against each query's
             query = position_ids[..., None]
-            earlier &= _in_pattern(torch.arange(width, device=device)[None, None], query, kv)
-            own &= _in_pattern((prompt[:, None] - 1 + offsets)[:, None, :], query, kv)
+            earlier &= kv.sees(torch.arange(width, device=device)[None, None], query)
+            own &= kv.sees((prompt[:, None] - 1 + offsets)[:, None, :], query)
         attention_mask = torch.cat([earlier, own], dim=2)[:, None]
         cache = SharedKV(ref.keys[:, rows, :, :width], ref.values[:, rows, :, :width])
         hidden = self.runner.run_layers(
@@ -329,12 +327,6 @@ def _first_changed_layer(mask: SkipMask, kv: KVPattern | None) -> int:
     """Where the draft's computation first differs from the full model's: its first skipped
     sub-layer's layer, or layer 0 under a KV pattern (every layer's attention reads fewer keys)."""
     return 0 if kv is not None else mask.first_skipped_layer
-
-
-def _in_pattern(key: torch.Tensor, query: torch.Tensor, kv: KVPattern) -> torch.Tensor:
-    """Whether the key at absolute position `key` is in the pattern of the query at `query`
-    (broadcast): in the sink, or among the `window` positions up to the query's own."""
-    return (key < kv.sink) | (key > query - kv.window)
 
 
 def _split(values: list, sizes: Sequence[int]) -> list[list]:

@@ -47,7 +47,7 @@ def pattern_attention(
     if queries > 1:  # query i at `first + i` sees the window keys in [first + i + 1 - window, first + i]
         absolute = torch.arange(window_start, length, device=key.device)
         at = torch.arange(first, length, device=key.device)[:, None]
-        outside = (absolute > at) | (absolute <= at - pattern.window)
+        outside = (absolute > at) | ~pattern.sees(absolute, at)
         scores[..., pattern.sink :].masked_fill_(outside.repeat(group, 1), float("-inf"))
     weights = scores.softmax(dim=-1).to(key.dtype)
     out = weights[..., : pattern.sink] @ sink_values + weights[..., pattern.sink :] @ window_values

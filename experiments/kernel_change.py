@@ -1,17 +1,18 @@
 """One change of the kernel plan against the plan without it, in one process, paired (issue 19).
 
-`load_model` builds a bf16 model's plan in steps: stacked q/k/v and gate/up projections
-(`models.stacked`: 2 matrix products a layer instead of 5, the same bytes), then weights prepacked
-for oneDNN (`models.packed`: reordered once at load instead of on every call). `--change` names
-the step under test. The model is loaded once without either step, copied, and the copies get the
-plan without that step and the whole plan; the experiment times one-position steps (a decode or
+`load_model` builds a bf16 model's plan in steps after the attention path; today the one step is
+weights prepacked for oneDNN (`models.packed`: reordered once at load instead of on every call).
+`--change` names the step under test. The model is loaded once without the steps, copied, and the
+copies get the plan without that step and the whole plan; the experiment times one-position steps (a decode or
 draft step) and four-position passes (a verify of 3 drafts) of both, alternating the order, at each
 context, and checks that both give the same logits. Then, per dtype (`--dtypes`), it times whole
 autoregressive decodes of HumanEval prompts with both, alternating prompt by prompt. Writes
-`results/kernels/stacked_projections.md` or `results/kernels/packed_weights.md`.
+`results/kernels/packed_weights.md`.
 
-    python experiments/kernel_change.py --change stacked      # ~3 min on two idle cores
-    python experiments/kernel_change.py --change packed --dtypes auto
+    python experiments/kernel_change.py --change packed --dtypes auto    # ~3 min on two idle cores
+
+Stacked q/k/v and gate/up projections were the other step until packing made them 5-6% slower;
+their report and module were removed with them (re-run from commit fadcaca).
 
 Run it alone on an idle machine; the load average is recorded before and after.
 """
@@ -19,6 +20,7 @@ Run it alone on an idle machine; the load average is recorded before and after.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import statistics
@@ -32,7 +34,7 @@ from _load import load_line
 
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.engine import autoregressive_decode
-from skipsearch.models import packed, stacked
+from skipsearch.models import packed
 from skipsearch.models.loading import load_model
 from skipsearch.models.registry import REGISTRY, available_offline
 from skipsearch.models.runner import LayerwiseRunner
@@ -40,23 +42,19 @@ from skipsearch.models.runner import LayerwiseRunner
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "kernels"
 POSITIONS = (1, 4)
 # The plan's steps after the attention path, in `load_model`'s order, and where each one's report goes.
-STEPS = {"stacked": "stack_projections", "packed": "pack_linears"}
-MODULES = {"stacked": stacked, "packed": packed}
-REPORTS = {"stacked": "stacked_projections.md", "packed": "packed_weights.md"}
-TITLES = {
-    "stacked": "Stacked q/k/v and gate/up projections against separate ones",
-    "packed": "Weights prepacked for oneDNN against F.linear's plain weights",
-}
+STEPS = {"packed": "pack_linears"}
+MODULES = {"packed": packed}
+REPORTS = {"packed": "packed_weights.md"}
+TITLES = {"packed": "Weights prepacked for oneDNN against F.linear's plain weights"}
 
 
 def runners(model: str, change: str, dtype: str = "auto") -> tuple[LayerwiseRunner, LayerwiseRunner, Any]:
     """(without, with) runners of one model: the plan of `dtype` without the step `change`, and the
-    whole plan (each step applied whatever the dtype, so fp32 can be asked what stacking would do;
-    packing leaves fp32 alone); and the loaded model."""
-    with (
-        mock.patch.object(stacked, STEPS["stacked"], lambda model: 0),
-        mock.patch.object(packed, STEPS["packed"], lambda model: 0),
-    ):
+    whole plan (each step applied whatever the dtype; packing leaves fp32 alone); and the loaded
+    model."""
+    with contextlib.ExitStack() as steps_off:
+        for step, function in STEPS.items():
+            steps_off.enter_context(mock.patch.object(MODULES[step], function, lambda model: 0))
         loaded = load_model(model, dtype=dtype, announce=False)
     without, whole = loaded.model, copy.deepcopy(loaded.model)
     for step, function in STEPS.items():

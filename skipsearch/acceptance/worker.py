@@ -24,7 +24,6 @@ from skipsearch.errors import ConfigError
 from skipsearch.models.attention import GROUPED_KEYS, GROUPED_QUERIES
 from skipsearch.models.loading import LoadedModel, load_model
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.models.stacked import is_stacked
 from skipsearch.store import reference_cache_path
 
 log = logging.getLogger(__name__)
@@ -107,11 +106,10 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
         check(runner.num_layers)
     with_kv = config.mode in MODES_WITH_KV
     # The kernels are part of the numbers: a bf16 model's continuations differ under fp32 attention,
-    # and may at a near-tie with stacked projections or grouped query rows (packed weights give
-    # the same bits, so they are not part of the key).
-    stacked = "/stacked" if is_stacked(loaded.model) else ""
+    # and may at a near-tie with grouped query rows (packed weights give the same bits, so they are
+    # not part of the key).
     implementation = loaded.model.config._attn_implementation
-    dtype = f"{loaded.model.dtype}/{implementation}{stacked}/grouped{GROUPED_QUERIES}x{GROUPED_KEYS}"
+    dtype = f"{loaded.model.dtype}/{implementation}/grouped{GROUPED_QUERIES}x{GROUPED_KEYS}"
     # A cache holding K/V also serves `self` mode, so look for it first.
     candidates = [reference_key(loaded.source, dtype, config.prompts.key(), kv) for kv in (True, with_kv)]
     paths = [reference_cache_path(key) for key in candidates]

@@ -245,19 +245,17 @@ def load_model(
     """Load `--model` for layer-wise running (eval mode, no gradients) on this device's kernel plan.
 
     The plan (docs/theory.md, "The kernel plan") is the dtype `--dtype` resolves to, the attention
-    path measured fastest for it (`models.kernels`), in a half dtype stacked projections
-    (`models.stacked`), and in bf16 on a CPU weights prepacked for oneDNN (`models.packed`); with
+    path measured fastest for it (`models.kernels`), and in bf16 on a CPU weights prepacked for
+    oneDNN (`models.packed`); with
     `announce` it is printed as one line on stdout, so every command says what it runs. With
     `random_weights` the architecture is built from its config with seeded random weights and no
     tokenizer; nothing is read from the hub or a weight file.
     """
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from skipsearch.models.kernels import apply_attention, choose_attention
     from skipsearch.models.packed import pack_linears
-    from skipsearch.models.stacked import stack_projections
 
     choice = dtype_choice(device, dtype)
     torch_dtype = resolve_dtype(device, dtype)
@@ -294,13 +292,8 @@ def load_model(
     attention = choose_attention(torch_dtype, device_type(device))
     apply_attention(loaded.model, attention)
     loaded.plan = f"{choice.name} ({choice.reason}); {attention.describe()}"
-    # Measured on this project's CPU: stacking sped a bf16 decode by 10-18% on F.linear, and an fp32
-    # one by nothing; on packed weights it no longer pays (results/kernels/stacked_projections.md,
-    # decodes 0.94-0.95x). It stays until the plan's results are re-measured without it (issue 19).
-    if torch_dtype != torch.float32 and stack_projections(loaded.model):
-        loaded.plan += "; q/k/v and gate/up projections stacked (2 matrix products a layer, not 5)"
-    # Measured there too (results/kernels/packed_weights.md): a bf16 product on a weight reordered
-    # once for oneDNN is 1.5-2.5x faster than F.linear's, which reorders it on every call.
+    # Measured on this project's CPU (results/kernels/packed_weights.md): a bf16 product on a weight
+    # reordered once for oneDNN is 1.5-2.5x faster than F.linear's, which reorders it on every call.
     packed = pack_linears(loaded.model)
     if packed:
         loaded.plan += f"; {packed} weight matrices prepacked for oneDNN"

@@ -13,7 +13,6 @@ from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.kernels import step_bytes
 from skipsearch.models.packed import PackedLinear, can_pack, linear_product, pack_linears
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.models.stacked import stack_projections
 from tests.conftest import tiny_model
 
 needs_bf16 = pytest.mark.skipif(
@@ -21,11 +20,9 @@ needs_bf16 = pytest.mark.skipif(
 )
 
 
-def bf16_pair(family: str, stacked: bool, **overrides) -> tuple[torch.nn.Module, torch.nn.Module]:
+def bf16_pair(family: str, **overrides) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(plain, packed) copies of one bf16 tiny model."""
     plain = tiny_model(family, **overrides).to(torch.bfloat16)
-    if stacked:
-        stack_projections(plain)
     packed = copy.deepcopy(plain)
     assert pack_linears(packed) > 0
     return plain, packed
@@ -33,9 +30,8 @@ def bf16_pair(family: str, stacked: bool, **overrides) -> tuple[torch.nn.Module,
 
 @needs_bf16
 @pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2's q/k/v carry biases
-@pytest.mark.parametrize("stacked", [False, True])
-def test_a_packed_model_gives_the_plain_models_logits_bit_for_bit(family: str, stacked: bool) -> None:
-    plain, packed = bf16_pair(family, stacked)
+def test_a_packed_model_gives_the_plain_models_logits_bit_for_bit(family: str) -> None:
+    plain, packed = bf16_pair(family)
     ids = torch.randint(3, 61, (1, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(packed(ids).logits, plain(ids).logits)
@@ -57,7 +53,7 @@ def test_a_packed_products_rows_do_not_depend_on_how_many_rows_it_has() -> None:
 @needs_bf16
 @pytest.mark.parametrize("tied", [True, False])
 def test_packing_keeps_a_plain_weight_only_where_it_is_shared(tied: bool) -> None:
-    plain, packed = bf16_pair("llama", stacked=True, tie_word_embeddings=tied)
+    plain, packed = bf16_pair("llama", tie_word_embeddings=tied)
     head = packed.lm_head
     assert isinstance(head, PackedLinear)
     assert (head.plain is packed.model.embed_tokens.weight) == tied and (head.plain is None) != tied
@@ -80,7 +76,7 @@ def test_only_bf16_on_a_cpu_is_packed() -> None:
 
 @needs_bf16
 def test_speculative_decoding_runs_the_same_on_a_packed_model() -> None:
-    plain, packed = bf16_pair("llama", stacked=True, layers=6)
+    plain, packed = bf16_pair("llama", layers=6)
     prompt, mask = (5, 9, 14, 3, 22, 40), SkipMask.from_layers(6, [2, 4])
     runs = [speculative_decode(LayerwiseRunner(m), prompt, mask, 16, gamma=3) for m in (plain, packed)]
     assert runs[0].tokens == runs[1].tokens
@@ -88,7 +84,7 @@ def test_speculative_decoding_runs_the_same_on_a_packed_model() -> None:
 
 @needs_bf16
 def test_a_draft_head_of_a_packed_model_is_packed_and_gives_the_heads_logits_at_its_ids() -> None:
-    _, packed = bf16_pair("llama", stacked=False)
+    _, packed = bf16_pair("llama")
     runner, ids = LayerwiseRunner(packed), [5, 0, 33, 60, 12]
     hidden = torch.randn(1, 2, packed.config.hidden_size).bfloat16()
     head = DraftHead.gather(runner, ids)

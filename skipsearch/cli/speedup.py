@@ -4,6 +4,9 @@ A calculator over `skipsearch.cost` (docs/theory.md, "Speedup" and "Choosing γ"
 with `--c`, self-speculative with `--r-draft` (`--r-reuse` defaults to it: contiguous prefix).
 `--head-share H --draft-vocab-share S` price a self-speculative draft whose head keeps the share
 `S = k/V` of the LM head's rows (`skipsearch.cost.closed_forms.draft_head_saving`).
+`--kv-sink S --kv-window W --context N --kv-share A` price one whose attention reads only a sink
+and a window of the N cached keys, where reading the K/V cache is the share A of a step
+(`skipsearch.cost.closed_forms.kv_pattern_saving`); verify then reuses nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 import json
 from dataclasses import fields
 
+from skipsearch.cli.common import add_kv_options, kv_pattern_from_args
 from skipsearch.cost.closed_forms import (
     Acceptance,
     Contiguous,
@@ -20,6 +24,8 @@ from skipsearch.cost.closed_forms import (
     SeparateDraft,
     draft_head_saving,
     expected_tokens,
+    keys_share,
+    kv_pattern_saving,
     optimal_gamma,
     speedup,
     speedup_curve,
@@ -63,6 +69,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--draft-vocab-share",
         type=float,
         help="self-speculative: share k/V of the head's rows the draft keeps, in (0, 1] (needs --head-share)",
+    )
+    add_kv_options(parser)
+    what_if = parser.add_argument_group(
+        "KV-pattern what-if (with --kv-window and --r-draft): the draft runs the share r-draft of "
+        "every attention sub-layer, each reading sink + window of the cached keys"
+    )
+    what_if.add_argument("--context", type=int, help="cached positions when the draft runs")
+    what_if.add_argument(
+        "--kv-share",
+        type=float,
+        help="the K/V cache's share of one step at --context, in [0, 1] (e.g. the profile's "
+        "K/V bytes over weight + K/V bytes)",
     )
     serving = parser.add_argument_group(
         "serving a batch (docs/theory.md, 'Serving memory'): SSD holds one set of weights, SD two, "
@@ -117,12 +135,33 @@ def _head_saving(args: argparse.Namespace) -> float:
     return draft_head_saving(args.r_draft, args.head_share, args.draft_vocab_share)
 
 
+def _kv_saving(args: argparse.Namespace) -> float | None:
+    """What the draft's KV pattern saves per draft step; None without `--kv-window`."""
+    kv = kv_pattern_from_args(args)
+    if kv is None:
+        if args.context is not None or args.kv_share is not None:
+            raise ConfigError("--context and --kv-share price a KV pattern: give --kv-window too")
+        return None
+    if args.r_draft is None or args.context is None or args.kv_share is None:
+        raise ConfigError(
+            "a KV-pattern what-if needs --r-draft, --context and --kv-share, e.g. --r-draft 1 "
+            "--context 8192 --kv-share 0.58"
+        )
+    if args.context < 1:
+        raise ConfigError(f"--context must be a positive number of cached positions, got {args.context}")
+    return kv_pattern_saving(args.kv_share, args.r_draft, keys_share(kv, args.context))
+
+
 def _forms(args: argparse.Namespace) -> list[CostForm]:
     forms: list[CostForm] = []
     head_saving = _head_saving(args)
+    kv_saving = _kv_saving(args)
     if args.c is not None:
         forms.append(SeparateDraft(args.c, args.epsilon))
-    if args.r_draft is not None:
+    if kv_saving is not None:
+        r_reuse = 0.0 if args.r_reuse is None else args.r_reuse
+        forms.append(SelfSpeculative(args.r_draft, r_reuse, args.epsilon, head_saving, kv_saving))
+    elif args.r_draft is not None:
         r_reuse = args.r_draft if args.r_reuse is None else args.r_reuse
         if r_reuse == args.r_draft:
             forms.append(Contiguous(args.r_draft, args.epsilon, head_saving))

@@ -7,7 +7,7 @@ curve from both the closed form and, given a profile, the calibrated form.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cost.closed_forms import (
@@ -16,11 +16,12 @@ from skipsearch.cost.closed_forms import (
     best_of,
     check_gamma,
     expected_tokens,
+    kv_read_share,
     speedup_curve,
 )
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
-from skipsearch.masks import FULL_VOCAB, SkipMask, SublayerWeights
+from skipsearch.masks import FULL_VOCAB, KVPattern, SkipMask, SublayerWeights, kv_label
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ class Calibrated:
     `SkipMask.reused_sublayers`), and the sub-layers before it, with the embedding, only for the last draft
     token, which the draft never ran; then the full head over `γ + 1` positions. Plus the measured
     per-round overhead. `round_cost = round time / step time`, so `S = E(γ) × step / round`.
+
+    Under a KV pattern `kv` each attention sub-layer of a draft step is priced at the number of
+    keys it reads (the profile's attention at that context: the same projections and cache append,
+    SDPA over fewer keys), and verify reuses nothing, as the engine does (`engine.ssd.divergent_layer`).
     """
 
     latency: LatencyProfile
@@ -55,6 +60,7 @@ class Calibrated:
     context: float = 512
     draft_vocab: int | None = None
     vocab_size: int | None = None
+    kv: KVPattern | None = None
     name: str = field(default="calibrated", init=False)
 
     def round_time(self, gamma: int) -> RoundTime:
@@ -62,14 +68,22 @@ class Calibrated:
         one = self.latency.weights(self.context, 1)
         full = self.latency.weights(self.context, gamma + 1)
         head = self.latency.draft_head_time(self.draft_vocab, self.context, self.vocab_size)
-        draft_step = one.total * self.mask.r_draft(one) - (one.head - head)
-        reused = self.mask.reused_sublayers
+        drafted = self._draft_weights(one)
+        draft_step = drafted.total * self.mask.r_draft(drafted) - (one.head - head)
+        reused = self.mask.reused_sublayers if self.kv is None else 0
         step_one, step_full = _in_order(one), _in_order(full)
         verify = one.embed + sum(step_one[:reused]) + sum(step_full[reused:]) + full.head
         return RoundTime(gamma * draft_step, verify, self.latency.overhead(gamma))
 
     def round_cost(self, gamma: int) -> float:
         return self.round_time(gamma).total / self.latency.step_time(self.context)
+
+    def _draft_weights(self, one: SublayerWeights) -> SublayerWeights:
+        """A draft step's parts: one step's, with attention at the keys the KV pattern reads."""
+        if self.kv is None:
+            return one
+        keys = min(self.context, self.kv.sink + self.kv.window)
+        return replace(one, attn=self.latency.weights(keys, 1).attn)
 
 
 @dataclass(frozen=True)
@@ -120,6 +134,7 @@ class Prediction:
     closed_form: tuple[float, ...]
     calibrated: tuple[float, ...] | None = None
     draft_vocab: int | None = None
+    kv: KVPattern | None = None
 
     @property
     def best_closed_form(self) -> Optimum:
@@ -141,6 +156,7 @@ class Prediction:
         return {
             "mask": self.mask,
             "draft_vocab": FULL_VOCAB if self.draft_vocab is None else self.draft_vocab,
+            "kv": kv_label(self.kv),
             "r_draft": self.r_draft,
             "r_reuse": self.r_reuse,
             "context": self.context,
@@ -162,20 +178,30 @@ def predict(
     draft_vocab: int | None = None,
     vocab_size: int | None = None,
     head_share: float | None = None,
+    kv: KVPattern | None = None,
+    kv_share: float | None = None,
 ) -> Prediction:
     """Score a mask from its measured acceptance: cheap enough to call for every search trial.
 
-    `profile` was measured with a draft head of `draft_vocab` rows (None: the full head), and each
-    draft step is priced with that head. The closed form takes the LM head's share of a step from
-    `head_share` (e.g. `head_share_from_config`), else from the latency profile, else 0 (no saving
-    priced). `vocab_size`, the model's `V`, is needed with a draft vocabulary unless the latency
-    profile records it.
+    `profile` was measured with a draft head of `draft_vocab` rows (None: the full head) and the KV
+    pattern `kv` (None: every key), and each draft step is priced with them. The closed form takes
+    the LM head's share of a step from `head_share` (e.g. `head_share_from_config`), else from the
+    latency profile, else 0 (no saving priced), and the K/V cache's share from `kv_share`, else
+    from the bytes the latency profile records (`closed_forms.kv_read_share`), else 0 (a profile
+    from before they were recorded: the closed form then prices a pattern's reuse lost, not its
+    keys saved; the calibrated form prices both). `vocab_size`, the
+    model's `V`, is needed with a draft vocabulary unless the latency profile records it.
     """
     if latency is not None:
         vocab_size = vocab_size or latency.vocab_size
         if head_share is None:
             head_share = latency.head_time(context) / latency.step_time(context)
-    closed = SelfSpeculative.from_mask(mask, epsilon, draft_vocab, head_share or 0.0, vocab_size)
+        read = latency.read_bytes(context)
+        if kv_share is None and read is not None:
+            kv_share = kv_read_share(*read)
+    closed = SelfSpeculative.from_mask(
+        mask, epsilon, draft_vocab, head_share or 0.0, vocab_size, kv, kv_share or 0.0, context
+    )
     return Prediction(
         mask=str(mask),
         r_draft=closed.draft_step,
@@ -185,6 +211,9 @@ def predict(
         closed_form=speedup_curve(profile, closed, gamma_max),
         calibrated=None
         if latency is None
-        else speedup_curve(profile, Calibrated(latency, mask, context, draft_vocab, vocab_size), gamma_max),
+        else speedup_curve(
+            profile, Calibrated(latency, mask, context, draft_vocab, vocab_size, kv), gamma_max
+        ),
         draft_vocab=draft_vocab,
+        kv=kv,
     )

@@ -24,7 +24,7 @@ import numpy as np
 
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask
+from skipsearch.masks import KVPattern, SkipMask
 
 Acceptance = float | Sequence[float] | AcceptanceProfile
 """A per-token acceptance rate `α`, per-depth rates `α_1..α_n`, or a measured profile."""
@@ -52,6 +52,19 @@ def _check_head_saving(saving: float, r_draft: float) -> None:
         raise ConfigError(
             f"head saving must be in [0, r_draft={r_draft}) (a smaller head cannot save the whole draft "
             f"step), got {saving}"
+        )
+
+
+def _check_kv_saving(saving: float, head_saving: float, r_draft: float, r_reuse: float) -> None:
+    if not 0.0 <= saving < r_draft - head_saving:
+        raise ConfigError(
+            f"KV-pattern saving must be in [0, r_draft - head saving = {r_draft - head_saving:g}) (keys "
+            f"left unread cannot save the whole draft step), got {saving}"
+        )
+    if saving > 0.0 and r_reuse > 0.0:
+        raise ConfigError(
+            "a draft that reads fewer keys changes every layer's output, so verify reuses nothing: "
+            f"r_reuse must be 0 with a KV-pattern saving, got {r_reuse}"
         )
 
 
@@ -145,14 +158,16 @@ class SelfSpeculative:
     The draft runs a share `r_draft` of the model; verify skips the share `r_reuse` whose KV the
     draft wrote exactly: `γ r_draft + (1 - r_reuse) f(γ)`, so `S = E / (γ r_draft + 1 - r_reuse)` at
     ε = 0. With `r_reuse = 0` this is `SeparateDraft(c=r_draft)`: no KV reuse, no SSD advantage.
-    A draft head with fewer rows makes each draft step `head_saving` cheaper (`draft_head_saving`):
-    the draft step costs `draft_step = r_draft - head_saving`.
+    A draft head with fewer rows makes each draft step `head_saving` cheaper (`draft_head_saving`),
+    and a KV pattern that leaves keys unread `kv_saving` cheaper (`kv_pattern_saving`; verify then
+    reuses nothing): the draft step costs `draft_step = r_draft - head_saving - kv_saving`.
     """
 
     r_draft: float
     r_reuse: float
     epsilon: float = 0.0
     head_saving: float = 0.0
+    kv_saving: float = 0.0
     name: str = field(default="ssd", init=False)
 
     def __post_init__(self) -> None:
@@ -165,6 +180,7 @@ class SelfSpeculative:
             )
         _check_epsilon(self.epsilon)
         _check_head_saving(self.head_saving, self.r_draft)
+        _check_kv_saving(self.kv_saving, self.head_saving, self.r_draft, self.r_reuse)
 
     @classmethod
     def from_mask(
@@ -174,19 +190,28 @@ class SelfSpeculative:
         draft_vocab: int | None = None,
         head_share: float = 0.0,
         vocab_size: int | None = None,
+        kv: KVPattern | None = None,
+        kv_share: float = 0.0,
+        context: float = 512,
     ) -> SelfSpeculative:
         """Shares by sub-layer count: `r_draft` from the mask, `r_reuse` = reused sub-layers / 2L.
 
         A draft vocabulary of `draft_vocab` of the `vocab_size` ids saves `head_share × (1 − k/V)`
-        per draft step; at the full vocabulary (None) every number is as without it.
+        per draft step; at the full vocabulary (None) every number is as without it. A KV pattern
+        `kv` saves, in each attention sub-layer the draft runs, the K/V reads (`kv_share` of a step
+        at `context`) of the keys it leaves out, and makes `r_reuse` 0, as the engine does.
         """
         r_draft = mask.r_draft()
         saving = draft_head_saving(r_draft, head_share, vocab_share(draft_vocab, vocab_size))
-        return cls(r_draft, mask.reused_sublayers / (2 * mask.num_layers), epsilon, saving)
+        if kv is None:
+            return cls(r_draft, mask.reused_sublayers / (2 * mask.num_layers), epsilon, saving)
+        attention_run = 1.0 - len(mask.attn) / mask.num_layers
+        unread = kv_pattern_saving(kv_share, attention_run, keys_share(kv, context))
+        return cls(r_draft, 0.0, epsilon, saving, unread)
 
     @property
     def draft_step(self) -> float:
-        return self.r_draft - self.head_saving
+        return self.r_draft - self.head_saving - self.kv_saving
 
     def round_cost(self, gamma: int) -> float:
         check_gamma(gamma)
@@ -254,6 +279,37 @@ def draft_head_saving(r_draft: float, head_share: float, vocab_share: float) -> 
     if not (math.isfinite(vocab_share) and 0.0 < vocab_share <= 1.0):
         raise ConfigError(f"draft vocabulary share k/V must be in (0, 1], got {vocab_share}")
     return min(head_share, r_draft) * (1.0 - vocab_share)
+
+
+# -- the draft's KV pattern ----------------------------------------------------------------------
+
+
+def kv_read_share(weight_bytes: float, kv_bytes: float) -> float:
+    """The K/V cache's share of the bytes a decode step reads, `kv / (weights + kv)` at the K/V
+    bytes of some context: the closed form's attention share as a function of context (a
+    memory-bound step costs what it reads; the bytes of the latency profile's memory floor)."""
+    if not (weight_bytes > 0 and kv_bytes >= 0):
+        raise ConfigError(
+            f"cannot take the K/V share of {weight_bytes} weight bytes and {kv_bytes} K/V bytes"
+        )
+    return kv_bytes / (weight_bytes + kv_bytes)
+
+
+def keys_share(kv: KVPattern, context: float) -> float:
+    """The share of `context` cached keys a draft step with pattern `kv` reads (1 while it covers them)."""
+    return 1.0 if context <= 0 else min(1.0, (kv.sink + kv.window) / context)
+
+
+def kv_pattern_saving(kv_share: float, attention_run: float, read_share: float) -> float:
+    """What a KV pattern saves per draft step: the K/V reads (`kv_share` of a step) of the keys it
+    leaves out (`1 − read_share`), in the share `attention_run` of attention sub-layers the draft
+    runs (a skipped one reads nothing either way)."""
+    for name, value in (("K/V share", kv_share), ("attention share run", attention_run)):
+        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            raise ConfigError(f"{name} must be in [0, 1], got {value}")
+    if not (math.isfinite(read_share) and 0.0 < read_share <= 1.0):
+        raise ConfigError(f"the share of keys a KV pattern reads must be in (0, 1], got {read_share}")
+    return kv_share * attention_run * (1.0 - read_share)
 
 
 def head_share_from_config(config: Mapping[str, Any]) -> float:

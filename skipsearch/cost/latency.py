@@ -256,15 +256,22 @@ class LatencyProfile:
         value = (1.0 - t) * self.round_overhead[gammas[i]] + t * self.round_overhead[gammas[j]]
         return max(value, 0.0)
 
+    def read_bytes(self, context: float) -> tuple[float, float] | None:
+        """(weight bytes, K/V bytes) a decode step must read at `context` cached positions; None
+        for a profile taken before these were recorded."""
+        weights, per_position = (self.meta.get(key) for key in ("weight_bytes", "kv_bytes_per_position"))
+        if weights is None or per_position is None:
+            return None
+        return float(weights), float(per_position) * context
+
     def floor_time(self, context: float) -> float | None:
         """Seconds a decode step cannot beat at `context`: the bytes it must read (weights plus
         the K/V of `context` positions) over this machine's measured copy bandwidth; None for a
         profile taken before these were recorded."""
-        needed = [self.meta.get(key) for key in ("weight_bytes", "kv_bytes_per_position", "copy_bandwidth")]
-        if None in needed:
+        read, bandwidth = self.read_bytes(context), self.meta.get("copy_bandwidth")
+        if read is None or bandwidth is None:
             return None
-        weights, per_position, bandwidth = needed
-        return (weights + per_position * context) / bandwidth
+        return sum(read) / bandwidth
 
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict:

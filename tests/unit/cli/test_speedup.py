@@ -61,6 +61,19 @@ def test_head_share_prices_a_smaller_draft_head(capsys) -> None:
     assert full["speedup"] == pytest.approx(2.44 / 1.5)
 
 
+KV_WHAT_IF = ("--kv-window", "1020", "--context", "8192", "--kv-share", "0.5", "--kv-sink", "4")
+
+
+def test_a_kv_pattern_what_if_saves_the_unread_keys_share_and_reuses_nothing(capsys) -> None:
+    forms = speedup_json(capsys, "--alpha", "0.9", "--gamma", "3", "--r-draft", "1", *KV_WHAT_IF)["forms"]
+    assert list(forms) == ["ssd"]
+    saving = 0.5 * 1.0 * (1 - 1024 / 8192)
+    assert forms["ssd"]["params"] == pytest.approx(
+        {"r_draft": 1.0, "r_reuse": 0.0, "epsilon": 0.0, "head_saving": 0.0, "kv_saving": saving}
+    )
+    assert forms["ssd"]["speedup"] == pytest.approx((1 - 0.9**4) / 0.1 / (3 * (1 - saving) + 1))
+
+
 def test_epsilon(capsys) -> None:
     sd = speedup_json(capsys, "--alpha", "0.8", "--gamma", "3", "--c", "0.3", "--epsilon", "0.1")["forms"][
         "sd"
@@ -124,6 +137,14 @@ def test_human_output(capsys) -> None:
         ),
         (["--alpha", "0.8", "--r-draft", "0.5", "--head-share", "0.2", "--draft-vocab-share", "0"], "k/V"),
         (["--alpha", "0.8", "--r-draft", "0.5", "--head-share", "0.2", "--draft-vocab-share", "1.5"], "k/V"),
+        (
+            ["--alpha", "0.8", "--r-draft", "1", "--kv-window", "512"],
+            "needs --r-draft, --context and --kv-share",
+        ),
+        (["--alpha", "0.8", "--r-draft", "1", "--context", "8192"], "give --kv-window too"),
+        (["--alpha", "0.8", "--r-draft", "1", *KV_WHAT_IF[:4], "--kv-share", "2"], "K/V share must be in"),
+        (["--alpha", "0.8", "--r-draft", "1", "--kv-window", "0", *KV_WHAT_IF[2:]], "window >= 1"),
+        (["--alpha", "0.8", "--r-draft", "1", "--r-reuse", "0.5", *KV_WHAT_IF], "verify reuses nothing"),
     ],
 )
 def test_invalid_arguments_exit_2_with_one_line(capsys, args: list[str], message: str) -> None:

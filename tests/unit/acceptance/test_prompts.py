@@ -49,6 +49,14 @@ def test_stdlib_yields_code_contexts_ending_at_a_def() -> None:
     assert prompts == load_prompts("stdlib")
 
 
+def test_stdlib_long_yields_contexts_of_a_thousand_lines_or_more_ending_at_a_def() -> None:
+    prompts = load_prompts("stdlib-long")
+    assert len(prompts) >= 16  # 8 to measure on and 8 held out for decoding, at least
+    assert all(p.id.startswith("stdlib-long/") for p in prompts)
+    assert all(1000 <= len(p.text.splitlines()) <= 1600 for p in prompts)
+    assert all(p.text.splitlines()[-1].lstrip().startswith(("def ", "async def ")) for p in prompts)
+
+
 @pytest.mark.skipif(not SPEC_BENCH_FILE.is_file(), reason="shared Spec-Bench data not present")
 def test_spec_bench_keeps_first_turn_as_chat() -> None:
     prompts = load_prompts(resolve_source("spec-bench", str(SPEC_BENCH_FILE)))
@@ -203,7 +211,11 @@ def test_missing_file_lists_sources(tmp_path: Path) -> None:
     ("value", "path", "message"),
     [
         ("spec-bench", None, "spec-bench needs a path"),
-        ("humanevl", None, "unknown prompt source 'humanevl': use one of humaneval, stdlib, spec-bench PATH"),
+        (
+            "humanevl",
+            None,
+            "unknown prompt source 'humanevl': use one of humaneval, stdlib, stdlib-long, spec-bench PATH",
+        ),
         ("prompts.json", None, "unknown prompt source 'prompts.json'"),
         ("stdlib", "x.jsonl", "--prompts stdlib takes no path"),
     ],

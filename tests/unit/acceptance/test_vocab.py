@@ -165,6 +165,15 @@ def test_the_default_corpus_leaves_out_the_files_stdlib_prompts_come_from() -> N
     assert not any(name.split("/")[0] in ("site-packages", "test", "encodings") for name in corpus.dropped)
 
 
+def test_the_default_corpus_leaves_out_every_file_a_long_prompt_comes_from() -> None:
+    """The long-context prompt set is disjoint from the counting corpus a draft vocabulary is
+    ranked on, whichever files the corpus samples."""
+    prompts = load_prompts("stdlib-long")
+    corpus = stdlib_corpus(prompts, max_files=10**5, max_chars=10**10)  # the whole standard library
+    check_disjoint(corpus.documents, prompts)
+    assert {p.id.split("/")[1].split(":")[0] for p in prompts} <= set(corpus.dropped)
+
+
 def test_the_default_corpus_is_a_seeded_sample_under_its_caps() -> None:
     first, again, other = (
         stdlib_corpus(max_files=5),

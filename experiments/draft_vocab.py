@@ -46,7 +46,7 @@ from skipsearch.engine import autoregressive_decode, speculative_decode
 from skipsearch.masks import Draft, SkipMask, vocab_label
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.loading import dtype_name, eos_ids
-from skipsearch.run.pipeline import open_context, resolve_draft_vocab, search_one
+from skipsearch.run.pipeline import open_context, resolve_draft_choices, search_one
 from skipsearch.search import EvaluationCache
 from skipsearch.store import JOURNAL_FILE, readable_profile_path
 from skipsearch.validate.phases import decode_seconds, prefill_estimate
@@ -132,7 +132,7 @@ def search(model: str, context: Any, budget: int, seeds: int, out: Path) -> list
     studies = []
     for seed in range(seeds):
         for label, choices in VARIANTS.items():
-            config = resolve_draft_vocab(run_config(model, budget, seed, choices))
+            config = resolve_draft_choices(run_config(model, budget, seed, choices))
             config = replace(config, measure=replace(config.measure, draft_vocabs=SIZES))
             name = f"{'vocab' if len(choices) > 1 else 'mask'}-s{seed}"
             result = search_one(config, context, out / "searches", False, study_name=name, cache=cache)
@@ -403,7 +403,7 @@ def main() -> None:
             raise SystemExit(
                 f"no latency profile of {args.model}: run `skipsearch profile --model {args.model}` first"
             )
-        config = resolve_draft_vocab(run_config(args.model, args.budget, 0, VARIANTS["mask + vocabulary"]))
+        config = resolve_draft_choices(run_config(args.model, args.budget, 0, VARIANTS["mask + vocabulary"]))
         context = open_context(config)
         if "acceptance" in args.parts:
             data["acceptance"] = acceptance(args.model, context)

@@ -14,7 +14,7 @@ import yaml
 from skipsearch.acceptance.importance import IMPORTANCE_SOURCES
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.errors import ConfigError
-from skipsearch.masks import parse_draft_vocab, vocab_label
+from skipsearch.masks import KVPattern, kv_label, parse_draft_vocab, vocab_label
 from skipsearch.store import write_text_atomic
 
 
@@ -32,6 +32,8 @@ class RunConfig:
 
     `draft_vocab`: the draft vocabularies each mask is scored with (None in it: the full one);
     None until the run resolves it from the space file or `--draft-vocab` (`run.pipeline`).
+    `kv`: the KV patterns each mask is scored with (None in it: every key), resolved the same way
+    from the space file's `kv:` or `--kv-window`.
     `context`: the context length the calibrated cost model scores at (None: its default);
     `importance`: what ranks sub-layers for the ranking and knapsack strategies (`proxy`, from the
     reference cache, or `measured`, one single-unit mask per free unit, counted in the budget).
@@ -50,6 +52,7 @@ class RunConfig:
     warm_start: bool = False
     temperature: float = 1.0
     draft_vocab: tuple[int | None, ...] | None = None
+    kv: tuple[KVPattern | None, ...] | None = None
     context: int | None = None
     extrapolate_context: bool = False
     importance: str = "proxy"
@@ -72,17 +75,20 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         labels = None if self.draft_vocab is None else [vocab_label(k) for k in self.draft_vocab]
-        return {**asdict(self), "measure": self.measure.to_dict(), "draft_vocab": labels}
+        patterns = None if self.kv is None else [kv_label(kv) for kv in self.kv]
+        return {**asdict(self), "measure": self.measure.to_dict(), "draft_vocab": labels, "kv": patterns}
 
     @classmethod
     def from_dict(cls, data: dict) -> RunConfig:
-        """Reads run.yaml files written before draft vocabularies existed too (`draft_vocab` absent)."""
-        labels = data.get("draft_vocab")
+        """Reads run.yaml files written before draft vocabularies or KV patterns existed too
+        (`draft_vocab`, `kv` absent)."""
+        labels, patterns = data.get("draft_vocab"), data.get("kv")
         return cls(
             **{
                 **data,
                 "measure": MeasureConfig.from_dict(data["measure"]),
                 "draft_vocab": None if labels is None else tuple(parse_draft_vocab(k) for k in labels),
+                "kv": None if patterns is None else tuple(KVPattern.parse(kv) for kv in patterns),
             }
         )
 

@@ -301,9 +301,9 @@ class KVPattern:
     @classmethod
     def parse(cls, text: str | None) -> KVPattern | None:
         """`full` (or None) -> None; `s4w1024` -> KVPattern(4, 1024)."""
-        if text is None or text.strip().lower() == FULL_KV:
+        if text is None or (isinstance(text, str) and text.strip().lower() == FULL_KV):
             return None
-        found = _KV_FORM.fullmatch(text.strip().lower())
+        found = _KV_FORM.fullmatch(text.strip().lower()) if isinstance(text, str) else None
         if found is None:
             raise InvalidMaskError(
                 f"cannot read KV pattern {text!r}: write 'full' or s<sink>w<window>, e.g. s4w1024"

@@ -250,10 +250,13 @@ class Estimator:
         temperature: float = 1.0,
         vocabs: Sequence[int] = (),
         kv: KVPattern | None = None,
+        patterns: Sequence[KVPattern] = (),
     ) -> AcceptanceProfile:
         """The draft's profile with the full vocabulary, and in `by_vocab` one per size in `vocabs`;
-        `kv`, the draft's KV pattern (None: every key)."""
+        `kv`, the draft's KV pattern (None: every key); in `by_kv` the same under each of
+        `patterns`, one draft forward each (the vocabularies come from the same logits)."""
         mask.check_fits(self.runner.num_layers)
+        by_kv = tuple(self.evaluate(mask, temperature, vocabs, pattern) for pattern in patterns)
         logits = self.draft_logits(mask, kv)
         matches = logits.argmax(-1) == self.target_tokens
         full = self._profile(
@@ -268,7 +271,9 @@ class Estimator:
             )
             for k in sorted(set(vocabs), reverse=True)
         )
-        return replace(full, by_vocab=variants)
+        if kv is not None:
+            full, variants = replace(full, kv=kv), tuple(replace(v, kv=kv) for v in variants)
+        return replace(full, by_vocab=variants, by_kv=by_kv)
 
     def subset(self, size: int) -> torch.Tensor:
         """The ids of the draft vocabulary of `size`, on the model's device (built once per size)."""

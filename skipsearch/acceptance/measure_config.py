@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.errors import ConfigError
+from skipsearch.masks import KVPattern
 
 ESTIMATOR_MODES = ("shared-kv", "rounds", "self")
 """How the estimator's draft sees earlier positions (docs/theory.md, "Measuring acceptance"):
@@ -26,8 +27,9 @@ class MeasureConfig:
 
     `draft_vocabs` are the draft-vocabulary sizes measured besides the full vocabulary: one model
     forward per mask serves them all (docs/theory.md, "The draft vocabulary"), so a search scores
-    each mask at every size. `round_gamma` is the draft length whose rounds the `rounds` mode
-    simulates (unused otherwise).
+    each mask at every size. `kv_patterns` are the KV patterns measured besides every key: one
+    draft forward per mask and pattern (docs/theory.md, "KV patterns"). `round_gamma` is the draft
+    length whose rounds the `rounds` mode simulates (unused otherwise).
     """
 
     model: str = "smollm2-135m"
@@ -37,6 +39,7 @@ class MeasureConfig:
     dtype: str = "auto"
     draft_vocabs: tuple[int, ...] = ()
     round_gamma: int = 3
+    kv_patterns: tuple[KVPattern, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in ESTIMATOR_MODES:
@@ -49,17 +52,26 @@ class MeasureConfig:
         object.__setattr__(self, "draft_vocabs", sizes)
         if self.round_gamma < 1:
             raise ConfigError(f"--round-gamma must be >= 1, got {self.round_gamma}")
+        if len(set(self.kv_patterns)) != len(self.kv_patterns):
+            named = [str(kv) for kv in self.kv_patterns]
+            raise ConfigError(f"KV patterns {named} name one twice: list each once")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "draft_vocabs": list(self.draft_vocabs)}
+        return {
+            **asdict(self),
+            "draft_vocabs": list(self.draft_vocabs),
+            "kv_patterns": [str(kv) for kv in self.kv_patterns],
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> MeasureConfig:
-        """Reads run.yaml files written before draft vocabularies or round-aware estimation existed."""
+        """Reads run.yaml files written before draft vocabularies, round-aware estimation or KV
+        patterns existed."""
         return cls(
             **{
                 **data,
                 "prompts": PromptSpec.from_dict(data["prompts"]),
                 "draft_vocabs": tuple(data.get("draft_vocabs", ())),
+                "kv_patterns": tuple(KVPattern.parse(text) for text in data.get("kv_patterns", ())),
             }
         )

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from skipsearch.masks import SkipMask, vocab_label
+from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
 
 
 def match_runs(matches: Sequence[bool]) -> np.ndarray:
@@ -88,6 +88,8 @@ class AcceptanceProfile:
     `by_vocab` holds the same mask measured with smaller draft vocabularies: one model forward
     gives the draft's logits, and every subset's acceptance follows from them exactly, so a search
     scores each mask at every vocabulary size of its space for the price of one evaluation.
+    `kv` is the KV pattern the draft attended through (None: every key); `by_kv` holds the same
+    mask measured under other patterns (one forward each), each with its own `by_vocab`.
     """
 
     mask: str
@@ -96,20 +98,24 @@ class AcceptanceProfile:
     temperature: float
     draft_vocab: int | None = None
     by_vocab: tuple[AcceptanceProfile, ...] = ()
+    kv: KVPattern | None = None
+    by_kv: tuple[AcceptanceProfile, ...] = ()
     _rounds: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def variants(self) -> tuple[AcceptanceProfile, ...]:
-        """This profile and every draft-vocabulary variant of it."""
-        return (self, *self.by_vocab)
+        """This profile and every variant of it: each draft vocabulary under each KV pattern."""
+        return (self, *self.by_vocab, *(variant for pattern in self.by_kv for variant in pattern.variants))
 
-    def for_vocab(self, draft_vocab: int | None) -> AcceptanceProfile:
-        """The variant measured with `draft_vocab` (None: full), or a KeyError naming what exists."""
+    def for_vocab(self, draft_vocab: int | None, kv: KVPattern | None = None) -> AcceptanceProfile:
+        """The variant measured with `draft_vocab` (None: full) under `kv` (None: every key), or a
+        KeyError naming what exists."""
         for variant in self.variants:
-            if variant.draft_vocab == draft_vocab:
+            if variant.draft_vocab == draft_vocab and variant.kv == kv:
                 return variant
-        have = ", ".join(str(vocab_label(v.draft_vocab)) for v in self.variants)
-        raise KeyError(f"no profile for draft vocabulary {vocab_label(draft_vocab)} (measured: {have})")
+        have = ", ".join(_variant_label(v.draft_vocab, v.kv) for v in self.variants)
+        wanted = _variant_label(draft_vocab, kv)
+        raise KeyError(f"no profile for draft vocabulary {wanted} (measured: {have})")
 
     @property
     def n_positions(self) -> int:
@@ -152,6 +158,7 @@ class AcceptanceProfile:
         return {
             "mask": self.mask,
             "draft_vocab": vocab_label(self.draft_vocab),
+            "kv": kv_label(self.kv),
             "alpha": self.alpha,
             "sampling_acceptance": self.sampling_acceptance,
             "temperature": self.temperature,
@@ -171,11 +178,16 @@ class AcceptanceProfile:
             data["draft_vocab"] = self.draft_vocab
         if self.by_vocab:
             data["by_vocab"] = [variant.to_dict() for variant in self.by_vocab]
+        if self.kv is not None:
+            data["kv"] = str(self.kv)
+        if self.by_kv:
+            data["by_kv"] = [pattern.to_dict() for pattern in self.by_kv]
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> AcceptanceProfile:
-        """Reads profiles written before draft vocabularies existed too (full vocabulary, no variants)."""
+        """Reads profiles written before draft vocabularies or KV patterns existed too (full
+        vocabulary, every key, no variants)."""
         return cls(
             mask=data["mask"],
             greedy_match=tuple(tuple(bool(m) for m in row) for row in data["greedy_match"]),
@@ -183,7 +195,14 @@ class AcceptanceProfile:
             temperature=float(data["temperature"]),
             draft_vocab=data.get("draft_vocab"),
             by_vocab=tuple(cls.from_dict(variant) for variant in data.get("by_vocab", ())),
+            kv=KVPattern.parse(data.get("kv")),
+            by_kv=tuple(cls.from_dict(pattern) for pattern in data.get("by_kv", ())),
         )
+
+
+def _variant_label(draft_vocab: int | None, kv: KVPattern | None) -> str:
+    """`16384`, or `16384|kv:s4w1024` under a KV pattern."""
+    return str(vocab_label(draft_vocab)) if kv is None else f"{vocab_label(draft_vocab)}|kv:{kv}"
 
 
 Evaluator = Callable[[SkipMask], AcceptanceProfile]

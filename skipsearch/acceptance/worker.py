@@ -21,6 +21,7 @@ from skipsearch.acceptance.prompts import PromptSpec, encode_prompts, select_pro
 from skipsearch.acceptance.reference import ReferenceCache, build_reference, reference_key
 from skipsearch.acceptance.vocab import VocabRanking, ranking_for
 from skipsearch.errors import ConfigError
+from skipsearch.masks import KVPattern
 from skipsearch.models.attention import GROUPED_KEYS, GROUPED_QUERIES
 from skipsearch.models.loading import LoadedModel, load_model
 from skipsearch.models.runner import LayerwiseRunner
@@ -63,9 +64,14 @@ class Measurement:
         """The draft vocabulary of `size`: the ranking's top `size` ids."""
         return self.ranking.top(size)
 
-    def evaluator(self, temperature: float, vocabs: Sequence[int] = ()) -> Evaluator:
-        """Measures one mask at `temperature`, with the full vocabulary and each size in `vocabs`."""
-        return partial(self.estimator.evaluate, temperature=temperature, vocabs=tuple(vocabs))
+    def evaluator(
+        self, temperature: float, vocabs: Sequence[int] = (), patterns: Sequence[KVPattern] = ()
+    ) -> Evaluator:
+        """Measures one mask at `temperature`, with the full vocabulary and each size in `vocabs`,
+        attending to every key and through each of `patterns`."""
+        return partial(
+            self.estimator.evaluate, temperature=temperature, vocabs=tuple(vocabs), patterns=tuple(patterns)
+        )
 
     def release_model(self) -> None:
         """Free the device of this process's weights and reference states, keeping their shapes.

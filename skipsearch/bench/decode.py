@@ -163,7 +163,7 @@ def decode_draft(
     summaries = measured.summaries()
     estimates = [
         estimator_dict(
-            e.evaluate(mask, sampling.temperature, config.draft_vocabs, kv).for_vocab(vocab),
+            e.evaluate(mask, sampling.temperature, config.draft_vocabs, kv).for_vocab(vocab, kv),
             e.mode,
             policy,
             sampling,

@@ -57,7 +57,7 @@ def add_prompt_options(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=[PromptSpec.source],
         metavar="SOURCE",
-        help=f"humaneval | stdlib | spec-bench PATH | PATH.jsonl (default {PromptSpec.source})",
+        help=f"humaneval | stdlib | stdlib-long | spec-bench PATH | PATH.jsonl (default {PromptSpec.source})",
     )
     parser.add_argument(
         "--n-prompts",
@@ -171,8 +171,9 @@ def prompt_spec(args: argparse.Namespace) -> PromptSpec:
 
 
 def measure_config(args: argparse.Namespace) -> MeasureConfig:
-    """The measurement the command asks for; with `--draft-vocab K`, K is measured too."""
-    size = draft_vocab_from_args(args)
+    """The measurement the command asks for; with `--draft-vocab K`, K is measured too, and with a
+    KV pattern (`--kv-window`, or `|kv:` in `--mask`) the pattern too."""
+    size, kv = draft_vocab_from_args(args), kv_pattern_from_args(args)
     return MeasureConfig(
         model=args.model,
         prompts=prompt_spec(args),
@@ -181,6 +182,7 @@ def measure_config(args: argparse.Namespace) -> MeasureConfig:
         device=args.device,
         dtype=args.dtype,
         draft_vocabs=() if size is None else (size,),
+        kv_patterns=() if kv is None else (kv,),
     )
 
 

@@ -27,7 +27,7 @@ from skipsearch.cli.common import (
     random_weights,
 )
 from skipsearch.errors import ConfigError, SkipsearchError
-from skipsearch.masks import parse_draft_vocab
+from skipsearch.masks import KVPattern, parse_draft_vocab
 from skipsearch.store import write_text_atomic
 
 DEFAULT_GAMMA = 3
@@ -83,8 +83,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def read_from(path: Path) -> tuple[str, int | None]:
-    """The draft of a JSON file — its `mask` string, plus `|v:K` when it names a `draft_vocab` — and
-    its optional `gamma` (or a search run's `gamma_best`)."""
+    """The draft of a JSON file — its `mask` string, plus `|v:K` when it names a `draft_vocab` and
+    `|kv:sSwW` when it names a `kv` pattern — and its optional `gamma` (or a search run's
+    `gamma_best`)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
@@ -98,8 +99,9 @@ def read_from(path: Path) -> tuple[str, int | None]:
             f"{path}: {key} must be an integer >= 1, got {gamma!r}: fix the file, or pass --gamma"
         )
     with named_file(path):
-        vocab = parse_draft_vocab(data.get("draft_vocab"))
-    return data["mask"] + ("" if vocab is None else f"|v:{vocab}"), gamma
+        vocab, kv = parse_draft_vocab(data.get("draft_vocab")), KVPattern.parse(data.get("kv"))
+    draft = data["mask"] + ("" if vocab is None else f"|v:{vocab}") + ("" if kv is None else f"|kv:{kv}")
+    return draft, gamma
 
 
 @contextmanager

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from skipsearch.cli.common import (
     add_draft_vocab_option,
+    add_kv_options,
     add_mask_options,
     add_model_options,
     add_prompt_options,
@@ -36,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--temperature", type=float, default=1.0, help="for sampling acceptance (default 1.0)"
     )
     add_draft_vocab_option(parser, "the draft proposes from a draft vocabulary")
+    add_kv_options(parser)
     parser.add_argument(
         "--latency-profile", help="profile.json for the calibrated speedup (default: cached one)"
     )
@@ -45,7 +47,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.cli.common import check_mask_args, draft_vocab_from_args, mask_from_args, measure_config
+    from skipsearch.cli.common import (
+        check_mask_args,
+        draft_vocab_from_args,
+        kv_pattern_from_args,
+        mask_from_args,
+        measure_config,
+    )
     from skipsearch.errors import ConfigError
     from skipsearch.models.device import check_device
     from skipsearch.models.loading import dtype_name
@@ -65,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.cost.calibrated import predict
     from skipsearch.cost.closed_forms import head_share_from_config
     from skipsearch.cost.latency import LatencyProfile
-    from skipsearch.masks import vocab_label
-    from skipsearch.search.objective import DEFAULT_CONTEXT, scoring_latency
+    from skipsearch.masks import kv_label, vocab_label
+    from skipsearch.search.objective import DEFAULT_CONTEXT, model_kv_share, scoring_latency
 
     latency_path = (
         Path(args.latency_profile)
@@ -75,16 +83,18 @@ def run(args: argparse.Namespace) -> int:
     )
     latency = LatencyProfile.load(latency_path) if args.latency_profile or latency_path.is_file() else None
     cost = "calibrated" if latency is not None else "closed-form"
-    latency = scoring_latency(cost, latency, args.context, args.extrapolate_context)
+    latency = scoring_latency(
+        cost, latency, args.context, args.extrapolate_context, kv_pattern_from_args(args) is not None
+    )
     context = DEFAULT_CONTEXT if args.context is None else args.context
     measurement = prepare(config, check=lambda num_layers: mask_from_args(args, num_layers))
     mask = mask_from_args(args, measurement.num_layers)
 
-    draft_vocab = draft_vocab_from_args(args)
+    draft_vocab, kv = draft_vocab_from_args(args), kv_pattern_from_args(args)
     full_seconds = measurement.estimator.time_full_forward()  # before a Ray executor frees the model
     with make_executor(config, args.temperature, measurement) as executor:
         measured, eval_seconds = executor.measure_one(mask)
-    profile = measured.for_vocab(draft_vocab)
+    profile = measured.for_vocab(draft_vocab, kv)
     model_config = measurement.runner.config
     prediction = predict(
         profile,
@@ -95,14 +105,17 @@ def run(args: argparse.Namespace) -> int:
         draft_vocab=draft_vocab,
         vocab_size=int(model_config.vocab_size),
         head_share=None if latency else head_share_from_config(model_config.to_dict()),
+        kv=kv,
+        kv_share=None if latency else model_kv_share(measurement.runner.model, context),
     )
     result = {
         "model": args.model,
         "mask": str(mask),
         "draft_vocab": vocab_label(draft_vocab),
+        "kv": kv_label(kv),
         "mode": config.mode,
         "r_draft": mask.r_draft(),
-        "r_reuse": mask.r_reuse,
+        "r_reuse": 0.0 if kv is not None else mask.r_reuse,
         "alpha": profile.alpha,
         "sampling_acceptance": profile.sampling_acceptance,
         "temperature": args.temperature,
@@ -128,7 +141,7 @@ def print_result(result: dict, prediction: object) -> None:
     console = Console()
     console.print(
         f"[bold]{result['model']}[/]  mask [cyan]{result['mask']}[/]  draft vocabulary "
-        f"{result['draft_vocab']}  ({result['mode']} estimator, "
+        f"{result['draft_vocab']}  KV {result['kv']}  ({result['mode']} estimator, "
         f"{result['n_positions']} positions)"
     )
     console.print(

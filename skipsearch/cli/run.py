@@ -8,7 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from skipsearch.acceptance.importance import IMPORTANCE_SOURCES
-from skipsearch.cli.common import add_draft_vocab_option, add_model_options, add_prompt_options
+from skipsearch.cli.common import (
+    add_draft_vocab_option,
+    add_kv_options,
+    add_model_options,
+    add_prompt_options,
+)
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
 from skipsearch.config import RunConfig
 from skipsearch.search.objective import AUTO_COST, COSTS, OBJECTIVES
@@ -68,6 +73,7 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
         help="for sampling acceptance (default %(default)s)",
     )
     add_draft_vocab_option(parser, "score every mask with this draft vocabulary only (overrides the space)")
+    add_kv_options(parser)  # score every mask with this KV pattern only (overrides the space's kv:)
     add_context_options(parser)
     parser.add_argument(
         "--importance",
@@ -138,6 +144,8 @@ STORED_OPTIONS = {
     "extrapolate_context": "extrapolate_context",
     "importance": "importance",
     "draft_vocab": "draft_vocab",
+    "kv_sink": "kv",
+    "kv_window": "kv",
 }
 
 
@@ -148,8 +156,10 @@ def typed_settings(args: argparse.Namespace) -> dict[str, str]:
 
 
 def run_config(args: argparse.Namespace, strategy: str) -> RunConfig:
-    from skipsearch.cli.common import draft_vocab_from_args, measure_config
+    from skipsearch.cli.common import draft_vocab_from_args, kv_pattern_from_args, measure_config
     from skipsearch.config import RunConfig
+
+    kv = kv_pattern_from_args(args)
 
     return RunConfig(
         measure=measure_config(args),
@@ -165,6 +175,7 @@ def run_config(args: argparse.Namespace, strategy: str) -> RunConfig:
         warm_start=args.warm_start,
         temperature=args.temperature,
         draft_vocab=None if args.draft_vocab is None else (draft_vocab_from_args(args),),
+        kv=None if kv is None else (kv,),
         context=args.context,
         extrapolate_context=args.extrapolate_context,
         importance=args.importance,

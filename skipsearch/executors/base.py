@@ -125,4 +125,4 @@ caller reads `measurement.model_released` before computing with the model again.
 
 def local_executor(measure: MeasureConfig, temperature: float, measurement: Measurement) -> Executor:
     """Evaluate in this process with the model the driver already loaded."""
-    return LocalExecutor(measurement.evaluator(temperature, measure.draft_vocabs))
+    return LocalExecutor(measurement.evaluator(temperature, measure.draft_vocabs, measure.kv_patterns))

@@ -62,7 +62,7 @@ class MeasureWorker:
             )
         if self.ranking is not None:
             measurement.ranking = self.ranking
-        return measurement.evaluator(self.temperature, self.measure.draft_vocabs)
+        return measurement.evaluator(self.temperature, self.measure.draft_vocabs, self.measure.kv_patterns)
 
     def _place_reference(self) -> None:
         import ray

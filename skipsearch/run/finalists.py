@@ -4,7 +4,7 @@ A search ranks masks with the cheap `shared-kv` estimator, which sees every draf
 of its round and so overrates sparse masks by up to 6% (results/fidelity). The `rounds` estimator
 simulates the engine's own rounds at one γ and matches the engine exactly there, at three times
 the cost — too dear for every mask, cheap for a few. So once the search ends, its `FINALISTS`
-best distinct drafts (mask plus draft vocabulary) are measured again in `rounds` mode at their own
+best distinct drafts (mask, draft vocabulary and KV pattern) are measured again in `rounds` mode at their own
 γ*, scored by the run's own cost model at that γ, and the verdict ranks them by that exact score.
 The finalists are written to `finalists.json`, which `report` reads back.
 """
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from skipsearch.masks import FULL_VOCAB, SkipMask, parse_draft_vocab
+from skipsearch.masks import FULL_KV, FULL_VOCAB, KVPattern, SkipMask, parse_draft_vocab
 from skipsearch.search.results import TrialRecord
 from skipsearch.store import FINALISTS_FILE, write_text_atomic
 
@@ -40,13 +40,14 @@ class Finalist:
     exact_score: float
     search_tokens_per_round: float | None
     exact_tokens_per_round: float
+    kv: str = FULL_KV  # finalists.json files written before KV patterns lack it
 
 
 def finalist_records(records: list[TrialRecord], count: int = FINALISTS) -> list[TrialRecord]:
-    """The `count` best distinct drafts (mask and draft vocabulary), best first."""
-    chosen: dict[tuple[str, object], TrialRecord] = {}
+    """The `count` best distinct drafts (mask, draft vocabulary and KV pattern), best first."""
+    chosen: dict[tuple[str, object, object], TrialRecord] = {}
     for record in sorted(records, key=lambda r: (-r.score, r.number)):
-        key = (record.mask, record.details.get("draft_vocab", FULL_VOCAB))
+        key = (record.mask, record.details.get("draft_vocab", FULL_VOCAB), record.details.get("kv", FULL_KV))
         chosen.setdefault(key, record)
     return list(chosen.values())[:count]
 
@@ -61,6 +62,7 @@ def rescore(
     finalists = []
     for record in finalist_records(records):
         vocab = parse_draft_vocab(record.details.get("draft_vocab", FULL_VOCAB))
+        kv = KVPattern.parse(record.details.get("kv", FULL_KV))
         exact = Estimator(
             estimator.runner,
             estimator.reference,
@@ -70,7 +72,8 @@ def rescore(
             round_vocab=vocab,
         )
         mask = SkipMask.parse(record.mask, record.num_layers)
-        profile = exact.evaluate(mask, temperature, () if vocab is None else (vocab,)).for_vocab(vocab)
+        vocabs = () if vocab is None else (vocab,)
+        profile = exact.evaluate(mask, temperature, vocabs, kv).for_vocab(vocab, kv)
         score = scorer(mask, profile)
         gamma = record.gamma_best
         finalists.append(
@@ -83,6 +86,7 @@ def rescore(
                 exact_score=score.per_gamma[gamma],
                 search_tokens_per_round=record.details.get(f"tokens_per_round_{gamma}"),
                 exact_tokens_per_round=profile.tokens_per_round(gamma),
+                kv=record.details.get("kv", FULL_KV),
             )
         )
     return sorted(finalists, key=lambda f: -f.exact_score)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
+from skipsearch.masks import KVPattern
 from skipsearch.progress import console
 from skipsearch.run.finalists import FINALISTS
 from skipsearch.run.owner import run_owner
@@ -35,19 +36,52 @@ if TYPE_CHECKING:  # heavy (torch) types: imported where they are used
     from skipsearch.search.strategies import Strategy
 
 
-def resolve_draft_vocab(config: RunConfig) -> RunConfig:
-    """The draft vocabularies the run scores every mask with, made concrete before `run.yaml`:
-    `--draft-vocab` when given, else the space file's `draft_vocab:` (full only for a tiers space,
-    whose masks are captured with the full head). The measurement measures every size given."""
+def resolve_draft_choices(config: RunConfig) -> RunConfig:
+    """The draft vocabularies and KV patterns the run scores every mask with, made concrete before
+    `run.yaml`: `--draft-vocab` / `--kv-window` when given, else the space file's `draft_vocab:` /
+    `kv:` (full only for a tiers space, whose masks are captured with the full head and cache).
+    The measurement measures every size and pattern given.
+
+    A KV pattern is priced at the run's `--context` and must be measured there: a pattern measured
+    on prompts it covers is exact, and priced at a longer context it would look free. So a run with
+    patterns needs `--context`, and prompts cut to at least that many tokens.
+    """
     from skipsearch.search.space_files import load_space
     from skipsearch.search.space_spec import SpaceSpec
 
-    choices = config.draft_vocab
-    if choices is None:
+    spec = None
+    if config.draft_vocab is None or config.kv is None:
         spec = load_space(config.space)
-        choices = spec.draft_vocab if isinstance(spec, SpaceSpec) else (None,)
-    sizes = tuple(k for k in choices if k is not None)
-    return replace(config, draft_vocab=tuple(choices), measure=replace(config.measure, draft_vocabs=sizes))
+    spec = spec if isinstance(spec, SpaceSpec) else None
+    vocabs = config.draft_vocab if config.draft_vocab is not None else (spec.draft_vocab if spec else (None,))
+    patterns = config.kv if config.kv is not None else (spec.kv if spec else (None,))
+    measure = replace(
+        config.measure,
+        draft_vocabs=tuple(k for k in vocabs if k is not None),
+        kv_patterns=tuple(kv for kv in patterns if kv is not None),
+    )
+    if measure.kv_patterns:
+        _check_kv_context(config.context, measure.prompts.max_prompt_tokens, measure.kv_patterns)
+    return replace(config, draft_vocab=tuple(vocabs), kv=tuple(patterns), measure=measure)
+
+
+def _searches_kv(config: RunConfig) -> bool:
+    return any(kv is not None for kv in config.kv or ())
+
+
+def _check_kv_context(context: int | None, prompt_tokens: int, patterns: Sequence[KVPattern]) -> None:
+    example = " ".join(str(kv) for kv in patterns)
+    if context is None:
+        raise ConfigError(
+            f"KV patterns ({example}) are priced at a context: give --context N, the number of "
+            "cached tokens the drafts will run at (e.g. 8192)"
+        )
+    if prompt_tokens < context:
+        raise ConfigError(
+            f"KV patterns are measured at the context they are priced at: --max-prompt-tokens "
+            f"{prompt_tokens} is below --context {context}; pass --max-prompt-tokens {context} with "
+            "prompts that long (--prompts stdlib-long)"
+        )
 
 
 def prepare_config(
@@ -58,7 +92,7 @@ def prepare_config(
     search of each of `strategies`, the device. The run directory itself is `run_owner`'s."""
     if resume:
         config = resumed_config(out, config, typed)
-    return preflight(resolve_draft_vocab(config), strategies)
+    return preflight(resolve_draft_choices(config), strategies)
 
 
 @dataclass
@@ -92,7 +126,7 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
         measure.model, measure.device, dtype_name(measure.device, measure.dtype)
     )
     latency = LatencyProfile.load(latency_path) if latency_path.is_file() else None
-    scoring_latency(config.cost, latency, config.context, config.extrapolate_context)
+    scoring_latency(config.cost, latency, config.context, config.extrapolate_context, _searches_kv(config))
     searched = tuple(strategies or (config.strategy,))
     measurement = prepare(config.measure, check=lambda depth: check_searches(config, depth, searched))
     provenance = {
@@ -197,9 +231,11 @@ def search_one(
 def run_scorer(config: RunConfig, context: RunContext) -> Scorer:
     """The run's objective under its cost model, as the search and the finalists' re-score use it."""
     from skipsearch.cost.closed_forms import head_share_from_config
-    from skipsearch.search.objective import make_scorer
+    from skipsearch.search.objective import DEFAULT_CONTEXT, make_scorer, model_kv_share
 
-    model_config = context.measurement.runner.config
+    runner = context.measurement.runner
+    model_config = runner.config
+    at = DEFAULT_CONTEXT if config.context is None else config.context
     return make_scorer(
         config.objective,
         config.cost,
@@ -210,6 +246,8 @@ def run_scorer(config: RunConfig, context: RunContext) -> Scorer:
         draft_vocab=config.draft_vocab or (None,),
         vocab_size=int(model_config.vocab_size),
         head_share=None if context.latency else head_share_from_config(model_config.to_dict()),
+        kv=config.kv or (None,),
+        kv_share=None if context.latency else model_kv_share(runner.model, at),
     )
 
 
@@ -255,7 +293,9 @@ def _strategy(
         return setup.strategy, config.budget
     subset = informed_space(config.strategy, setup.space)
     importance = run_importance(out, config.importance, context.measurement, subset, executor, cache)
-    latency = scoring_latency(config.cost, context.latency, config.context, config.extrapolate_context)
+    latency = scoring_latency(
+        config.cost, context.latency, config.context, config.extrapolate_context, _searches_kv(config)
+    )
     at = DEFAULT_CONTEXT if config.context is None else config.context
     weights = latency.weights(at) if config.cost == "calibrated" and latency is not None else None
     strategy = make_strategy(config.strategy, importance=importance, weights=weights)

@@ -20,7 +20,7 @@ import pandas as pd
 
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
-from skipsearch.masks import FULL_VOCAB
+from skipsearch.masks import FULL_KV, FULL_VOCAB
 from skipsearch.run.finalists import load_finalists
 from skipsearch.search import best_trial, load_study, pareto_front, study_trials_frame
 from skipsearch.search.results import TrialRecord, trial_records
@@ -94,6 +94,8 @@ def best_summary(best: TrialRecord, config: RunConfig, provenance: dict) -> dict
         "mask": best.mask,
         "draft_vocab": details.get("draft_vocab", FULL_VOCAB),
         "score_by_draft_vocab": details.get("score_by_draft_vocab"),
+        "kv": details.get("kv", FULL_KV),
+        "score_by_kv": details.get("score_by_kv"),
         "num_layers": best.num_layers,
         "skipped_attn": details.get("skipped_attn"),
         "skipped_mlp": details.get("skipped_mlp"),
@@ -181,8 +183,14 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
             if summary.get("draft_vocab", FULL_VOCAB) == FULL_VOCAB
             else [f"drafting from the {summary['draft_vocab']} most frequent token ids ({DRAFT_VOCAB_FILE})."]
         ),
+        *(
+            []
+            if summary.get("kv", FULL_KV) == FULL_KV
+            else [f'attending through the KV pattern {summary["kv"]} (docs/theory.md, "KV patterns").']
+        ),
         "",
         f"- predicted speedup: {predicted_speedups(summary)}",
+        *gain_lines(summary),
         f"- acceptance α = {acceptance['alpha']:.3f} (greedy), "
         f"{acceptance['sampling_acceptance']:.3f} sampling at T = {acceptance['temperature']}",
         f"- draft cost r_draft = {summary['r_draft']:.3f}, KV reuse r_reuse = {summary['r_reuse']:.3f}",
@@ -210,6 +218,18 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
     return "\n".join(lines)
 
 
+def gain_lines(summary: dict) -> list[str]:
+    """Where the winner's gain comes from: its mask's best score with each draft vocabulary and
+    each KV pattern the run searched (absent for a dimension with one choice)."""
+    dimensions = {"draft_vocab": "draft vocabulary", "kv": "KV pattern"}
+    parts = [
+        f"{name} " + ", ".join(f"{label} {score:.3f}" for label, score in scores.items())
+        for dimension, name in dimensions.items()
+        if (scores := summary.get(f"score_by_{dimension}"))
+    ]
+    return [f"- the best mask's score with each {'; with each '.join(parts)}"] if parts else []
+
+
 def finalist_lines(finalists: list[dict], mode: str) -> list[str]:
     """The finalists' table: search score against the exact re-score, best exact first."""
     if not finalists:
@@ -218,15 +238,16 @@ def finalist_lines(finalists: list[dict], mode: str) -> list[str]:
         "",
         f"Finalists re-scored exactly (rounds estimator at each one's γ; the search used {mode}):",
         "",
-        "| mask | draft vocabulary | γ | search score | exact score | tokens/round search → exact |",
-        "|---|---|---|---|---|---|",
+        "| mask | draft vocabulary | KV pattern | γ | search score | exact score "
+        "| tokens/round search → exact |",
+        "|---|---|---|---|---|---|---|",
     ]
     for f in finalists:
         searched = f["search_tokens_per_round"]
         rounds = f"{'?' if searched is None else f'{searched:.3f}'} → {f['exact_tokens_per_round']:.3f}"
         lines.append(
-            f"| `{f['mask']}` | {f['draft_vocab']} | {f['gamma']} | {f['search_score']:.3f} | "
-            f"{f['exact_score']:.3f} | {rounds} |"
+            f"| `{f['mask']}` | {f['draft_vocab']} | {f.get('kv', FULL_KV)} | {f['gamma']} | "
+            f"{f['search_score']:.3f} | {f['exact_score']:.3f} | {rounds} |"
         )
     return lines
 

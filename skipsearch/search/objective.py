@@ -3,8 +3,8 @@
 
 A Score stores every number the trials table and best.json report, so a run directory explains
 itself without the model. A mask measured at several draft-vocabulary sizes (docs/theory.md, "The
-draft vocabulary") is scored at each of them and keeps the best, as it keeps the best γ: both are
-exact optima per mask, found by arithmetic on one measurement.
+draft vocabulary") and KV patterns ("KV patterns") is scored with each and keeps the best, as it
+keeps the best γ: both are exact optima per mask, found by arithmetic on its measurement.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from skipsearch.config import check_context
 from skipsearch.cost.calibrated import predict
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask, vocab_label
+from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
 from skipsearch.search.score import Score, Scorer
 
 OBJECTIVES = ("speedup", "acceptance")
@@ -29,16 +29,23 @@ DEFAULT_CONTEXT = 512
 
 
 def scoring_latency(
-    cost: str, latency: LatencyProfile | None, context: int | None, extrapolate: bool = False
+    cost: str,
+    latency: LatencyProfile | None,
+    context: int | None,
+    extrapolate: bool = False,
+    kv_patterns: bool = False,
 ) -> LatencyProfile | None:
     """The profile that prices candidates at an explicit `--context` (checked against its measured
     range), or `latency` unchanged when no context was asked for.
 
-    Only the calibrated cost model reads context (the closed form counts sub-layers), so asking
-    for one without it is an error rather than a flag that silently does nothing.
+    The calibrated cost model reads context; the closed form reads it only to price `kv_patterns`
+    (their unread keys' share of a step), and otherwise counts sub-layers, so asking for one it
+    would not read is an error rather than a flag that silently does nothing.
     """
     check_context(context)
     if context is None:
+        return latency
+    if cost == "closed-form" and kv_patterns:
         return latency
     if cost != "calibrated" or latency is None:
         raise ConfigError(
@@ -58,14 +65,18 @@ def make_scorer(
     draft_vocab: Sequence[int | None] = (None,),
     vocab_size: int | None = None,
     head_share: float | None = None,
+    kv: Sequence[KVPattern | None] = (None,),
+    kv_share: float | None = None,
 ) -> Scorer:
     """Scorer maximising the best-γ predicted speedup, or greedy acceptance (SWIFT-style, with the
-    r_draft budget set by the search space), over the draft vocabularies `draft_vocab` allows; the
-    calibrated form prices rounds at `context` tokens (default `DEFAULT_CONTEXT`, see
-    `scoring_latency` for an explicit one).
+    r_draft budget set by the search space), over the draft vocabularies `draft_vocab` and the KV
+    patterns `kv` allow; the calibrated form prices rounds at `context` tokens (default
+    `DEFAULT_CONTEXT`, see `scoring_latency` for an explicit one).
 
     `vocab_size` and `head_share` (the LM head's share of a step, for the closed form without a
-    profile: `cost.closed_forms.head_share_from_config`) price a draft vocabulary's smaller head."""
+    profile: `cost.closed_forms.head_share_from_config`) price a draft vocabulary's smaller head,
+    and `kv_share` (the K/V cache's share of a step, for the closed form without a profile:
+    `model_kv_share`) a KV pattern's unread keys."""
     if objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
     if cost not in COSTS:
@@ -74,9 +85,10 @@ def make_scorer(
         raise ConfigError(
             "--cost calibrated needs a latency profile: run `skipsearch profile --model M` first"
         )
-    latency = scoring_latency(cost, latency, context, extrapolate_context)
+    allowed, allowed_kv = tuple(draft_vocab), tuple(kv)
+    patterned = any(pattern is not None for pattern in allowed_kv)
+    latency = scoring_latency(cost, latency, context, extrapolate_context, patterned)
     at = DEFAULT_CONTEXT if context is None else context
-    allowed = tuple(draft_vocab)
 
     def score_variant(mask: SkipMask, profile: AcceptanceProfile) -> Score:
         prediction = predict(
@@ -88,15 +100,18 @@ def make_scorer(
             draft_vocab=profile.draft_vocab,
             vocab_size=vocab_size,
             head_share=head_share,
+            kv=profile.kv,
+            kv_share=kv_share,
         )
         curve = prediction.calibrated if cost == "calibrated" else prediction.closed_form
         best = prediction.best_calibrated if cost == "calibrated" else prediction.best_closed_form
         per_gamma = {g: s for g, s in enumerate(curve, start=1)}
         details = {
             "draft_vocab": vocab_label(profile.draft_vocab),
+            "kv": kv_label(profile.kv),
             "alpha": profile.alpha,
             "sampling_acceptance": profile.sampling_acceptance,
-            "r_reuse": mask.r_reuse,
+            "r_reuse": mask.r_reuse if profile.kv is None else 0.0,  # a KV pattern leaves verify nothing
             "skipped_attn": sorted(mask.attn),
             "skipped_mlp": sorted(mask.mlp),
             "speedup_closed_form": prediction.best_closed_form.speedup,
@@ -112,12 +127,34 @@ def make_scorer(
         return Score(value=value, gamma_best=best.gamma, per_gamma=per_gamma, details=details)
 
     def score(mask: SkipMask, profile: AcceptanceProfile) -> Score:
-        variants = [v for v in profile.variants if v.draft_vocab in allowed] or [profile]
+        wanted = [v for v in profile.variants if v.draft_vocab in allowed and v.kv in allowed_kv]
+        variants = wanted or [profile]
         scores = [score_variant(mask, variant) for variant in variants]
         best = max(scores, key=lambda s: s.value)
         if len(scores) == 1:
             return best
-        by_vocab = {str(s.details["draft_vocab"]): s.value for s in scores}
-        return replace(best, details={**best.details, "score_by_draft_vocab": by_vocab})
+        return replace(
+            best, details={**best.details, **_best_by("draft_vocab", scores), **_best_by("kv", scores)}
+        )
 
     return score
+
+
+def _best_by(dimension: str, scores: Sequence[Score]) -> dict[str, dict[str, float]]:
+    """`{"score_by_<dimension>": {label: best score with it}}` where the variants differ in that
+    dimension (the report reads from it which dimension a winner's gain comes from); else empty."""
+    best: dict[str, float] = {}
+    for score in scores:
+        label = str(score.details[dimension])
+        best[label] = max(best.get(label, score.value), score.value)
+    return {f"score_by_{dimension}": best} if len(best) > 1 else {}
+
+
+def model_kv_share(model: object, context: float) -> float:
+    """The closed form's K/V share of a step at `context` cached positions, from the bytes a step
+    of the loaded `model` reads on its kernel plan (`models.kernels.step_bytes`)."""
+    from skipsearch.cost.closed_forms import kv_read_share
+    from skipsearch.models.kernels import step_bytes
+
+    weights, per_position = step_bytes(model)
+    return kv_read_share(weights, per_position * context)

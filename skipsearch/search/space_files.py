@@ -8,7 +8,7 @@ The shipped files live in the package (`skipsearch/search/builtin_spaces/`, foun
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from skipsearch.errors import ConfigError, InvalidMaskError
-from skipsearch.masks import FULL_VOCAB, parse_draft_vocab
+from skipsearch.masks import FULL_VOCAB, KVPattern, parse_draft_vocab
 from skipsearch.search.space_spec import LayerRef, SpaceSpec, TierSpec, space_error
 from skipsearch.tiers.policy import TierPolicy, check_policy
 
@@ -37,6 +37,7 @@ _MASK_KEYS = (
     "gamma_min",
     "gamma_max",
     "draft_vocab",
+    "kv",
 )
 _TIER_KEYS = ("name", "kind", "description", "base", "num_tiers", "policy")
 _POLICY_KEYS = ("window", "thresholds")
@@ -162,7 +163,8 @@ def _parse_mask_space(reader: _Reader, kind: str, name: str) -> SpaceSpec:
         max_skipped=reader.count("max_skipped", None),
         gamma_min=reader.integer("gamma_min", 1, 1),
         gamma_max=reader.integer("gamma_max", 8, 1),
-        draft_vocab=_draft_vocab(reader),
+        draft_vocab=_choices(reader, "draft_vocab", parse_draft_vocab, "[full, 16384, 8192]"),
+        kv=_choices(reader, "kv", KVPattern.parse, "[full, s4w512, s4w1024]"),
     )
     for low, high in (
         ("r_draft_min", "r_draft_max"),
@@ -177,20 +179,19 @@ def _parse_mask_space(reader: _Reader, kind: str, name: str) -> SpaceSpec:
     return spec
 
 
-def _draft_vocab(reader: _Reader) -> tuple[int | None, ...]:
-    """`draft_vocab: [full, 16384, 8192]`: the draft vocabularies every mask is scored with."""
-    raw = reader.data.get("draft_vocab", [FULL_VOCAB])
+def _choices(reader: _Reader, key: str, parse: Callable[[Any], Any], example: str) -> tuple[Any, ...]:
+    """`draft_vocab: [full, 16384, 8192]` or `kv: [full, s4w1024]`: the draft vocabularies or KV
+    patterns every mask is scored with (default: full only)."""
+    raw = reader.data.get(key, [FULL_VOCAB])
     if not isinstance(raw, list) or not raw:
-        raise reader.error(
-            "draft_vocab", f"expected a non-empty list, got {raw!r}", "write e.g. [full, 8192]"
-        )
+        raise reader.error(key, f"expected a non-empty list, got {raw!r}", f"write e.g. {example}")
     try:
-        sizes = tuple(parse_draft_vocab(value) for value in raw)
+        choices = tuple(parse(value) for value in raw)
     except InvalidMaskError as error:
-        raise reader.error("draft_vocab", str(error), "write e.g. [full, 16384, 8192]") from None
-    if len(set(sizes)) != len(sizes):
-        raise reader.error("draft_vocab", f"{raw} names a size twice", "list each size once")
-    return sizes
+        raise reader.error(key, str(error), f"write e.g. {example}") from None
+    if len(set(choices)) != len(choices):
+        raise reader.error(key, f"{raw} names one twice", "list each once")
+    return choices
 
 
 def _parse_tiers(reader: _Reader, name: str, base_dir: Path) -> TierSpec:

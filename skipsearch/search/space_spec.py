@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from skipsearch.errors import ConfigError
+from skipsearch.masks import KVPattern
 from skipsearch.search.spaces import ConcreteSpace, ContiguousSpace, SubsetSpace
 from skipsearch.tiers.policy import TierPolicy
 
@@ -42,6 +43,7 @@ class SpaceSpec:
     gamma_min: int
     gamma_max: int
     draft_vocab: tuple[int | None, ...] = (None,)
+    kv: tuple[KVPattern | None, ...] = (None,)
 
     def _layer(self, ref: LayerRef, num_layers: int) -> int:
         if isinstance(ref, float):

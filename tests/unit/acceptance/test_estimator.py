@@ -221,6 +221,23 @@ def test_a_pattern_that_covers_every_context_changes_no_mode(plan_rounds_setup, 
     assert not torch.allclose(estimator.draft_logits(mask, KVPattern(1, 3)), estimator.draft_logits(mask))
 
 
+def test_one_evaluation_measures_every_kv_pattern_asked_for_with_each_vocabulary(plan_rounds_setup) -> None:
+    """`by_kv` holds what evaluating under each pattern alone gives, labelled with its pattern,
+    and the scorer's variants are every (vocabulary, pattern) pair."""
+    runner, reference = plan_rounds_setup
+    estimator = Estimator(runner, reference, "shared-kv", vocab_ids=lambda k: range(k))
+    mask, patterns = SkipMask.from_layers(LAYERS, [2]), (KVPattern(1, 3), KVPattern(0, 4))
+    profile = estimator.evaluate(mask, 1.0, (16,), patterns=patterns)
+    assert profile.kv is None and [p.kv for p in profile.by_kv] == list(patterns)
+    for pattern, measured in zip(patterns, profile.by_kv, strict=True):
+        alone = estimator.evaluate(mask, 1.0, (16,), pattern)
+        assert measured.greedy_match == alone.greedy_match
+        assert measured.for_vocab(16, pattern).sampling_accept == alone.for_vocab(16, pattern).sampling_accept
+    pairs = {(v.draft_vocab, v.kv) for v in profile.variants}
+    assert pairs == {(vocab, kv) for vocab in (None, 16) for kv in (None, *patterns)}
+    assert profile.for_vocab(16, patterns[1]).kv == patterns[1]
+
+
 def test_rounds_mode_is_shared_kv_for_a_contiguous_exit(rounds_setup) -> None:
     """A prefix's K/V is the full model's, so the round structure cannot change a match."""
     runner, reference = rounds_setup

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from skipsearch.acceptance.profile import AcceptanceProfile, match_runs, round_starts, simulate_rounds
+from skipsearch.masks import KVPattern
 
 
 def make_profile() -> AcceptanceProfile:
@@ -69,6 +70,19 @@ def test_profiles_round_trip_with_their_vocabulary_variants() -> None:
         profile.for_vocab(8)
     old = {k: v for k, v in profile.to_dict().items() if k != "by_vocab"}
     assert AcceptanceProfile.from_dict(old).by_vocab == ()
+
+
+def test_profiles_round_trip_with_their_kv_pattern_variants() -> None:
+    row = ((True, False, True),)
+    kv = KVPattern(4, 64)
+    under = AcceptanceProfile("a:1|m:1", row, ((0.5, 0.2, 0.9),), 1.0, kv=kv)
+    profile = AcceptanceProfile("a:1|m:1", row, ((0.6, 0.2, 0.9),), 1.0, by_kv=(under,))
+    again = AcceptanceProfile.from_dict(profile.to_dict())
+    assert again == profile and again.by_kv[0].kv == kv
+    assert profile.for_vocab(None, kv) is under and profile.variants == (profile, under)
+    assert under.summary(2)["kv"] == "s4w64" and profile.summary(2)["kv"] == "full"
+    with pytest.raises(KeyError, match=r"measured: full, full\|kv:s4w64"):
+        profile.for_vocab(None, KVPattern(0, 8))
 
 
 def test_round_starts_follow_simulated_rounds() -> None:

@@ -67,6 +67,9 @@ def test_decode_reads_mask_and_gamma_from_a_run(tmp_path, capsys):
     best = tmp_path / "best.json"
     best.write_text(json.dumps({"mask": "a:1,4|m:1,4", "gamma_best": 5, "score": 1.3}))
     assert read_from(best) == ("a:1,4|m:1,4", 5)
+    searched = tmp_path / "searched.json"
+    searched.write_text(json.dumps({"mask": "a:1|m:1", "draft_vocab": 64, "kv": "s4w16", "gamma_best": 3}))
+    assert read_from(searched) == ("a:1|m:1|v:64|kv:s4w16", 3)
     no_mask = tmp_path / "no_mask.json"
     no_mask.write_text(json.dumps({"gamma": 2}))
     with pytest.raises(ConfigError, match="mask"):

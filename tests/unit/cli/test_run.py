@@ -9,6 +9,7 @@ from `config.json` without loading, as the registry gives it for an alias.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import subprocess
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from skipsearch.cli import main
+from skipsearch.config import RunConfig
+from skipsearch.masks import KVPattern
 from skipsearch.run import owner, pipeline
 from skipsearch.search.journal import repair_journal
 from skipsearch.store import JOURNAL_FILE, RUN_FILE, cache_dir
@@ -264,4 +267,42 @@ def test_a_bad_draft_vocabulary_is_one_line_before_the_model_loads(value: str, t
     assert_one_line_error(result, "draft vocabulary")
     run = skipsearch("run", "--draft-vocab", value, "--out", str(tmp_path / "r"), *VOCAB_SMALL)
     assert_one_line_error(run, "draft vocabulary")
+    assert not (tmp_path / "r").exists()
+
+
+KV_SPACE = "kind: sparse\nkv: [full, s1w6]\n"
+
+
+def test_a_run_scores_each_mask_with_each_kv_pattern_and_says_which_wins(
+    model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Prompts of 32 tokens, priced at a context of 32, the pattern reading 7 of them."""
+    space = tmp_path / "kv.yaml"
+    space.write_text(KV_SPACE)
+    out = tmp_path / "r"
+    extra = ("--space", str(space), "--context", "32", "--budget", "3", "--strategy", "random")
+    assert main(run_args(model_dir, out, *extra)) == 0
+    best = json.loads((out / "best.json").read_text())
+    assert best["kv"] in ("full", "s1w6") and set(best["score_by_kv"]) == {"full", "s1w6"}
+    assert max(best["score_by_kv"].values()) == pytest.approx(best["score"])
+    finalist_patterns = {f["kv"] for f in best["finalists"]}
+    assert finalist_patterns and finalist_patterns <= {"full", "s1w6"}
+    assert "with each KV pattern full" in (out / "summary.md").read_text()
+    assert RunConfig.load(out / RUN_FILE)[0].kv == (None, KVPattern(1, 6))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--kv-window", "6"], "give --context N"),
+        (["--kv-window", "6", "--context", "64"], "pass --max-prompt-tokens 64"),
+        (["--kv-window", "0", "--context", "32"], "the window >= 1"),
+        (["--kv-sink", "2", "--context", "32"], "--kv-sink needs --kv-window"),
+    ],
+)
+def test_a_kv_pattern_without_its_context_is_one_line_before_the_model_loads(
+    model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch, extra, message
+) -> None:
+    monkeypatch.setattr(pipeline, "open_context", lambda *a: pytest.fail("the model was loaded"))
+    assert message in one_line_error(capsys, *run_args(model_dir, tmp_path / "r", *extra))
     assert not (tmp_path / "r").exists()

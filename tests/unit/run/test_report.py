@@ -29,6 +29,23 @@ def summary(cost: str) -> dict:
     }
 
 
+def test_the_verdict_names_the_kv_pattern_and_where_the_gain_comes_from() -> None:
+    searched = {
+        **summary("calibrated"),
+        "kv": "s4w1024",
+        "score_by_kv": {"full": 0.95, "s4w1024": 1.31},
+        "score_by_draft_vocab": {"full": 1.31, "16384": 1.25},
+    }
+    text = verdict(searched, pd.DataFrame({"repeat": [False]}), pd.DataFrame())
+    assert "attending through the KV pattern s4w1024" in text
+    assert (
+        "the best mask's score with each draft vocabulary full 1.310, 16384 1.250; with each KV "
+        "pattern full 0.950, s4w1024 1.310" in text
+    )
+    plain = verdict(summary("calibrated"), pd.DataFrame({"repeat": [False]}), pd.DataFrame())
+    assert "KV pattern" not in plain and "score with each" not in plain
+
+
 @pytest.mark.parametrize(
     ("cost", "figure", "named"),
     [("closed-form", "1.300x", "closed-form"), ("calibrated", "0.720x", "calibrated")],

@@ -6,7 +6,7 @@ import pytest
 
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask
+from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.search.objective import make_scorer
 from tests.unit.conftest import synthetic_latency
 
@@ -28,6 +28,37 @@ def test_context_changes_the_score_exactly_as_the_profile_says() -> None:
     at_2048 = make_scorer(cost="calibrated", latency=latency, gamma_max=1, context=2048)(mask, profile)
     default = make_scorer(cost="calibrated", latency=latency, gamma_max=1)(mask, profile)
     assert at_2048.value > default.value  # attention weighs more at long context
+
+
+def test_a_mask_keeps_its_best_kv_pattern_and_says_what_each_scored() -> None:
+    """Two variants of one mask: every key with half the drafts accepted, a sink-and-window
+    pattern with all of them. At 2,048 tokens the pattern's draft reads 64 keys; it wins, verify
+    reuses nothing under it, and the score of each pattern is kept for the report."""
+    mask, kv = SkipMask(2, attn={1}), KVPattern(0, 64)
+    under = AcceptanceProfile(str(mask), ((True,) * 8,), ((1.0,) * 8,), 0.0, kv=kv)
+    profile = AcceptanceProfile(str(mask), ((True, False) * 4,), ((1.0,) * 8,), 0.0, by_kv=(under,))
+    latency = synthetic_latency()
+    scorer = make_scorer(cost="calibrated", latency=latency, gamma_max=2, context=2048, kv=(None, kv))
+    score = scorer(mask, profile)
+    alone = make_scorer(cost="calibrated", latency=latency, gamma_max=2, context=2048, kv=(kv,))(
+        mask, profile
+    )
+    full = make_scorer(cost="calibrated", latency=latency, gamma_max=2, context=2048)(mask, profile)
+    assert score.details["kv"] == "s0w64" and score.value == alone.value > full.value
+    assert score.details["r_reuse"] == 0.0
+    assert score.details["score_by_kv"] == pytest.approx({"full": full.value, "s0w64": alone.value})
+    assert "score_by_draft_vocab" not in score.details  # one vocabulary: nothing to compare
+
+
+def test_the_closed_form_prices_a_kv_pattern_at_a_context() -> None:
+    mask, kv = SkipMask(2, attn={1}), KVPattern(0, 64)
+    under = AcceptanceProfile(str(mask), ((True,) * 8,), ((1.0,) * 8,), 0.0, kv=kv)
+    profile = AcceptanceProfile(str(mask), ((True,) * 8,), ((1.0,) * 8,), 0.0, by_kv=(under,))
+    short, long = (
+        make_scorer(gamma_max=2, context=context, kv=(kv,), kv_share=0.5)(mask, profile)
+        for context in (128, 8192)
+    )
+    assert long.value > short.value  # the pattern leaves more of the cache unread at 8k
 
 
 def test_a_context_outside_the_profile_needs_extrapolation() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from skipsearch.errors import ConfigError
+from skipsearch.masks import KVPattern
 from skipsearch.search.space_files import SPACES_DIR, available_spaces, load_space
 from skipsearch.search.space_spec import SpaceSpec, TierSpec
 from tests.unit.search.conftest import write_space
@@ -54,6 +55,11 @@ def test_load_by_path_equals_load_by_name() -> None:
         ("kind: sparse\nprotected: [1.5]\n", "protected"),
         ("kind: sparse\nprotected: []\n", "protected"),
         ("kind: sparse\nname: [a]\n", "name"),
+        ("kind: sparse\nkv: s4w1024\n", "kv"),
+        ("kind: sparse\nkv: [full, w1024]\n", "kv"),
+        ("kind: sparse\nkv: [s4w0]\n", "kv"),
+        ("kind: sparse\nkv: [1024]\n", "kv"),
+        ("kind: sparse\nkv: [s4w64, s4w64]\n", "kv"),
         ("kind: tiers\nnum_tiers: 5\npolicy: {thresholds: [0.5]}\n", "num_tiers"),
         ("kind: tiers\nnum_tiers: 3\npolicy: {thresholds: [0.5]}\n", "policy.thresholds"),
         ("kind: tiers\nnum_tiers: 3\npolicy: {thresholds: [0.8, 0.5]}\n", "policy.thresholds"),
@@ -72,6 +78,13 @@ def test_invalid_files_name_file_and_key(tmp_path: Path, text: str, key: str) ->
     message = str(err.value)
     assert str(path) in message and f"key '{key}'" in message
     assert message.count(":") >= 2  # problem, then the fix
+
+
+def test_a_space_lists_the_kv_patterns_every_mask_is_scored_with(tmp_path: Path) -> None:
+    spec = load_space(write_space(tmp_path, "kind: sparse\nkv: [full, s4w512, S0W64]\n", "kv.yaml"))
+    assert isinstance(spec, SpaceSpec)
+    assert spec.kv == (None, KVPattern(4, 512), KVPattern(0, 64))
+    assert load_space("sparse").kv == (None,)  # every key unless a space says otherwise
 
 
 def test_file_level_errors(tmp_path: Path) -> None:

@@ -1,0 +1,302 @@
+"""KV-pattern drafts against layer skipping, by context (issue 22): which pays where, predicted and measured.
+
+At each context N (default 512, 2048, 4096 and 8192 tokens), on prompts of `stdlib-long` cut to
+their last N tokens (`--prompts` of them measured, the next `--decode-prompts` held out):
+- **joint**: the best draft of a learned search of the light sparse space (1-8 skipped layers,
+  `draft_vocab_space.yaml`), every mask scored with every key and under each KV pattern
+  `s4w{128,256,512,1024}` that leaves keys out;
+- **layer-only**: the best of the same search's masks scored with every key;
+- **KV-only**: every layer, the best of those patterns.
+Each is scored by the calibrated cost model at its best γ, on a latency profile measured at
+128-8192 tokens (`skipsearch profile --context-lengths ... --out results/sparse_kv/profile.json`,
+taken first unless `--profile` names one); then the three are decoded against autoregressive
+decoding on the held-out prompts, interleaved and paired per prompt and repeat, every output
+checked against the autoregressive one (bf16: near-ties within the measured tolerance).
+
+    python experiments/sparse_kv.py                       # ~30 min on two idle cores
+    python experiments/sparse_kv.py --contexts 512,2048   # a shorter sweep
+
+Writes `results/sparse_kv/{results.json, README.md, crossover.png}`. Run it alone; the load
+average is recorded before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from _common import Stamp, markdown_table
+from _load import load_line
+
+from skipsearch.acceptance.estimator import Estimator
+from skipsearch.acceptance.measure_config import MeasureConfig
+from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
+from skipsearch.acceptance.worker import prepare
+from skipsearch.bench.interleaved import benchmark
+from skipsearch.bench.lossless import check_runs
+from skipsearch.config import RunConfig
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.engine import autoregressive_decode, speculative_decode
+from skipsearch.masks import KVPattern, SkipMask, kv_label
+from skipsearch.models.loading import eos_ids
+from skipsearch.run.pipeline import RunContext, run_scorer, search_one
+from skipsearch.search import EvaluationCache, load_study
+from skipsearch.search.results import trial_records
+from skipsearch.store import CACHE_DIR
+from skipsearch.validate.phases import decode_seconds, prefill_estimate
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "sparse_kv"
+SPACE = Path(__file__).with_name("draft_vocab_space.yaml")
+PATTERNS = tuple(KVPattern(4, window) for window in (128, 256, 512, 1024))
+PROFILE_CONTEXTS = "128,256,512,1024,2048,4096,8192"  # every pattern's key count, and every context
+DRAFTS = ("layer-only", "KV-only", "joint")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--contexts", default="512,2048,4096,8192")
+    p.add_argument("--prompts", type=int, default=4, help="prompts the drafts are measured on")
+    p.add_argument("--decode-prompts", type=int, default=3, help="held-out prompts decoded")
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--budget", type=int, default=16, help="distinct masks per search")
+    p.add_argument("--repeats", type=int, default=2, help="timed passes over the decode prompts")
+    p.add_argument("--profile", help="a latency profile covering the contexts (default: measure one)")
+    return p
+
+
+def latency_profile(args: argparse.Namespace) -> LatencyProfile:
+    """The profile given, or one measured now at `PROFILE_CONTEXTS` in fresh processes."""
+    path = Path(args.profile) if args.profile else OUT / "profile.json"
+    if not args.profile:
+        command = [sys.executable, "-m", "skipsearch", "profile", "--model", args.model]
+        command += ["--context-lengths", PROFILE_CONTEXTS, "--processes", "3", "--out", str(path)]
+        subprocess.run(command, check=True)
+    return LatencyProfile.load(path)
+
+
+def run_config(args: argparse.Namespace, context: int, kv: tuple[KVPattern | None, ...]) -> RunConfig:
+    prompts = PromptSpec("stdlib-long", args.prompts, max_prompt_tokens=context, new_tokens=args.new_tokens)
+    measure = MeasureConfig(
+        model=args.model, prompts=prompts, mode="shared-kv", kv_patterns=tuple(p for p in kv if p)
+    )
+    return RunConfig(
+        measure=measure,
+        space=str(SPACE),
+        budget=args.budget,
+        cost="calibrated",
+        draft_vocab=(None,),
+        kv=kv,
+        context=context,
+    )
+
+
+def patterns_at(context: int) -> tuple[KVPattern, ...]:
+    """The patterns that leave keys out at `context`."""
+    return tuple(p for p in PATTERNS if p.sink + p.window < context)
+
+
+def best_drafts(args: argparse.Namespace, context: int, run: RunContext, out: Path) -> dict:
+    """The three drafts at `context`: each a (mask, KV pattern, γ, predicted speedup, α) record.
+
+    One learned search scores every mask with every key and under each pattern: its winner is the
+    joint draft, and the same masks scored with every key only give the layer-only draft, so both
+    come from one candidate set at one budget. The search keeps its own evaluation cache in
+    `out`, new every run: a mask's acceptance depends on the context and prompts it was measured on.
+    """
+    shutil.rmtree(out, ignore_errors=True)
+    patterns, measurement = patterns_at(context), run.measurement
+    joint = run_config(args, context, (None, *patterns))
+    name = f"joint-{context}"
+    best = search_one(joint, run, out, False, study_name=name).best
+    found = {"joint": _record(best.mask, best.details["kv"], best.gamma_best, best.score, best.details)}
+    cache, every_key = EvaluationCache(out / CACHE_DIR), run_scorer(replace(joint, kv=(None,)), run)
+    masks = {record.mask: record.num_layers for record in trial_records(load_study(out, name))}
+    scored = {
+        mask: every_key(SkipMask.parse(mask, depth), cache.get(mask).profile) for mask, depth in masks.items()
+    }
+    mask, score = max(scored.items(), key=lambda item: item[1].value)
+    found["layer-only"] = _record(mask, "full", score.gamma_best, score.value, score.details)
+    if patterns:  # every layer, each pattern: one evaluation scores them all
+        empty = SkipMask(measurement.num_layers)
+        profile = measurement.estimator.evaluate(empty, 1.0, (), patterns=patterns)
+        score = run_scorer(replace(joint, kv=patterns), run)(empty, profile)
+        found["KV-only"] = _record(
+            str(empty), score.details["kv"], score.gamma_best, score.value, score.details
+        )
+    found["prompt_tokens"] = [len(ids) for ids in measurement.prompt_ids()]
+    return found
+
+
+def _record(mask: str, kv: str | None, gamma: int, score: float, details: dict) -> dict:
+    return {
+        "mask": mask,
+        "kv": kv or "full",
+        "gamma": gamma,
+        "predicted": score,
+        "alpha": details.get("alpha"),
+        "score_by_kv": details.get("score_by_kv"),
+    }
+
+
+def fidelity(drafts: dict, measurement: Any, new_tokens: int) -> dict:
+    """Tokens per round of each draft on the measured prompts: the rounds estimator (teacher-forced,
+    rounds simulated at the draft's γ) against the engine's own decodes of the same prompts."""
+    runner, reference = measurement.runner, measurement.estimator.reference
+    stop, prompts = eos_ids(measurement.loaded.model), measurement.prompt_ids()
+    found = {}
+    for name in (n for n in DRAFTS if n in drafts):
+        mask = SkipMask.parse(drafts[name]["mask"], runner.num_layers)
+        kv, gamma = KVPattern.parse(drafts[name]["kv"]), drafts[name]["gamma"]
+        rounds = Estimator(runner, reference, "rounds", measurement.vocab_ids, round_gamma=gamma)
+        estimated = rounds.evaluate(mask, 1.0, (), kv).tokens_per_round(gamma)
+        decodes = [
+            speculative_decode(runner, p, mask, new_tokens, gamma, eos_ids=stop, kv=kv) for p in prompts
+        ]
+        engine = statistics.mean(n + 1 for result in decodes for n in result.accepted)
+        found[name] = {"estimator": estimated, "engine": engine, "error": estimated / engine - 1}
+    return found
+
+
+def decode(args: argparse.Namespace, context: int, drafts: dict, measurement: Any) -> dict:
+    """The drafts decoded against autoregressive decoding on the held-out prompts, paired."""
+    runner, loaded = measurement.runner, measurement.loaded
+    total = args.prompts + args.decode_prompts
+    spec = PromptSpec("stdlib-long", total, max_prompt_tokens=context, new_tokens=args.new_tokens)
+    prompts = [p.ids for p in encode_prompts(spec, loaded.tokenizer)][args.prompts :]
+    stop, new = eos_ids(loaded.model), args.new_tokens
+    decoders = {"autoregressive": lambda p, g: autoregressive_decode(runner, p, new, eos_ids=stop)}
+    for name in DRAFTS:
+        if name in drafts:
+            draft = drafts[name]
+            mask = SkipMask.parse(draft["mask"], runner.num_layers)
+            kv, gamma = KVPattern.parse(draft["kv"]), draft["gamma"]
+            decoders[name] = lambda p, g, m=mask, k=kv, y=gamma: speculative_decode(
+                runner, p, m, new, y, eos_ids=stop, kv=k
+            )
+    stamp = Stamp()
+    runs = benchmark(decoders, prompts, args.repeats, 0, runner.device)
+    measured = {"meta": stamp.finish()}
+    baseline = runs["autoregressive"]
+    for name in (n for n in DRAFTS if n in drafts):
+        widest = drafts[name]["gamma"] + 1
+        check = check_runs(runner, prompts, baseline, runs[name], widest).to_dict()
+        per_prompt = [runs[name][i :: len(prompts)] for i in range(len(prompts))]
+        prefill = [prefill_estimate(results) for results in per_prompt]
+        paired = enumerate(zip(baseline, runs[name], strict=True))
+        pairs = [(a, s, prefill[i % len(prompts)]) for i, (a, s) in paired]
+        ratios = [decode_seconds(a, p) / decode_seconds(s, p) for a, s, p in pairs]
+        measured[name] = {
+            "decode_only": sum(decode_seconds(a, p) for a, _, p in pairs)
+            / sum(decode_seconds(s, p) for _, s, p in pairs),
+            "pairs": [min(ratios), max(ratios)],
+            "tokens_per_round": statistics.mean(n + 1 for s in runs[name] for n in s.accepted),
+            "lossless": check,
+        }
+    return measured
+
+
+def main() -> None:
+    args = parser().parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+    latency = latency_profile(args)
+    results: dict[str, Any] = {"model": args.model, "contexts": {}, "profile": latency.meta}
+    for context in (int(c) for c in args.contexts.split(",")):
+        measurement = prepare(run_config(args, context, (None, *patterns_at(context))).measure)
+        run = RunContext(measurement, latency.for_context(context), {})
+        drafts = best_drafts(args, context, run, OUT / "searches" / str(context))
+        drafts["fidelity"] = fidelity(drafts, measurement, args.new_tokens)
+        drafts["measured"] = decode(args, context, drafts, measurement)
+        results["contexts"][str(context)] = drafts
+        print(json.dumps({context: drafts}, indent=1, default=str), flush=True)
+        (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    results["load"] = load_line(load_before, os.getloadavg())
+    (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    write_report(results)
+
+
+def write_report(results: dict) -> None:
+    rows, contexts = [], sorted(int(c) for c in results["contexts"])
+    for context in contexts:
+        found = results["contexts"][str(context)]
+        for name in (n for n in DRAFTS if n in found):
+            draft, measured = found[name], found["measured"][name]
+            lossless = measured["lossless"]
+            rows.append(
+                [
+                    str(context),
+                    name,
+                    f"`{draft['mask']}`" if name != "KV-only" else "every layer",
+                    kv_label(KVPattern.parse(draft["kv"])),
+                    str(draft["gamma"]),
+                    f"{draft['predicted']:.3f}",
+                    f"{measured['decode_only']:.3f}× ({measured['pairs'][0]:.2f}–{measured['pairs'][1]:.2f})",
+                    f"{measured['tokens_per_round']:.2f}",
+                    f"{found['fidelity'][name]['estimator']:.2f} / {found['fidelity'][name]['engine']:.2f} "
+                    f"({100 * found['fidelity'][name]['error']:+.1f}%)",
+                    f"{lossless.get('near_ties', 0)} near-ties, {lossless.get('real_divergences', 0)} real",
+                ]
+            )
+    header = [
+        "context",
+        "draft",
+        "mask",
+        "KV pattern",
+        "γ",
+        "predicted",
+        "decode-only (pairs)",
+        "tokens/round",
+        "estimator / engine tokens/round on the measured prompts",
+    ]
+    lines = [
+        f"# KV-pattern drafts against layer skipping by context: {results['model']}",
+        "",
+        f"`python experiments/sparse_kv.py` (see its docstring). {results['load']}.",
+        "",
+        *markdown_table([*header, "lossless"], rows),
+        "",
+        "![predicted and measured speedup by context](crossover.png)",
+        "",
+    ]
+    (OUT / "README.md").write_text("\n".join(lines))
+    plot(results, contexts)
+
+
+def plot(results: dict, contexts: list[int]) -> None:
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, colour in zip(DRAFTS, ("tab:blue", "tab:orange", "tab:green"), strict=True):
+        have = [c for c in contexts if name in results["contexts"][str(c)]]
+        found = [results["contexts"][str(c)] for c in have]
+        ax.plot(have, [f[name]["predicted"] for f in found], "--", color=colour, label=f"{name} predicted")
+        ax.plot(
+            have,
+            [f["measured"][name]["decode_only"] for f in found],
+            "o-",
+            color=colour,
+            label=f"{name} measured",
+        )
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set(xscale="log", xlabel="context (tokens)", ylabel="speedup over autoregressive (decode only)")
+    ax.set_xticks(contexts, [str(c) for c in contexts])
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(OUT / "crossover.png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

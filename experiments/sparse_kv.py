@@ -1,14 +1,15 @@
 """KV-pattern drafts against layer skipping, by context (issue 22): which pays where, predicted and measured.
 
-At each context N (default 512, 2048, 4096 and 8192 tokens), on prompts of `stdlib-long` cut to
-their last N tokens (`--prompts` of them measured, the next `--decode-prompts` held out):
+At each context N (default 512, 2048, 4096 and 8000 tokens: SmolLM2 holds 8,192 positions), on
+prompts of `stdlib-long` cut to their last N tokens (`--prompts` of them measured, the next
+`--decode-prompts` held out):
 - **joint**: the best draft of a learned search of the light sparse space (1-8 skipped layers,
   `draft_vocab_space.yaml`), every mask scored with every key and under each KV pattern
   `s4w{128,256,512,1024}` that leaves keys out;
 - **layer-only**: the best of the same search's masks scored with every key;
 - **KV-only**: every layer, the best of those patterns.
 Each is scored by the calibrated cost model at its best γ, on a latency profile measured at
-128-8192 tokens (`skipsearch profile --context-lengths ... --out results/sparse_kv/profile.json`,
+128-8000 tokens (`skipsearch profile --context-lengths ... --out results/sparse_kv/profile.json`,
 taken first unless `--profile` names one); then the three are decoded against autoregressive
 decoding on the held-out prompts, interleaved and paired per prompt and repeat, every output
 checked against the autoregressive one (bf16: near-ties within the measured tolerance).
@@ -61,14 +62,14 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "sparse_kv"
 SPACE = Path(__file__).with_name("draft_vocab_space.yaml")
 PATTERNS = tuple(KVPattern(4, window) for window in (128, 256, 512, 1024))
-PROFILE_CONTEXTS = "128,256,512,1024,2048,4096,8192"  # every pattern's key count, and every context
+PROFILE_CONTEXTS = "128,256,512,1024,2048,4096,8000"  # every pattern's key count, and every context
 DRAFTS = ("layer-only", "KV-only", "joint")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--contexts", default="512,2048,4096,8192")
+    p.add_argument("--contexts", default="512,2048,4096,8000")
     p.add_argument("--prompts", type=int, default=4, help="prompts the drafts are measured on")
     p.add_argument("--decode-prompts", type=int, default=3, help="held-out prompts decoded")
     p.add_argument("--new-tokens", type=int, default=32)

@@ -3,9 +3,10 @@
 At each context N (default 512, 2048, 4096 and 8000 tokens: SmolLM2 holds 8,192 positions), on
 prompts of `stdlib-long` cut to their last N tokens (`--prompts` of them measured, the next
 `--decode-prompts` held out):
-- **joint**: the best draft of a learned search of the light sparse space (1-8 skipped layers,
-  `draft_vocab_space.yaml`), every mask scored with every key and under each KV pattern
-  `s4w{128,256,512,1024}` that leaves keys out;
+- **joint**: the best draft of a search of the light sparse space (1-8 skipped layers,
+  `draft_vocab_space.yaml`; knapsack candidates, then TPE), every mask scored with every key and
+  under each KV pattern `s4w{128,256,512,1024}` that leaves keys out, or the KV-only draft where
+  it scores higher;
 - **layer-only**: the best of the same search's masks scored with every key;
 - **KV-only**: every layer, the best of those patterns.
 Each is scored by the calibrated cost model at its best γ, on a latency profile measured at
@@ -14,8 +15,9 @@ taken first unless `--profile` names one); then the three are decoded against au
 decoding on the held-out prompts, interleaved and paired per prompt and repeat, every output
 checked against the autoregressive one (bf16: near-ties within the measured tolerance).
 
-    python experiments/sparse_kv.py                       # ~30 min on two idle cores
+    python experiments/sparse_kv.py                       # ~40 min on two idle cores
     python experiments/sparse_kv.py --contexts 512,2048   # a shorter sweep
+    python experiments/sparse_kv.py --profile results/sparse_kv/profile.json   # keep the profile
 
 Writes `results/sparse_kv/{results.json, README.md, crossover.png}`. Run it alone; the load
 average is recorded before and after.
@@ -73,7 +75,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=4, help="prompts the drafts are measured on")
     p.add_argument("--decode-prompts", type=int, default=3, help="held-out prompts decoded")
     p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--budget", type=int, default=16, help="distinct masks per search")
+    p.add_argument("--budget", type=int, default=24, help="distinct masks per search")
     p.add_argument("--repeats", type=int, default=2, help="timed passes over the decode prompts")
     p.add_argument("--profile", help="a latency profile covering the contexts (default: measure one)")
     return p
@@ -97,6 +99,7 @@ def run_config(args: argparse.Namespace, context: int, kv: tuple[KVPattern | Non
     return RunConfig(
         measure=measure,
         space=str(SPACE),
+        strategy="knapsack+tpe",
         budget=args.budget,
         cost="calibrated",
         draft_vocab=(None,),
@@ -113,10 +116,13 @@ def patterns_at(context: int) -> tuple[KVPattern, ...]:
 def best_drafts(args: argparse.Namespace, context: int, run: RunContext, out: Path) -> dict:
     """The three drafts at `context`: each a (mask, KV pattern, γ, predicted speedup, α) record.
 
-    One learned search scores every mask with every key and under each pattern: its winner is the
-    joint draft, and the same masks scored with every key only give the layer-only draft, so both
-    come from one candidate set at one budget. The search keeps its own evaluation cache in
-    `out`, new every run: a mask's acceptance depends on the context and prompts it was measured on.
+    One search (knapsack candidates from the importance proxy, then TPE) scores every mask with
+    every key and under each pattern, and the same masks scored with every key only give the
+    layer-only draft, so both come from one candidate set at one budget. The joint draft is the
+    better of that search's winner and the KV-only draft: every layer with a pattern is a joint
+    candidate too, which the sparse space (1-8 skipped layers) leaves out. The search keeps its
+    own evaluation cache in `out`, new every run: a mask's acceptance depends on the context and
+    the prompts it was measured on.
     """
     shutil.rmtree(out, ignore_errors=True)
     patterns, measurement = patterns_at(context), run.measurement
@@ -138,6 +144,8 @@ def best_drafts(args: argparse.Namespace, context: int, run: RunContext, out: Pa
         found["KV-only"] = _record(
             str(empty), score.details["kv"], score.gamma_best, score.value, score.details
         )
+        if found["KV-only"]["predicted"] > found["joint"]["predicted"]:
+            found["joint"] = found["KV-only"]
     found["prompt_tokens"] = [len(ids) for ids in measurement.prompt_ids()]
     return found
 
@@ -153,13 +161,30 @@ def _record(mask: str, kv: str | None, gamma: int, score: float, details: dict) 
     }
 
 
+def distinct(drafts: dict) -> dict[str, str]:
+    """Each draft's name -> the name of the first draft equal to it (the joint draft is often the
+    KV-only one): an equal draft is measured once and reported under both names."""
+    first: dict[tuple, str] = {}
+    for name in (n for n in DRAFTS if n in drafts):
+        first.setdefault((drafts[name]["mask"], drafts[name]["kv"], drafts[name]["gamma"]), name)
+    return {
+        name: first[(drafts[name]["mask"], drafts[name]["kv"], drafts[name]["gamma"])]
+        for name in DRAFTS
+        if name in drafts
+    }
+
+
 def fidelity(drafts: dict, measurement: Any, new_tokens: int) -> dict:
     """Tokens per round of each draft on the measured prompts: the rounds estimator (teacher-forced,
     rounds simulated at the draft's γ) against the engine's own decodes of the same prompts."""
     runner, reference = measurement.runner, measurement.estimator.reference
     stop, prompts = eos_ids(measurement.loaded.model), measurement.prompt_ids()
     found = {}
-    for name in (n for n in DRAFTS if n in drafts):
+    same = distinct(drafts)
+    for name in same:
+        if same[name] != name:
+            found[name] = found[same[name]]
+            continue
         mask = SkipMask.parse(drafts[name]["mask"], runner.num_layers)
         kv, gamma = KVPattern.parse(drafts[name]["kv"]), drafts[name]["gamma"]
         rounds = Estimator(runner, reference, "rounds", measurement.vocab_ids, round_gamma=gamma)
@@ -180,19 +205,22 @@ def decode(args: argparse.Namespace, context: int, drafts: dict, measurement: An
     prompts = [p.ids for p in encode_prompts(spec, loaded.tokenizer)][args.prompts :]
     stop, new = eos_ids(loaded.model), args.new_tokens
     decoders = {"autoregressive": lambda p, g: autoregressive_decode(runner, p, new, eos_ids=stop)}
-    for name in DRAFTS:
-        if name in drafts:
-            draft = drafts[name]
-            mask = SkipMask.parse(draft["mask"], runner.num_layers)
-            kv, gamma = KVPattern.parse(draft["kv"]), draft["gamma"]
-            decoders[name] = lambda p, g, m=mask, k=kv, y=gamma: speculative_decode(
-                runner, p, m, new, y, eos_ids=stop, kv=k
-            )
+    same = distinct(drafts)
+    for name in dict.fromkeys(same.values()):  # each distinct draft once, in order
+        draft = drafts[name]
+        mask = SkipMask.parse(draft["mask"], runner.num_layers)
+        kv, gamma = KVPattern.parse(draft["kv"]), draft["gamma"]
+        decoders[name] = lambda p, g, m=mask, k=kv, y=gamma: speculative_decode(
+            runner, p, m, new, y, eos_ids=stop, kv=k
+        )
     stamp = Stamp()
     runs = benchmark(decoders, prompts, args.repeats, 0, runner.device)
     measured = {"meta": stamp.finish()}
     baseline = runs["autoregressive"]
-    for name in (n for n in DRAFTS if n in drafts):
+    for name in same:
+        if same[name] != name:
+            measured[name] = measured[same[name]]
+            continue
         widest = drafts[name]["gamma"] + 1
         check = check_runs(runner, prompts, baseline, runs[name], widest).to_dict()
         per_prompt = [runs[name][i :: len(prompts)] for i in range(len(prompts))]
@@ -232,6 +260,7 @@ def main() -> None:
 
 def write_report(results: dict) -> None:
     rows, contexts = [], sorted(int(c) for c in results["contexts"])
+    layers = int(results["profile"]["num_layers"])
     for context in contexts:
         found = results["contexts"][str(context)]
         for name in (n for n in DRAFTS if n in found):
@@ -241,7 +270,7 @@ def write_report(results: dict) -> None:
                 [
                     str(context),
                     name,
-                    f"`{draft['mask']}`" if name != "KV-only" else "every layer",
+                    "every layer" if draft["mask"] == str(SkipMask(layers)) else f"`{draft['mask']}`",
                     kv_label(KVPattern.parse(draft["kv"])),
                     str(draft["gamma"]),
                     f"{draft['predicted']:.3f}",

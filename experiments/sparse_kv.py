@@ -78,6 +78,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=int, default=24, help="distinct masks per search")
     p.add_argument("--repeats", type=int, default=2, help="timed passes over the decode prompts")
     p.add_argument("--profile", help="a latency profile covering the contexts (default: measure one)")
+    p.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="decode again the drafts results.json holds (no profile, no search, no fidelity)",
+    )
     return p
 
 
@@ -228,13 +233,21 @@ def decode(args: argparse.Namespace, context: int, drafts: dict, measurement: An
         paired = enumerate(zip(baseline, runs[name], strict=True))
         pairs = [(a, s, prefill[i % len(prompts)]) for i, (a, s) in paired]
         ratios = [decode_seconds(a, p) / decode_seconds(s, p) for a, s, p in pairs]
+        rounds = [t for result in runs[name] for t in result.timings]
         measured[name] = {
             "decode_only": sum(decode_seconds(a, p) for a, _, p in pairs)
             / sum(decode_seconds(s, p) for _, s, p in pairs),
             "pairs": [min(ratios), max(ratios)],
             "tokens_per_round": statistics.mean(n + 1 for s in runs[name] for n in s.accepted),
+            "round_ms": {
+                "draft": 1e3 * statistics.mean(t.draft for t in rounds),
+                "verify": 1e3 * statistics.mean(t.verify for t in rounds),
+                "rest": 1e3 * statistics.mean(t.sample + t.cache + t.other for t in rounds),
+            },
             "lossless": check,
         }
+    ar_tokens = sum(len(a.tokens) for a in baseline)
+    measured["autoregressive_ms_per_token"] = 1e3 * sum(decode_seconds(a, 0.0) for a in baseline) / ar_tokens
     return measured
 
 
@@ -242,13 +255,19 @@ def main() -> None:
     args = parser().parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
-    latency = latency_profile(args)
-    results: dict[str, Any] = {"model": args.model, "contexts": {}, "profile": latency.meta}
+    if args.decode_only:
+        results = json.loads((OUT / "results.json").read_text())
+    else:
+        latency = latency_profile(args)
+        results = {"model": args.model, "contexts": {}, "profile": latency.meta}
     for context in (int(c) for c in args.contexts.split(",")):
         measurement = prepare(run_config(args, context, (None, *patterns_at(context))).measure)
-        run = RunContext(measurement, latency.for_context(context), {})
-        drafts = best_drafts(args, context, run, OUT / "searches" / str(context))
-        drafts["fidelity"] = fidelity(drafts, measurement, args.new_tokens)
+        if args.decode_only:
+            drafts = results["contexts"][str(context)]
+        else:
+            run = RunContext(measurement, latency.for_context(context), {})
+            drafts = best_drafts(args, context, run, OUT / "searches" / str(context))
+            drafts["fidelity"] = fidelity(drafts, measurement, args.new_tokens)
         drafts["measured"] = decode(args, context, drafts, measurement)
         results["contexts"][str(context)] = drafts
         print(json.dumps({context: drafts}, indent=1, default=str), flush=True)
@@ -276,6 +295,9 @@ def write_report(results: dict) -> None:
                     f"{draft['predicted']:.3f}",
                     f"{measured['decode_only']:.3f}× ({measured['pairs'][0]:.2f}–{measured['pairs'][1]:.2f})",
                     f"{measured['tokens_per_round']:.2f}",
+                    _breakdown(
+                        measured, draft["gamma"], found["measured"].get("autoregressive_ms_per_token")
+                    ),
                     f"{found['fidelity'][name]['estimator']:.2f} / {found['fidelity'][name]['engine']:.2f} "
                     f"({100 * found['fidelity'][name]['error']:+.1f}%)",
                     f"{lossless.get('near_ties', 0)} near-ties, {lossless.get('real_divergences', 0)} real",
@@ -290,6 +312,7 @@ def write_report(results: dict) -> None:
         "predicted",
         "decode-only (pairs)",
         "tokens/round",
+        "draft step · verify · AR step (ms)",
         "estimator / engine tokens/round on the measured prompts",
     ]
     lines = [
@@ -304,6 +327,14 @@ def write_report(results: dict) -> None:
     ]
     (OUT / "README.md").write_text("\n".join(lines))
     plot(results, contexts)
+
+
+def _breakdown(measured: dict, gamma: int, ar_ms: float | None) -> str:
+    """A round's draft step and verify against the autoregressive step, in ms."""
+    if "round_ms" not in measured or ar_ms is None:
+        return "–"
+    phases = measured["round_ms"]
+    return f"{phases['draft'] / gamma:.1f} · {phases['verify']:.1f} · {ar_ms:.1f}"
 
 
 def plot(results: dict, contexts: list[int]) -> None:

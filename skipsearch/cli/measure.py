@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skipsearch.cli.common import (
     add_draft_vocab_option,
@@ -18,6 +19,9 @@ from skipsearch.cli.common import (
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
 from skipsearch.cli.run import add_context_options
 from skipsearch.store import write_text_atomic
+
+if TYPE_CHECKING:  # imported when the command runs (`latency_profile`), not when the parser is built
+    from skipsearch.cost.latency import LatencyProfile
 
 GAMMAS = range(1, 9)
 
@@ -56,10 +60,8 @@ def run(args: argparse.Namespace) -> int:
     )
     from skipsearch.errors import ConfigError
     from skipsearch.models.device import check_device
-    from skipsearch.models.loading import dtype_name
     from skipsearch.models.random_weights import refuse_acceptance
     from skipsearch.run.preflight import known_depth
-    from skipsearch.store import readable_profile_path
 
     refuse_acceptance(random_weights(args), "measure")
     if args.temperature < 0:
@@ -72,20 +74,10 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.acceptance.worker import prepare
     from skipsearch.cost.calibrated import predict
     from skipsearch.cost.closed_forms import head_share_from_config
-    from skipsearch.cost.latency import LatencyProfile
     from skipsearch.masks import kv_label, vocab_label
-    from skipsearch.search.objective import DEFAULT_CONTEXT, model_kv_share, scoring_latency
+    from skipsearch.search.objective import DEFAULT_CONTEXT, model_kv_share
 
-    latency_path = (
-        Path(args.latency_profile)
-        if args.latency_profile
-        else readable_profile_path(args.model, args.device, dtype_name(args.device, args.dtype))
-    )
-    latency = LatencyProfile.load(latency_path) if args.latency_profile or latency_path.is_file() else None
-    cost = "calibrated" if latency is not None else "closed-form"
-    latency = scoring_latency(
-        cost, latency, args.context, args.extrapolate_context, kv_pattern_from_args(args) is not None
-    )
+    latency_path, latency = latency_profile(args)
     context = DEFAULT_CONTEXT if args.context is None else args.context
     measurement = prepare(config, check=lambda num_layers: mask_from_args(args, num_layers))
     mask = mask_from_args(args, measurement.num_layers)
@@ -132,6 +124,26 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_text_atomic(Path(args.json), json.dumps(result, indent=2))
     return 0
+
+
+def latency_profile(args: argparse.Namespace) -> tuple[Path, LatencyProfile | None]:
+    """Where the latency profile is (`--latency-profile`, else this device's cached one) and the
+    profile checked for `--context`, or None where none was measured (the closed form then)."""
+    from skipsearch.cli.common import kv_pattern_from_args
+    from skipsearch.cost.latency import LatencyProfile
+    from skipsearch.models.loading import dtype_name
+    from skipsearch.search.objective import scoring_latency
+    from skipsearch.store import readable_profile_path
+
+    path = (
+        Path(args.latency_profile)
+        if args.latency_profile
+        else readable_profile_path(args.model, args.device, dtype_name(args.device, args.dtype))
+    )
+    latency = LatencyProfile.load(path) if args.latency_profile or path.is_file() else None
+    cost = "calibrated" if latency is not None else "closed-form"
+    patterned = kv_pattern_from_args(args) is not None
+    return path, scoring_latency(cost, latency, args.context, args.extrapolate_context, patterned)
 
 
 def print_result(result: dict, prediction: object) -> None:

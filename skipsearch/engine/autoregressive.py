@@ -14,6 +14,7 @@ from skipsearch.engine.cache import check_lengths
 from skipsearch.engine.result import DecodeResult, new_tokens
 from skipsearch.engine.sampling import GREEDY, Sampling, sample
 from skipsearch.errors import ConfigError
+from skipsearch.models.device import device_sync
 from skipsearch.models.runner import LayerwiseRunner
 
 
@@ -31,6 +32,8 @@ def autoregressive_decode(
         raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
     began = time.perf_counter()
     cache = runner.prefill(prompt)
+    device_sync(runner.device)()
+    prefilled = time.perf_counter()
     tokens = list(prompt)
     while len(tokens) - len(prompt) < max_new_tokens and (
         len(tokens) == len(prompt) or tokens[-1] not in eos_ids
@@ -38,4 +41,5 @@ def autoregressive_decode(
         logits = runner.step(tokens[-1], len(tokens) - 1, cache)
         tokens.append(int(logits.argmax() if sampling.greedy else sample(sampling.probs(logits), generator)))
         check_lengths(cache, len(tokens) - 1)
-    return DecodeResult(len(prompt), new_tokens(tokens, len(prompt), eos_ids), time.perf_counter() - began)
+    decoded = new_tokens(tokens, len(prompt), eos_ids)
+    return DecodeResult(len(prompt), decoded, time.perf_counter() - began, prefill_seconds=prefilled - began)

@@ -14,7 +14,9 @@ class DecodeResult:
     """One prompt's decode: the new tokens, and per speculative round γ and accepted drafts.
 
     A plain autoregressive decode has no rounds. `seconds` is the wall time of the whole call,
-    prefill included, so it compares with `model.generate`.
+    prefill included, so it compares with `model.generate`; `prefill_seconds` is the prefill's
+    share of it (None where the decoder does not time it apart, as `generate`): at long contexts
+    the prefill dwarfs the decode, and only a measured one can be taken out of a decode-only ratio.
     """
 
     prompt_length: int
@@ -23,6 +25,7 @@ class DecodeResult:
     gammas: tuple[int, ...] = ()
     accepted: tuple[int, ...] = ()
     timings: tuple[RoundTiming, ...] = field(default=(), repr=False)
+    prefill_seconds: float | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -32,6 +35,7 @@ class DecodeResult:
             "gammas": list(self.gammas),
             "accepted": list(self.accepted),
             "timings": [t.to_dict() for t in self.timings],
+            "prefill_seconds": self.prefill_seconds,
         }
 
 

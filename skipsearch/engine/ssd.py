@@ -326,6 +326,8 @@ def run_rounds(
     began = time.perf_counter()
     clock = RoundClock(runner.device)
     cache = steps.prefill(prompt)
+    clock.sync()
+    prefilled = time.perf_counter()
     tokens = list(prompt)
     check_lengths(cache, len(tokens) - 1)
     tiers: list[int] = []
@@ -360,6 +362,7 @@ def run_rounds(
         gammas=tuple(gammas),
         accepted=tuple(accepted),
         timings=tuple(timings),
+        prefill_seconds=prefilled - began,
     )
     return result, tuple(tiers)
 

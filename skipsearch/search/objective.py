@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.config import check_context
-from skipsearch.cost.calibrated import predict
+from skipsearch.cost.calibrated import Prediction, predict
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
@@ -106,24 +106,8 @@ def make_scorer(
         curve = prediction.calibrated if cost == "calibrated" else prediction.closed_form
         best = prediction.best_calibrated if cost == "calibrated" else prediction.best_closed_form
         per_gamma = {g: s for g, s in enumerate(curve, start=1)}
-        details = {
-            "draft_vocab": vocab_label(profile.draft_vocab),
-            "kv": kv_label(profile.kv),
-            "alpha": profile.alpha,
-            "sampling_acceptance": profile.sampling_acceptance,
-            "r_reuse": mask.r_reuse if profile.kv is None else 0.0,  # a KV pattern leaves verify nothing
-            "skipped_attn": sorted(mask.attn),
-            "skipped_mlp": sorted(mask.mlp),
-            "speedup_closed_form": prediction.best_closed_form.speedup,
-            "gamma_closed_form": prediction.best_closed_form.gamma,
-            **{f"tokens_per_round_{g}": t for g, t in enumerate(prediction.tokens_per_round, start=1)},
-        }
-        if prediction.best_calibrated is not None:
-            details |= {
-                "speedup_calibrated": prediction.best_calibrated.speedup,
-                "gamma_calibrated": prediction.best_calibrated.gamma,
-            }
         value = best.speedup if objective == "speedup" else profile.alpha
+        details = _details(mask, profile, prediction)
         return Score(value=value, gamma_best=best.gamma, per_gamma=per_gamma, details=details)
 
     def score(mask: SkipMask, profile: AcceptanceProfile) -> Score:
@@ -138,6 +122,28 @@ def make_scorer(
         )
 
     return score
+
+
+def _details(mask: SkipMask, profile: AcceptanceProfile, prediction: Prediction) -> dict:
+    """What the trials table and best.json report of one scored variant."""
+    details = {
+        "draft_vocab": vocab_label(profile.draft_vocab),
+        "kv": kv_label(profile.kv),
+        "alpha": profile.alpha,
+        "sampling_acceptance": profile.sampling_acceptance,
+        "r_reuse": mask.r_reuse if profile.kv is None else 0.0,  # a KV pattern leaves verify nothing
+        "skipped_attn": sorted(mask.attn),
+        "skipped_mlp": sorted(mask.mlp),
+        "speedup_closed_form": prediction.best_closed_form.speedup,
+        "gamma_closed_form": prediction.best_closed_form.gamma,
+        **{f"tokens_per_round_{g}": t for g, t in enumerate(prediction.tokens_per_round, start=1)},
+    }
+    if prediction.best_calibrated is not None:
+        details |= {
+            "speedup_calibrated": prediction.best_calibrated.speedup,
+            "gamma_calibrated": prediction.best_calibrated.gamma,
+        }
+    return details
 
 
 def _best_by(dimension: str, scores: Sequence[Score]) -> dict[str, dict[str, float]]:

@@ -39,11 +39,14 @@ def phase_costs(
 
 
 def decode_seconds(result: DecodeResult, prefill: float) -> float:
-    """Wall time after the prefill: the sum of round times for SSD, total minus `prefill` otherwise.
+    """Wall time after the prefill: total minus the prefill the decoder measured; for a result
+    without one, the sum of round times for SSD, total minus the estimate `prefill` otherwise.
 
     Cost-model predictions are per decode step; the prompt's prefill is common to both decoders
     and would only dilute the ratio.
     """
+    if result.prefill_seconds is not None:
+        return result.seconds - result.prefill_seconds
     if result.timings:
         return sum(t.total for t in result.timings)
     return max(result.seconds - prefill, 1e-9)

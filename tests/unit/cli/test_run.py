@@ -44,8 +44,20 @@ def digest(path: Path) -> str:
         (["--space", "contiguous", "--strategy", "exhaustive", "--budget", "4"], "raise the budget to 5"),
         (["--cost", "calibrated"], "skipsearch profile --model"),
         (["--sampler", "cmaes", "--pareto"], "cmaes"),
+        (["--kv-window", "6"], "give --context N"),
+        (["--kv-window", "6", "--context", "64"], "pass --max-prompt-tokens 64"),
+        (["--kv-window", "0", "--context", "32"], "the window >= 1"),
+        (["--kv-sink", "2", "--context", "32"], "--kv-sink needs --kv-window"),
     ],
-    ids=["exhaustive-beyond-budget", "calibrated-without-profile", "cmaes-pareto"],
+    ids=[
+        "exhaustive-beyond-budget",
+        "calibrated-without-profile",
+        "cmaes-pareto",
+        "kv-pattern-without-context",
+        "kv-pattern-beyond-the-prompts",
+        "kv-window-0",
+        "kv-sink-alone",
+    ],
 )
 def test_bad_settings_fail_before_the_model_loads_and_leave_nothing(
     model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch, extra, message
@@ -289,20 +301,3 @@ def test_a_run_scores_each_mask_with_each_kv_pattern_and_says_which_wins(
     assert finalist_patterns and finalist_patterns <= {"full", "s1w6"}
     assert "with each KV pattern full" in (out / "summary.md").read_text()
     assert RunConfig.load(out / RUN_FILE)[0].kv == (None, KVPattern(1, 6))
-
-
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["--kv-window", "6"], "give --context N"),
-        (["--kv-window", "6", "--context", "64"], "pass --max-prompt-tokens 64"),
-        (["--kv-window", "0", "--context", "32"], "the window >= 1"),
-        (["--kv-sink", "2", "--context", "32"], "--kv-sink needs --kv-window"),
-    ],
-)
-def test_a_kv_pattern_without_its_context_is_one_line_before_the_model_loads(
-    model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch, extra, message
-) -> None:
-    monkeypatch.setattr(pipeline, "open_context", lambda *a: pytest.fail("the model was loaded"))
-    assert message in one_line_error(capsys, *run_args(model_dir, tmp_path / "r", *extra))
-    assert not (tmp_path / "r").exists()

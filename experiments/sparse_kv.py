@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -353,6 +354,7 @@ def plot(results: dict, contexts: list[int]) -> None:
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(xscale="log", xlabel="context (tokens)", ylabel="speedup over autoregressive (decode only)")
     ax.set_xticks(contexts, [str(c) for c in contexts])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())  # the log scale's own ticks overlap
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(OUT / "crossover.png", dpi=120)

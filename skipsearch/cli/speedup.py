@@ -16,6 +16,7 @@ import json
 from dataclasses import fields
 
 from skipsearch.cli.common import add_kv_options, kv_pattern_from_args
+from skipsearch.config import check_context
 from skipsearch.cost.closed_forms import (
     Acceptance,
     Contiguous,
@@ -147,8 +148,7 @@ def _kv_saving(args: argparse.Namespace) -> float | None:
             "a KV-pattern what-if needs --r-draft, --context and --kv-share, e.g. --r-draft 1 "
             "--context 8192 --kv-share 0.58"
         )
-    if args.context < 1:
-        raise ConfigError(f"--context must be a positive number of cached positions, got {args.context}")
+    check_context(args.context)
     return kv_pattern_saving(args.kv_share, args.r_draft, keys_share(kv, args.context))
 
 

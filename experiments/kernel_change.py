@@ -3,13 +3,16 @@
 `load_model` builds a bf16 model's plan in steps after the attention path; today the one step is
 weights prepacked for oneDNN (`models.packed`: reordered once at load instead of on every call).
 `--change` names the step under test. The model is loaded once without the steps, copied, and the
-copies get the plan without that step and the whole plan; the experiment times one-position steps (a decode or
+copies get the plan without that step and the whole plan. `--change kernel` tests the attention
+path instead: the whole plan with fp32 SDPA over an fp32 cache against the decode kernel over a
+bf16 cache (`models.native_attention`). Then the experiment times one-position steps (a decode or
 draft step) and four-position passes (a verify of 3 drafts) of both, alternating the order, at each
 context, and checks that both give the same logits. Then, per dtype (`--dtypes`), it times whole
 autoregressive decodes of HumanEval prompts with both, alternating prompt by prompt. Writes
-`results/kernels/packed_weights.md`.
+`results/kernels/packed_weights.md` or `results/kernels/decode_kernel.md`.
 
     python experiments/kernel_change.py --change packed --dtypes auto    # ~3 min on two idle cores
+    python experiments/kernel_change.py --change kernel --dtypes auto --contexts 128,512,2048,8000
 
 Stacked q/k/v and gate/up projections were the other step until packing made them 5-6% slower;
 their report and module were removed with them (re-run from commit fadcaca).
@@ -35,6 +38,8 @@ from _load import load_line
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.engine import autoregressive_decode
 from skipsearch.models import packed
+from skipsearch.models.attention import FP32_ATTENTION, KERNEL_ATTENTION
+from skipsearch.models.kernels import AttentionChoice, apply_attention
 from skipsearch.models.loading import load_model
 from skipsearch.models.registry import REGISTRY, available_offline
 from skipsearch.models.runner import LayerwiseRunner
@@ -44,14 +49,27 @@ POSITIONS = (1, 4)
 # The plan's steps after the attention path, in `load_model`'s order, and where each one's report goes.
 STEPS = {"packed": "pack_linears"}
 MODULES = {"packed": packed}
-REPORTS = {"packed": "packed_weights.md"}
-TITLES = {"packed": "Weights prepacked for oneDNN against F.linear's plain weights"}
+# Attention paths compared on the whole plan: (without, with).
+PATHS = {"kernel": (FP32_ATTENTION, KERNEL_ATTENTION)}
+REPORTS = {"packed": "packed_weights.md", "kernel": "decode_kernel.md"}
+TITLES = {
+    "packed": "Weights prepacked for oneDNN against F.linear's plain weights",
+    "kernel": "The decode kernel over a bf16 cache against fp32 SDPA over an fp32 cache",
+}
 
 
 def runners(model: str, change: str, dtype: str = "auto") -> tuple[LayerwiseRunner, LayerwiseRunner, Any]:
     """(without, with) runners of one model: the plan of `dtype` without the step `change`, and the
     whole plan (each step applied whatever the dtype; packing leaves fp32 alone); and the loaded
-    model."""
+    model. For an attention change, the whole plan on each of the two paths (a float32 model keeps
+    its one path: the kernel reads bf16 only)."""
+    if change in PATHS:
+        loaded = load_model(model, dtype=dtype, announce=False)
+        without, whole = loaded.model, copy.deepcopy(loaded.model)
+        if without.dtype == torch.bfloat16:
+            for copy_of_model, path in zip((without, whole), PATHS[change], strict=True):
+                apply_attention(copy_of_model, AttentionChoice("bfloat16", path))
+        return LayerwiseRunner(without), LayerwiseRunner(whole), loaded
     with contextlib.ExitStack() as steps_off:
         for step, function in STEPS.items():
             steps_off.enter_context(mock.patch.object(MODULES[step], function, lambda model: 0))
@@ -127,7 +145,9 @@ def same_logits(pair: dict[str, LayerwiseRunner]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--change", choices=sorted(STEPS), required=True, help="the plan's step under test")
+    parser.add_argument(
+        "--change", choices=sorted([*STEPS, *PATHS]), required=True, help="the plan's step or path under test"
+    )
     parser.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b")
     parser.add_argument("--contexts", default="128,512,2048")
     parser.add_argument("--repeats", type=int, default=30)

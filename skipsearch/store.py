@@ -135,6 +135,12 @@ def kernel_choice_path(machine: str, dtype: str) -> Path:
     return cache_dir() / "kernels" / f"{machine}-{dtype}.json".replace("/", "_")
 
 
+def native_library_path(digest: str) -> Path:
+    """Where the compiled decode-attention kernel is kept, one per source, compiler and flags
+    (`models.native_attention`)."""
+    return cache_dir() / "kernels" / f"decode_attention-{digest}.so"
+
+
 def draft_vocab_cache_path(model_id: str, corpus_hash: str) -> Path:
     """Where a draft vocabulary ranking is kept: one per model and counting corpus, counted once."""
     return cache_dir() / "draft_vocab" / f"{slug(model_id)}-{corpus_hash[:16]}.json"

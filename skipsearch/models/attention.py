@@ -3,10 +3,13 @@
 
 - `sdpa_fp32kv` (`FP32_ATTENTION`): SDPA in float32 over a float32 K/V cache, beside bf16
   weights, where that is faster than attention in bf16 (`models.kernels` measures and chooses).
+- `kernel_bf16kv` (`KERNEL_ATTENTION`): the decode-attention kernel (`models.native_attention`)
+  over a bf16 K/V cache for short query blocks (decode, draft and verify passes), in float32
+  arithmetic; longer blocks (prefills) run `sdpa_fp32kv` on the cache upcast.
 - `sdpa_plan` (`NATIVE_ATTENTION`): transformers' own SDPA in the weights' dtype.
 
-Both read a draft step's KV pattern (`models.kv_attention`); transformers' plain names would
-ignore it, so a model runs these two (`apply_attention`).
+All three read a draft step's KV pattern (`models.kv_attention`); transformers' plain names would
+ignore it, so a model runs one of these (`apply_attention`).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from skipsearch.models.kv_attention import KV_PATTERN_KEYWORD, pattern_attention
+from skipsearch.models.native_attention import decode_attention
 
 NATIVE_ATTENTION = "sdpa_plan"  # transformers' SDPA, with KV patterns; registered below
 FP32_ATTENTION = "sdpa_fp32kv"  # registered with transformers below
+KERNEL_ATTENTION = "kernel_bf16kv"  # registered with transformers below
 # Query blocks up to GROUPED_QUERIES long over at least GROUPED_KEYS keys stack their grouped heads
 # (`grouped_queries`). Measured on SmolLM2 (README, "grouped query rows"): at 8k keys the step ran
 # 19% faster and a 5-position pass 27%; at 128-2k keys a 2-9 position pass ran 10-25% slower, as
@@ -100,40 +105,70 @@ def grouped_queries(
     return out.reshape(batch, heads, queries, dim).transpose(1, 2).contiguous()
 
 
-def with_kv_patterns(attention: Callable[..., tuple[torch.Tensor, None]]) -> Callable[..., Any]:
-    """`attention`, or `pattern_attention` where the layer runs a draft step whose KV pattern
-    (`kv_pattern` keyword, `models.kv_attention`) leaves keys out."""
+def _kernel_reads(module: torch.nn.Module, kwargs: dict) -> bool:
+    """Whether the decode kernel's attention is this layer's: causal over the whole cache (no
+    sliding window) without dropout. Its mask is then the causal one, as a single sequence's is
+    (the kernel declines a batch, whose masks may pad)."""
+    causal = kwargs.get("is_causal")
+    return bool(
+        (causal if causal is not None else getattr(module, "is_causal", True))
+        and not getattr(module, "sliding_window", None)
+        and not kwargs.get("dropout")
+    )
+
+
+def with_kv_patterns(
+    attention: Callable[..., tuple[torch.Tensor, None]], kernel: bool = False
+) -> Callable[..., Any]:
+    """`attention`, or the decode kernel for short blocks where `kernel`, or `pattern_attention`
+    where the layer runs a draft step whose KV pattern (`kv_pattern` keyword,
+    `models.kv_attention`) leaves keys out."""
 
     def attend(
         module: torch.nn.Module,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
         *args: Any,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
         pattern = kwargs.pop(KV_PATTERN_KEYWORD, None)
+        scaling = kwargs.get("scaling")
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        if kernel and _kernel_reads(module, kwargs):
+            sink, window = (pattern.sink, pattern.window) if pattern is not None else (0, 0)
+            out = decode_attention(query, key, value, scale, sink, window)
+            if out is not None:
+                return out, None
         if pattern is not None:
-            scaling = kwargs.get("scaling")
-            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
             out = pattern_attention(query, key, value, pattern, scale)
             if out is not None:
                 return out, None
-        return attention(module, query, key, value, *args, **kwargs)
+        return attention(module, query, key, value, attention_mask, *args, **kwargs)
 
     return attend
 
 
-for _name, _attention in ((NATIVE_ATTENTION, sdpa_attention_forward), (FP32_ATTENTION, sdpa_fp32kv)):
-    AttentionInterface.register(_name, with_kv_patterns(_attention))
+for _name, _attention, _kernel in (
+    (NATIVE_ATTENTION, sdpa_attention_forward, False),
+    (FP32_ATTENTION, sdpa_fp32kv, False),
+    (KERNEL_ATTENTION, sdpa_fp32kv, True),
+):
+    AttentionInterface.register(_name, with_kv_patterns(_attention, _kernel))
     AttentionMaskInterface.register(_name, sdpa_mask)
 
 
 def supports_kv_patterns(config: Any) -> bool:
     """Whether the model runs one of the plan's attention functions, which read KV patterns
     (transformers' own ignore the keyword: a pattern would silently attend to every key)."""
-    return getattr(config, "_attn_implementation", None) in (NATIVE_ATTENTION, FP32_ATTENTION)
+    return getattr(config, "_attn_implementation", None) in (
+        NATIVE_ATTENTION,
+        FP32_ATTENTION,
+        KERNEL_ATTENTION,
+    )
 
 
 def uses_fp32_attention(config: Any) -> bool:
+    """Whether the plan keeps an fp32 K/V cache (the kernel path reads its bf16 cache as it is)."""
     return getattr(config, "_attn_implementation", None) == FP32_ATTENTION

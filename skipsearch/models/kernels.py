@@ -3,15 +3,18 @@
 
 A speedup is a ratio of two decoders, so both must run on the fastest kernels the device offers.
 The dtype of weights and activations is chosen from the CPU's flags (`models.dtypes`); then:
-- **Attention** in float32 over a float32 K/V cache when that is faster than attention in the
-  weights' dtype: torch's bf16 SDPA at one query reads bf16 keys slowly on such CPUs (8x slower
-  than fp32 at 8k keys on an EPYC). The choice is measured once per machine on a fixed shape, at
-  one query (a decode or draft step) and at four (a verify of 3 drafts), and cached beside the
-  converted models, so every process of a run — driver, profile processes, Ray workers — runs the
-  same plan, and the measurement is shown next to the choice.
+- **Attention** on the fastest of three paths (`PATH_NAMES`): SDPA in the weights' dtype; SDPA in
+  float32 over a float32 K/V cache (torch's bf16 SDPA at one query reads bf16 keys slowly on such
+  CPUs: 8x slower than fp32 at 8k keys on an EPYC); or the decode kernel
+  (`models.native_attention`), which reads a bf16 cache at the memory's bandwidth in float32
+  arithmetic. The choice is measured once per machine on a fixed shape, at one query (a decode or
+  draft step) and at four (a verify of 3 drafts), and cached beside the converted models, so
+  every process of a run — driver, profile processes, Ray workers — runs the same plan, and the
+  measurement is shown next to the choice.
 
-Upcasting is exact (a bf16 value is an fp32 value), so the fp32 cache holds exactly the K/V the
-bf16 projections computed; only the attention arithmetic is wider. The draft, the verify, the
+K and V come out of bf16 projections, so a bf16 cache holds them exactly and an fp32 cache holds
+them exactly upcast: every path attends over the same K/V, and the two float32 paths differ only
+in summation order. The draft, the verify, the
 autoregressive baseline, the estimator and HF `generate` all run through the model's attention
 implementation and `new_cache`, so they share the plan.
 """
@@ -23,7 +26,7 @@ import logging
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,7 +36,13 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from skipsearch.models.attention import FP32_ATTENTION, NATIVE_ATTENTION, uses_fp32_attention
+from skipsearch.models.attention import (
+    FP32_ATTENTION,
+    KERNEL_ATTENTION,
+    NATIVE_ATTENTION,
+    uses_fp32_attention,
+)
+from skipsearch.models.native_attention import decode_attention, load_kernel
 from skipsearch.models.packed import PackedLinear
 from skipsearch.store import kernel_choice_path, write_text_atomic
 
@@ -159,27 +168,34 @@ def new_cache(config: Any) -> PlanCache:
 
 
 # -- choosing the attention path ------------------------------------------------------------------
+PATH_NAMES = {
+    NATIVE_ATTENTION: "SDPA in the weights' dtype",
+    FP32_ATTENTION: "SDPA in float32 over a float32 K/V cache",
+    KERNEL_ATTENTION: "the decode kernel over a bf16 K/V cache, float32 arithmetic",
+}
+
+
 @dataclass(frozen=True)
 class AttentionChoice:
-    """Which attention path a dtype runs on this machine, and the measurement behind it (ms per
-    call at `PROBE_KEYS` keys, by query count)."""
+    """Which attention path a dtype runs on this machine, and the measurement behind it: ms per
+    call at `PROBE_KEYS` keys, by path and query count, and why a path was not a candidate."""
 
     dtype: str
-    path: str  # NATIVE_ATTENTION or FP32_ATTENTION
-    native_ms: dict[str, float]
-    fp32_ms: dict[str, float]
+    path: str  # a key of PATH_NAMES
+    timings: dict[str, dict[str, float]] = field(default_factory=dict)
+    unavailable: str = ""  # why the decode kernel was not measured, where it was not
 
     def describe(self) -> str:
-        if self.path == NATIVE_ATTENTION:
-            return f"attention in {self.dtype}"
-        cells = ", ".join(
-            f"{q} quer{'y' if q == '1' else 'ies'} {self.native_ms[q]:.2f} vs {self.fp32_ms[q]:.2f} ms"
-            for q in self.native_ms
+        if not self.timings:
+            return f"attention in {self.dtype}" if self.path == NATIVE_ATTENTION else PATH_NAMES[self.path]
+        cells = "; ".join(
+            f"{PATH_NAMES[path].split(' over')[0].split(',')[0]} "
+            + ", ".join(f"{ms:.2f}" for ms in by_queries.values())
+            for path, by_queries in self.timings.items()
         )
-        return (
-            f"attention in float32 over a float32 K/V cache "
-            f"({self.dtype} SDPA vs fp32 at {PROBE_KEYS} keys: {cells})"
-        )
+        queries = "/".join(next(iter(self.timings.values())))
+        kernel = f"; kernel not used: {self.unavailable}" if self.unavailable else ""
+        return f"{PATH_NAMES[self.path]} (ms at {PROBE_KEYS} keys, {queries} queries: {cells}{kernel})"
 
 
 def _median_ms(call: Callable[[], Any]) -> float:
@@ -199,23 +215,35 @@ def _fp32_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     return F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask, enable_gqa=True).to(q.dtype)
 
 
-def measure_attention_paths(dtype: torch.dtype) -> tuple[dict[str, float], dict[str, float]]:
-    """Median ms of SDPA over `dtype` K/V against fp32 K/V (query upcast), per query count; the
-    best of three interleaved medians each, so a burst of load hits both paths alike."""
+def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return decode_attention(q, k, v, PROBE_HEAD_DIM**-0.5)
+
+
+def measure_attention_paths(dtype: torch.dtype) -> dict[str, dict[str, float]]:
+    """Median ms per path and query count: SDPA over `dtype` K/V, SDPA over fp32 K/V (query
+    upcast) and, where it loads and `dtype` is bf16, the decode kernel; the best of three
+    interleaved medians each, so a burst of load hits every path alike."""
     generator = torch.Generator().manual_seed(0)
-    native: dict[str, float] = {}
-    fp32: dict[str, float] = {}
+    kernel = dtype == torch.bfloat16 and load_kernel().function is not None
+    timings: dict[str, dict[str, float]] = {NATIVE_ATTENTION: {}, FP32_ATTENTION: {}}
+    if kernel:
+        timings[KERNEL_ATTENTION] = {}
     for queries in PROBE_QUERIES:
         q = torch.randn(1, PROBE_HEADS, queries, PROBE_HEAD_DIM, generator=generator).to(dtype)
         k, v = (torch.randn(1, PROBE_KV_HEADS, PROBE_KEYS, PROBE_HEAD_DIM, generator=generator) for _ in "kv")
         mask = torch.ones(queries, PROBE_KEYS, dtype=torch.bool).tril(PROBE_KEYS - queries)
-        calls = (partial(_native_sdpa, q, k.to(dtype), v.to(dtype), mask), partial(_fp32_sdpa, q, k, v, mask))
-        for call in calls:
+        calls = {
+            NATIVE_ATTENTION: partial(_native_sdpa, q, k.to(dtype), v.to(dtype), mask),
+            FP32_ATTENTION: partial(_fp32_sdpa, q, k, v, mask),
+            KERNEL_ATTENTION: partial(_kernel, q, k.to(dtype), v.to(dtype), mask),
+        }
+        calls = {path: call for path, call in calls.items() if path in timings}
+        for call in calls.values():
             call()  # warm-up
-        pairs = [(_median_ms(calls[0]), _median_ms(calls[1])) for _ in range(3)]
-        native[str(queries)] = min(a for a, _ in pairs)
-        fp32[str(queries)] = min(b for _, b in pairs)
-    return native, fp32
+        rounds = [{path: _median_ms(call) for path, call in calls.items()} for _ in range(3)]
+        for path in calls:
+            timings[path][str(queries)] = min(medians[path] for medians in rounds)
+    return timings
 
 
 def choice_path(dtype_name: str) -> Path:
@@ -224,34 +252,44 @@ def choice_path(dtype_name: str) -> Path:
     return kernel_choice_path(machine, dtype_name)
 
 
+def _cached(path: Path) -> AttentionChoice | None:
+    """The stored choice, unless damaged, of an older form, or made without a decode kernel that
+    loads now (a compiler installed since)."""
+    try:
+        cached = AttentionChoice(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    stale = cached.unavailable and load_kernel().function is not None
+    return (
+        cached if cached.path in PATH_NAMES and set(cached.timings) <= set(PATH_NAMES) and not stale else None
+    )
+
+
 def choose_attention(dtype: torch.dtype, device_kind: str) -> AttentionChoice:
-    """The faster attention path for `dtype` on this device, measured once and cached.
+    """The fastest attention path for `dtype` on this device, measured once and cached.
 
     float32 models and accelerators (whose bf16 SDPA kernels are the fast ones) run the native
-    path unmeasured. On a CPU with a half dtype, fp32 attention is chosen when its summed time over
-    one and four queries is lower. A measurement whose two paths lie within `DECISIVE` of each
-    other says nothing (on a loaded CPU both wait on the scheduler): it is not cached, and the fp32
-    path — which every idle measurement on this project's CPUs chose — is used until a later
-    process measures decisively.
+    path unmeasured. On a CPU with a half dtype the path with the least summed time over one and
+    four queries is chosen. A measurement whose two fastest paths lie within `DECISIVE` of each
+    other says nothing (on a loaded CPU they all wait on the scheduler): it is not cached, and the
+    faster of the two serves until a later process measures decisively.
     """
     name = str(dtype).removeprefix("torch.")
     if device_kind != "cpu" or dtype == torch.float32:
-        return AttentionChoice(name, NATIVE_ATTENTION, {}, {})
+        return AttentionChoice(name, NATIVE_ATTENTION)
     path = choice_path(name)
-    if path.is_file():
-        try:
-            cached = AttentionChoice(**json.loads(path.read_text()))
-            if cached.path in (NATIVE_ATTENTION, FP32_ATTENTION):
-                return cached
-        except (ValueError, TypeError):
-            pass  # a damaged or older file (one naming transformers' plain "sdpa"): measure again
-    native, fp32 = measure_attention_paths(dtype)
-    ratio = sum(fp32.values()) / sum(native.values())
-    faster = FP32_ATTENTION if ratio < 1 else NATIVE_ATTENTION
-    choice = AttentionChoice(name, faster, native, fp32)
-    if abs(ratio - 1) < DECISIVE:
-        log.warning("attention paths measured alike (%s); is the CPU busy? using fp32 for now", choice)
-        return replace(choice, path=FP32_ATTENTION)
+    cached = _cached(path) if path.is_file() else None
+    if cached is not None:
+        return cached
+    timings = measure_attention_paths(dtype)
+    ranked = sorted(timings, key=lambda candidate: sum(timings[candidate].values()))
+    library = load_kernel()
+    unavailable = "" if library.function is not None else library.reason
+    choice = AttentionChoice(name, ranked[0], timings, unavailable)
+    runner_up = sum(timings[ranked[1]].values()) / sum(timings[ranked[0]].values())
+    if runner_up - 1 < DECISIVE:
+        log.warning("attention paths measured alike (%s); is the CPU busy? not kept", choice.describe())
+        return choice
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(asdict(choice), indent=1))
     return choice

@@ -3,15 +3,17 @@
 
 A draft step with `KVPattern(sink, window)` attends to the cache's first `sink` positions and
 the last `window` up to its own. Both are slices of the cache's buffers, so the step reads
-`sink + window` keys whatever the context, and copies none: the scores of the two slices are
-computed apart, concatenated (a few thousand floats a head) and normalised together, which is the
-softmax over their union. A query block of several positions (the estimator's teacher-forced
-passes) gets each query's own window through a band mask over the union of their windows.
+`sink + window` keys whatever the context (upcast to float32, the plan's attention arithmetic; the
+rest of the cache is never touched): the scores of the two slices are computed apart, concatenated
+(a few thousand floats a head) and normalised together, which is the softmax over their union. A
+query block of several positions (the estimator's teacher-forced passes) gets each query's own
+window through a band mask over the union of their windows.
 
-The plan's attention functions (`models.kernels`) call `pattern_attention` when the layer runs a
+The plan's attention functions (`models.attention`) call `pattern_attention` when the layer runs a
 draft step with a pattern (the `kv_pattern` keyword, passed through transformers' attention
 modules) and the pattern leaves some key out; otherwise the full attention runs, so a draft whose
-window still covers the context is exactly the full model.
+window still covers the context is exactly the full model. The decode kernel's plan reads the
+pattern inside the kernel instead (`models.native_attention`), for blocks short enough for it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ def pattern_attention(
 ) -> torch.Tensor | None:
     """Attention output `[b, M, H, D]` (transformers' layout) of `query` `[b, H, M, D]` over the
     pattern's keys of `key`/`value` `[b, KV, N, D]` (the cache, the queries' own positions last),
-    in the cache's dtype with the softmax in float32; None when every query sees every key."""
+    in float32 (the pattern's keys upcast, as the plan's other paths compute); None when every
+    query sees every key."""
     batch, heads, queries, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     if pattern.covers(length):  # the last query, whose window starts latest, sees every key
@@ -37,18 +40,18 @@ def pattern_attention(
     window_start = max(pattern.sink, first + 1 - pattern.window)
     group = heads // kv_heads
     # Queries of one K/V head side by side: [b, KV, group * M, D], head-major as SDPA's GQA groups them.
-    grouped = query.to(key.dtype).reshape(batch, kv_heads, group * queries, dim)
-    sink_keys, sink_values = key[:, :, : pattern.sink], value[:, :, : pattern.sink]
-    window_keys, window_values = key[:, :, window_start:], value[:, :, window_start:]
+    grouped = query.float().reshape(batch, kv_heads, group * queries, dim)
+    sink_keys, sink_values = key[:, :, : pattern.sink].float(), value[:, :, : pattern.sink].float()
+    window_keys, window_values = key[:, :, window_start:].float(), value[:, :, window_start:].float()
     scores = torch.cat(
         [grouped @ sink_keys.transpose(-1, -2), grouped @ window_keys.transpose(-1, -2)], dim=-1
-    ).float()
+    )
     scores.mul_(scaling)
     if queries > 1:  # query i at `first + i` sees the window keys in [first + i + 1 - window, first + i]
         absolute = torch.arange(window_start, length, device=key.device)
         at = torch.arange(first, length, device=key.device)[:, None]
         outside = (absolute > at) | ~pattern.sees(absolute, at)
         scores[..., pattern.sink :].masked_fill_(outside.repeat(group, 1), float("-inf"))
-    weights = scores.softmax(dim=-1).to(key.dtype)
+    weights = scores.softmax(dim=-1)
     out = weights[..., : pattern.sink] @ sink_values + weights[..., pattern.sink :] @ window_values
     return out.reshape(batch, heads, queries, dim).transpose(1, 2).contiguous().to(query.dtype)

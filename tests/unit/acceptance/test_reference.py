@@ -47,7 +47,7 @@ def test_reference_continuations_are_the_engines_autoregressive_output_in_bf16()
     from skipsearch.models.kernels import AttentionChoice, apply_attention
 
     model = tiny_model("llama", layers=4).to(torch.bfloat16)
-    apply_attention(model, AttentionChoice("bfloat16", FP32_ATTENTION, {}, {}))
+    apply_attention(model, AttentionChoice("bfloat16", FP32_ATTENTION))
     runner = LayerwiseRunner(model)
     reference = random_reference(runner, [9, 14, 6], new_tokens=20)
     for row in range(3):

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from skipsearch.models import attention, kernels
-from skipsearch.models.attention import FP32_ATTENTION, NATIVE_ATTENTION, grouped_queries
+from skipsearch.models.attention import FP32_ATTENTION, KERNEL_ATTENTION, NATIVE_ATTENTION, grouped_queries
 from skipsearch.models.kernels import (
     GrowingLayer,
     PlanCache,
@@ -26,7 +26,7 @@ def test_fp32_attention_matches_upcast_attention_and_keeps_fp32_kv() -> None:
     """bf16 weights with fp32 attention: the cache holds the bf16 projections upcast (exactly), and a
     cached step-by-step decode equals the whole-sequence pass up to bf16 rounding of the rest."""
     model = tiny_model("llama", layers=3).to(torch.bfloat16)
-    apply_attention(model, kernels.AttentionChoice("bfloat16", FP32_ATTENTION, {}, {}))
+    apply_attention(model, kernels.AttentionChoice("bfloat16", FP32_ATTENTION))
     runner = LayerwiseRunner(model)
     cache = runner.new_cache()
     assert isinstance(cache, PlanCache) and cache.kv_dtype == torch.float32
@@ -59,43 +59,76 @@ def test_the_attention_choice_is_measured_once_and_cached(
 ) -> None:
     calls = []
 
-    def measured(dtype: torch.dtype) -> tuple[dict, dict]:
+    def measured(dtype: torch.dtype) -> dict:
         calls.append(dtype)
-        return {"1": 0.9, "4": 0.3}, {"1": 0.1, "4": 0.2}
+        return {NATIVE_ATTENTION: {"1": 0.9, "4": 0.3}, FP32_ATTENTION: {"1": 0.1, "4": 0.2}}
 
     monkeypatch.setattr(kernels, "measure_attention_paths", measured)
     first = choose_attention(torch.bfloat16, "cpu")
     again = choose_attention(torch.bfloat16, "cpu")
     assert first == again and first.path == FP32_ATTENTION and len(calls) == 1
     stored = json.loads(kernels.choice_path("bfloat16").read_text())
-    assert stored["path"] == FP32_ATTENTION and stored["native_ms"]["1"] == 0.9
-    assert "0.90 vs 0.10 ms" in first.describe()
+    assert stored["path"] == FP32_ATTENTION and stored["timings"][NATIVE_ATTENTION]["1"] == 0.9
+    assert "0.90, 0.30" in first.describe() and "0.10, 0.20" in first.describe()
 
 
-def test_a_native_path_that_measures_faster_is_kept(
-    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("timings", "chosen"),
+    [
+        ({NATIVE_ATTENTION: {"1": 0.1, "4": 0.2}, FP32_ATTENTION: {"1": 0.3, "4": 0.4}}, NATIVE_ATTENTION),
+        (
+            {
+                NATIVE_ATTENTION: {"1": 0.9, "4": 0.9},
+                FP32_ATTENTION: {"1": 0.3, "4": 0.4},
+                KERNEL_ATTENTION: {"1": 0.1, "4": 0.3},
+            },
+            KERNEL_ATTENTION,
+        ),
+    ],
+)
+def test_the_fastest_path_is_kept(
+    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch, timings: dict, chosen: str
 ) -> None:
-    monkeypatch.setattr(
-        kernels, "measure_attention_paths", lambda d: ({"1": 0.1, "4": 0.2}, {"1": 0.3, "4": 0.4})
-    )
-    assert choose_attention(torch.bfloat16, "cpu").path == NATIVE_ATTENTION
+    monkeypatch.setattr(kernels, "measure_attention_paths", lambda d: timings)
+    assert choose_attention(torch.bfloat16, "cpu").path == chosen
+    assert kernels.choice_path("bfloat16").exists()
 
 
 def test_an_inconclusive_measurement_is_not_cached(
     cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under load both paths wait on the scheduler and measure alike: no decision is stored."""
+    """Under load every path waits on the scheduler and measures alike: no decision is stored."""
     monkeypatch.setattr(
-        kernels, "measure_attention_paths", lambda d: ({"1": 8.0, "4": 8.0}, {"1": 8.0, "4": 7.9})
+        kernels,
+        "measure_attention_paths",
+        lambda d: {NATIVE_ATTENTION: {"1": 8.0, "4": 8.0}, FP32_ATTENTION: {"1": 8.0, "4": 7.9}},
     )
     assert choose_attention(torch.bfloat16, "cpu").path == FP32_ATTENTION
     assert not kernels.choice_path("bfloat16").exists()
 
 
-def test_the_real_measurement_times_both_paths_at_each_query_count() -> None:
-    native, fp32 = kernels.measure_attention_paths(torch.bfloat16)
-    assert set(native) == set(fp32) == {str(q) for q in kernels.PROBE_QUERIES}
-    assert all(v > 0 for v in [*native.values(), *fp32.values()])
+def test_a_choice_stored_in_an_older_form_is_measured_again(
+    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = kernels.choice_path("bfloat16")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"dtype": "bfloat16", "path": FP32_ATTENTION, "native_ms": {}, "fp32_ms": {}}))
+    monkeypatch.setattr(
+        kernels,
+        "measure_attention_paths",
+        lambda d: {NATIVE_ATTENTION: {"1": 0.1}, FP32_ATTENTION: {"1": 0.9}},
+    )
+    assert choose_attention(torch.bfloat16, "cpu").path == NATIVE_ATTENTION
+
+
+def test_the_real_measurement_times_every_path_at_each_query_count() -> None:
+    timings = kernels.measure_attention_paths(torch.bfloat16)
+    expected = {NATIVE_ATTENTION, FP32_ATTENTION}
+    if kernels.load_kernel().function is not None:
+        expected.add(KERNEL_ATTENTION)
+    assert set(timings) == expected
+    assert all(set(by_queries) == {str(q) for q in kernels.PROBE_QUERIES} for by_queries in timings.values())
+    assert all(ms > 0 for by_queries in timings.values() for ms in by_queries.values())
 
 
 # -- the bytes a step reads -----------------------------------------------------------------------
@@ -113,7 +146,7 @@ def test_step_bytes_count_a_tied_embedding_once_and_an_untied_one_not_at_all() -
 def test_fp32_attention_doubles_the_kv_bytes_of_a_bf16_model() -> None:
     model = tiny_model("llama", layers=2).to(torch.bfloat16)
     native = step_bytes(model)[1]
-    apply_attention(model, kernels.AttentionChoice("bfloat16", FP32_ATTENTION, {}, {}))
+    apply_attention(model, kernels.AttentionChoice("bfloat16", FP32_ATTENTION))
     assert step_bytes(model)[1] == 2 * native
 
 
@@ -122,7 +155,7 @@ def test_the_fp32_path_equals_transformers_sdpa_on_an_fp32_model(family: str) ->
     """Same arithmetic, other call: prefill, a cached 3-position verify and a cached single step."""
     native = LayerwiseRunner(tiny_model(family, layers=3))
     upcast_model = tiny_model(family, layers=3)
-    apply_attention(upcast_model, kernels.AttentionChoice("float32", FP32_ATTENTION, {}, {}))
+    apply_attention(upcast_model, kernels.AttentionChoice("float32", FP32_ATTENTION))
     upcast = LayerwiseRunner(upcast_model)
     ids = torch.tensor([[5, 17, 3, 42, 8, 23, 11, 2, 9]])
     outputs = []

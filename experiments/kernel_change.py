@@ -63,13 +63,6 @@ def runners(model: str, change: str, dtype: str = "auto") -> tuple[LayerwiseRunn
     whole plan (each step applied whatever the dtype; packing leaves fp32 alone); and the loaded
     model. For an attention change, the whole plan on each of the two paths (a float32 model keeps
     its one path: the kernel reads bf16 only)."""
-    if change in PATHS:
-        loaded = load_model(model, dtype=dtype, announce=False)
-        without, whole = loaded.model, copy.deepcopy(loaded.model)
-        if without.dtype == torch.bfloat16:
-            for copy_of_model, path in zip((without, whole), PATHS[change], strict=True):
-                apply_attention(copy_of_model, AttentionChoice("bfloat16", path))
-        return LayerwiseRunner(without), LayerwiseRunner(whole), loaded
     with contextlib.ExitStack() as steps_off:
         for step, function in STEPS.items():
             steps_off.enter_context(mock.patch.object(MODULES[step], function, lambda model: 0))
@@ -79,6 +72,9 @@ def runners(model: str, change: str, dtype: str = "auto") -> tuple[LayerwiseRunn
         if step != change:
             getattr(MODULES[step], function)(without)
         getattr(MODULES[step], function)(whole)
+    if change in PATHS and without.dtype == torch.bfloat16:
+        for copy_of_model, path in zip((without, whole), PATHS[change], strict=True):
+            apply_attention(copy_of_model, AttentionChoice("bfloat16", path))
     return LayerwiseRunner(without), LayerwiseRunner(whole), loaded
 
 

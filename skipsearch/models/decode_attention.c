@@ -1,25 +1,31 @@
 /* Attention of a short query block over a bf16 K/V cache, in float32 arithmetic, for CPUs with
- * AVX-512 (skipsearch/models/native.py builds and loads it; docs/theory.md, "The kernel plan").
+ * AVX-512 and AVX-512 BF16 (skipsearch/models/native_attention.py builds and loads it;
+ * docs/theory.md, "The kernel plan").
  *
  * Why it exists: a decode step, a draft step and a verify pass attend with 1 to ~16 queries to
  * the whole cache, which makes attention a stream over the K/V: it should run at the memory's
  * bandwidth. torch's CPU SDPA reads an fp32 cache at 10-16 GB/s against the 39 GB/s a copy reaches
  * on the project's EPYC, and its bf16 path is 8x slower still (results/kernels/attention_rows.md).
- * K and V come out of bf16 projections, so a bf16 cache holds them exactly; this kernel reads it
- * (half the bytes of the fp32 cache) and widens each value in registers, so the arithmetic is that
- * of float32 attention.
+ * K and V come out of bf16 projections, so a bf16 cache holds them exactly; this kernel reads it,
+ * half the bytes of an fp32 cache, and computes as float32 attention does: query-key products of
+ * bf16 values are exact in float32 and VDPBF16PS sums them in float32; the softmax and the
+ * weighted sum of values (widened to float32) are float32. Only the summation order differs.
  *
- * Layout: `rows` queries per K/V head, stored [kv_heads][rows][dim] in float32, row r being query
- * r % queries of the head's group (transformers' head-major grouping). K/V head h, position n
- * lies at `h * head_stride + n * dim` (bf16 bits). Query i sits at position length - queries + i
- * and sees the keys n <= its position with n < sink or n > position - window (window <= 0: every
- * key): a causal verify block, a decode step, or a draft step's sink + window pattern.
+ * Layout: query head `head`, position i at `q + head * q_head_stride + i * q_row_stride` (bf16);
+ * K/V head h, position n at `h * kv_stride + n * dim` (bf16); the output [queries][heads][dim]
+ * (bf16, what the output projection reads). The `heads / kv_heads` query heads of a K/V head
+ * share its reads: their queries are the head's rows, row r being query r % queries. Query i sits
+ * at position length - queries + i and sees the keys n <= its position with n < sink or
+ * n > position - window (window <= 0: every key): a decode step, a causal verify block, or a
+ * draft step's sink + window pattern.
  *
  * Work is split over OpenMP threads by key chunks (flash-decoding): each chunk keeps, per row, the
  * running maximum, the softmax denominator and the weighted sum of values (an online softmax over
- * tiles of TILE keys), and the chunks are merged at the end. The OpenMP runtime is torch's own
- * (the library is loaded after torch, whose libgomp.so.1 then answers for this one), so the
- * threads and wait policy torch was given apply here too.
+ * tiles of TILE keys), and the chunks are merged at the end. Each tile is read from memory once:
+ * its keys turned so that one vector holds 16 keys' products with a query (no horizontal sums),
+ * its values widened to float32, both then read from L1 by every block of rows. The OpenMP runtime
+ * is torch's own (the library is loaded after torch, whose libgomp.so.1 then answers for this
+ * one), so the threads torch was given apply here too.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -29,7 +35,7 @@
 #include <string.h>
 
 #define TILE 64        /* keys scored, weighted and summed together: 64 x dim bf16 stays in L1 */
-#define ROW_BLOCK 4    /* rows sharing one read of a tile's keys and values */
+#define ROW_BLOCK 6    /* rows whose outputs are summed in registers together (6 x 4 vectors at 64) */
 #define MAX_DIM 256    /* 16 vectors of 16 floats */
 #define MIN_CHUNK 256  /* the fewest keys worth a thread */
 
@@ -60,37 +66,58 @@ typedef struct {
     int64_t length, queries, sink, window;
 } Visibility;
 
-/* The 16 horizontal sums of a[0..15], in order: a transposing tree of shuffles and adds (15 adds,
- * 30 shuffles and one permute for 16 keys, where one reduction per key costs about 8 operations). */
-static inline __m512 sums16(__m512 a[16]) {
-    __m512 b[8], c[4], d[2];
-    for (int i = 0; i < 8; i++)
-        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-    for (int i = 0; i < 4; i++)
-        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+/* r[a] lane b <- r[b] lane a: a 16 x 16 transpose of 32-bit elements in four rounds of shuffles. */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
     for (int i = 0; i < 2; i++)
-        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
-                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
-    __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
-    /* e holds the sum of a[4j + k] at lane 4k + j */
-    return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), e);
+        for (int j = 0; j < 4; j++) {
+            t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
+            t[8 * i + j + 4] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + j + 4], 0xDD);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xDD);
+    }
 }
 
-/* Scaled scores of query row `row` (bf16, `pairs` vectors of 32) against keys [start, start +
- * width), -inf where the row's query does not see the key. bf16 products are exact in float32 and
- * VDPBF16PS accumulates them in float32, so this is float32 attention's dot product. */
-static void score_row(const __m512bh *query, const uint16_t *k, int64_t pairs, int64_t start,
+/* A tile's keys [start, start + width) turned so that a query scores 16 keys in one vector:
+ * `turned[g * words + w]` holds, in lane j, the w-th pair of bf16 elements of key 16 g + j (keys
+ * past `width` are zero). Done once per tile for every row of the head. */
+static void turn_tile(const uint16_t *k, int64_t words, int64_t start, int64_t width, __m512i *turned) {
+    const uint32_t *keys = (const uint32_t *)k;
+    for (int64_t g = 0; g * 16 < width; g++)
+        for (int64_t w0 = 0; w0 < words; w0 += 16) {
+            __m512i r[16];
+            for (int64_t j = 0; j < 16; j++)
+                r[j] = 16 * g + j < width ? _mm512_loadu_si512(keys + (start + 16 * g + j) * words + w0)
+                                          : _mm512_setzero_si512();
+            transpose16(r);
+            for (int64_t w = 0; w < 16; w++) turned[g * words + w0 + w] = r[w];
+        }
+}
+
+/* Scaled scores of one query row (`words` pairs of bf16) against a turned tile of `width` keys
+ * from `start`, -inf where the row's query does not see the key. bf16 products are exact in
+ * float32 and VDPBF16PS accumulates them in float32, so this is float32 attention's dot product. */
+static void score_row(const uint32_t *query, const __m512i *turned, int64_t words, int64_t start,
                       int64_t width, int64_t position, const Visibility *vis, float scale, float *scores) {
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int64_t t = 0; t < width; t += 16) {
-        __m512 a[16];
-        for (int64_t u = 0; u < 16; u++) {
-            a[u] = _mm512_setzero_ps();
-            if (t + u >= width) continue;
-            const __m512bh *key = (const __m512bh *)(k + (start + t + u) * pairs * 32);
-            for (int64_t j = 0; j < pairs; j++) a[u] = _mm512_dpbf16_ps(a[u], query[j], (__m512bh)_mm512_loadu_si512(key + j));
+        const __m512i *group = turned + (t / 16) * words;
+        __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();
+        for (int64_t w = 0; w < words; w += 2) {
+            even = _mm512_dpbf16_ps(even, (__m512bh)_mm512_set1_epi32((int32_t)query[w]), (__m512bh)group[w]);
+            odd = _mm512_dpbf16_ps(odd, (__m512bh)_mm512_set1_epi32((int32_t)query[w + 1]), (__m512bh)group[w + 1]);
         }
         __m512i index = _mm512_add_epi32(_mm512_set1_epi32((int32_t)(start + t)), lane);
         __mmask16 seen = _mm512_cmple_epi32_mask(index, _mm512_set1_epi32((int32_t)position));
@@ -98,16 +125,18 @@ static void score_row(const __m512bh *query, const uint16_t *k, int64_t pairs, i
             seen &= _mm512_cmplt_epi32_mask(index, _mm512_set1_epi32((int32_t)vis->sink)) |
                     _mm512_cmpgt_epi32_mask(index, _mm512_set1_epi32((int32_t)(position - vis->window)));
         seen &= width - t >= 16 ? 0xFFFF : (__mmask16)((1u << (width - t)) - 1);
-        __m512 s = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), seen, sums16(a), _mm512_set1_ps(scale));
-        _mm512_storeu_ps(scores + t, s);
+        __m512 sum = _mm512_add_ps(even, odd);
+        _mm512_storeu_ps(scores + t, _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), seen, sum, _mm512_set1_ps(scale)));
     }
+    for (int64_t t = (width + 15) / 16 * 16; t < TILE; t += 16) _mm512_storeu_ps(scores + t, _mm512_set1_ps(-INFINITY));
 }
 
 /* Softmax weights of one row's tile of scores, in place (0 past `width`): the row's running max
- * `m` and denominator `l` move to the tile's max, and its accumulated output `out` is rescaled. */
-static void weigh_row(float *scores, int64_t width, int64_t vectors, float *m, float *l, __m512 *out) {
-    float top = -INFINITY;
-    for (int64_t t = 0; t < width; t++) top = scores[t] > top ? scores[t] : top;
+ * `m` and denominator `l` move to the tile's max, and its accumulated output `acc` is rescaled. */
+static void weigh_row(float *scores, int64_t width, int64_t dim, float *m, float *l, float *acc) {
+    __m512 highest = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < width; t += 16) highest = _mm512_max_ps(highest, _mm512_loadu_ps(scores + t));
+    float top = _mm512_reduce_max_ps(highest); /* past `width` the scores are -inf */
     if (top == -INFINITY) {  /* the row sees no key of this tile */
         memset(scores, 0, sizeof(float) * TILE);
         return;
@@ -116,7 +145,8 @@ static void weigh_row(float *scores, int64_t width, int64_t vectors, float *m, f
     float shrink = *m == -INFINITY ? 0.0f : expf(*m - fresh);
     *m = fresh;
     *l *= shrink;
-    for (int64_t j = 0; j < vectors; j++) out[j] = _mm512_mul_ps(out[j], _mm512_set1_ps(shrink));
+    for (int64_t j = 0; j < dim; j += 16)
+        _mm512_storeu_ps(acc + j, _mm512_mul_ps(_mm512_loadu_ps(acc + j), _mm512_set1_ps(shrink)));
     __m512 total = _mm512_setzero_ps();
     for (int64_t t = 0; t < TILE; t += 16) {
         __m512 s = _mm512_loadu_ps(scores + t);
@@ -129,39 +159,79 @@ static void weigh_row(float *scores, int64_t width, int64_t vectors, float *m, f
     *l += _mm512_reduce_add_ps(total);
 }
 
+/* acc[r] += sum over the tile's keys t of weights[r][t] * values[t], for `count` rows of `dim`
+ * floats: the generic form, for any head size. */
+static void accumulate(const float *values, int64_t width, int64_t dim, float weights[][TILE], int64_t count,
+                       float *acc) {
+    for (int64_t r = 0; r < count; r++)
+        for (int64_t j = 0; j < dim; j += 16) {
+            __m512 sum = _mm512_loadu_ps(acc + r * dim + j);
+            for (int64_t t = 0; t < width; t++)
+                sum = _mm512_fmadd_ps(_mm512_set1_ps(weights[r][t]), _mm512_load_ps(values + t * dim + j), sum);
+            _mm512_storeu_ps(acc + r * dim + j, sum);
+        }
+}
+
+/* The same for heads of 64 and ROWS rows, the accumulators held in registers (ROWS x 4 vectors):
+ * the weighted sum of values is most of a multi-row pass's arithmetic. */
+#define ACCUMULATE_64(ROWS)                                                                              \
+    static void accumulate_64x##ROWS(const float *values, int64_t width, float weights[][TILE], float *acc) { \
+        __m512 sum[ROWS][4];                                                                             \
+        for (int r = 0; r < ROWS; r++)                                                                   \
+            for (int j = 0; j < 4; j++) sum[r][j] = _mm512_loadu_ps(acc + r * 64 + 16 * j);               \
+        for (int64_t t = 0; t < width; t++) {                                                            \
+            __m512 value[4];                                                                             \
+            for (int j = 0; j < 4; j++) value[j] = _mm512_load_ps(values + t * 64 + 16 * j);             \
+            for (int r = 0; r < ROWS; r++) {                                                             \
+                __m512 weight = _mm512_set1_ps(weights[r][t]);                                           \
+                for (int j = 0; j < 4; j++) sum[r][j] = _mm512_fmadd_ps(weight, value[j], sum[r][j]);    \
+            }                                                                                            \
+        }                                                                                                \
+        for (int r = 0; r < ROWS; r++)                                                                   \
+            for (int j = 0; j < 4; j++) _mm512_storeu_ps(acc + r * 64 + 16 * j, sum[r][j]);               \
+    }
+ACCUMULATE_64(1)
+ACCUMULATE_64(2)
+ACCUMULATE_64(3)
+ACCUMULATE_64(4)
+ACCUMULATE_64(5)
+ACCUMULATE_64(6)
+static void (*const accumulate_64[ROW_BLOCK + 1])(const float *, int64_t, float[][TILE], float *) = {
+    NULL, accumulate_64x1, accumulate_64x2, accumulate_64x3, accumulate_64x4, accumulate_64x5, accumulate_64x6,
+};
+
+/* A tile's values [start, start + width) widened to float32 once, for every block of rows. */
+static void widen_tile(const uint16_t *v, int64_t dim, int64_t start, int64_t width, float *values) {
+    for (int64_t t = 0; t < width; t++)
+        for (int64_t j = 0; j < dim; j += 16) _mm512_store_ps(values + t * dim + j, widen(v + (start + t) * dim + j));
+}
+
 /* Keys [begin, end) of one K/V head for all its rows: the running max `m`, denominator `l` and
  * unnormalised output `acc` of each row, updated tile by tile; a tile's keys and values are read
- * from memory once, then from L1 for every row. */
+ * from memory once (turned and widened), then from L1 for every block of rows. */
 static void attend_chunk(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t dim,
                          int64_t rows, int64_t begin, int64_t end, const Visibility *vis, float scale,
                          float *m, float *l, float *acc) {
-    const int64_t vectors = dim / 16, pairs = dim / 32;
-    float scores[ROW_BLOCK][TILE] __attribute__((aligned(64)));
-    __m512 out[ROW_BLOCK][MAX_DIM / 16];
-    __m512bh query[MAX_DIM / 32];
+    const int64_t words = dim / 2;
+    float weights[ROW_BLOCK][TILE] __attribute__((aligned(64)));
+    float values[TILE * MAX_DIM] __attribute__((aligned(64)));
+    __m512i turned[TILE / 16 * MAX_DIM / 2];
     for (int64_t start = begin; start < end; start += TILE) {
         int64_t width = end - start < TILE ? end - start : TILE;
+        turn_tile(k, words, start, width, turned);
+        widen_tile(v, dim, start, width, values);
         for (int64_t row0 = 0; row0 < rows; row0 += ROW_BLOCK) {
             int64_t count = rows - row0 < ROW_BLOCK ? rows - row0 : ROW_BLOCK;
             for (int64_t r = 0; r < count; r++) {
                 int64_t row = row0 + r, position = vis->length - vis->queries + row % vis->queries;
-                for (int64_t j = 0; j < pairs; j++)
-                    query[j] = (__m512bh)_mm512_loadu_si512(q + row * dim + 32 * j);
-                for (int64_t j = 0; j < vectors; j++) out[r][j] = _mm512_loadu_ps(acc + row * dim + 16 * j);
-                score_row(query, k, pairs, start, width, position, vis, scale, scores[r]);
-                weigh_row(scores[r], width, vectors, m + row, l + row, out[r]);
+                score_row((const uint32_t *)(q + row * dim), turned, words, start, width, position, vis, scale,
+                          weights[r]);
+                weigh_row(weights[r], width, dim, m + row, l + row, acc + row * dim);
             }
-            for (int64_t t = 0; t < width; t++) {
-                const uint16_t *value = v + (start + t) * dim;
-                __m512 vv[MAX_DIM / 16];
-                for (int64_t j = 0; j < vectors; j++) vv[j] = widen(value + 16 * j);
-                for (int64_t r = 0; r < count; r++) {
-                    __m512 weight = _mm512_set1_ps(scores[r][t]);
-                    for (int64_t j = 0; j < vectors; j++) out[r][j] = _mm512_fmadd_ps(weight, vv[j], out[r][j]);
-                }
-            }
-            for (int64_t r = 0; r < count; r++)
-                for (int64_t j = 0; j < vectors; j++) _mm512_storeu_ps(acc + (row0 + r) * dim + 16 * j, out[r][j]);
+            if (dim == 64)
+                accumulate_64[count](values, width, weights, acc + row0 * dim);
+            else
+                accumulate(values, width, dim, weights, count, acc + row0 * dim);
         }
     }
 }

@@ -21,7 +21,11 @@
  *
  * Work is split over OpenMP threads by key chunks (flash-decoding): each chunk keeps, per row, the
  * running maximum, the softmax denominator and the weighted sum of values (an online softmax over
- * tiles of TILE keys), and the chunks are merged at the end. Each tile is read from memory once:
+ * tiles of TILE keys), and the chunks are merged at the end, in order. Chunks and tiles start at
+ * fixed key positions whatever the cache length, and a key a query does not see adds exact zeros,
+ * so a query's output does not depend on how many queries share the call: a verify pass's
+ * attention is bit for bit what single decode steps compute (oneDNN's products are not always so:
+ * the lossless check's tolerance covers them). Each tile is read from memory once:
  * its keys turned so that one vector holds 16 keys' products with a query (no horizontal sums),
  * its values widened to float32, both then read from L1 by every block of rows. The OpenMP runtime
  * is torch's own (the library is loaded after torch, whose libgomp.so.1 then answers for this
@@ -37,7 +41,7 @@
 #define TILE 64        /* keys scored, weighted and summed together: 64 x dim bf16 stays in L1 */
 #define ROW_BLOCK 6    /* rows whose outputs are summed in registers together (6 x 4 vectors at 64) */
 #define MAX_DIM 256    /* 16 vectors of 16 floats */
-#define MIN_CHUNK 256  /* the fewest keys worth a thread */
+#define CHUNK 512      /* keys per unit of work; chunks start at multiples of CHUNK (see below) */
 
 static inline __m512 widen(const uint16_t *bits) {
     __m256i half = _mm256_loadu_si256((const __m256i *)bits);
@@ -292,17 +296,16 @@ int decode_attention(const uint16_t *q, int64_t q_head_stride, int64_t q_row_str
     Visibility vis = {length, queries, sink, window};
     int64_t ranges[2][2];
     int count = visible_ranges(&vis, ranges);
-    int64_t visible = 0;
-    for (int c = 0; c < count; c++) visible += ranges[c][1] - ranges[c][0];
-    int64_t threads = omp_get_max_threads();
-    int64_t chunks = visible / MIN_CHUNK < threads ? visible / MIN_CHUNK : threads;
-    chunks = chunks < 1 ? 1 : chunks;
-    int64_t per_chunk = (visible + chunks - 1) / chunks;
+    /* the chunks [CHUNK c, CHUNK (c + 1)) that hold a visible key, in order */
+    int64_t *chunk = malloc(sizeof(int64_t) * ((length + CHUNK - 1) / CHUNK + 1)), chunks = 0;
+    for (int range = 0; chunk && range < count; range++)
+        for (int64_t c = ranges[range][0] / CHUNK; c * CHUNK < ranges[range][1]; c++)
+            if (chunks == 0 || chunk[chunks - 1] != c) chunk[chunks++] = c;
     int64_t stride = rows * (dim + 2); /* per chunk and head: m, l and acc of every row */
-    float *partial = malloc(sizeof(float) * chunks * kv_heads * stride);
+    float *partial = malloc(sizeof(float) * (chunks ? chunks : 1) * kv_heads * stride);
     uint16_t *query = malloc(2 * heads * queries * dim);
-    if (!partial || !query) {
-        free(partial), free(query);
+    if (!chunk || !partial || !query) {
+        free(chunk), free(partial), free(query);
         return -1;
     }
     gather_rows(q, q_head_stride, q_row_stride, heads, queries, dim, query);
@@ -313,20 +316,13 @@ int decode_attention(const uint16_t *q, int64_t q_head_stride, int64_t q_row_str
             float *m = base, *l = base + rows, *acc = base + 2 * rows;
             for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
             memset(acc, 0, sizeof(float) * rows * dim);
-            /* the chunk's keys: [c * per_chunk, (c + 1) * per_chunk) of the visible ones */
-            int64_t skip = c * per_chunk, take = per_chunk;
-            for (int range = 0; range < count && take > 0; range++) {
-                int64_t size = ranges[range][1] - ranges[range][0];
-                if (skip >= size) {
-                    skip -= size;
-                    continue;
-                }
-                int64_t begin = ranges[range][0] + skip, end = begin + take;
+            for (int range = 0; range < count; range++) {
+                int64_t begin = chunk[c] * CHUNK, end = begin + CHUNK;
+                begin = begin > ranges[range][0] ? begin : ranges[range][0];
                 end = end < ranges[range][1] ? end : ranges[range][1];
-                attend_chunk(query + h * rows * dim, k + h * kv_stride, v + h * kv_stride, dim, rows, begin,
-                             end, &vis, scale, m, l, acc);
-                take -= end - begin;
-                skip = 0;
+                if (begin < end)
+                    attend_chunk(query + h * rows * dim, k + h * kv_stride, v + h * kv_stride, dim, rows, begin,
+                                 end, &vis, scale, m, l, acc);
             }
         }
     }
@@ -336,6 +332,6 @@ int decode_attention(const uint16_t *q, int64_t q_head_stride, int64_t q_row_str
             uint16_t *o = out + ((r % queries) * heads + h * group + r / queries) * dim;
             merge_row(partial + h * stride, chunks, kv_heads * stride, rows, dim, r, o);
         }
-    free(partial), free(query);
+    free(chunk), free(partial), free(query);
     return 0;
 }

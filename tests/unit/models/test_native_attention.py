@@ -123,3 +123,18 @@ def test_a_pattern_draft_step_on_the_kernel_reads_only_the_pattern() -> None:
     expected = pattern_attention(query, key, value, pattern, 0.125)
     out = decode_attention(query, key, value, 0.125, pattern.sink, pattern.window)
     assert within_bf16_rounding(out, expected.float())
+
+
+@needs_kernel
+@pytest.mark.parametrize("length", [40, 700, 1500])
+def test_a_query_gets_the_same_bits_alone_as_in_a_verify_block(length: int) -> None:
+    """Chunks and tiles start at fixed key positions, so each of a 5-position block's outputs is
+    bit for bit the output of a single step at that position: verify recomputes the decode exactly."""
+    generator = torch.Generator().manual_seed(length)
+    key, value = (torch.randn(1, 3, length, 64, generator=generator).bfloat16() for _ in "kv")
+    query = torch.randn(1, 9, 5, 64, generator=generator).bfloat16()
+    block = decode_attention(query, key, value, 0.125)
+    for i in range(5):
+        end = length - 5 + i + 1
+        alone = decode_attention(query[:, :, i : i + 1], key[:, :, :end], value[:, :, :end], 0.125)
+        assert torch.equal(alone[:, 0], block[:, i])

@@ -221,7 +221,7 @@ def decode(args: argparse.Namespace, context: int, drafts: dict, measurement: An
         )
     stamp = Stamp()
     runs = benchmark(decoders, prompts, args.repeats, 0, runner.device)
-    measured = {"meta": stamp.finish()}
+    measured = {"meta": stamp.finish(), "plan": loaded.plan}
     baseline = runs["autoregressive"]
     for name in same:
         if same[name] != name:
@@ -323,11 +323,25 @@ def write_report(results: dict) -> None:
         "",
         *markdown_table([*header, "lossless"], rows),
         "",
+        *_plans(results, contexts),
+        "",
         "![predicted and measured speedup by context](crossover.png)",
         "",
     ]
     (OUT / "README.md").write_text("\n".join(lines))
     plot(results, contexts)
+
+
+def _plans(results: dict, contexts: list[int]) -> list[str]:
+    """Which kernel plan predicted and which decoded: `--decode-only` decodes on today's plan
+    without searching (or predicting) again, so the two may differ."""
+    lines = [
+        f"- Predicted with the search's latency profile: {results['profile'].get('kernel_plan', 'n/a')}."
+    ]
+    for context in contexts:
+        plan = results["contexts"][str(context)]["measured"].get("plan", "not recorded by this run")
+        lines.append(f"- Decoded at {context} tokens on: {plan}.")
+    return lines
 
 
 def _breakdown(measured: dict, gamma: int, ar_ms: float | None) -> str:

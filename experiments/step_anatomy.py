@@ -21,18 +21,23 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import torch
 from _load import load_line
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from skipsearch.bench.clock import WallClock
 from skipsearch.bench.profiler import copy_bandwidth
+from skipsearch.models import attention
 from skipsearch.models.kernels import step_bytes
 from skipsearch.models.loading import load_model
+from skipsearch.models.native_attention import decode_attention
 from skipsearch.models.runner import LayerwiseRunner
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "profile"
+KERNEL_EVENT = "skipsearch::decode_attention"  # the decode kernel's calls, named for the trace
 GROUPS = {
     "linear (weights)": (
         "aten::linear",
@@ -41,9 +46,15 @@ GROUPS = {
         "aten::matmul",
         "mkldnn::_linear_pointwise",
     ),
-    "attention kernel (K/V)": ("aten::_scaled_dot_product", "aten::scaled_dot_product"),
+    "attention kernel (K/V)": ("aten::_scaled_dot_product", "aten::scaled_dot_product", KERNEL_EVENT),
     "copies and casts (K/V writes)": ("aten::cat", "aten::copy_", "aten::_to_copy"),
 }
+
+
+def traced_kernel(*args: Any, **kwargs: Any) -> Any:
+    """The decode kernel (a ctypes call, which torch.profiler does not see) under a named range."""
+    with record_function(KERNEL_EVENT):
+        return decode_attention(*args, **kwargs)
 
 
 def group_of(name: str) -> str:
@@ -71,7 +82,10 @@ def steps(runner: LayerwiseRunner, context: int, count: int) -> tuple[list[float
             if index >= 3:
                 times.append(time.perf_counter() - began)
         traced = 3
-        with profile(activities=[ProfilerActivity.CPU]) as trace:
+        with (
+            profile(activities=[ProfilerActivity.CPU]) as trace,
+            mock.patch.object(attention, "decode_attention", traced_kernel),
+        ):
             for index in range(traced):
                 step(context + index)
     groups: dict[str, float] = collections.defaultdict(float)

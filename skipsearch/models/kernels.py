@@ -184,6 +184,7 @@ class AttentionChoice:
     path: str  # a key of PATH_NAMES
     timings: dict[str, dict[str, float]] = field(default_factory=dict)
     unavailable: str = ""  # why the decode kernel was not measured, where it was not
+    kernel_build: str = ""  # the build of the decode kernel measured (`KernelLibrary.build`)
 
     def describe(self) -> str:
         if not self.timings:
@@ -253,13 +254,14 @@ def choice_path(dtype_name: str) -> Path:
 
 
 def _cached(path: Path) -> AttentionChoice | None:
-    """The stored choice, unless damaged, of an older form, or made without a decode kernel that
-    loads now (a compiler installed since)."""
+    """The stored choice, unless damaged, of an older form, or made without the decode kernel that
+    loads now (a compiler installed since, or another build of the kernel)."""
     try:
         cached = AttentionChoice(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
-    stale = cached.unavailable and load_kernel().function is not None
+    library = load_kernel()
+    stale = library.function is not None and cached.kernel_build != library.build
     return (
         cached if cached.path in PATH_NAMES and set(cached.timings) <= set(PATH_NAMES) and not stale else None
     )
@@ -285,7 +287,7 @@ def choose_attention(dtype: torch.dtype, device_kind: str) -> AttentionChoice:
     ranked = sorted(timings, key=lambda candidate: sum(timings[candidate].values()))
     library = load_kernel()
     unavailable = "" if library.function is not None else library.reason
-    choice = AttentionChoice(name, ranked[0], timings, unavailable)
+    choice = AttentionChoice(name, ranked[0], timings, unavailable, library.build)
     runner_up = sum(timings[ranked[1]].values()) / sum(timings[ranked[0]].values())
     if runner_up - 1 < DECISIVE:
         log.warning("attention paths measured alike (%s); is the CPU busy? not kept", choice.describe())

@@ -44,10 +44,12 @@ _SIGNATURE = (_POINTER, _INT, _INT, _POINTER, _POINTER, _INT, _POINTER, *[_INT] 
 
 @dataclass(frozen=True)
 class KernelLibrary:
-    """The loaded kernel, or None and the reason it is not there."""
+    """The loaded kernel, or None and the reason it is not there; `build` names the source,
+    compiler and flags it was built from (a changed kernel is measured again)."""
 
     function: ctypes._CFuncPtr | None
     reason: str
+    build: str = ""
 
 
 def _compiler() -> str | None:
@@ -79,7 +81,8 @@ def load_kernel() -> KernelLibrary:
         return KernelLibrary(None, "no C compiler (cc or gcc) on PATH")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     digest = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(COMPILER_FLAGS).encode())
-    target = native_library_path(digest.hexdigest()[:16])
+    build = digest.hexdigest()[:16]
+    target = native_library_path(build)
     if not target.is_file():
         complaint = _build(compiler, target)
         if complaint is not None:
@@ -87,7 +90,7 @@ def load_kernel() -> KernelLibrary:
     # torch is imported above, so this library's libgomp.so.1 resolves to torch's OpenMP runtime
     function = ctypes.CDLL(str(target)).decode_attention
     function.restype, function.argtypes = ctypes.c_int, _SIGNATURE
-    return KernelLibrary(function, f"built by {Path(compiler).name} from {SOURCE.name}")
+    return KernelLibrary(function, f"built by {Path(compiler).name} from {SOURCE.name}", build)
 
 
 def decode_attention(

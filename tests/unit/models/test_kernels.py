@@ -121,6 +121,21 @@ def test_a_choice_stored_in_an_older_form_is_measured_again(
     assert choose_attention(torch.bfloat16, "cpu").path == NATIVE_ATTENTION
 
 
+@pytest.mark.skipif(kernels.load_kernel().function is None, reason="decode kernel unavailable")
+def test_a_choice_measured_on_another_build_of_the_kernel_is_measured_again(
+    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An edited kernel may be faster or slower than the one the stored choice timed."""
+    timings = {NATIVE_ATTENTION: {"1": 0.9}, FP32_ATTENTION: {"1": 0.1}}
+    monkeypatch.setattr(kernels, "measure_attention_paths", lambda d: timings)
+    first = choose_attention(torch.bfloat16, "cpu")
+    assert first.kernel_build == kernels.load_kernel().build
+    stored = json.loads(kernels.choice_path("bfloat16").read_text())
+    kernels.choice_path("bfloat16").write_text(json.dumps({**stored, "kernel_build": "an older one"}))
+    timings = {NATIVE_ATTENTION: {"1": 0.1}, FP32_ATTENTION: {"1": 0.9}}
+    assert choose_attention(torch.bfloat16, "cpu").path == NATIVE_ATTENTION
+
+
 def test_the_real_measurement_times_every_path_at_each_query_count() -> None:
     timings = kernels.measure_attention_paths(torch.bfloat16)
     expected = {NATIVE_ATTENTION, FP32_ATTENTION}

@@ -273,6 +273,19 @@ class LatencyProfile:
             return None
         return sum(read) / bandwidth
 
+    def warn_other_attention(self, running: str | None, path: str | Path) -> bool:
+        """Warn (and say so) when this profile timed another attention path than the `running`
+        one: its attention costs, and so every predicted speedup, are another plan's."""
+        profiled = self.meta.get("attention")
+        if profiled is None or profiled == running:
+            return False
+        log.warning(
+            "the latency profile %s timed attention path %s, and this plan runs %s: its predictions "
+            "are another plan's; run `skipsearch profile --model %s` again",
+            path, profiled, running, self.meta.get("model", "MODEL"),
+        )  # fmt: skip
+        return True
+
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {

@@ -11,12 +11,11 @@ end, so a killed run loses nothing that `--resume` cannot rebuild.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
@@ -28,8 +27,6 @@ from skipsearch.run.owner import run_owner
 from skipsearch.run.preflight import SearchSetup, build_search, check_searches, preflight, resumed_config
 from skipsearch.search.study import ProgressCallback, SearchResult
 from skipsearch.store import CACHE_DIR, DRAFT_VOCAB_FILE, RUN_FILE
-
-log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # heavy (torch) types: imported where they are used
     from skipsearch.acceptance.worker import Measurement
@@ -133,7 +130,7 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
     searched = tuple(strategies or (config.strategy,))
     measurement = prepare(config.measure, check=lambda depth: check_searches(config, depth, searched))
     if latency is not None:
-        warn_stale_profile(latency.meta, measurement.loaded.model.config, latency_path)
+        latency.warn_other_attention(measurement.loaded.model.config._attn_implementation, latency_path)
     provenance = {
         "model_source": measurement.loaded.source,
         "kernel_plan": measurement.loaded.plan,
@@ -145,20 +142,6 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
         "transformers": str(transformers.__version__),
     }
     return RunContext(measurement, latency, provenance)
-
-
-def warn_stale_profile(meta: Mapping[str, Any], model_config: Any, path: Path) -> bool:
-    """Warn (and say so) when the latency profile timed another attention path than the one the
-    model now runs: its attention costs, and so every predicted speedup, are another plan's."""
-    profiled, running = meta.get("attention"), getattr(model_config, "_attn_implementation", None)
-    if profiled is None or profiled == running:
-        return False
-    log.warning(
-        "the latency profile %s timed attention path %s, and this plan runs %s: its predictions are "
-        "another plan's; run `skipsearch profile --model %s` again",
-        path, profiled, running, meta.get("model", "MODEL"),
-    )  # fmt: skip
-    return True
 
 
 def save_run(config: RunConfig, context: RunContext, out: Path, extra: dict | None = None) -> None:

@@ -110,3 +110,13 @@ def test_an_old_profile_scales_the_full_head_by_rows_and_says_so_once(caplog) ->
     assert caplog.text.count("priced as k/V") == 1
     recorded = LatencyProfile.from_dict({**old, "meta": {"num_layers": 2, "vocab_size": 8}})
     assert recorded.draft_head_time(4, 100) == exact(1.0)
+
+
+def test_a_profile_of_another_attention_path_is_flagged(caplog: pytest.LogCaptureFixture) -> None:
+    """A profile timed on fp32 SDPA prices a model that now runs the decode kernel as the old plan."""
+    data = _latency().to_dict()
+    fp32 = LatencyProfile.from_dict({**data, "meta": {**data["meta"], "attention": "sdpa_fp32kv"}})
+    assert fp32.warn_other_attention("kernel_bf16kv", "p.json")
+    assert "profile --model tiny" in caplog.text and "kernel_bf16kv" in caplog.text
+    assert not fp32.warn_other_attention("sdpa_fp32kv", "p.json")
+    assert not _latency().warn_other_attention("kernel_bf16kv", "p.json")  # older than the record

@@ -1,16 +1,13 @@
-"""`--cost auto`: which cost model a run scores with, decided once; a resume keeps the stored settings;
-a profile of another kernel plan is flagged."""
+"""`--cost auto`: which cost model a run scores with, decided once; a resume keeps the stored settings."""
 
-import logging
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.run import pipeline
-from skipsearch.run.pipeline import RunContext, cost_note, warn_stale_profile
+from skipsearch.run.pipeline import RunContext, cost_note
 from skipsearch.store import RUN_FILE
 
 PROFILE = "/cache/profiles/smollm2-135m-cpu.json"
@@ -64,14 +61,3 @@ def test_the_note_names_the_profile_or_how_to_make_one() -> None:
     closed = cost_note(RunConfig(cost="closed-form"), context(False))
     assert "closed form" in closed and "skipsearch profile --model smollm2-135m" in closed
     assert "skipsearch profile" not in cost_note(RunConfig(cost="closed-form"), context(True))
-
-
-def test_a_profile_of_another_attention_path_is_flagged(caplog: pytest.LogCaptureFixture) -> None:
-    """A profile timed on fp32 SDPA prices a model that now runs the decode kernel as the old plan."""
-    config = SimpleNamespace(_attn_implementation="kernel_bf16kv")
-    meta = {"attention": "sdpa_fp32kv", "model": "smollm2-135m"}
-    with caplog.at_level(logging.WARNING):
-        assert warn_stale_profile(meta, config, Path("p.json"))
-    assert "profile --model smollm2-135m" in caplog.text and "kernel_bf16kv" in caplog.text
-    assert not warn_stale_profile({"attention": "kernel_bf16kv"}, config, Path("p.json"))
-    assert not warn_stale_profile({}, config, Path("p.json"))  # a profile older than the record

@@ -9,8 +9,9 @@ CPU path for it. The C kernel reads a bf16 cache (which holds the bf16 projectio
 and does float32 arithmetic, so it computes the fp32 path's attention from half its bytes.
 
 It is compiled with the system C compiler into the cache directory (one library per source,
-compiler and CPU), and is used only where the CPU has the AVX-512 features it is written for and
-the compiler is found; otherwise `available` says why, and the plan keeps torch's SDPA.
+compiler and compiler flags), and is used only where the CPU has the AVX-512 features it is
+written for and a compiler is found; otherwise `load_kernel().reason` says why, the kernel plan
+prints it, and the plan keeps torch's SDPA.
 """
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ COMPILER_FLAGS = (
     "-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16",
     "-fopenmp", "-shared", "-fPIC",
 )  # fmt: skip
-MAX_QUERIES = (
-    16  # longer blocks (prefills, the estimator's passes) stay on SDPA, which is compute-bound there
-)
+# Longer blocks (prefills, the estimator's teacher-forced passes) stay on SDPA, compute-bound there.
+MAX_QUERIES = 16
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURE = (_POINTER, _INT, _INT, _POINTER, _POINTER, _INT, _POINTER, *[_INT] * 7, ctypes.c_float)
 
@@ -71,7 +71,7 @@ def _build(compiler: str, target: Path) -> str | None:
 
 @functools.cache
 def load_kernel() -> KernelLibrary:
-    """The kernel for this CPU, compiled once per source, compiler and CPU flags."""
+    """The kernel for this CPU, compiled once per source, compiler and compiler flags."""
     flags = cpu_flags() or frozenset()
     missing = [flag for flag in NEEDED_FLAGS if flag not in flags]
     if missing:

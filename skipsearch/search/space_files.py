@@ -20,7 +20,7 @@ from skipsearch.masks import FULL_VOCAB, KVPattern, parse_draft_vocab
 from skipsearch.search.space_spec import LayerRef, SpaceSpec, TierSpec, space_error
 from skipsearch.tiers.policy import TierPolicy, check_policy
 
-KINDS = ("contiguous", "sparse", "sublayer", "tiers")
+KINDS = ("contiguous", "block", "sparse", "sublayer", "tiers")
 SPACES_DIR = Path(str(resources.files("skipsearch.search") / "builtin_spaces"))
 """The shipped space files, inside the package so that an installed wheel has them."""
 
@@ -44,6 +44,7 @@ _POLICY_KEYS = ("window", "thresholds")
 # An early exit always skips the last layer, so contiguous spaces protect only the first.
 _DEFAULT_PROTECTED: dict[str, tuple[LayerRef, ...]] = {
     "contiguous": (0,),
+    "block": (0, -1),
     "sparse": (0, -1),
     "sublayer": (0, -1),
 }

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern
-from skipsearch.search.spaces import ConcreteSpace, ContiguousSpace, SubsetSpace
+from skipsearch.search.spaces import BlockSpace, ConcreteSpace, ContiguousSpace, SubsetSpace
 from skipsearch.tiers.policy import TierPolicy
 
 # Float slack when turning r_draft bounds into skip counts, so 1 - 6/12 <= 0.5 holds.
@@ -66,6 +66,8 @@ class SpaceSpec:
         unit = "sub-layer" if sublayer else "layer"
         if self.kind == "contiguous":
             free = num_layers - 1 - max(protected, default=0)
+        elif self.kind == "block":
+            free = BlockSpace.longest_run(num_layers, protected)
         else:
             free = units - (2 if sublayer else 1) * len(protected)
         lows = [
@@ -91,8 +93,8 @@ class SpaceSpec:
                 f"at least {low} skipped {unit}s, but {why} allows at most {high}",
                 f"{_RELAX[low_key]} or {_RELAX[high_key]}",
             )
-        cls = ContiguousSpace if self.kind == "contiguous" else SubsetSpace
-        extra = {} if cls is ContiguousSpace else {"sublayer": sublayer}
+        cls = {"contiguous": ContiguousSpace, "block": BlockSpace}.get(self.kind, SubsetSpace)
+        extra = {"sublayer": sublayer} if cls is SubsetSpace else {}
         return cls(
             name=self.name,
             num_layers=num_layers,

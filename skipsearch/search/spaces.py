@@ -221,6 +221,72 @@ class ContiguousSpace(ConcreteSpace):
 
 
 @dataclass(frozen=True)
+class BlockSpace(ConcreteSpace):
+    """One run of consecutive whole layers, anywhere above and below the protected ones.
+
+    Middle layers are the ones a model tolerates losing together (the skips that searches of
+    sparse spaces keep finding cluster there), and a run is only `L²/2` candidates, so a learned
+    search of two params (`block_start`, `block_length`) or an exhaustive one covers it where a
+    sparse search of the same budget samples a sliver of `2^L` subsets.
+    """
+
+    @property
+    def kind(self) -> str:
+        return "block"
+
+    @property
+    def units_total(self) -> int:
+        return self.num_layers
+
+    def skip_count(self, mask: SkipMask) -> int | None:
+        layers = sorted(mask.attn)
+        if not mask.is_layer_level or (layers and layers[-1] - layers[0] + 1 != len(layers)):
+            return None
+        return None if self.protected & mask.attn else len(layers)
+
+    def _starts(self, k: int) -> list[int]:
+        """First layers of the feasible runs of `k` layers."""
+        return [s for s in range(self.num_layers - k + 1) if not self.protected & set(range(s, s + k))]
+
+    def _block(self, start: int, k: int) -> SkipMask:
+        return SkipMask.from_layers(self.num_layers, range(start, min(start + k, self.num_layers)))
+
+    def _count_with(self, k: int) -> int:
+        return len(self._starts(k))
+
+    def _random_with(self, k: int, rng: np.random.Generator) -> SkipMask:
+        starts = self._starts(k)
+        return self._block(starts[int(rng.integers(len(starts)))], k)
+
+    def _evenly_spaced_with(self, k: int) -> SkipMask:
+        """The run in the middle of the feasible ones."""
+        starts = self._starts(k)
+        return self._block(starts[len(starts) // 2], k)
+
+    def _all_with(self, k: int) -> Iterator[SkipMask]:
+        return (self._block(start, k) for start in self._starts(k))
+
+    def suggest(self, trial: optuna.Trial) -> SkipMask:
+        start = trial.suggest_int("block_start", 0, self.num_layers - self.min_skipped)
+        return self._block(start, trial.suggest_int("block_length", self.min_skipped, self.max_skipped))
+
+    def params_for(self, mask: SkipMask) -> dict[str, int]:
+        k = self.skip_count(mask)
+        if not k:
+            raise InvalidMaskError(
+                f"mask {mask} is not one run of whole layers clear of the protected layers of space "
+                f"{self.name!r}: enqueue e.g. SkipMask.from_layers(L, range(a, b)), or use a sparse space"
+            )
+        return {"block_start": min(mask.attn), "block_length": k}
+
+    @staticmethod
+    def longest_run(num_layers: int, protected: frozenset[int]) -> int:
+        """The most layers one run can skip between the protected ones."""
+        edges = [-1, *sorted(protected), num_layers]
+        return max(b - a - 1 for a, b in itertools.pairwise(edges))
+
+
+@dataclass(frozen=True)
 class Unit:
     """One free unit of a subset space: a whole layer (sparse) or one of its sub-layers."""
 

@@ -65,6 +65,8 @@ def test_r_draft_bounds_become_skip_counts(tmp_path: Path) -> None:
         ("kind: contiguous\nprotected: [0, -1]\n", 12, "min_skipped/protected"),
         ("kind: sparse\nr_draft_min: 0.9\nr_draft_max: 0.95\n", 8, "r_draft_max/r_draft_min"),
         ("kind: sparse\nprotected: [12]\n", 12, "protected"),
+        # Layers 0, 3 and 7 protected: the longest run between them is 4, 5, 6.
+        ("kind: block\nprotected: [0, 3, -1]\nmin_skipped: 4\n", 8, "min_skipped/protected"),
     ],
 )
 def test_infeasible_at_resolve_names_the_binding_keys(
@@ -102,6 +104,25 @@ def test_feasibility_checks_protection_structure_and_counts() -> None:
         space.is_feasible(SkipMask.from_layers(16, [3, 5]))
 
 
+def test_block_feasibility() -> None:
+    space = load_space("block").resolve(8)  # protected 0 and 7, 1..4 skipped
+    assert space.is_feasible(SkipMask.from_layers(8, [2, 3, 4]))
+    assert not space.is_feasible(SkipMask.from_layers(8, [2, 4]))  # two runs
+    assert not space.is_feasible(SkipMask.from_layers(8, [5, 6, 7]))  # protected
+    assert not space.is_feasible(SkipMask(8, {2, 3}, {3}))  # not layer-level
+    assert space.violation(SkipMask.from_layers(8, range(1, 7))) == pytest.approx(2 / 8)
+
+
+def test_block_space_is_every_run_clear_of_the_protected_layers() -> None:
+    masks = load_space("block").resolve(8).enumerate()
+    runs = [sorted(m.skipped_layers) for m in masks]
+    expected = [list(range(a, a + k)) for k in range(1, 5) for a in range(1, 8 - k)]
+    assert runs == expected  # 6 + 5 + 4 + 3, fewest skips first
+    assert [sorted(m.skipped_layers) for m in load_space("block").resolve(8).uniform_masks()] == [
+        [4], [3, 4], [3, 4, 5], [2, 3, 4, 5]
+    ]
+
+
 def test_contiguous_feasibility() -> None:
     space = load_space("contiguous").resolve(12)
     assert space.is_feasible(SkipMask.prefix(12, 6))
@@ -110,7 +131,10 @@ def test_contiguous_feasibility() -> None:
 
 
 # -- sampling and enumeration ------------------------------------------------------------------
-@pytest.mark.parametrize("text", ["kind: sparse\nmax_skipped: 3\n", "kind: sublayer\nmax_skipped: 2\n"])
+@pytest.mark.parametrize(
+    "text",
+    ["kind: sparse\nmax_skipped: 3\n", "kind: sublayer\nmax_skipped: 2\n", "kind: block\nmax_skipped: 3\n"],
+)
 def test_random_masks_are_feasible_and_uniform(tmp_path: Path, text: str) -> None:
     space = resolve(tmp_path, text, 7)
     masks = space.enumerate()
@@ -169,7 +193,7 @@ def test_spread() -> None:
 
 
 # -- Optuna bridge -----------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["contiguous", "sparse", "sublayer"])
+@pytest.mark.parametrize("name", ["contiguous", "block", "sparse", "sublayer"])
 def test_params_for_round_trips_through_suggest(name: str) -> None:
     space = load_space(name).resolve(6)
     for mask in space.enumerate():
@@ -186,6 +210,8 @@ def test_param_names() -> None:
         "skip_3": 0,
         "skip_4": 0,
     }
+    block = load_space("block").resolve(6).params_for(SkipMask.from_layers(6, [2, 3]))
+    assert block == {"block_start": 2, "block_length": 2}
     params = load_space("sublayer").resolve(6).params_for(mask)
     assert {k for k, v in params.items() if v} == {"attn_2", "mlp_2", "mlp_3"}
 
@@ -195,3 +221,5 @@ def test_params_for_rejects_masks_of_another_structure() -> None:
         load_space("sparse").resolve(6).params_for(SkipMask(6, {2}, set()))
     with pytest.raises(InvalidMaskError, match="early exit"):
         load_space("contiguous").resolve(6).params_for(SkipMask.from_layers(6, [2]))
+    with pytest.raises(InvalidMaskError, match="one run of whole layers"):
+        load_space("block").resolve(6).params_for(SkipMask.from_layers(6, [1, 3]))

@@ -5,10 +5,11 @@ Three parts, each writing into `results/draft_vocab/<model>/`:
 - `acceptance`: probe masks measured at every draft-vocabulary size (one forward each), next to
   the head's time at that many rows from the model's latency profile (`skipsearch profile`
   measures it per row count) and the calibrated speedup it predicts.
-- `search`: learned (TPE) searches at equal budget of a sparse space that allows light drafts (one
-  to eight skipped layers, `experiments/draft_vocab_space.yaml`), scored by the calibrated
-  cost model, with the vocabulary dimension (`[full, sizes...]`) and without it (`[full]`), N seeds,
-  in one journal with one shared evaluation cache (the evaluator measures every size either way).
+- `search`: learned (TPE) searches at equal budget of two spaces that allow light drafts, a sparse
+  one (one to eight skipped layers anywhere, `experiments/draft_vocab_space.yaml`) and the shipped
+  `block` space (one run of consecutive layers), scored by the calibrated cost model, with the
+  vocabulary dimension (`[full, sizes...]`) and without it (`[full]`), N seeds, in one journal
+  with one shared evaluation cache (the evaluator measures every size either way).
 - `decode`: the best configuration of each variant (over seeds), decoded for real against
   autoregressive decoding on held-out prompts (the next prompts of the same shuffle, so disjoint
   from the ones the search scored), interleaved and paired per (repeat, prompt), greedy, every
@@ -56,7 +57,14 @@ OUT = ROOT / "results" / "draft_vocab"
 SIZES = (32768, 16384, 8192, 4096, 2048)
 SEARCH_PROMPTS = PromptSpec(n_prompts=8, max_prompt_tokens=256, new_tokens=48, seed=0)
 PROBES = {"smollm2-135m": ["a:14|m:14", "a:12,14,16|m:12,14,16"], "qwen2.5-coder-0.5b": ["7-13"]}
-VARIANTS = {"mask only": (None,), "mask + vocabulary": (None, *SIZES)}
+SPACES = {"sparse": str(Path(__file__).with_name("draft_vocab_space.yaml")), "block": "block"}
+"""The light sparse space (1-8 skipped layers anywhere) and the shipped block space (one run of
+1 to L/2 consecutive layers), searched at the same budget."""
+VARIANTS = {
+    f"{space}: {label}": (space, choices)
+    for space in SPACES
+    for label, choices in (("mask only", (None,)), ("mask + vocabulary", (None, *SIZES)))
+}
 PARTS = ("acceptance", "search", "decode")
 
 
@@ -75,13 +83,15 @@ def parser() -> Any:
     return p
 
 
-SPACE = Path(__file__).with_name("draft_vocab_space.yaml")
-
-
-def run_config(model: str, budget: int, seed: int, choices: tuple[int | None, ...]) -> RunConfig:
+def run_config(model: str, space: str, budget: int, seed: int, choices: tuple[int | None, ...]) -> RunConfig:
     measure = MeasureConfig(model=model, prompts=SEARCH_PROMPTS, mode="shared-kv")
     return RunConfig(
-        measure=measure, space=str(SPACE), budget=budget, seed=seed, cost="calibrated", draft_vocab=choices
+        measure=measure,
+        space=SPACES[space],
+        budget=budget,
+        seed=seed,
+        cost="calibrated",
+        draft_vocab=choices,
     )
 
 
@@ -131,10 +141,10 @@ def search(model: str, context: Any, budget: int, seeds: int, out: Path) -> list
     cache = EvaluationCache(out / "searches" / "cache")
     studies = []
     for seed in range(seeds):
-        for label, choices in VARIANTS.items():
-            config = resolve_draft_choices(run_config(model, budget, seed, choices))
+        for label, (space, choices) in VARIANTS.items():
+            config = resolve_draft_choices(run_config(model, space, budget, seed, choices))
             config = replace(config, measure=replace(config.measure, draft_vocabs=SIZES))
-            name = f"{'vocab' if len(choices) > 1 else 'mask'}-s{seed}"
+            name = f"{space}-{'vocab' if len(choices) > 1 else 'mask'}-s{seed}"
             result = search_one(config, context, out / "searches", False, study_name=name, cache=cache)
             best = result.best
             studies.append(
@@ -306,10 +316,12 @@ def report(model: str, data: dict[str, Any], out: Path) -> None:
 
 def _search_section(studies: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "## Search with and without the vocabulary dimension",
+        "## Search in two spaces, with and without the vocabulary dimension",
         "",
-        f"Learned (TPE), light sparse space (1–8 skipped layers), same budget per study, calibrated cost, "
-        f"{len(studies) // 2} seeds, "
+        "Learned (TPE) in two spaces: `sparse`, 1–8 skipped layers anywhere "
+        "(`experiments/draft_vocab_space.yaml`), and `block`, one run of 1 to L/2 consecutive layers "
+        "(the shipped space); same budget per study, calibrated cost, "
+        f"{len(studies) // len(VARIANTS)} seeds, "
         f"one shared evaluation cache. Vocabulary sizes: full, {', '.join(map(str, SIZES))}.",
         "",
         *markdown_table(
@@ -403,7 +415,7 @@ def main() -> None:
             raise SystemExit(
                 f"no latency profile of {args.model}: run `skipsearch profile --model {args.model}` first"
             )
-        config = resolve_draft_choices(run_config(args.model, args.budget, 0, VARIANTS["mask + vocabulary"]))
+        config = resolve_draft_choices(run_config(args.model, "sparse", args.budget, 0, (None, *SIZES)))
         context = open_context(config)
         if "acceptance" in args.parts:
             data["acceptance"] = acceptance(args.model, context)

@@ -119,7 +119,10 @@ def test_block_space_is_every_run_clear_of_the_protected_layers() -> None:
     expected = [list(range(a, a + k)) for k in range(1, 5) for a in range(1, 8 - k)]
     assert runs == expected  # 6 + 5 + 4 + 3, fewest skips first
     assert [sorted(m.skipped_layers) for m in load_space("block").resolve(8).uniform_masks()] == [
-        [4], [3, 4], [3, 4, 5], [2, 3, 4, 5]
+        [4],
+        [3, 4],
+        [3, 4, 5],
+        [2, 3, 4, 5],
     ]
 
 

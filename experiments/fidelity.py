@@ -130,11 +130,8 @@ def reference_rows(setup: Setup) -> list[int]:
 
 
 def reference_continuations(setup: Setup, rows: Sequence[int]) -> list[tuple[int, ...]]:
-    reference = setup.estimator_data.estimator.reference
-    return [
-        tuple(reference.input_ids[r, int(reference.prompt_lengths[r]) : int(reference.lengths[r])].tolist())
-        for r in rows
-    ]
+    continuations = setup.estimator_data.estimator.reference.continuations()
+    return [continuations[r] for r in rows]
 
 
 # -- one row per mask ----------------------------------------------------------------------------

@@ -36,13 +36,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-import matplotlib.ticker
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from _common import Stamp, markdown_table
+from _common import Stamp
 from _load import load_line
+from sparse_kv_report import DRAFTS, write_report
 
 from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.measure_config import MeasureConfig
@@ -53,20 +49,20 @@ from skipsearch.bench.lossless import check_runs
 from skipsearch.config import RunConfig
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.engine import autoregressive_decode, speculative_decode
-from skipsearch.masks import KVPattern, SkipMask, kv_label
+from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.loading import eos_ids
 from skipsearch.run.pipeline import RunContext, run_scorer, search_one
 from skipsearch.search import EvaluationCache, load_study
 from skipsearch.search.results import trial_records
 from skipsearch.store import CACHE_DIR
 from skipsearch.validate.phases import decode_seconds, prefill_estimate
+from skipsearch.validate.replay import round_stats, same_text_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "sparse_kv"
 SPACE = Path(__file__).with_name("draft_vocab_space.yaml")
 PATTERNS = tuple(KVPattern(4, window) for window in (128, 256, 512, 1024))
 PROFILE_CONTEXTS = "128,256,512,1024,2048,4096,8000"  # every pattern's key count, and every context
-DRAFTS = ("layer-only", "KV-only", "joint")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -182,7 +178,10 @@ def distinct(drafts: dict) -> dict[str, str]:
 
 def fidelity(drafts: dict, measurement: Any, new_tokens: int) -> dict:
     """Tokens per round of each draft on the measured prompts: the rounds estimator (teacher-forced,
-    rounds simulated at the draft's γ) against the engine's own decodes of the same prompts."""
+    rounds simulated at the draft's γ) against the engine's own decodes of the same prompts, over
+    whole outputs and over the text both decode (`validate.replay`: before the engine's first bf16
+    near-tie flip, without the last rounds the output's end cuts short), as experiments/fidelity.py
+    compares them."""
     runner, reference = measurement.runner, measurement.estimator.reference
     stop, prompts = eos_ids(measurement.loaded.model), measurement.prompt_ids()
     found = {}
@@ -194,12 +193,25 @@ def fidelity(drafts: dict, measurement: Any, new_tokens: int) -> dict:
         mask = SkipMask.parse(drafts[name]["mask"], runner.num_layers)
         kv, gamma = KVPattern.parse(drafts[name]["kv"]), drafts[name]["gamma"]
         rounds = Estimator(runner, reference, "rounds", measurement.vocab_ids, round_gamma=gamma)
-        estimated = rounds.evaluate(mask, 1.0, (), kv).tokens_per_round(gamma)
+        profile = rounds.evaluate(mask, 1.0, (), kv)
+        estimated = profile.tokens_per_round(gamma)
         decodes = [
             speculative_decode(runner, p, mask, new_tokens, gamma, eos_ids=stop, kv=kv) for p in prompts
         ]
         engine = statistics.mean(n + 1 for result in decodes for n in result.accepted)
-        found[name] = {"estimator": estimated, "engine": engine, "error": estimated / engine - 1}
+        on_engine, on_estimator, shared = same_text_rounds(
+            profile.greedy_match, decodes, reference.continuations(), gamma, new_tokens
+        )
+        same = {"share": shared / sum(len(r.tokens) for r in decodes)}
+        if on_engine and on_estimator:
+            same |= {"estimator": round_stats(on_estimator)[0], "engine": round_stats(on_engine)[0]}
+            same["error"] = same["estimator"] / same["engine"] - 1
+        found[name] = {
+            "estimator": estimated,
+            "engine": engine,
+            "error": estimated / engine - 1,
+            "same_text": same,
+        }
     return found
 
 
@@ -275,104 +287,7 @@ def main() -> None:
         (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     results["load"] = load_line(load_before, os.getloadavg())
     (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    write_report(results)
-
-
-def write_report(results: dict) -> None:
-    rows, contexts = [], sorted(int(c) for c in results["contexts"])
-    layers = int(results["profile"]["num_layers"])
-    for context in contexts:
-        found = results["contexts"][str(context)]
-        for name in (n for n in DRAFTS if n in found):
-            draft, measured = found[name], found["measured"][name]
-            lossless = measured["lossless"]
-            rows.append(
-                [
-                    str(context),
-                    name,
-                    "every layer" if draft["mask"] == str(SkipMask(layers)) else f"`{draft['mask']}`",
-                    kv_label(KVPattern.parse(draft["kv"])),
-                    str(draft["gamma"]),
-                    f"{draft['predicted']:.3f}",
-                    f"{measured['decode_only']:.3f}× ({measured['pairs'][0]:.2f}–{measured['pairs'][1]:.2f})",
-                    f"{measured['tokens_per_round']:.2f}",
-                    _breakdown(
-                        measured, draft["gamma"], found["measured"].get("autoregressive_ms_per_token")
-                    ),
-                    f"{found['fidelity'][name]['estimator']:.2f} / {found['fidelity'][name]['engine']:.2f} "
-                    f"({100 * found['fidelity'][name]['error']:+.1f}%)",
-                    f"{lossless.get('near_ties', 0)} near-ties, {lossless.get('real_divergences', 0)} real",
-                ]
-            )
-    header = [
-        "context",
-        "draft",
-        "mask",
-        "KV pattern",
-        "γ",
-        "predicted",
-        "decode-only (pairs)",
-        "tokens/round",
-        "draft step · verify · AR step (ms)",
-        "estimator / engine tokens/round on the measured prompts",
-    ]
-    lines = [
-        f"# KV-pattern drafts against layer skipping by context: {results['model']}",
-        "",
-        f"`python experiments/sparse_kv.py` (see its docstring). {results['load']}.",
-        "",
-        *markdown_table([*header, "lossless"], rows),
-        "",
-        *_plans(results, contexts),
-        "",
-        "![predicted and measured speedup by context](crossover.png)",
-        "",
-    ]
-    (OUT / "README.md").write_text("\n".join(lines))
-    plot(results, contexts)
-
-
-def _plans(results: dict, contexts: list[int]) -> list[str]:
-    """Which kernel plan predicted and which decoded: `--decode-only` decodes on today's plan
-    without searching (or predicting) again, so the two may differ."""
-    lines = [
-        f"- Predicted with the search's latency profile: {results['profile'].get('kernel_plan', 'n/a')}."
-    ]
-    for context in contexts:
-        plan = results["contexts"][str(context)]["measured"].get("plan", "not recorded by this run")
-        lines.append(f"- Decoded at {context} tokens on: {plan}.")
-    return lines
-
-
-def _breakdown(measured: dict, gamma: int, ar_ms: float | None) -> str:
-    """A round's draft step and verify against the autoregressive step, in ms."""
-    if "round_ms" not in measured or ar_ms is None:
-        return "–"
-    phases = measured["round_ms"]
-    return f"{phases['draft'] / gamma:.1f} · {phases['verify']:.1f} · {ar_ms:.1f}"
-
-
-def plot(results: dict, contexts: list[int]) -> None:
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for name, colour in zip(DRAFTS, ("tab:blue", "tab:orange", "tab:green"), strict=True):
-        have = [c for c in contexts if name in results["contexts"][str(c)]]
-        found = [results["contexts"][str(c)] for c in have]
-        ax.plot(have, [f[name]["predicted"] for f in found], "--", color=colour, label=f"{name} predicted")
-        ax.plot(
-            have,
-            [f["measured"][name]["decode_only"] for f in found],
-            "o-",
-            color=colour,
-            label=f"{name} measured",
-        )
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set(xscale="log", xlabel="context (tokens)", ylabel="speedup over autoregressive (decode only)")
-    ax.set_xticks(contexts, [str(c) for c in contexts])
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())  # the log scale's own ticks overlap
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(OUT / "crossover.png", dpi=120)
-    plt.close(fig)
+    write_report(results, OUT)
 
 
 if __name__ == "__main__":

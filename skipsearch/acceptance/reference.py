@@ -64,6 +64,16 @@ class ReferenceCache:
     def row_sizes(self) -> list[int]:
         return (self.lengths - self.prompt_lengths).tolist()
 
+    def continuations(self) -> list[tuple[int, ...]]:
+        """Each row's teacher-forced continuation: the text the estimator scores, which the engine's
+        output equals up to its first near-tie flip (`validate.replay.shared_length`)."""
+        return [
+            tuple(ids[start:end].tolist())
+            for ids, start, end in zip(
+                self.input_ids, self.prompt_lengths.tolist(), self.lengths.tolist(), strict=True
+            )
+        ]
+
     def save(self, path: Path, meta: dict) -> None:
         tensors = {
             "input_ids": self.input_ids,

@@ -66,6 +66,26 @@ def replay_within(
     return rounds
 
 
+def same_text_rounds(
+    matches: Sequence[Sequence[bool]],
+    results: Sequence[DecodeResult],
+    continuations: Sequence[Sequence[int]],
+    gamma: int,
+    max_new_tokens: int,
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]], int]:
+    """The engine's rounds and the estimator's (its match vectors replayed under the engine's rule)
+    over the text both decode, prompt by prompt, and how many tokens that text is."""
+    engine: list[tuple[int, int]] = []
+    estimated: list[tuple[int, int]] = []
+    shared = 0
+    for row, result, continuation in zip(matches, results, continuations, strict=True):
+        rounds, covered = engine_rounds_within(result, shared_length(result.tokens, continuation))
+        engine += rounds
+        estimated += replay_within(row, gamma, max_new_tokens, covered)
+        shared += covered
+    return engine, estimated, shared
+
+
 def round_stats(rounds: Sequence[tuple[int, int]]) -> tuple[float, float]:
     """Tokens per round and judged acceptance over rounds that drafted, as `Summary.of` counts them."""
     drafted = [(g, n) for g, n in rounds if g > 0]

@@ -14,6 +14,11 @@ def test_reference_continuations_have_the_requested_length(setup):
     _, _, reference = setup
     assert (reference.lengths - reference.prompt_lengths).tolist() == [10] * 4
     assert reference.hidden.shape[:2] == (7, 4)
+    continuations = reference.continuations()
+    assert [len(c) for c in continuations] == [10] * 4
+    for row, continuation in enumerate(continuations):
+        start = int(reference.prompt_lengths[row])
+        assert continuation == tuple(reference.input_ids[row, start : start + 10].tolist())
 
 
 def test_reference_cache_round_trips_on_disk(setup, tmp_path):

@@ -14,6 +14,7 @@ from skipsearch.validate.replay import (
     replay,
     replay_within,
     round_stats,
+    same_text_rounds,
     shared_length,
 )
 
@@ -58,6 +59,14 @@ def test_the_text_both_decode() -> None:
     assert shared_length((1, 2), (1, 2, 3)) == 2
     assert engine_rounds_within(ENGINE, 5) == ([(3, 2)], 3)
     assert engine_rounds_within(ENGINE, 7) == ([(3, 2), (3, 3)], 7)
+
+
+def test_same_text_rounds_stop_both_sides_at_the_engines_first_flip() -> None:
+    whole = (1, 2, 3, 4, 5, 6, 7)
+    assert same_text_rounds([MATCHES], [ENGINE], [whole], 3, 7) == ([(3, 2), (3, 3)], [(3, 2), (3, 3)], 7)
+    # the engine took another token at offset 4: only the first round lies before it, on both sides
+    flipped = (1, 2, 3, 4, 9, 9, 9)
+    assert same_text_rounds([MATCHES], [ENGINE], [flipped], 3, 7) == ([(3, 2)], [(3, 2)], 3)
 
 
 def test_disagreement_by_depth_on_the_judged_positions() -> None:

@@ -321,7 +321,7 @@ def _search_section(studies: list[dict[str, Any]]) -> list[str]:
         "Learned (TPE) in two spaces: `sparse`, 1–8 skipped layers anywhere "
         "(`experiments/draft_vocab_space.yaml`), and `block`, one run of 1 to L/2 consecutive layers "
         "(the shipped space); same budget per study, calibrated cost, "
-        f"{len(studies) // len(VARIANTS)} seeds, "
+        f"{len({s['seed'] for s in studies})} seeds, "
         f"one shared evaluation cache. Vocabulary sizes: full, {', '.join(map(str, SIZES))}.",
         "",
         *markdown_table(
@@ -340,7 +340,7 @@ def _search_section(studies: list[dict[str, Any]]) -> list[str]:
         ),
         "",
     ]
-    for variant in VARIANTS:
+    for variant in dict.fromkeys(s["variant"] for s in studies):
         scores = [s["best_score"] for s in studies if s["variant"] == variant]
         lines.append(
             f"- {variant}: mean {statistics.fmean(scores):.3f}, range {min(scores):.3f}–{max(scores):.3f}"
@@ -349,8 +349,8 @@ def _search_section(studies: list[dict[str, Any]]) -> list[str]:
 
 
 def _decode_section(d: dict[str, Any]) -> list[str]:
-    rows = []
-    for variant in VARIANTS:
+    rows, variants = [], list(d["winners"])  # the variants of the run that wrote `d`
+    for variant in variants:
         r, w = d[variant], d["winners"][variant]
         rows.append(
             [
@@ -372,7 +372,7 @@ def _decode_section(d: dict[str, Any]) -> list[str]:
                 for p in ("draft", "verify", "sample", "cache", "other")
             ),
         ]
-        for variant in VARIANTS
+        for variant in variants
     ]
     return [
         f"## The winners decoded for real ({d['threads']} torch threads)",

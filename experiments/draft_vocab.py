@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +44,13 @@ from skipsearch.bench.lossless import check_runs
 from skipsearch.config import RunConfig
 from skipsearch.cost.calibrated import predict
 from skipsearch.engine import autoregressive_decode, speculative_decode
-from skipsearch.masks import Draft, SkipMask, vocab_label
+from skipsearch.masks import VOCAB_KEY, Draft, SkipMask, vocab_label
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.loading import dtype_name, eos_ids
-from skipsearch.run.pipeline import open_context, resolve_draft_choices, search_one
-from skipsearch.search import EvaluationCache
+from skipsearch.run.finalists import rescore
+from skipsearch.run.pipeline import open_context, resolve_draft_choices, run_scorer, search_one
+from skipsearch.search import EvaluationCache, load_study
+from skipsearch.search.results import trial_records
 from skipsearch.store import JOURNAL_FILE, readable_profile_path
 from skipsearch.validate.phases import decode_seconds, prefill_estimate
 
@@ -65,7 +67,7 @@ VARIANTS = {
     for space in SPACES
     for label, choices in (("mask only", (None,)), ("mask + vocabulary", (None, *SIZES)))
 }
-PARTS = ("acceptance", "search", "decode")
+PARTS = ("acceptance", "search", "finalists", "decode")
 
 
 def parser() -> Any:
@@ -169,6 +171,38 @@ def _vocab(label: int | str) -> int | None:
     return None if label == "full" else int(label)
 
 
+# -- part 2b: the finalists re-scored exactly, as `skipsearch run`'s verdict does ------------------
+def finalists(model: str, context: Any, studies: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """Per variant, the best distinct drafts of its studies (all seeds), measured again in `rounds`
+    mode at their γ* and scored by the same cost model (`run.finalists`): `shared-kv` overrates
+    drafts whose later steps read their own scratch K/V, most of all deep ones."""
+    found = {}
+    for label, (space, choices) in VARIANTS.items():
+        names = [s["study"] for s in studies if s["variant"] == label]
+        records = [r for name in names for r in trial_records(load_study(out / "searches", name))]
+        config = resolve_draft_choices(run_config(model, space, 1, 0, choices))
+        config = replace(config, measure=replace(config.measure, draft_vocabs=SIZES))
+        exact = rescore(records, context.measurement, run_scorer(config, context), 1.0)
+        found[label] = [asdict(f) for f in exact]
+        scores = (f"{f.mask} v:{f.draft_vocab} {f.search_score:.3f} -> {f.exact_score:.3f}" for f in exact)
+        print(f"{label}: " + "; ".join(scores), flush=True)
+    return found
+
+
+def winner(data: dict[str, Any], label: str) -> dict[str, Any]:
+    """The draft a variant decodes: its best finalist by exact score, else its best search score."""
+    if label in data.get("finalists", {}):
+        best = data["finalists"][label][0]
+        vocab = "" if best["draft_vocab"] == "full" else f"|{VOCAB_KEY}:{best['draft_vocab']}"
+        return {
+            "draft": best["mask"] + vocab,
+            "gamma": best["gamma"],
+            "best_score": best["exact_score"],
+            "search_score": best["search_score"],
+        }
+    return max((s for s in data["search"] if s["variant"] == label), key=lambda s: s["best_score"])
+
+
 # -- part 3: the winners decoded for real -------------------------------------------------------
 def lossless_cell(check: bool | dict[str, Any]) -> str:
     """`yes`, `yes (n near-ties)` within the measured tolerance, or `NO`; older runs stored a bool."""
@@ -179,18 +213,13 @@ def lossless_cell(check: bool | dict[str, Any]) -> str:
     return "yes" if check["identical"] else f"yes ({check['near_ties']} near-ties)"
 
 
-def decode(
-    model: str, context: Any, studies: list[dict[str, Any]], repeats: int, count: int
-) -> dict[str, Any]:
+def decode(model: str, context: Any, data: dict[str, Any], repeats: int, count: int) -> dict[str, Any]:
     measurement = context.measurement
     runner, loaded = measurement.runner, measurement.loaded
     spec = replace(SEARCH_PROMPTS, n_prompts=SEARCH_PROMPTS.n_prompts + count)
     prompts = [p.ids for p in encode_prompts(spec, loaded.tokenizer)][SEARCH_PROMPTS.n_prompts :]
     stop, new = eos_ids(loaded.model), SEARCH_PROMPTS.new_tokens
-    winners = {}
-    for label in VARIANTS:
-        best = max((s for s in studies if s["variant"] == label), key=lambda s: s["best_score"])
-        winners[label] = best
+    winners = {label: winner(data, label) for label in VARIANTS}
     decoders = {"autoregressive": lambda p, g: autoregressive_decode(runner, p, new, eos_ids=stop)}
     for label, best in winners.items():
         draft = Draft.parse(best["draft"], runner.num_layers)
@@ -309,6 +338,8 @@ def report(model: str, data: dict[str, Any], out: Path) -> None:
         ]
     if "search" in data:
         lines += _search_section(data["search"])
+    if "finalists" in data:
+        lines += _finalists_section(data["finalists"])
     for key in sorted(k for k in data if k.startswith("decode")):
         lines += _decode_section(data[key])
     (out / "README.md").write_text("\n".join(lines) + "\n")
@@ -346,6 +377,31 @@ def _search_section(studies: list[dict[str, Any]]) -> list[str]:
             f"- {variant}: mean {statistics.fmean(scores):.3f}, range {min(scores):.3f}–{max(scores):.3f}"
         )
     return [*lines, ""]
+
+
+def _finalists_section(found: dict[str, list[dict[str, Any]]]) -> list[str]:
+    rows = [
+        [
+            variant,
+            f"`{f['mask']}`",
+            str(f["draft_vocab"]),
+            str(f["gamma"]),
+            f"{f['search_score']:.3f} → {f['exact_score']:.3f}",
+            f"{fmt(f['search_tokens_per_round'])} → {fmt(f['exact_tokens_per_round'])}",
+        ]
+        for variant, finalists in found.items()
+        for f in finalists
+    ]
+    return [
+        "## The finalists re-scored exactly",
+        "",
+        "Each variant's best distinct drafts over its seeds, measured again in `rounds` mode at their γ* "
+        "(`run.finalists`, as `skipsearch run`'s verdict does); the decode below takes the best by exact "
+        "score.",
+        "",
+        *markdown_table(("variant", "mask", "k", "γ", "score: search → exact", "tokens/round"), rows),
+        "",
+    ]
 
 
 def _decode_section(d: dict[str, Any]) -> list[str]:
@@ -425,8 +481,11 @@ def main() -> None:
         if "search" in args.parts:
             data["search"] = search(args.model, context, args.budget, args.seeds, out)
             saved.write_text(json.dumps(data, indent=2))
+        if "finalists" in args.parts:
+            data["finalists"] = finalists(args.model, context, data["search"], out)
+            saved.write_text(json.dumps(data, indent=2))
         if "decode" in args.parts:
-            result = decode(args.model, context, data["search"], args.repeats, args.decode_prompts)
+            result = decode(args.model, context, data, args.repeats, args.decode_prompts)
             data[f"decode_{args.threads}_threads"] = {**result, "threads": args.threads}
             saved.write_text(json.dumps(data, indent=2))
     report(args.model, data, out)

@@ -202,15 +202,15 @@ def fidelity(drafts: dict, measurement: Any, new_tokens: int) -> dict:
         on_engine, on_estimator, shared = same_text_rounds(
             profile.greedy_match, decodes, reference.continuations(), gamma, new_tokens
         )
-        same = {"share": shared / sum(len(r.tokens) for r in decodes)}
+        text = {"share": shared / sum(len(r.tokens) for r in decodes)}
         if on_engine and on_estimator:
-            same |= {"estimator": round_stats(on_estimator)[0], "engine": round_stats(on_engine)[0]}
-            same["error"] = same["estimator"] / same["engine"] - 1
+            text |= {"estimator": round_stats(on_estimator)[0], "engine": round_stats(on_engine)[0]}
+            text["error"] = text["estimator"] / text["engine"] - 1
         found[name] = {
             "estimator": estimated,
             "engine": engine,
             "error": estimated / engine - 1,
-            "same_text": same,
+            "same_text": text,
         }
     return found
 

@@ -2,8 +2,10 @@
 (docs/architecture.md, "Search spaces").
 
 Once protected layers are taken out, every constraint depends only on *how many* units a mask skips
-(units are layers, or sub-layers for `sublayer`), so a space is "any k-subset of the free units,
-k in an allowed set"; that makes counting, exact uniform sampling and enumeration cheap.
+(units are layers, or sub-layers for `sublayer`), so a space is "the masks of its structure that
+skip k free units, k in an allowed set": any k-subset (`sparse`, `sublayer`), the early exit that
+skips the last k layers (`contiguous`), or a run of k consecutive layers (`block`). That makes
+counting, exact uniform sampling and enumeration cheap.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Draft vocabularies, measured (issue 12): does a draft that proposes from the top-k ids pay?
 
-Three parts, each writing into `results/draft_vocab/<model>/`:
+Four parts, each writing into `results/draft_vocab/<model>/`:
 
 - `acceptance`: probe masks measured at every draft-vocabulary size (one forward each), next to
   the head's time at that many rows from the model's latency profile (`skipsearch profile`
@@ -10,9 +10,11 @@ Three parts, each writing into `results/draft_vocab/<model>/`:
   `block` space (one run of consecutive layers), scored by the calibrated cost model, with the
   vocabulary dimension (`[full, sizes...]`) and without it (`[full]`), N seeds, in one journal
   with one shared evaluation cache (the evaluator measures every size either way).
-- `decode`: the best configuration of each variant (over seeds), decoded for real against
-  autoregressive decoding on held-out prompts (the next prompts of the same shuffle, so disjoint
-  from the ones the search scored), interleaved and paired per (repeat, prompt), greedy, every
+- `finalists`: each variant's 3 best distinct drafts over its seeds, re-scored exactly (`rounds`
+  mode at their γ*, `run.finalists`), as `skipsearch run`'s verdict ranks them.
+- `decode`: the best draft of each variant (by exact score once `finalists` ran, else by search
+  score), decoded for real against autoregressive decoding on held-out prompts (the next prompts
+  of the same shuffle, so disjoint from the ones the search scored), interleaved and paired per (repeat, prompt), greedy, every
   output checked token for token. Reports end-to-end and decode-only (prefill excluded) speedups
   with their spread and the load average before and after. Timing: run it alone on an idle machine.
 

@@ -14,9 +14,10 @@ Four parts, each writing into `results/draft_vocab/<model>/`:
   mode at their γ*, `run.finalists`), as `skipsearch run`'s verdict ranks them.
 - `decode`: the best draft of each variant (by exact score once `finalists` ran, else by search
   score), decoded for real against autoregressive decoding on held-out prompts (the next prompts
-  of the same shuffle, so disjoint from the ones the search scored), interleaved and paired per (repeat, prompt), greedy, every
-  output checked token for token. Reports end-to-end and decode-only (prefill excluded) speedups
-  with their spread and the load average before and after. Timing: run it alone on an idle machine.
+  of the same shuffle, so disjoint from the ones the search scored), interleaved and paired per
+  (repeat, prompt), greedy, every output checked token for token. Reports end-to-end and
+  decode-only (prefill excluded) speedups with their spread and the load average before and after.
+  Timing: run it alone on an idle machine.
 
 Run: `.venv/bin/python experiments/draft_vocab.py --model smollm2-135m` (needs a latency profile of
 the model on this machine: `skipsearch profile --model smollm2-135m`); `--parts decode` reruns

@@ -44,7 +44,7 @@ from skipsearch.bench.lossless import check_runs
 from skipsearch.config import RunConfig
 from skipsearch.cost.calibrated import predict
 from skipsearch.engine import autoregressive_decode, speculative_decode
-from skipsearch.masks import VOCAB_KEY, Draft, SkipMask, vocab_label
+from skipsearch.masks import Draft, SkipMask, vocab_label
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.loading import dtype_name, eos_ids
 from skipsearch.run.finalists import rescore
@@ -97,6 +97,15 @@ def run_config(model: str, space: str, budget: int, seed: int, choices: tuple[in
     )
 
 
+def study_config(
+    model: str, space: str, budget: int, seed: int, choices: tuple[int | None, ...]
+) -> RunConfig:
+    """The config a study of one variant runs, and its finalists are re-scored with: the evaluator
+    measures every vocabulary size whatever the variant searches (one shared evaluation cache)."""
+    config = resolve_draft_choices(run_config(model, space, budget, seed, choices))
+    return replace(config, measure=replace(config.measure, draft_vocabs=SIZES))
+
+
 # -- part 1: acceptance and head time against k ------------------------------------------------
 def acceptance(model: str, context: Any) -> dict[str, Any]:
     measurement, latency = context.measurement, context.latency
@@ -144,8 +153,7 @@ def search(model: str, context: Any, budget: int, seeds: int, out: Path) -> list
     studies = []
     for seed in range(seeds):
         for label, (space, choices) in VARIANTS.items():
-            config = resolve_draft_choices(run_config(model, space, budget, seed, choices))
-            config = replace(config, measure=replace(config.measure, draft_vocabs=SIZES))
+            config = study_config(model, space, budget, seed, choices)
             name = f"{space}-{'vocab' if len(choices) > 1 else 'mask'}-s{seed}"
             result = search_one(config, context, out / "searches", False, study_name=name, cache=cache)
             best = result.best
@@ -180,8 +188,7 @@ def finalists(model: str, context: Any, studies: list[dict[str, Any]], out: Path
     for label, (space, choices) in VARIANTS.items():
         names = [s["study"] for s in studies if s["variant"] == label]
         records = [r for name in names for r in trial_records(load_study(out / "searches", name))]
-        config = resolve_draft_choices(run_config(model, space, 1, 0, choices))
-        config = replace(config, measure=replace(config.measure, draft_vocabs=SIZES))
+        config = study_config(model, space, 1, 0, choices)
         exact = rescore(records, context.measurement, run_scorer(config, context), 1.0)
         found[label] = [asdict(f) for f in exact]
         scores = (f"{f.mask} v:{f.draft_vocab} {f.search_score:.3f} -> {f.exact_score:.3f}" for f in exact)
@@ -189,13 +196,13 @@ def finalists(model: str, context: Any, studies: list[dict[str, Any]], out: Path
     return found
 
 
-def winner(data: dict[str, Any], label: str) -> dict[str, Any]:
+def winner(data: dict[str, Any], label: str, num_layers: int) -> dict[str, Any]:
     """The draft a variant decodes: its best finalist by exact score, else its best search score."""
     if label in data.get("finalists", {}):
         best = data["finalists"][label][0]
-        vocab = "" if best["draft_vocab"] == "full" else f"|{VOCAB_KEY}:{best['draft_vocab']}"
+        mask = SkipMask.parse(best["mask"], num_layers)
         return {
-            "draft": best["mask"] + vocab,
+            "draft": str(Draft(mask, _vocab(best["draft_vocab"]))),
             "gamma": best["gamma"],
             "best_score": best["exact_score"],
             "search_score": best["search_score"],
@@ -210,7 +217,7 @@ def decode(model: str, context: Any, data: dict[str, Any], repeats: int, count: 
     spec = replace(SEARCH_PROMPTS, n_prompts=SEARCH_PROMPTS.n_prompts + count)
     prompts = [p.ids for p in encode_prompts(spec, loaded.tokenizer)][SEARCH_PROMPTS.n_prompts :]
     stop, new = eos_ids(loaded.model), SEARCH_PROMPTS.new_tokens
-    winners = {label: winner(data, label) for label in VARIANTS}
+    winners = {label: winner(data, label, runner.num_layers) for label in VARIANTS}
     decoders = {"autoregressive": lambda p, g: autoregressive_decode(runner, p, new, eos_ids=stop)}
     for label, best in winners.items():
         draft = Draft.parse(best["draft"], runner.num_layers)

@@ -69,8 +69,8 @@ from skipsearch.validate.replay import (
     disagreement,
     engine_rounds_within,
     replay,
-    replay_within,
     round_stats,
+    same_text_rounds,
     shared_length,
 )
 from skipsearch.validate.stats import ErrorStats
@@ -206,13 +206,9 @@ def mask_row(
         )
         prediction = predict(profile, mask, GAMMA_MAX, latency, context)
         depth = disagreement(results, rows, limits, profile, GAMMA)
-        same_tpr, same_acc = round_stats(
-            [
-                r
-                for matches, (_, covered) in zip((profile.greedy_match[i] for i in rows), within, strict=True)
-                for r in replay_within(matches, GAMMA, setup.spec.new_tokens, covered)
-            ]
-        )
+        matches = [profile.greedy_match[i] for i in rows]
+        _, replayed, _ = same_text_rounds(matches, results, continuations, GAMMA, setup.spec.new_tokens)
+        same_tpr, same_acc = round_stats(replayed)
         row |= {
             f"{mode}_same_text_tokens_per_round": same_tpr,
             f"{mode}_same_text_acceptance": same_acc,

@@ -184,7 +184,7 @@ def fidelity(drafts: dict, measurement: Any, new_tokens: int) -> dict:
     compares them."""
     runner, reference = measurement.runner, measurement.estimator.reference
     stop, prompts = eos_ids(measurement.loaded.model), measurement.prompt_ids()
-    found = {}
+    found, continuations = {}, reference.continuations()
     same = distinct(drafts)
     for name in same:
         if same[name] != name:
@@ -200,7 +200,7 @@ def fidelity(drafts: dict, measurement: Any, new_tokens: int) -> dict:
         ]
         engine = statistics.mean(n + 1 for result in decodes for n in result.accepted)
         on_engine, on_estimator, shared = same_text_rounds(
-            profile.greedy_match, decodes, reference.continuations(), gamma, new_tokens
+            profile.greedy_match, decodes, continuations, gamma, new_tokens
         )
         text = {"share": shared / sum(len(r.tokens) for r in decodes)}
         if on_engine and on_estimator:

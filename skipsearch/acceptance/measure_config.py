@@ -55,6 +55,12 @@ class MeasureConfig:
         if len(set(self.kv_patterns)) != len(self.kv_patterns):
             named = [str(kv) for kv in self.kv_patterns]
             raise ConfigError(f"KV patterns {named} name one twice: list each once")
+        with_pillars = [str(kv) for kv in self.kv_patterns if kv.pillars]
+        if with_pillars and self.mode == "self":
+            raise ConfigError(
+                f"KV pattern {with_pillars[0]} has pillars, which follow the engine's rounds; self mode "
+                "has none: use --mode rounds (or shared-kv)"
+            )
 
     def to_dict(self) -> dict:
         return {

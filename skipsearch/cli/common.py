@@ -126,25 +126,38 @@ def _flags_or_mask(args: argparse.Namespace, given: Any, part: int, what: str, k
 
 
 def add_kv_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("KV pattern (the draft attends to a sink and a recent window)")
+    group = parser.add_argument_group(
+        "KV pattern (the draft attends to a sink, a recent window and pillars the last verify chose)"
+    )
     group.add_argument(
         "--kv-sink", type=int, metavar="S", help="the first S positions (default 0 with --kv-window)"
     )
     group.add_argument(
         "--kv-window", type=int, metavar="W", help="the last W positions, the draft's own included"
     )
+    group.add_argument(
+        "--kv-pillars",
+        type=int,
+        metavar="K",
+        help="K more keys per layer and K/V head, those the previous verify attended to most (default 0)",
+    )
 
 
 def kv_pattern_from_args(args: argparse.Namespace) -> KVPattern | None:
-    """`--kv-sink/--kv-window`, or the `|kv:sSwW` of a draft string given to `--mask`: None (every
-    key) or the pattern; a one-line error for a bad pattern or for two that differ."""
+    """`--kv-sink/--kv-window/--kv-pillars`, or the `|kv:sSwW[kK]` of a draft string given to
+    `--mask`: None (every key) or the pattern; a one-line error for a bad pattern or for two that
+    differ."""
     sink, window = getattr(args, "kv_sink", None), getattr(args, "kv_window", None)
-    if sink is not None and window is None:
-        raise ConfigError(
-            "--kv-sink needs --kv-window: the draft attends to the sink and a window, e.g. --kv-window 1024"
-        )
-    given = None if window is None else KVPattern(0 if sink is None else sink, window)
-    return _flags_or_mask(args, given, 2, "KV patterns", "kv", "--kv-sink/--kv-window say")
+    pillars = getattr(args, "kv_pillars", None)
+    for flag, value in (("--kv-sink", sink), ("--kv-pillars", pillars)):
+        if value is not None and window is None:
+            raise ConfigError(
+                f"{flag} needs --kv-window: the draft attends to a recent window, e.g. --kv-window 1024"
+            )
+    given = None
+    if window is not None:
+        given = KVPattern(0 if sink is None else sink, window, 0 if pillars is None else pillars)
+    return _flags_or_mask(args, given, 2, "KV patterns", "kv", "--kv-sink/--kv-window/--kv-pillars say")
 
 
 def add_mask_options(parser: argparse.ArgumentParser) -> None:

@@ -74,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_kv_options(parser)
     what_if = parser.add_argument_group(
         "KV-pattern what-if (with --kv-window and --r-draft): the draft runs the share r-draft of "
-        "every attention sub-layer, each reading sink + window of the cached keys"
+        "every attention sub-layer, each reading sink + window (+ pillars) of the cached keys"
     )
     what_if.add_argument("--context", type=int, help="cached positions when the draft runs")
     what_if.add_argument(

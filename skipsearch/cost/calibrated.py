@@ -82,7 +82,7 @@ class Calibrated:
         """A draft step's parts: one step's, with attention at the keys the KV pattern reads."""
         if self.kv is None:
             return one
-        keys = min(self.context, self.kv.sink + self.kv.window)
+        keys = min(self.context, self.kv.keys_read)
         return replace(one, attn=self.latency.weights(keys, 1).attn)
 
 

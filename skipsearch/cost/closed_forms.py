@@ -297,7 +297,7 @@ def kv_read_share(weight_bytes: float, kv_bytes: float) -> float:
 
 def keys_share(kv: KVPattern, context: float) -> float:
     """The share of `context` cached keys a draft step with pattern `kv` reads (1 while it covers them)."""
-    return 1.0 if context <= 0 else min(1.0, (kv.sink + kv.window) / context)
+    return 1.0 if context <= 0 else min(1.0, kv.keys_read / context)
 
 
 def kv_pattern_saving(kv_share: float, attention_run: float, read_share: float) -> float:

@@ -41,13 +41,25 @@ def test_a_kv_pattern_extends_the_draft_string() -> None:
     assert KVPattern(4, 1024).covers(1028) and not KVPattern(4, 1024).covers(1029)
 
 
+def test_a_kv_pattern_with_pillars_reads_back_and_prices_its_keys() -> None:
+    draft = Draft.parse("a:4|m:4|kv:s4w256k64", 30)
+    assert draft.kv == KVPattern(4, 256, 64) and str(draft) == "a:4|m:4|kv:s4w256k64"
+    assert Draft.from_dict(draft.to_dict()) == draft
+    assert KVPattern(4, 256, 64).keys_read == 324 and str(KVPattern(4, 256)) == "s4w256"
+    assert KVPattern(4, 256, 64).pillar_region(1000) == (4, 745)  # before any later draft's window
+    assert KVPattern(4, 256, 64).covers(260) and not KVPattern(4, 256, 64).covers(261)
+    with pytest.raises(InvalidMaskError, match="pillars must be >= 0"):
+        KVPattern(4, 256, -1)
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
         ("s4w0", "window >= 1"),
         ("w1024", "s<sink>w<window>"),
         ("s-1w8", "s<sink>w<window>"),
-        ("s4w8k2", "s<sink>w<window>"),
+        ("s4w8p2", "s<sink>w<window>"),
+        ("s4w8k", "s<sink>w<window>"),
         ("a:4|kv:s1w2|kv:s1w4", "kv: once"),
     ],
 )

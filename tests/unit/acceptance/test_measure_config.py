@@ -21,3 +21,11 @@ def test_kv_patterns_round_trip_and_old_files_read_as_every_key() -> None:
 def test_a_pattern_named_twice_is_refused() -> None:
     with pytest.raises(ConfigError, match="name one twice"):
         MeasureConfig(kv_patterns=(KVPattern(4, 64), KVPattern(4, 64)))
+
+
+def test_pillars_in_self_mode_are_refused_and_their_pattern_reads_back() -> None:
+    with pytest.raises(ConfigError, match="--mode rounds"):
+        MeasureConfig(mode="self", kv_patterns=(KVPattern(4, 64, 16),))
+    config = MeasureConfig(mode="rounds", kv_patterns=(KVPattern(4, 64, 16),))
+    assert config.to_dict()["kv_patterns"] == ["s4w64k16"]
+    assert MeasureConfig.from_dict(config.to_dict()) == config

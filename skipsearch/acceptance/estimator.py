@@ -19,6 +19,11 @@ A KV pattern (docs/theory.md, "KV patterns") narrows what each draft position at
 estimator ANDs the pattern's band (keys before `sink`, or within `window` of the query) into the
 attention mask of every mode, and starts at layer 0, since every layer's attention changes. The
 masked SDPA reads every key, but the draft sees exactly the keys the engine's slices give it.
+Pillars (`models.pillars`) follow the engine's rounds: each layer's attention runs once over the
+reference's states at every prediction position to choose them as a verify would, and a draft
+position's mask adds, per layer and head, those chosen at the first position of the round before
+its own (`previous_round_starts`; in `shared-kv`, where every position is a round, the position
+before). `self` mode has no rounds and refuses them.
 
 A draft vocabulary (docs/theory.md, "The draft vocabulary") changes only the head: the draft
 proposes the argmax over the subset, and samples from `q` renormalised over it. Both follow exactly
@@ -37,11 +42,12 @@ from typing import Any
 import torch
 
 from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MODES_WITH_KV
-from skipsearch.acceptance.profile import AcceptanceProfile, round_starts
+from skipsearch.acceptance.profile import AcceptanceProfile, previous_round_starts, round_starts
 from skipsearch.acceptance.reference import FORWARD_BATCH, ReferenceCache
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.device import device_sync
+from skipsearch.models.pillars import PillarChoice
 from skipsearch.models.runner import LayerwiseRunner
 
 log = logging.getLogger(__name__)
@@ -125,6 +131,7 @@ class Estimator:
         self.round_vocab = round_vocab  # `rounds` mode: the draft vocabulary whose argmax drafts
         self.passes: list[int] = []  # `rounds` mode: forward passes each evaluation took
         self._subsets: dict[int, torch.Tensor] = {}
+        self._pillars: dict[tuple[KVPattern, int], PillarChoice] = {}
         self.rows, self.cols = reference.prediction_index()
         with torch.no_grad():  # kept for the estimator's life: no autograd graph may hang off them
             self.target_logits = runner.head(reference.hidden[-1][self.rows, self.cols])
@@ -136,32 +143,41 @@ class Estimator:
         if self.mode == "rounds":
             return self._round_logits(mask, kv)
         if self.mode == "self":
+            if kv is not None and kv.pillars:
+                raise ConfigError(
+                    f"KV pattern {kv} has pillars, which follow the engine's rounds: "
+                    "measure it in shared-kv or rounds mode (--mode rounds)"
+                )
             start = _first_changed_layer(mask, kv)
             rows = [self._self_rows(mask, start, r, kv) for r in self._row_chunks()]
             return self.runner.head(torch.cat(rows))
         return self._shared_kv_logits(mask, None, kv)
 
     def _shared_kv_logits(
-        self, mask: SkipMask, starts: torch.Tensor | None, kv: KVPattern | None = None
+        self, mask: SkipMask, rounds: tuple[torch.Tensor, torch.Tensor] | None, kv: KVPattern | None = None
     ) -> torch.Tensor:
-        """`shared-kv` logits; `starts` `[prompts, queries]`: each query's round start (None: itself)."""
+        """`shared-kv` logits; `rounds`: each query's round start and the previous round's start,
+        `[prompts, queries]` offsets (None: every query a round of its own)."""
         start = _first_changed_layer(mask, kv)
         finals = [
-            self._shared_kv_rows(mask, start, rows, None if starts is None else starts[rows], kv)
+            self._shared_kv_rows(
+                mask, start, rows, None if rounds is None else (rounds[0][rows], rounds[1][rows]), kv
+            )
             for rows in self._row_chunks()
         ]
         return self.runner.head(torch.cat(finals))
 
     def _round_logits(self, mask: SkipMask, kv: KVPattern | None = None) -> torch.Tensor:
         """`shared-kv` passes until the rounds their greedy matches imply stop changing (see above)."""
-        starts = None
+        rounds = None
         for passes in range(1, self.target_tokens.numel() + 2):
-            logits = self._shared_kv_logits(mask, starts, kv)
-            found = self._round_starts(self._drafted(logits) == self.target_tokens)
-            if starts is not None and torch.equal(found, starts):
+            logits = self._shared_kv_logits(mask, rounds, kv)
+            matches = self._drafted(logits) == self.target_tokens
+            found = self._per_query(matches, round_starts), self._per_query(matches, previous_round_starts)
+            if rounds is not None and all(map(torch.equal, found, rounds)):
                 self.passes.append(passes)
                 return logits
-            starts = found
+            rounds = found
         raise RuntimeError(f"round-aware estimation of {mask} found no fixed point: a bug")
 
     def _drafted(self, logits: torch.Tensor) -> torch.Tensor:
@@ -172,14 +188,14 @@ class Estimator:
         subset = self.subset(self.round_vocab)
         return subset[logits[:, subset].argmax(-1)]
 
-    def _round_starts(self, matches: torch.Tensor) -> torch.Tensor:
-        """`[prompts, queries]` round-start offsets; padding queries start at themselves."""
+    def _per_query(self, matches: torch.Tensor, rule: Callable[[list[bool], int], list[int]]) -> torch.Tensor:
+        """`[prompts, queries]` offsets from a round rule (`round_starts`, `previous_round_starts`)
+        at `round_gamma`; padding queries get themselves."""
         sizes = self.reference.row_sizes()
-        queries = max(sizes)
-        starts = torch.arange(queries).repeat(len(sizes), 1)
+        found = torch.arange(max(sizes)).repeat(len(sizes), 1)
         for row, values in enumerate(_split(matches.tolist(), sizes)):
-            starts[row, : len(values)] = torch.tensor(round_starts(values, self.round_gamma))
-        return starts.to(self.runner.device)
+            found[row, : len(values)] = torch.tensor(rule(values, self.round_gamma))
+        return found.to(self.runner.device)
 
     def _row_chunks(self) -> list[slice]:
         count = self.reference.input_ids.shape[0]
@@ -211,12 +227,14 @@ class Estimator:
         mask: SkipMask,
         start: int,
         rows: slice,
-        starts: torch.Tensor | None,
+        rounds: tuple[torch.Tensor, torch.Tensor] | None,
         kv: KVPattern | None = None,
     ) -> torch.Tensor:
         """`shared-kv` mode: only prediction positions run; each attends to the full model's K/V
-        before its round and to its own K/V from the round's start to itself (`starts`, offsets
-        among the queries; None: every query alone) — so the prompt costs nothing."""
+        before its round and to its own K/V from the round's start to itself (`rounds`: the round
+        starts and the previous rounds' starts, offsets among the queries; None: every query alone)
+        — so the prompt costs nothing. A pattern with pillars adds those the previous round's first
+        query chose."""
         ref = self.reference
         device = self.runner.device
         prompt, length = ref.prompt_lengths[rows], ref.lengths[rows]
@@ -228,7 +246,8 @@ class Estimator:
         hidden = ref.hidden[start, rows].gather(
             1, position_ids[..., None].expand(-1, -1, ref.hidden.shape[-1])
         )
-        starts = offsets.expand(len(counts), -1) if starts is None else starts[:, :queries]
+        alone = offsets.expand(len(counts), -1)
+        starts, sources = (alone, alone - 1) if rounds is None else (r[:, :queries] for r in rounds)
         round_start = prompt[:, None] - 1 + starts
         earlier = torch.arange(width, device=device)[None, None] < round_start[..., None]
         own = (offsets[:, None, :] >= starts[..., None]) & (offsets[:, None, :] <= offsets[:, :, None])
@@ -236,12 +255,38 @@ class Estimator:
             query = position_ids[..., None]
             earlier &= kv.sees(torch.arange(width, device=device)[None, None], query)
             own &= kv.sees((prompt[:, None] - 1 + offsets)[:, None, :], query)
-        attention_mask = torch.cat([earlier, own], dim=2)[:, None]
         cache = SharedKV(ref.keys[:, rows, :, :width], ref.values[:, rows, :, :width])
+        attention_mask: torch.Tensor | PillarMasks = torch.cat([earlier, own], dim=2)[:, None]
+        if kv is not None and kv.pillars:
+            chosen = self._chosen_pillars(kv, rows, position_ids, cache)
+            attention_mask = PillarMasks(earlier, own, chosen, sources, self.runner.config)
         hidden = self.runner.run_layers(
             hidden, start, self.runner.num_layers, position_ids, mask, cache, attention_mask
         )
         return hidden[valid]
+
+    def _chosen_pillars(
+        self, kv: KVPattern, rows: slice, position_ids: torch.Tensor, cache: SharedKV
+    ) -> PillarChoice:
+        """The pillars the full model chooses at every prediction position of `rows` (`[b, Q, KV,
+        K]` per layer): each layer's attention run over the reference's states at those positions,
+        recording (`models.pillars`); computed once per pattern and batch of rows."""
+        key = (kv, rows.start)
+        if key not in self._pillars:
+            ref, runner = self.reference, self.runner
+            width, queries = cache.keys.shape[-2], position_ids.shape[1]
+            seen = torch.arange(width, device=runner.device)[None, None] <= position_ids[..., None]
+            hidden_size = ref.hidden.shape[-1]
+            blind = torch.zeros(*seen.shape[:2], queries, dtype=torch.bool, device=runner.device)
+            mask = torch.cat([seen, blind], dim=2)[:, None]
+            choice = PillarChoice(kv, position_ids, runner.num_layers, runner.config.num_key_value_heads)
+            index = position_ids[..., None].expand(-1, -1, hidden_size)
+            embeddings = runner.rotary(ref.hidden[0, rows, :1], position_ids)
+            for layer in range(runner.num_layers):
+                hidden = ref.hidden[layer, rows].gather(1, index)
+                runner.attention(layer, hidden, embeddings, mask, cache, pillars=choice)
+            self._pillars[key] = choice
+        return self._pillars[key]
 
     @torch.no_grad()
     def evaluate(
@@ -326,6 +371,40 @@ class Estimator:
             ids = ref.input_ids[begin : begin + FORWARD_BATCH]
             self.runner.run_layers(self.runner.embed(ids), 0, self.runner.num_layers, position_ids)
         self.runner.head(ref.hidden[-1][self.rows, self.cols])
+
+
+class PillarMasks:
+    """The `shared-kv` attention masks of a draft with pillars, one per layer (built when the
+    runner reaches the layer): each query sees, beside its band of the reference (`earlier`
+    `[b, Q, N]`) and its round's own K/V (`own` `[b, Q, Q]`), the pillars its round's source
+    query chose in that layer (`chosen`, at `sources` `[b, Q]`), per K/V head, so per query head."""
+
+    def __init__(
+        self,
+        earlier: torch.Tensor,
+        own: torch.Tensor,
+        chosen: PillarChoice,
+        sources: torch.Tensor,
+        config: Any,
+    ) -> None:
+        self.earlier, self.own, self.chosen, self.sources = earlier, own, chosen, sources
+        self.group = config.num_attention_heads // config.num_key_value_heads
+
+    def __getitem__(self, layer: int) -> torch.Tensor:
+        positions, valid = self.chosen.positions[layer], self.chosen.valid[layer]
+        batch, queries, width = self.earlier.shape
+        index = self.sources.clamp(min=0)[..., None, None].expand(-1, -1, *positions.shape[2:])
+        keys = positions.gather(1, index).transpose(1, 2)  # [b, KV, Q, K]
+        real = (valid.gather(1, index) & (self.sources >= 0)[..., None, None]).transpose(1, 2)
+        # the choice also scored the round's own keys: never real pillars, but a narrow region's
+        # unreal picks may land there
+        pillars = torch.zeros(
+            batch, keys.shape[1], queries, width + queries, dtype=torch.bool, device=keys.device
+        )
+        pillars.scatter_(3, keys, real)
+        seen = self.earlier[:, None] | pillars[..., :width].repeat_interleave(self.group, dim=1)
+        own = self.own[:, None].expand(-1, seen.shape[1], -1, -1)
+        return torch.cat([seen, own], dim=3)
 
 
 def _first_changed_layer(mask: SkipMask, kv: KVPattern | None) -> int:

@@ -80,6 +80,18 @@ def round_starts(matches: Sequence[bool], gamma: int) -> list[int]:
     return starts
 
 
+def previous_round_starts(matches: Sequence[bool], gamma: int) -> list[int]:
+    """For each position a draft reads, where the round before its own began (-1 in the first
+    round, and at a position no draft reads): the first position of the verify whose attention
+    chose the pillars its draft reads (`models.pillars`)."""
+    previous, before = [-1] * len(matches), -1
+    for k, accepted, _ in _walk(matches, gamma):
+        for position in range(k, min(k + min(accepted + 1, gamma), len(matches))):
+            previous[position] = before
+        before = k
+    return previous
+
+
 @dataclass(frozen=True)
 class AcceptanceProfile:
     """Per-position acceptance of one mask on one prompt set (one row per prompt).

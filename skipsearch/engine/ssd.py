@@ -42,6 +42,7 @@ from skipsearch.engine.timing import RoundClock, RoundTiming
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.draft_head import DraftHead
+from skipsearch.models.pillars import PillarChoice, PillarKeys
 from skipsearch.models.runner import LayerwiseRunner
 
 
@@ -118,6 +119,7 @@ def verify_forward(
     cache: Any,
     attention_mask: torch.Tensor | None = None,
     kv: KVPattern | None = None,
+    pillars: PillarChoice | None = None,
 ) -> torch.Tensor:
     """Full-model logits `[γ + 1, V]` over `block_positions` `[1, γ + 1]`, reusing the draft's work.
 
@@ -125,6 +127,8 @@ def verify_forward(
     last draft token (the pending token when γ = 0), which the draft never fed. Layers `< s1` run
     only for `last`; the exact states are completed with the MLP of layer `s1 - 1` when the draft
     skipped it; layers `>= s1` run for all γ + 1 positions. Shared by `verify` and `engine.graphs`.
+    `pillars` records the next round's pillars from the block's first position (a KV pattern's
+    `s1` is 0, so every layer runs the whole block).
     """
     s1, gamma = divergent_layer(mask, kv), 0 if exact is None else exact.shape[1]
     tail_mask = None if attention_mask is None else attention_mask[:, :, gamma : gamma + 1]
@@ -137,7 +141,13 @@ def verify_forward(
             exact = runner.mlp(s1 - 1, exact)
         hidden = torch.cat([exact, tail], dim=1)
     hidden = runner.run_layers(
-        hidden, s1, runner.num_layers, block_positions, cache=cache, attention_mask=attention_mask
+        hidden,
+        s1,
+        runner.num_layers,
+        block_positions,
+        cache=cache,
+        attention_mask=attention_mask,
+        pillars=pillars,
     )
     return runner.head(hidden)[0]
 
@@ -152,10 +162,10 @@ def draft(
     sampling: Sampling,
     generator: torch.Generator | None,
     head: DraftHead | None = None,
-    kv: KVPattern | None = None,
+    kv: KVPattern | PillarKeys | None = None,
 ) -> Proposal:
     """γ steps of the masked model from `pending` `[1, 1]` at position `start` (`draft_forward`,
-    `propose`)."""
+    `propose`); `kv`, the keys they attend to (with the round's pillars, `PillarKeys`)."""
     device = runner.device
     tokens = torch.empty(gamma, dtype=torch.long, device=device)
     probs = None if sampling.greedy else torch.empty(gamma, runner.config.vocab_size, device=device)
@@ -180,8 +190,10 @@ def verify(
     pending: torch.Tensor,
     start: int,
     kv: KVPattern | None = None,
+    pillars: PillarChoice | None = None,
 ) -> torch.Tensor:
-    """Full-model logits `[γ + 1, V]` at positions `start .. start + γ` (`verify_forward`).
+    """Full-model logits `[γ + 1, V]` at positions `start .. start + γ` (`verify_forward`), and
+    the next round's pillars into `pillars` when given.
 
     Expects layers `>= s1` cropped to `start` and layers `< s1` holding the draft's K/V up to
     `start + γ - 1`.
@@ -190,7 +202,7 @@ def verify(
     last = proposal.tokens[-1:].view(1, 1) if gamma else pending
     exact = torch.cat(proposal.exact, dim=1) if proposal.exact else None
     block = positions(start, gamma + 1, runner.device)
-    return verify_forward(runner, mask, exact, last, block, cache, kv=kv)
+    return verify_forward(runner, mask, exact, last, block, cache, kv=kv, pillars=pillars)
 
 
 def settle(
@@ -254,7 +266,9 @@ class EagerSteps:
     """`draft` and `verify` with the round's mask over a DynamicCache: the reference path.
 
     `heads[i]` is mask `i`'s draft head (None: the full LM head), `kvs[i]` its KV pattern (None:
-    every key)."""
+    every key). A pattern with pillars drafts over the pillars the previous verify chose
+    (`models.pillars`): each verify of such a round records them, each draft gathers them once;
+    a prefill forgets them, so a decode's first round drafts without."""
 
     mode = "eager"
 
@@ -268,19 +282,34 @@ class EagerSteps:
         self.runner, self.masks = runner, tuple(masks)
         self.heads = tuple(heads) if heads is not None else (None,) * len(self.masks)
         self.kvs = tuple(kvs) if kvs is not None else (None,) * len(self.masks)
+        self.pillars: list[torch.Tensor | None] = []  # per layer, from the last verify
 
     def prefill(self, prompt: Sequence[int]) -> Any:
+        self.pillars = []
         return self.runner.prefill(prompt)
 
     def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
         mask, head, kv = self.masks[at.tier], self.heads[at.tier], self.kvs[at.tier]
+        reads: KVPattern | PillarKeys | None = kv
+        if kv is not None and kv.pillars and any(p is not None for p in self.pillars):
+            reads = PillarKeys.gather(kv, self.pillars, at.cache)
         return draft(
-            self.runner, mask, at.cache, at.pending, at.start, at.gamma, sampling, generator, head, kv
+            self.runner, mask, at.cache, at.pending, at.start, at.gamma, sampling, generator, head, reads
         )
 
     def verify(self, at: Round, proposal: Proposal) -> torch.Tensor:
         kv = self.kvs[at.tier]
-        return verify(self.runner, self.masks[at.tier], at.cache, proposal, at.pending, at.start, kv)
+        choice = None
+        if kv is not None and kv.pillars:
+            source = torch.tensor([[at.start]], device=self.runner.device)
+            choice = PillarChoice(kv, source, self.runner.num_layers, self.runner.config.num_key_value_heads)
+        logits = verify(
+            self.runner, self.masks[at.tier], at.cache, proposal, at.pending, at.start, kv, choice
+        )
+        self.pillars = (
+            [] if choice is None else [choice.first_row(layer) for layer in range(self.runner.num_layers)]
+        )
+        return logits
 
 
 class Schedule(Protocol):

@@ -25,6 +25,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from skipsearch.models.kv_attention import KV_PATTERN_KEYWORD, pattern_attention
 from skipsearch.models.native_attention import decode_attention
+from skipsearch.models.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys, query_scores
 
 NATIVE_ATTENTION = "sdpa_plan"  # transformers' SDPA, with KV patterns; registered below
 FP32_ATTENTION = "sdpa_fp32kv"  # registered with transformers below
@@ -98,7 +99,15 @@ def grouped_queries(
     batch, heads, queries, dim = query.shape
     kv_heads = key.shape[1]
     rows = query.reshape(batch, kv_heads, heads // kv_heads * queries, dim)
-    if attention_mask is not None:
+    if (
+        attention_mask is not None
+        and attention_mask.dim() == 4
+        and attention_mask.shape[1] == heads > kv_heads
+    ):
+        # a mask per query head (the estimator's pillars) stacks as the query's rows do
+        attention_mask = attention_mask.expand(batch, heads, queries, key.shape[2])
+        attention_mask = attention_mask.reshape(batch, kv_heads, heads // kv_heads * queries, key.shape[2])
+    elif attention_mask is not None:
         attention_mask = attention_mask.expand(*attention_mask.shape[:-2], queries, key.shape[2])
         attention_mask = attention_mask.repeat(*[1] * (attention_mask.dim() - 2), heads // kv_heads, 1)
     out = F.scaled_dot_product_attention(rows, key, value, attn_mask=attention_mask, scale=scaling)
@@ -121,8 +130,10 @@ def with_kv_patterns(
     attention: Callable[..., tuple[torch.Tensor, None]], kernel: bool = False
 ) -> Callable[..., Any]:
     """`attention`, or the decode kernel for short blocks where `kernel`, or `pattern_attention`
-    where the layer runs a draft step whose KV pattern (`kv_pattern` keyword,
-    `models.kv_attention`) leaves keys out."""
+    where the layer runs a draft step whose KV pattern (`kv_pattern` keyword: a `KVPattern`, or
+    the round's `PillarKeys`; `models.kv_attention`) leaves keys out. A `PillarChoice` under the
+    `pillar_choice` keyword (a verify's, or the estimator's) records the layer's pillars from its
+    rows' scores (`models.pillars`)."""
 
     def attend(
         module: torch.nn.Module,
@@ -134,15 +145,27 @@ def with_kv_patterns(
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
         pattern = kwargs.pop(KV_PATTERN_KEYWORD, None)
+        choice: PillarChoice | None = kwargs.pop(PILLAR_KEYWORD, None)
+        pillars = None
+        if isinstance(pattern, PillarKeys):
+            pattern, pillars = pattern.pattern, pattern.of_layer(module.layer_idx)
         scaling = kwargs.get("scaling")
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        if kernel and _kernel_reads(module, kwargs):
+        if kernel and _kernel_reads(module, kwargs) and (choice is None or choice.rows == 1):
             sink, window = (pattern.sink, pattern.window) if pattern is not None else (0, 0)
-            out = decode_attention(query, key, value, scale, sink, window)
+            scores = None
+            if choice is not None:
+                scores = torch.full((query.shape[1], key.shape[2]), float("-inf"), device=query.device)
+            out = decode_attention(query, key, value, scale, sink, window, pillars, scores)
             if out is not None:
+                if choice is not None:
+                    choice.record(module.layer_idx, scores[None, :, None])
                 return out, None
+        if choice is not None:
+            scores = query_scores(query, key, scale, attention_mask, choice.rows)
+            choice.record(module.layer_idx, scores)
         if pattern is not None:
-            out = pattern_attention(query, key, value, pattern, scale)
+            out = pattern_attention(query, key, value, pattern, scale, pillars)
             if out is not None:
                 return out, None
         return attention(module, query, key, value, attention_mask, *args, **kwargs)

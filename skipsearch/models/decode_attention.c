@@ -212,10 +212,11 @@ static void widen_tile(const uint16_t *v, int64_t dim, int64_t start, int64_t wi
 
 /* Keys [begin, end) of one K/V head for all its rows: the running max `m`, denominator `l` and
  * unnormalised output `acc` of each row, updated tile by tile; a tile's keys and values are read
- * from memory once (turned and widened), then from L1 for every block of rows. */
+ * from memory once (turned and widened), then from L1 for every block of rows. With `scores`
+ * (the head group's [group][length] floats), query 0's scaled scores are copied out as well. */
 static void attend_chunk(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t dim,
                          int64_t rows, int64_t begin, int64_t end, const Visibility *vis, float scale,
-                         float *m, float *l, float *acc) {
+                         float *m, float *l, float *acc, float *scores) {
     const int64_t words = dim / 2;
     float weights[ROW_BLOCK][TILE] __attribute__((aligned(64)));
     float values[TILE * MAX_DIM] __attribute__((aligned(64)));
@@ -230,6 +231,8 @@ static void attend_chunk(const uint16_t *q, const uint16_t *k, const uint16_t *v
                 int64_t row = row0 + r, position = vis->length - vis->queries + row % vis->queries;
                 score_row((const uint32_t *)(q + row * dim), turned, words, start, width, position, vis, scale,
                           weights[r]);
+                if (scores && row % vis->queries == 0) /* query 0's scores, for the draft's pillars */
+                    memcpy(scores + row / vis->queries * vis->length + start, weights[r], sizeof(float) * width);
                 weigh_row(weights[r], width, dim, m + row, l + row, acc + row * dim);
             }
             if (dim == 64)
@@ -284,14 +287,19 @@ static void merge_row(const float *partial, int64_t chunks, int64_t stride, int6
 }
 
 /* Attention output of `heads` query heads of `queries` positions over a bf16 K/V cache of `length`
- * positions (`kv_heads` heads, head h at k + h * kv_stride, rows of `dim`), written bf16 to `out`
- * [queries][heads][dim] (the layout the output projection reads). Returns 0, or -1 when the shape
- * is outside what the kernel handles (dim not a multiple of 32 up to MAX_DIM, heads not a multiple
- * of kv_heads) or memory for the partial results runs out. */
+ * positions (`kv_heads` heads, head h at k + h * kv_stride, rows of `dim`), plus `extra` keys per
+ * K/V head that every query sees (`extra_k`/`extra_v`, [kv_heads][extra][dim]: a draft's pillars),
+ * written bf16 to `out` [queries][heads][dim] (the layout the output projection reads). With
+ * `scores` ([heads][length] floats, filled with -inf by the caller), query 0's scaled scores of
+ * the cache's keys it sees are written there too (a verify's pillar choice). Returns 0, or -1 when
+ * the shape is outside what the kernel handles (dim not a multiple of 32 up to MAX_DIM, heads not a
+ * multiple of kv_heads) or memory for the partial results runs out. */
 int decode_attention(const uint16_t *q, int64_t q_head_stride, int64_t q_row_stride, const uint16_t *k,
                      const uint16_t *v, int64_t kv_stride, uint16_t *out, int64_t heads, int64_t kv_heads,
-                     int64_t queries, int64_t dim, int64_t length, int64_t sink, int64_t window, float scale) {
-    if (dim % 32 != 0 || dim > MAX_DIM || kv_heads < 1 || heads % kv_heads != 0 || queries < 1) return -1;
+                     int64_t queries, int64_t dim, int64_t length, int64_t sink, int64_t window, float scale,
+                     const uint16_t *extra_k, const uint16_t *extra_v, int64_t extra, float *scores) {
+    if (dim % 32 != 0 || dim > MAX_DIM || kv_heads < 1 || heads % kv_heads != 0 || queries < 1 || extra < 0)
+        return -1;
     int64_t rows = heads / kv_heads * queries;
     Visibility vis = {length, queries, sink, window};
     int64_t ranges[2][2];
@@ -301,28 +309,36 @@ int decode_attention(const uint16_t *q, int64_t q_head_stride, int64_t q_row_str
     for (int range = 0; chunk && range < count; range++)
         for (int64_t c = ranges[range][0] / CHUNK; c * CHUNK < ranges[range][1]; c++)
             if (chunks == 0 || chunk[chunks - 1] != c) chunk[chunks++] = c;
-    int64_t stride = rows * (dim + 2); /* per chunk and head: m, l and acc of every row */
-    float *partial = malloc(sizeof(float) * (chunks ? chunks : 1) * kv_heads * stride);
+    /* the extra keys (a draft's pillars, [kv_heads][extra][dim]) are one more unit, seen by every row */
+    int64_t units = chunks + (extra > 0), stride = rows * (dim + 2); /* per unit and head: m, l, acc */
+    Visibility everything = {extra + queries, queries, 0, 0};
+    float *partial = malloc(sizeof(float) * (units ? units : 1) * kv_heads * stride);
     uint16_t *query = malloc(2 * heads * queries * dim);
     if (!chunk || !partial || !query) {
         free(chunk), free(partial), free(query);
         return -1;
     }
     gather_rows(q, q_head_stride, q_row_stride, heads, queries, dim, query);
-#pragma omp parallel for collapse(2) schedule(static) if (chunks * kv_heads > 1)
-    for (int64_t c = 0; c < chunks; c++) {
+#pragma omp parallel for collapse(2) schedule(static) if (units * kv_heads > 1)
+    for (int64_t c = 0; c < units; c++) {
         for (int64_t h = 0; h < kv_heads; h++) {
             float *base = partial + (c * kv_heads + h) * stride;
             float *m = base, *l = base + rows, *acc = base + 2 * rows;
             for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
             memset(acc, 0, sizeof(float) * rows * dim);
+            if (c == chunks) {
+                attend_chunk(query + h * rows * dim, extra_k + h * extra * dim, extra_v + h * extra * dim, dim,
+                             rows, 0, extra, &everything, scale, m, l, acc, NULL);
+                continue;
+            }
+            float *head_scores = scores ? scores + h * (heads / kv_heads) * length : NULL;
             for (int range = 0; range < count; range++) {
                 int64_t begin = chunk[c] * CHUNK, end = begin + CHUNK;
                 begin = begin > ranges[range][0] ? begin : ranges[range][0];
                 end = end < ranges[range][1] ? end : ranges[range][1];
                 if (begin < end)
                     attend_chunk(query + h * rows * dim, k + h * kv_stride, v + h * kv_stride, dim, rows, begin,
-                                 end, &vis, scale, m, l, acc);
+                                 end, &vis, scale, m, l, acc, head_scores);
             }
         }
     }
@@ -330,7 +346,7 @@ int decode_attention(const uint16_t *q, int64_t q_head_stride, int64_t q_row_str
     for (int64_t h = 0; h < kv_heads; h++)
         for (int64_t r = 0; r < rows; r++) {
             uint16_t *o = out + ((r % queries) * heads + h * group + r / queries) * dim;
-            merge_row(partial + h * stride, chunks, kv_heads * stride, rows, dim, r, o);
+            merge_row(partial + h * stride, units, kv_heads * stride, rows, dim, r, o);
         }
     free(chunk), free(partial), free(query);
     return 0;

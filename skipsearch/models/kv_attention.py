@@ -26,12 +26,18 @@ KV_PATTERN_KEYWORD = "kv_pattern"
 
 
 def pattern_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pattern: KVPattern, scaling: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pattern: KVPattern,
+    scaling: float,
+    pillars: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor | None:
     """Attention output `[b, M, H, D]` (transformers' layout) of `query` `[b, H, M, D]` over the
-    pattern's keys of `key`/`value` `[b, KV, N, D]` (the cache, the queries' own positions last),
-    in float32 (the pattern's keys upcast, as the plan's other paths compute); None when every
-    query sees every key."""
+    pattern's keys of `key`/`value` `[b, KV, N, D]` (the cache, the queries' own positions last)
+    and the round's `pillars` (keys and values `[b, KV, K, D]`, seen by every query;
+    `models.pillars`), in float32 (the keys upcast, as the plan's other paths compute); None when
+    every query sees every key."""
     batch, heads, queries, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     if pattern.covers(length):  # the last query, whose window starts latest, sees every key
@@ -43,6 +49,10 @@ def pattern_attention(
     grouped = query.float().reshape(batch, kv_heads, group * queries, dim)
     sink_keys, sink_values = key[:, :, : pattern.sink].float(), value[:, :, : pattern.sink].float()
     window_keys, window_values = key[:, :, window_start:].float(), value[:, :, window_start:].float()
+    if pillars is not None:  # beside the sink: each part's scores stay one slice of the union
+        sink_keys = torch.cat([sink_keys, pillars[0].float()], dim=2)
+        sink_values = torch.cat([sink_values, pillars[1].float()], dim=2)
+    before = sink_keys.shape[2]
     scores = torch.cat(
         [grouped @ sink_keys.transpose(-1, -2), grouped @ window_keys.transpose(-1, -2)], dim=-1
     )
@@ -51,7 +61,7 @@ def pattern_attention(
         absolute = torch.arange(window_start, length, device=key.device)
         at = torch.arange(first, length, device=key.device)[:, None]
         outside = (absolute > at) | ~pattern.sees(absolute, at)
-        scores[..., pattern.sink :].masked_fill_(outside.repeat(group, 1), float("-inf"))
+        scores[..., before:].masked_fill_(outside.repeat(group, 1), float("-inf"))
     weights = scores.softmax(dim=-1)
-    out = weights[..., : pattern.sink] @ sink_values + weights[..., pattern.sink :] @ window_values
+    out = weights[..., :before] @ sink_values + weights[..., before:] @ window_values
     return out.reshape(batch, heads, queries, dim).transpose(1, 2).contiguous().to(query.dtype)

@@ -39,7 +39,10 @@ COMPILER_FLAGS = (
 # Longer blocks (prefills, the estimator's teacher-forced passes) stay on SDPA, compute-bound there.
 MAX_QUERIES = 16
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
-_SIGNATURE = (_POINTER, _INT, _INT, _POINTER, _POINTER, _INT, _POINTER, *[_INT] * 7, ctypes.c_float)
+_SIGNATURE = (
+    _POINTER, _INT, _INT, _POINTER, _POINTER, _INT, _POINTER, *[_INT] * 7, ctypes.c_float,
+    _POINTER, _POINTER, _INT, _POINTER,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -94,12 +97,22 @@ def load_kernel() -> KernelLibrary:
 
 
 def decode_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, sink: int = 0, window: int = 0
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    sink: int = 0,
+    window: int = 0,
+    extra: tuple[torch.Tensor, torch.Tensor] | None = None,
+    scores: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Causal attention `[1, M, H, D]` (transformers' layout, bf16) of `query` `[1, H, M, D]` at the
     cache's last M positions over `key`/`value` `[1, KV, N, D]` (bf16, rows contiguous), keys
-    restricted to `sink` + `window` where `window` > 0; None where the kernel does not apply
-    (not loaded, another dtype, a batch, a long block, or a layout it does not read)."""
+    restricted to `sink` + `window` where `window` > 0, plus the `extra` keys and values
+    `[1, KV, P, D]` (contiguous) that every query sees (a draft's pillars); None where the kernel
+    does not apply (not loaded, another dtype, a batch, a long block, or a layout it does not read).
+    `scores` `[H, N]` (float32, contiguous, filled with -inf) receives query 0's scaled scores of
+    the keys it sees."""
     function = load_kernel().function
     batch, heads, queries, dim = query.shape
     if (
@@ -109,11 +122,18 @@ def decode_attention(
         or not query.dtype == key.dtype == value.dtype == torch.bfloat16
         or query.stride(-1) != 1
         or any(t.stride(-1) != 1 or t.stride(-2) != dim or t.stride(1) != key.stride(1) for t in (key, value))
+        or (extra is not None and not all(t.dtype == torch.bfloat16 and t.is_contiguous() for t in extra))
+        or (scores is not None and not (scores.dtype == torch.float32 and scores.is_contiguous()))
     ):
         return None
     out = query.new_empty((1, queries, heads, dim))
+    extra_keys, extra_values = extra if extra is not None else (None, None)
     failed = function(
         query.data_ptr(), query.stride(1), query.stride(2), key.data_ptr(), value.data_ptr(), key.stride(1),
         out.data_ptr(), heads, key.shape[1], queries, dim, key.shape[2], sink, window, scale,
+        None if extra_keys is None else extra_keys.data_ptr(),
+        None if extra_values is None else extra_values.data_ptr(),
+        0 if extra_keys is None else extra_keys.shape[2],
+        None if scores is None else scores.data_ptr(),
     )  # fmt: skip
     return None if failed else out

@@ -21,6 +21,7 @@ from skipsearch.models.compat import check_installed_transformers
 from skipsearch.models.kernels import new_cache
 from skipsearch.models.kv_attention import KV_PATTERN_KEYWORD
 from skipsearch.models.loading import check_architecture
+from skipsearch.models.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys
 
 SLIDING = "sliding_attention"
 
@@ -89,18 +90,22 @@ class LayerwiseRunner:
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
         cache: Any = None,
-        kv: KVPattern | None = None,
+        kv: KVPattern | PillarKeys | None = None,
+        pillars: PillarChoice | None = None,
     ) -> torch.Tensor:
         """Residual + self-attention sub-layer (writes this layer's K/V into `cache` if given),
-        attending only to the keys of `kv` when given (`models.kv_attention`)."""
+        attending only to the keys of `kv` when given (`models.kv_attention`); `pillars`, when
+        given, records the layer's choice of pillars (`models.pillars`)."""
         block = self.layers[layer]
-        pattern = {} if kv is None else {KV_PATTERN_KEYWORD: kv}
+        extra: dict[str, Any] = {} if kv is None else {KV_PATTERN_KEYWORD: kv}
+        if pillars is not None:
+            extra[PILLAR_KEYWORD] = pillars
         out, _ = block.self_attn(
             hidden_states=block.input_layernorm(hidden),
             position_embeddings=position_embeddings,
             attention_mask=attention_mask,
             cache=cache,
-            **pattern,
+            **extra,
         )
         return hidden + out
 
@@ -119,19 +124,22 @@ class LayerwiseRunner:
         position_ids: torch.Tensor,
         mask: SkipMask | None = None,
         cache: Any = None,
-        attention_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | Sequence[torch.Tensor] | None = None,
         collect: list[torch.Tensor] | None = None,
-        kv: KVPattern | None = None,
+        kv: KVPattern | PillarKeys | None = None,
+        pillars: PillarChoice | None = None,
     ) -> torch.Tensor:
         """Run layers `[start, end)` from `hidden` (the input of layer `start`), their attention
-        over the keys of `kv` when given (a KV-pattern draft).
+        over the keys of `kv` when given (a KV-pattern draft, its round's pillars with it).
 
         `attention_mask` overrides the model's causal mask for every layer (the shared-KV
-        estimator needs its own); otherwise it is built per layer from that layer's cache
+        estimator needs its own), or per layer when a sequence indexed by layer (the estimator's
+        pillars differ by layer); otherwise it is built per layer from that layer's cache
         length, since a draft that skips attention leaves some layers' caches shorter.
-        `collect`, when given, receives the input of every layer run and finally the output.
+        `collect`, when given, receives the input of every layer run and finally the output;
+        `pillars`, the pillars each layer's attention chooses (`models.pillars`).
         """
-        if kv is not None and not supports_kv_patterns(self.config):
+        if (kv is not None or pillars is not None) and not supports_kv_patterns(self.config):
             raise ConfigError(
                 "a KV-pattern draft needs the kernel plan's attention, not "
                 f"{self.config._attn_implementation!r}: load the model with load_model (or apply_attention)"
@@ -143,13 +151,15 @@ class LayerwiseRunner:
                 collect.append(hidden)
             if mask is None or mask.runs_attn(layer):
                 layer_mask = attention_mask
+                if layer_mask is not None and not isinstance(layer_mask, torch.Tensor):
+                    layer_mask = layer_mask[layer]
                 if layer_mask is None:
                     seen = cache.layers[layer].get_seq_length() if cache is not None else 0
                     key = (self.layer_types[layer], seen)
                     if key not in masks:
                         masks[key] = self.causal_mask(hidden, position_ids, cache, layer)
                     layer_mask = masks[key]
-                hidden = self.attention(layer, hidden, position_embeddings, layer_mask, cache, kv)
+                hidden = self.attention(layer, hidden, position_embeddings, layer_mask, cache, kv, pillars)
             if mask is None or mask.runs_mlp(layer):
                 hidden = self.mlp(layer, hidden)
         if collect is not None:

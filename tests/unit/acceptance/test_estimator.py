@@ -197,12 +197,15 @@ def plan_rounds_setup():
 
 
 @pytest.mark.parametrize("mask", [SkipMask(LAYERS), SkipMask.from_layers(LAYERS, [2])], ids=str)
-@pytest.mark.parametrize("kv", [KVPattern(2, 6), KVPattern(0, 4)], ids=str)
+@pytest.mark.parametrize(
+    "kv", [KVPattern(2, 6), KVPattern(0, 4), KVPattern(1, 4, 3), KVPattern(0, 3, 2)], ids=str
+)
 def test_rounds_mode_matches_every_engine_judgement_of_a_kv_pattern_draft(
     plan_rounds_setup, kv, mask
 ) -> None:
-    """The pattern's band in the estimator's mask is what the engine's slices read: the same
-    judgements, and some of them rejections (the pattern bites at these contexts)."""
+    """The pattern's band in the estimator's mask is what the engine's slices read, and its pillars
+    the ones the engine's verifies choose: the same judgements, and some of them rejections (the
+    pattern bites at these contexts)."""
     runner, reference = plan_rounds_setup
     estimator = Estimator(runner, reference, "rounds", round_gamma=3)
     judged = engine_judgements(runner, reference, mask, 3, kv)

@@ -48,8 +48,8 @@ def perturbed_decode(runner: LayerwiseRunner, monkeypatch: pytest.MonkeyPatch, a
     position = len(PROMPT) + FLIP_AT - 1  # the input position whose logits choose output FLIP_AT
     verify = ssd.verify
 
-    def nudged(runner, mask, cache, proposal, pending, start, kv=None):
-        logits = verify(runner, mask, cache, proposal, pending, start, kv)
+    def nudged(runner, mask, cache, proposal, pending, start, kv=None, pillars=None):
+        logits = verify(runner, mask, cache, proposal, pending, start, kv, pillars)
         if start <= position <= start + len(proposal.tokens):
             logits[position - start, runner_up] += margin * 1.001
         return logits

@@ -199,3 +199,24 @@ def test_logits_to_probs_temperature_top_k_top_p():
 def test_invalid_sampling_settings(settings):
     with pytest.raises(ConfigError):
         Sampling(**settings)
+
+
+def test_a_pillar_draft_samples_the_targets_second_token() -> None:
+    """With pillars (which a decode's second round on drafts with, chosen by the first verify), the
+    second sampled token follows the target's marginal sum_t p(t) p(. | t) (chi-square, 8 bins)."""
+    setup = eight_token_setup("cpu", KVPattern(0, 1, 2))
+    runner, sampling = setup.runner, setup.sampling
+    with torch.no_grad():
+        firsts = torch.tensor([[*setup.prompt, t] for t in range(len(setup.p))])
+        second = sampling.probs(runner.forward(firsts)[:, -1]).cpu()
+    marginal = setup.p @ second
+    counts, pillar_rounds = torch.zeros(len(setup.p)), 0
+    for seed in range(600):
+        generator = torch.Generator().manual_seed(seed)
+        result = speculative_decode(
+            runner, setup.prompt, setup.mask, 2, gamma=1, sampling=sampling, generator=generator, kv=setup.kv
+        )
+        counts[result.tokens[1]] += 1
+        pillar_rounds += len(result.gammas) > 1  # the second token came from a pillar draft's round
+    assert pillar_rounds > 200
+    assert _chi_square(counts, marginal) < CHI2_7_999

@@ -4,6 +4,7 @@ cache rollback and the round records (sampled output: test_sampling.py)."""
 import json
 
 import pytest
+import torch
 
 from skipsearch.engine import (
     GammaPolicy,
@@ -124,7 +125,11 @@ def test_round_records(runner):
     assert json.loads(json.dumps(result.to_dict()))["tokens"] == list(result.tokens)
 
 
-KV_PATTERNS = {"sink and window": KVPattern(2, 6), "window only": KVPattern(0, 4)}
+KV_PATTERNS = {
+    "sink and window": KVPattern(2, 6),
+    "window only": KVPattern(0, 4),
+    "with pillars": KVPattern(1, 4, 3),
+}
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +145,36 @@ def test_greedy_ssd_with_a_kv_pattern_equals_autoregressive(plan_runner, kv, mas
     result = speculative_decode(plan_runner, PROMPT, mask, NEW_TOKENS, gamma=gamma, kv=kv)
     assert result.tokens == reference
     assert any(n < g for n, g in zip(result.accepted, result.gammas, strict=True))  # the pattern bites
+
+
+def test_a_pillar_draft_reads_the_pillars_its_previous_verify_chose(plan_runner, monkeypatch):
+    """After each verify the steps hold the next round's pillars, inside the pattern's region, and
+    the draft gathers exactly those; a new prefill forgets them."""
+    kv, chosen, read = KVPattern(1, 4, 3), [], []
+    steps = ssd.EagerSteps(plan_runner, [SkipMask(6)], None, [kv])
+    original = ssd.PillarKeys.gather
+
+    def gather(pattern, positions, cache):
+        read.append([p.clone() for p in positions])
+        return original(pattern, positions, cache)
+
+    monkeypatch.setattr(ssd.PillarKeys, "gather", gather)
+    verify = steps.verify
+
+    def recorded(at, proposal):
+        logits = verify(at, proposal)
+        chosen.append((at.start, [p.clone() for p in steps.pillars]))
+        return logits
+
+    monkeypatch.setattr(steps, "verify", recorded)
+    schedule = ssd.OneMask(ssd.GammaController(GammaPolicy.fixed(3)))
+    result, _ = ssd.run_rounds(plan_runner, PROMPT, NEW_TOKENS, steps, schedule, ssd.GREEDY, None, ())
+    assert result.tokens == autoregressive_decode(plan_runner, PROMPT, NEW_TOKENS).tokens
+    assert len(read) == len(chosen) - 1  # every round but the first drafts with pillars
+    for (start, pillars), gathered in zip(chosen, read, strict=False):
+        for layer, positions in enumerate(pillars):
+            assert positions.shape == (plan_runner.config.num_key_value_heads, 3)
+            assert ((positions >= kv.sink) & (positions < start + 1 - kv.window)).all()
+            assert torch.equal(gathered[layer], positions)
+    steps.prefill(PROMPT)
+    assert steps.pillars == []

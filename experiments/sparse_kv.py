@@ -38,7 +38,7 @@ from typing import Any
 
 from _common import Stamp
 from _load import load_line
-from sparse_kv_report import DRAFTS, write_report
+from sparse_kv_report import write_report
 
 from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.measure_config import MeasureConfig
@@ -164,16 +164,14 @@ def _record(mask: str, kv: str | None, gamma: int, score: float, details: dict) 
 
 
 def distinct(drafts: dict) -> dict[str, str]:
-    """Each draft's name -> the name of the first draft equal to it (the joint draft is often the
-    KV-only one): an equal draft is measured once and reported under both names."""
+    """Each draft's name (the entries of `drafts` that name a mask, in order) -> the name of the
+    first draft equal to it (the joint draft is often the KV-only one): an equal draft is measured
+    once and reported under both names."""
     first: dict[tuple, str] = {}
-    for name in (n for n in DRAFTS if n in drafts):
+    names = [name for name, draft in drafts.items() if isinstance(draft, dict) and "mask" in draft]
+    for name in names:
         first.setdefault((drafts[name]["mask"], drafts[name]["kv"], drafts[name]["gamma"]), name)
-    return {
-        name: first[(drafts[name]["mask"], drafts[name]["kv"], drafts[name]["gamma"])]
-        for name in DRAFTS
-        if name in drafts
-    }
+    return {name: first[(drafts[name]["mask"], drafts[name]["kv"], drafts[name]["gamma"])] for name in names}
 
 
 def fidelity(drafts: dict, measurement: Any, new_tokens: int) -> dict:

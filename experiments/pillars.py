@@ -50,7 +50,9 @@ def main() -> None:
     args = p.parse_args()
     load_before = os.getloadavg()
     patterns = [KVPattern.parse(text) for text in args.patterns.split(",")]
-    prompts = PromptSpec("stdlib-long", args.prompts, max_prompt_tokens=args.context, new_tokens=args.new_tokens)
+    prompts = PromptSpec(
+        "stdlib-long", args.prompts, max_prompt_tokens=args.context, new_tokens=args.new_tokens
+    )
     measurement = prepare(MeasureConfig(model=args.model, prompts=prompts, kv_patterns=tuple(patterns)))
     every_layer = SkipMask(measurement.num_layers)
     profile = measurement.estimator.evaluate(every_layer, 0.0, (), patterns=patterns)
@@ -73,14 +75,14 @@ def main() -> None:
         rows.append(
             [
                 f"`{name}`",
-                kv.keys_read,
+                str(kv.keys_read),
                 f"{drafts[name]['alpha']:.3f}",
                 f"{fit['estimator']:.2f} / {fit['engine']:.2f} ({100 * fit['error']:+.1f}%)",
                 f"{100 * same['error']:+.1f}%" if "error" in same else "-",
                 f"{measured['tokens_per_round']:.2f}",
                 f"{measured['round_ms']['draft']:.1f} / {measured['round_ms']['verify']:.1f}",
                 f"**{measured['decode_only']:.3f}×** ({measured['pairs'][0]:.2f}–{measured['pairs'][1]:.2f})",
-                f"{measured['lossless']['real_divergences']} real, {measured['lossless']['near_ties']} near-tie",
+                "{real_divergences} real, {near_ties} near-tie".format(**measured["lossless"]),
             ]
         )
     step = drafts["measured"]["autoregressive_ms_per_token"]

@@ -284,7 +284,7 @@ class Estimator:
             embeddings = runner.rotary(ref.hidden[0, rows, :1], position_ids)
             for layer in range(runner.num_layers):
                 hidden = ref.hidden[layer, rows].gather(1, index)
-                runner.attention(layer, hidden, embeddings, mask, cache, pillars=choice)
+                runner.attention(layer, hidden, embeddings, mask, cache, pillars=choice, own_mask=True)
             self._pillars[key] = choice
         return self._pillars[key]
 

@@ -23,7 +23,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from skipsearch.models.kv_attention import KV_PATTERN_KEYWORD, pattern_attention
+from skipsearch.models.kv_attention import KV_PATTERN_KEYWORD, OWN_MASK_KEYWORD, pattern_attention
 from skipsearch.models.native_attention import decode_attention
 from skipsearch.models.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys, query_scores
 
@@ -146,12 +146,13 @@ def with_kv_patterns(
     ) -> tuple[torch.Tensor, None]:
         pattern = kwargs.pop(KV_PATTERN_KEYWORD, None)
         choice: PillarChoice | None = kwargs.pop(PILLAR_KEYWORD, None)
+        own_mask = kwargs.pop(OWN_MASK_KEYWORD, False)
         pillars = None
         if isinstance(pattern, PillarKeys):
             pattern, pillars = pattern.pattern, pattern.of_layer(module.layer_idx)
         scaling = kwargs.get("scaling")
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        if kernel and _kernel_reads(module, kwargs) and (choice is None or choice.rows == 1):
+        if kernel and not own_mask and _kernel_reads(module, kwargs) and (choice is None or choice.rows == 1):
             sink, window = (pattern.sink, pattern.window) if pattern is not None else (0, 0)
             scores = None
             if choice is not None:

@@ -23,6 +23,9 @@ import torch
 from skipsearch.masks import KVPattern
 
 KV_PATTERN_KEYWORD = "kv_pattern"
+# Set where the attention mask is the caller's own (the estimator's rounds and bands), not the causal
+# mask of a cache: the decode kernel, which reads causality from positions, must not stand in for it.
+OWN_MASK_KEYWORD = "own_attention_mask"
 
 
 def pattern_attention(

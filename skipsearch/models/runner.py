@@ -19,7 +19,7 @@ from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.attention import supports_kv_patterns
 from skipsearch.models.compat import check_installed_transformers
 from skipsearch.models.kernels import new_cache
-from skipsearch.models.kv_attention import KV_PATTERN_KEYWORD
+from skipsearch.models.kv_attention import KV_PATTERN_KEYWORD, OWN_MASK_KEYWORD
 from skipsearch.models.loading import check_architecture
 from skipsearch.models.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys
 
@@ -92,14 +92,18 @@ class LayerwiseRunner:
         cache: Any = None,
         kv: KVPattern | PillarKeys | None = None,
         pillars: PillarChoice | None = None,
+        own_mask: bool = False,
     ) -> torch.Tensor:
         """Residual + self-attention sub-layer (writes this layer's K/V into `cache` if given),
         attending only to the keys of `kv` when given (`models.kv_attention`); `pillars`, when
-        given, records the layer's choice of pillars (`models.pillars`)."""
+        given, records the layer's choice of pillars (`models.pillars`). `own_mask` says that
+        `attention_mask` is the caller's, not the causal one (`OWN_MASK_KEYWORD`)."""
         block = self.layers[layer]
         extra: dict[str, Any] = {} if kv is None else {KV_PATTERN_KEYWORD: kv}
         if pillars is not None:
             extra[PILLAR_KEYWORD] = pillars
+        if own_mask:
+            extra[OWN_MASK_KEYWORD] = True
         out, _ = block.self_attn(
             hidden_states=block.input_layernorm(hidden),
             position_embeddings=position_embeddings,
@@ -159,7 +163,16 @@ class LayerwiseRunner:
                     if key not in masks:
                         masks[key] = self.causal_mask(hidden, position_ids, cache, layer)
                     layer_mask = masks[key]
-                hidden = self.attention(layer, hidden, position_embeddings, layer_mask, cache, kv, pillars)
+                hidden = self.attention(
+                    layer,
+                    hidden,
+                    position_embeddings,
+                    layer_mask,
+                    cache,
+                    kv,
+                    pillars,
+                    attention_mask is not None,
+                )
             if mask is None or mask.runs_mlp(layer):
                 hidden = self.mlp(layer, hidden)
         if collect is not None:

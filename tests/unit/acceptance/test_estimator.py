@@ -18,6 +18,9 @@ from transformers import DynamicCache
 from skipsearch.acceptance.estimator import Estimator, sampling_acceptance, subset_acceptance
 from skipsearch.engine import speculative_decode
 from skipsearch.masks import KVPattern, SkipMask
+from skipsearch.models.attention import KERNEL_ATTENTION
+from skipsearch.models.kernels import AttentionChoice, apply_attention
+from skipsearch.models.native_attention import load_kernel
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import direct_matches, random_reference, tiny_model, with_plan_attention
 from tests.unit.acceptance.conftest import MASKS
@@ -44,12 +47,14 @@ def rounds_setup():
     return runner, reference
 
 
-def engine_judgements(runner, reference, mask, gamma, kv=None) -> list[tuple[int, int, bool]]:
+def engine_judgements(
+    runner, reference, mask, gamma, kv=None, new_tokens=NEW_TOKENS
+) -> list[tuple[int, int, bool]]:
     """(reference row, continuation offset, accepted) of every draft token the engine judged."""
     judged = []
     for row in range(reference.input_ids.shape[0]):
         prompt = reference.input_ids[row, : int(reference.prompt_lengths[row])].tolist()
-        result = speculative_decode(runner, prompt, mask, NEW_TOKENS, gamma=gamma, kv=kv)
+        result = speculative_decode(runner, prompt, mask, new_tokens, gamma=gamma, kv=kv)
         continuation = reference.input_ids[row, len(prompt) : int(reference.lengths[row])].tolist()
         assert list(result.tokens) == continuation  # lossless: the engine judges the same tokens
         offset = 0
@@ -248,3 +253,19 @@ def test_rounds_mode_is_shared_kv_for_a_contiguous_exit(rounds_setup) -> None:
     rounds = Estimator(runner, reference, "rounds", round_gamma=3).evaluate(mask)
     shared = Estimator(runner, reference, "shared-kv").evaluate(mask)
     assert rounds.greedy_match == shared.greedy_match
+
+
+@pytest.mark.skipif(load_kernel().function is None, reason="the decode kernel is not available here")
+def test_on_the_kernel_plan_one_short_prompt_keeps_the_estimators_own_masks() -> None:
+    """One prompt and at most 16 new tokens make a block the decode kernel would take; the kernel
+    reads causality from positions and would ignore the estimator's round and band masks (the
+    draft then saw every key). The estimator's judgements still equal the engine's."""
+    model = tiny_model("llama", layers=3, hidden_size=128, num_attention_heads=4, seed=1).to(torch.bfloat16)
+    model.generation_config.eos_token_id = None
+    apply_attention(model, AttentionChoice("bfloat16", KERNEL_ATTENTION))
+    runner, kv = LayerwiseRunner(model), KVPattern(1, 3)
+    reference = random_reference(runner, [14], new_tokens=12, seed=3)
+    estimator = Estimator(runner, reference, "rounds", round_gamma=3)
+    judged = engine_judgements(runner, reference, SkipMask(3), 3, kv, new_tokens=12)
+    assert disagreements(estimator.evaluate(SkipMask(3), temperature=0, kv=kv), judged) == 0
+    assert not all(accepted for _, _, accepted in judged)

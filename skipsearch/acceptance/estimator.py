@@ -391,7 +391,7 @@ class PillarMasks:
         self.group = config.num_attention_heads // config.num_key_value_heads
 
     def __getitem__(self, layer: int) -> torch.Tensor:
-        positions, valid = self.chosen.positions[layer], self.chosen.valid[layer]
+        positions, valid = self.chosen.layer_choice(layer)
         batch, queries, width = self.earlier.shape
         index = self.sources.clamp(min=0)[..., None, None].expand(-1, -1, *positions.shape[2:])
         keys = positions.gather(1, index).transpose(1, 2)  # [b, KV, Q, K]

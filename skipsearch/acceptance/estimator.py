@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MODES_WITH_KV
+from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MODES_WITH_KV, refuse_pillars_in_self_mode
 from skipsearch.acceptance.profile import AcceptanceProfile, previous_round_starts, round_starts
 from skipsearch.acceptance.reference import FORWARD_BATCH, ReferenceCache
 from skipsearch.errors import ConfigError
@@ -143,11 +143,7 @@ class Estimator:
         if self.mode == "rounds":
             return self._round_logits(mask, kv)
         if self.mode == "self":
-            if kv is not None and kv.pillars:
-                raise ConfigError(
-                    f"KV pattern {kv} has pillars, which follow the engine's rounds: "
-                    "measure it in shared-kv or rounds mode (--mode rounds)"
-                )
+            refuse_pillars_in_self_mode(self.mode, (kv,))
             start = _first_changed_layer(mask, kv)
             rows = [self._self_rows(mask, start, r, kv) for r in self._row_chunks()]
             return self.runner.head(torch.cat(rows))

@@ -6,6 +6,7 @@ and a Ray worker rebuilds its measurement from this picklable record.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from skipsearch.acceptance.prompts import PromptSpec
@@ -19,6 +20,17 @@ before the round and its own within it, rounds simulated at `round_gamma` (exact
 that γ, a few passes per mask); `self`, its own K/V everywhere (no engine drafts that way: the
 pessimistic bound)."""
 MODES_WITH_KV = ("shared-kv", "rounds")
+
+
+def refuse_pillars_in_self_mode(mode: str, patterns: Sequence[KVPattern | None]) -> None:
+    """Pillars follow the engine's rounds (`models.pillars`), which `self` mode does not have: a
+    one-line error naming the mode to use."""
+    with_pillars = [str(kv) for kv in patterns if kv is not None and kv.pillars]
+    if with_pillars and mode == "self":
+        raise ConfigError(
+            f"KV pattern {with_pillars[0]} has pillars, which follow the engine's rounds; self mode "
+            "has none: use --mode rounds (or shared-kv)"
+        )
 
 
 @dataclass(frozen=True)
@@ -55,12 +67,7 @@ class MeasureConfig:
         if len(set(self.kv_patterns)) != len(self.kv_patterns):
             named = [str(kv) for kv in self.kv_patterns]
             raise ConfigError(f"KV patterns {named} name one twice: list each once")
-        with_pillars = [str(kv) for kv in self.kv_patterns if kv.pillars]
-        if with_pillars and self.mode == "self":
-            raise ConfigError(
-                f"KV pattern {with_pillars[0]} has pillars, which follow the engine's rounds; self mode "
-                "has none: use --mode rounds (or shared-kv)"
-            )
+        refuse_pillars_in_self_mode(self.mode, self.kv_patterns)
 
     def to_dict(self) -> dict:
         return {

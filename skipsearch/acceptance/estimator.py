@@ -73,21 +73,26 @@ class SharedKV:
 
 
 def sampling_acceptance(
-    target_logits: torch.Tensor, draft_logits: torch.Tensor, temperature: float
+    target_logits: torch.Tensor, target_tokens: torch.Tensor, draft_logits: torch.Tensor, temperature: float
 ) -> torch.Tensor:
     """Per position `sum_x min(p(x), q(x))`: the probability a sampled draft token is accepted.
 
-    At temperature 0 both distributions are one-hot on their argmax (greedy decoding).
+    At temperature 0 both distributions are one-hot: the draft's on its argmax, the target's on the
+    token the full model decodes there (`target_tokens`, see `Estimator`).
     """
     if temperature == 0:
-        return (target_logits.argmax(-1) == draft_logits.argmax(-1)).float()
+        return (target_tokens == draft_logits.argmax(-1)).float()
     p = torch.softmax(target_logits.float() / temperature, dim=-1)
     q = torch.softmax(draft_logits.float() / temperature, dim=-1)
     return torch.minimum(p, q).sum(-1)
 
 
 def subset_acceptance(
-    target_logits: torch.Tensor, draft_logits: torch.Tensor, ids: torch.Tensor, temperature: float
+    target_logits: torch.Tensor,
+    target_tokens: torch.Tensor,
+    draft_logits: torch.Tensor,
+    ids: torch.Tensor,
+    temperature: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy match and `sum_x min(p(x), q(x))` per position of a draft restricted to `ids`.
 
@@ -95,7 +100,7 @@ def subset_acceptance(
     `q` = softmax over the subset, zero outside it, so `min(p, q)` sums over the subset alone.
     """
     subset = draft_logits[..., ids]
-    match = ids[subset.argmax(-1)] == target_logits.argmax(-1)
+    match = ids[subset.argmax(-1)] == target_tokens
     if temperature == 0:
         return match, match.float()
     p = torch.softmax(target_logits.float() / temperature, dim=-1)[..., ids]
@@ -135,7 +140,11 @@ class Estimator:
         self.rows, self.cols = reference.prediction_index()
         with torch.no_grad():  # kept for the estimator's life: no autograd graph may hang off them
             self.target_logits = runner.head(reference.hidden[-1][self.rows, self.cols])
-        self.target_tokens = self.target_logits.argmax(-1)
+        # A greedy draft is judged against the token the full model decodes, the continuation itself
+        # (decoded one position at a time, as the engine's baseline and verify reproduce it), not the
+        # argmax of the teacher-forced logits: in bf16 those tie or flip at near-ties, and one such
+        # flip at a 4-token round's first draft cost an 8k pillar draft's estimate a whole round.
+        self.target_tokens = reference.input_ids[self.rows, self.cols + 1]
 
     def draft_logits(self, mask: SkipMask, kv: KVPattern | None = None) -> torch.Tensor:
         """Logits of the draft at every prediction position, from its first skipped layer on
@@ -301,12 +310,12 @@ class Estimator:
         logits = self.draft_logits(mask, kv)
         matches = logits.argmax(-1) == self.target_tokens
         full = self._profile(
-            mask, matches, sampling_acceptance(self.target_logits, logits, temperature), temperature
+            mask, matches, sampling_acceptance(self.target_logits, self.target_tokens, logits, temperature), temperature
         )
         variants = tuple(
             self._profile(
                 mask,
-                *subset_acceptance(self.target_logits, logits, self.subset(k), temperature),
+                *subset_acceptance(self.target_logits, self.target_tokens, logits, self.subset(k), temperature),
                 temperature,
                 k,
             )

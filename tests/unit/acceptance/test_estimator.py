@@ -10,6 +10,7 @@ must equal the engine's accept decision — where `shared-kv` (full K/V within t
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -95,12 +96,12 @@ def test_subset_acceptance_by_hand() -> None:
     target = torch.tensor([[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 1.0, 0.0]])  # argmax: 1, then 0
     draft = torch.tensor([[6.0, 1.0, 2.0, 0.0], [0.0, 2.0, 1.0, 4.0]])
     ids = torch.tensor([1, 2])
-    match, _ = subset_acceptance(target, draft, ids, 0.0)
+    match, _ = subset_acceptance(target, target.argmax(-1), draft, ids, 0.0)
     assert match.tolist() == [False, False]  # row 0: the subset's best is 2; row 1: 0 is outside it
     hidden_best = torch.tensor([[0.0, 2.0, 9.0, 1.0]])
-    match, _ = subset_acceptance(target[:1], hidden_best, torch.tensor([1, 3]), 0.0)
+    match, _ = subset_acceptance(target[:1], target[:1].argmax(-1), hidden_best, torch.tensor([1, 3]), 0.0)
     assert match.tolist() == [True]  # the subset hides the draft's own argmax (2): it proposes 1
-    _, accept = subset_acceptance(target[:1], draft[:1], ids, 2.0)
+    _, accept = subset_acceptance(target[:1], target[:1].argmax(-1), draft[:1], ids, 2.0)
     p = torch.softmax(target[0] / 2.0, -1)
     q = torch.zeros(4)
     q[ids] = torch.softmax(draft[0, ids] / 2.0, -1)
@@ -143,8 +144,22 @@ def test_skipping_changes_acceptance(setup):
 def test_sampling_acceptance_is_total_variation_overlap():
     target = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
     draft = torch.log(torch.tensor([[0.2, 0.3, 0.5]]))
-    assert sampling_acceptance(target, draft, 1.0).item() == pytest.approx(0.7)
-    assert sampling_acceptance(target, draft, 0.0).item() == 0.0
+    assert sampling_acceptance(target, target.argmax(-1), draft, 1.0).item() == pytest.approx(0.7)
+    assert sampling_acceptance(target, target.argmax(-1), draft, 0.0).item() == 0.0
+
+
+def test_a_greedy_draft_is_judged_against_the_decoded_continuation(setup):
+    """The target token is the continuation the full model decoded, not the teacher-forced argmax:
+    in bf16 the two part at near-ties, and the engine reproduces the decoded one. Here the first
+    continuation token is swapped for another, so the full model itself, as a draft, misses it."""
+    _, runner, reference = setup
+    ids = reference.input_ids.clone()
+    row, col = 0, int(reference.prompt_lengths[0])
+    ids[row, col] = (ids[row, col] + 1) % runner.config.vocab_size
+    swapped = replace(reference, input_ids=ids)
+    profile = Estimator(runner, swapped, "shared-kv").evaluate(SkipMask(6))
+    assert profile.greedy_match[0][0] is False
+    assert all(profile.greedy_match[0][1:])
 
 
 def test_a_lone_mlp_skip_is_not_ignored(setup):

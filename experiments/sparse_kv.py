@@ -5,10 +5,11 @@ prompts of `stdlib-long` cut to their last N tokens (`--prompts` of them measure
 `--decode-prompts` held out):
 - **joint**: the best draft of a search of the light sparse space (1-8 skipped layers,
   `draft_vocab_space.yaml`; knapsack candidates, then TPE), every mask scored with every key and
-  under each KV pattern `s4w{128,256,512,1024}` that leaves keys out, or the KV-only draft where
-  it scores higher;
-- **layer-only**: the best of the same search's masks scored with every key;
-- **KV-only**: every layer, the best of those patterns.
+  under each KV pattern of `--patterns` that leaves keys out (sink and window, and the same with
+  64 pillars), each with every draft vocabulary of `--vocabs`, or the KV-only draft where it
+  scores higher;
+- **layer-only**: the best of the same search's masks scored with every key (and any vocabulary);
+- **KV-only**: every layer, the best of those patterns (and any vocabulary).
 Each is scored by the calibrated cost model at its best γ, on a latency profile measured at
 128-8000 tokens (`skipsearch profile --context-lengths ... --out results/sparse_kv/profile.json`,
 taken first unless `--profile` names one); then the three are decoded against autoregressive
@@ -18,8 +19,13 @@ checked against the autoregressive one (bf16: near-ties within the measured tole
     python experiments/sparse_kv.py                       # ~75 min on two idle cores (8k: ~35)
     python experiments/sparse_kv.py --contexts 512,2048   # a shorter sweep
     python experiments/sparse_kv.py --profile results/sparse_kv/profile.json   # keep the profile
+    python experiments/sparse_kv.py --contexts 8000 --profile results/sparse_kv/profile.json \
+        --out results/sparse_kv/joint-8000                 # the joint space alone at 8k (~40 min)
 
-Writes `results/sparse_kv/{results.json, README.md, crossover.png}`. Run it alone; the load
+The draft vocabularies are ranked on a stdlib sample without the measured or the held-out prompts'
+files (the default ranking avoids only the measured ones, and stdlib-long's held-out prompts are
+in its sample). Writes `{results.json, README.md, crossover.png}` under `--out`
+(`results/sparse_kv/`). Run it alone; the load
 average is recorded before and after.
 """
 
@@ -43,13 +49,15 @@ from sparse_kv_report import write_report
 from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
+from skipsearch.acceptance.vocab import ranking_for
 from skipsearch.acceptance.worker import prepare
 from skipsearch.bench.interleaved import benchmark
 from skipsearch.bench.lossless import check_runs
 from skipsearch.config import RunConfig
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.engine import autoregressive_decode, speculative_decode
-from skipsearch.masks import KVPattern, SkipMask
+from skipsearch.masks import KVPattern, SkipMask, parse_draft_vocab, vocab_label
+from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.loading import eos_ids
 from skipsearch.run.pipeline import RunContext, run_scorer, search_one
 from skipsearch.search import EvaluationCache, load_study
@@ -61,7 +69,6 @@ from skipsearch.validate.replay import round_stats, same_text_rounds
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "sparse_kv"
 SPACE = Path(__file__).with_name("draft_vocab_space.yaml")
-PATTERNS = tuple(KVPattern(4, window) for window in (128, 256, 512, 1024))
 PROFILE_CONTEXTS = "128,256,512,1024,2048,4096,8000"  # every pattern's key count, and every context
 
 
@@ -73,6 +80,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-prompts", type=int, default=3, help="held-out prompts decoded")
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--budget", type=int, default=24, help="distinct masks per search")
+    p.add_argument(
+        "--patterns",
+        default="s4w128,s4w256,s4w512,s4w1024,s4w128k64,s4w256k64",
+        help="the KV patterns searched (those that leave keys out at a context)",
+    )
+    p.add_argument("--vocabs", default="full,32768,16384,8192", help="the draft vocabularies searched")
+    p.add_argument("--out", type=Path, default=OUT, help="where results.json and the report go")
     p.add_argument("--repeats", type=int, default=2, help="timed passes over the decode prompts")
     p.add_argument("--profile", help="a latency profile covering the contexts (default: measure one)")
     p.add_argument(
@@ -85,7 +99,7 @@ def parser() -> argparse.ArgumentParser:
 
 def latency_profile(args: argparse.Namespace) -> LatencyProfile:
     """The profile given, or one measured now at `PROFILE_CONTEXTS` in fresh processes."""
-    path = Path(args.profile) if args.profile else OUT / "profile.json"
+    path = Path(args.profile) if args.profile else args.out / "profile.json"
     if not args.profile:
         command = [sys.executable, "-m", "skipsearch", "profile", "--model", args.model]
         command += ["--context-lengths", PROFILE_CONTEXTS, "--processes", "3", "--out", str(path)]
@@ -95,8 +109,13 @@ def latency_profile(args: argparse.Namespace) -> LatencyProfile:
 
 def run_config(args: argparse.Namespace, context: int, kv: tuple[KVPattern | None, ...]) -> RunConfig:
     prompts = PromptSpec("stdlib-long", args.prompts, max_prompt_tokens=context, new_tokens=args.new_tokens)
+    vocabs = vocab_sizes(args)
     measure = MeasureConfig(
-        model=args.model, prompts=prompts, mode="shared-kv", kv_patterns=tuple(p for p in kv if p)
+        model=args.model,
+        prompts=prompts,
+        mode="shared-kv",
+        kv_patterns=tuple(p for p in kv if p),
+        draft_vocabs=tuple(k for k in vocabs if k is not None),
     )
     return RunConfig(
         measure=measure,
@@ -104,15 +123,33 @@ def run_config(args: argparse.Namespace, context: int, kv: tuple[KVPattern | Non
         strategy="knapsack+tpe",
         budget=args.budget,
         cost="calibrated",
-        draft_vocab=(None,),
+        draft_vocab=vocabs,
         kv=kv,
         context=context,
     )
 
 
-def patterns_at(context: int) -> tuple[KVPattern, ...]:
-    """The patterns that leave keys out at `context`."""
-    return tuple(p for p in PATTERNS if p.sink + p.window < context)
+def vocab_sizes(args: argparse.Namespace) -> tuple[int | None, ...]:
+    return tuple(parse_draft_vocab(text) for text in args.vocabs.split(","))
+
+
+def patterns_at(args: argparse.Namespace, context: int) -> tuple[KVPattern, ...]:
+    """The patterns of `--patterns` that leave keys out at `context`."""
+    patterns = (KVPattern.parse(text) for text in args.patterns.split(","))
+    return tuple(p for p in patterns if p.sink + p.window < context)
+
+
+def rank_without_held_out(args: argparse.Namespace, context: int, measurement: Any) -> None:
+    """Rank the draft vocabularies on a sample without the held-out prompts' files as well: the
+    default ranking avoids only the measured prompts, and a held-out prompt's file in the counting
+    corpus would flatter a small vocabulary's decodes."""
+    every = PromptSpec(
+        "stdlib-long",
+        args.prompts + args.decode_prompts,
+        max_prompt_tokens=context,
+        new_tokens=args.new_tokens,
+    )
+    measurement.ranking = ranking_for(measurement.loaded, every)
 
 
 def best_drafts(args: argparse.Namespace, context: int, run: RunContext, out: Path) -> dict:
@@ -127,40 +164,49 @@ def best_drafts(args: argparse.Namespace, context: int, run: RunContext, out: Pa
     the prompts it was measured on.
     """
     shutil.rmtree(out, ignore_errors=True)
-    patterns, measurement = patterns_at(context), run.measurement
+    patterns, measurement = patterns_at(args, context), run.measurement
     joint = run_config(args, context, (None, *patterns))
     name = f"joint-{context}"
     best = search_one(joint, run, out, False, study_name=name).best
-    found = {"joint": _record(best.mask, best.details["kv"], best.gamma_best, best.score, best.details)}
+    found = {"joint": _record(best.mask, best.gamma_best, best.score, best.details)}
     cache, every_key = EvaluationCache(out / CACHE_DIR), run_scorer(replace(joint, kv=(None,)), run)
     masks = {record.mask: record.num_layers for record in trial_records(load_study(out, name))}
     scored = {
         mask: every_key(SkipMask.parse(mask, depth), cache.get(mask).profile) for mask, depth in masks.items()
     }
     mask, score = max(scored.items(), key=lambda item: item[1].value)
-    found["layer-only"] = _record(mask, "full", score.gamma_best, score.value, score.details)
+    found["layer-only"] = _record(mask, score.gamma_best, score.value, score.details)
     if patterns:  # every layer, each pattern: one evaluation scores them all
         empty = SkipMask(measurement.num_layers)
-        profile = measurement.estimator.evaluate(empty, 1.0, (), patterns=patterns)
+        profile = measurement.estimator.evaluate(empty, 1.0, joint.measure.draft_vocabs, patterns=patterns)
         score = run_scorer(replace(joint, kv=patterns), run)(empty, profile)
-        found["KV-only"] = _record(
-            str(empty), score.details["kv"], score.gamma_best, score.value, score.details
-        )
+        found["KV-only"] = _record(str(empty), score.gamma_best, score.value, score.details)
         if found["KV-only"]["predicted"] > found["joint"]["predicted"]:
             found["joint"] = found["KV-only"]
     found["prompt_tokens"] = [len(ids) for ids in measurement.prompt_ids()]
     return found
 
 
-def _record(mask: str, kv: str | None, gamma: int, score: float, details: dict) -> dict:
+def _record(mask: str, gamma: int, score: float, details: dict) -> dict:
     return {
         "mask": mask,
-        "kv": kv or "full",
+        "kv": details.get("kv") or "full",
+        "vocab": vocab_label(parse_draft_vocab(details.get("draft_vocab"))),
         "gamma": gamma,
         "predicted": score,
         "alpha": details.get("alpha"),
         "score_by_kv": details.get("score_by_kv"),
+        "score_by_draft_vocab": details.get("score_by_draft_vocab"),
     }
+
+
+def _draft_key(draft: dict) -> tuple:
+    return draft["mask"], draft["kv"], draft.get("vocab", "full"), draft["gamma"]
+
+
+def _head(runner: Any, measurement: Any, draft: dict) -> DraftHead | None:
+    vocab = parse_draft_vocab(draft.get("vocab"))
+    return None if vocab is None else DraftHead.gather(runner, measurement.vocab_ids(vocab))
 
 
 def distinct(drafts: dict) -> dict[str, str]:
@@ -170,8 +216,8 @@ def distinct(drafts: dict) -> dict[str, str]:
     first: dict[tuple, str] = {}
     names = [name for name, draft in drafts.items() if isinstance(draft, dict) and "mask" in draft]
     for name in names:
-        first.setdefault((drafts[name]["mask"], drafts[name]["kv"], drafts[name]["gamma"]), name)
-    return {name: first[(drafts[name]["mask"], drafts[name]["kv"], drafts[name]["gamma"])] for name in names}
+        first.setdefault(_draft_key(drafts[name]), name)
+    return {name: first[_draft_key(drafts[name])] for name in names}
 
 
 def fidelity(drafts: dict, measurement: Any, new_tokens: int) -> dict:
@@ -190,11 +236,16 @@ def fidelity(drafts: dict, measurement: Any, new_tokens: int) -> dict:
             continue
         mask = SkipMask.parse(drafts[name]["mask"], runner.num_layers)
         kv, gamma = KVPattern.parse(drafts[name]["kv"]), drafts[name]["gamma"]
-        rounds = Estimator(runner, reference, "rounds", measurement.vocab_ids, round_gamma=gamma)
-        profile = rounds.evaluate(mask, 1.0, (), kv)
+        vocab, head = parse_draft_vocab(drafts[name].get("vocab")), _head(runner, measurement, drafts[name])
+        rounds = Estimator(
+            runner, reference, "rounds", measurement.vocab_ids, round_gamma=gamma, round_vocab=vocab
+        )
+        profile = rounds.evaluate(mask, 1.0, () if vocab is None else (vocab,), kv)
+        profile = profile if vocab is None else profile.by_vocab[0]
         estimated = profile.tokens_per_round(gamma)
         decodes = [
-            speculative_decode(runner, p, mask, new_tokens, gamma, eos_ids=stop, kv=kv) for p in prompts
+            speculative_decode(runner, p, mask, new_tokens, gamma, eos_ids=stop, head=head, kv=kv)
+            for p in prompts
         ]
         engine = statistics.mean(n + 1 for result in decodes for n in result.accepted)
         on_engine, on_estimator, shared = same_text_rounds(
@@ -225,9 +276,9 @@ def decode(args: argparse.Namespace, context: int, drafts: dict, measurement: An
     for name in dict.fromkeys(same.values()):  # each distinct draft once, in order
         draft = drafts[name]
         mask = SkipMask.parse(draft["mask"], runner.num_layers)
-        kv, gamma = KVPattern.parse(draft["kv"]), draft["gamma"]
-        decoders[name] = lambda p, g, m=mask, k=kv, y=gamma: speculative_decode(
-            runner, p, m, new, y, eos_ids=stop, kv=k
+        kv, gamma, head = KVPattern.parse(draft["kv"]), draft["gamma"], _head(runner, measurement, draft)
+        decoders[name] = lambda p, g, m=mask, k=kv, y=gamma, h=head: speculative_decode(
+            runner, p, m, new, y, eos_ids=stop, head=h, kv=k
         )
     stamp = Stamp()
     runs = benchmark(decoders, prompts, args.repeats, 0, runner.device)
@@ -264,28 +315,30 @@ def decode(args: argparse.Namespace, context: int, drafts: dict, measurement: An
 
 def main() -> None:
     args = parser().parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     if args.decode_only:
-        results = json.loads((OUT / "results.json").read_text())
+        results = json.loads((args.out / "results.json").read_text())
     else:
         latency = latency_profile(args)
-        results = {"model": args.model, "contexts": {}, "profile": latency.meta}
+        space = {"patterns": args.patterns, "vocabs": args.vocabs, "budget": args.budget}
+        results = {"model": args.model, "contexts": {}, "profile": latency.meta, "space": space}
     for context in (int(c) for c in args.contexts.split(",")):
-        measurement = prepare(run_config(args, context, (None, *patterns_at(context))).measure)
+        measurement = prepare(run_config(args, context, (None, *patterns_at(args, context))).measure)
+        rank_without_held_out(args, context, measurement)
         if args.decode_only:
             drafts = results["contexts"][str(context)]
         else:
             run = RunContext(measurement, latency.for_context(context), {})
-            drafts = best_drafts(args, context, run, OUT / "searches" / str(context))
+            drafts = best_drafts(args, context, run, args.out / "searches" / str(context))
             drafts["fidelity"] = fidelity(drafts, measurement, args.new_tokens)
         drafts["measured"] = decode(args, context, drafts, measurement)
         results["contexts"][str(context)] = drafts
         print(json.dumps({context: drafts}, indent=1, default=str), flush=True)
-        (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+        (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     results["load"] = load_line(load_before, os.getloadavg())
-    (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    write_report(results, OUT)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    write_report(results, args.out)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def write_report(results: dict, out: Path) -> None:
                 [
                     str(context),
                     name,
-                    "every layer" if draft["mask"] == str(SkipMask(layers)) else f"`{draft['mask']}`",
+                    _mask_and_vocab(draft, layers),
                     kv_label(KVPattern.parse(draft["kv"])),
                     str(draft["gamma"]),
                     f"{draft['predicted']:.3f}",
@@ -45,7 +45,7 @@ def write_report(results: dict, out: Path) -> None:
     header = [
         "context",
         "draft",
-        "mask",
+        "mask (+ draft vocabulary)",
         "KV pattern",
         "γ",
         "predicted",
@@ -57,7 +57,7 @@ def write_report(results: dict, out: Path) -> None:
     lines = [
         f"# KV-pattern drafts against layer skipping by context: {results['model']}",
         "",
-        f"`python experiments/sparse_kv.py` (see its docstring). {results['load']}.",
+        f"`python experiments/sparse_kv.py` (see its docstring){_space(results)}. {results['load']}.",
         "",
         *markdown_table([*header, "lossless"], rows),
         "",
@@ -68,6 +68,22 @@ def write_report(results: dict, out: Path) -> None:
     ]
     (out / "README.md").write_text("\n".join(lines))
     plot(results, contexts, out)
+
+
+def _mask_and_vocab(draft: dict, layers: int) -> str:
+    mask = "every layer" if draft["mask"] == str(SkipMask(layers)) else f"`{draft['mask']}`"
+    vocab = draft.get("vocab", "full")
+    return mask if vocab == "full" else f"{mask} + {int(vocab):,} ids"
+
+
+def _space(results: dict) -> str:
+    """The searched space, where the run recorded it (runs before KV pillars and vocabularies did
+    not: they searched s4w{128,256,512,1024} with the full vocabulary)."""
+    space = results.get("space")
+    if space is None:
+        return ", patterns s4w128,s4w256,s4w512,s4w1024, full vocabulary"
+    searched = f"patterns {space['patterns']}, draft vocabularies {space['vocabs']}"
+    return f", {searched}, {space['budget']} masks a search"
 
 
 def _fidelity(found: dict) -> str:

@@ -20,7 +20,7 @@ checked against the autoregressive one (bf16: near-ties within the measured tole
     python experiments/sparse_kv.py --contexts 512,2048   # a shorter sweep
     python experiments/sparse_kv.py --profile results/sparse_kv/profile.json   # keep the profile
     python experiments/sparse_kv.py --contexts 8000 --profile results/sparse_kv/profile.json \
-        --out results/sparse_kv/joint-8000                 # the joint space alone at 8k (~40 min)
+        --out results/sparse_kv/joint-8000                 # the joint space alone at 8k (~25 min)
 
 The draft vocabularies are ranked on a stdlib sample without the measured or the held-out prompts'
 files (the default ranking avoids only the measured ones, and stdlib-long's held-out prompts are

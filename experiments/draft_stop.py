@@ -1,0 +1,190 @@
+"""Would a draft that stops a round when it is unsure pay? A prediction, not a decode.
+
+Every round now drafts γ tokens, and every draft after the first rejected one is wasted. A draft
+that ends its round as soon as its own probability of the token it proposes falls below τ (the
+token still goes to the verify, which on this CPU costs about the same at any width) spends fewer
+draft steps where it is likely to be rejected, and may then afford a longer γ where it is sure.
+
+For one draft (default: issue 19's searched Qwen winner, `results/draft_vocab/`), on the search's
+HumanEval prompts, this measures per continuation position, teacher-forced (`rounds` estimator at
+γ 3, the draft's vocabulary):
+- how the draft's confidence (its softmax maximum over its vocabulary) predicts acceptance;
+- the rounds a stop at τ would play, for γ_max 3-8, replayed over the estimator's matches;
+- each policy's speedup priced by the calibrated cost model on the run's latency profile (a round
+  of d drafts: d draft steps, the verify of d + 1 positions, the measured overhead).
+
+The positions after a stop are estimated as in γ-3 rounds, so the longer policies are
+approximate; and the estimator's tokens per round run 6-12% above held-out decodes
+(README, "searched drafts"). Read the change against τ = 0 at the same γ, not the level.
+
+    python experiments/draft_stop.py          # ~2 min on two idle cores
+
+Writes `results/draft_stop/{model}.md` and `.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from _common import markdown_table
+
+from skipsearch.acceptance.estimator import Estimator
+from skipsearch.acceptance.measure_config import MeasureConfig
+from skipsearch.acceptance.prompts import PromptSpec
+from skipsearch.acceptance.worker import prepare
+from skipsearch.cost.calibrated import Calibrated
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.masks import Draft
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "draft_stop"
+PROMPTS = PromptSpec(n_prompts=16, max_prompt_tokens=256, new_tokens=48, seed=0)  # draft_vocab.py's, 16
+THRESHOLDS = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9)
+GAMMAS = (3, 4, 5, 6, 8)
+
+
+def rounds(matches: list[bool], confident: list[bool], gamma_max: int) -> list[tuple[int, int]]:
+    """(drafted, committed) of each round over one continuation: a round drafts until γ_max or
+    its first unsure draft (which it still proposes), and commits its leading matches plus one."""
+    played, start = [], 0
+    while start < len(matches):
+        drafted = 1
+        while drafted < gamma_max and start + drafted < len(matches) and confident[start + drafted - 1]:
+            drafted += 1
+        accepted = 0
+        while accepted < drafted and start + accepted < len(matches) and matches[start + accepted]:
+            accepted += 1
+        played.append((drafted, accepted + 1))
+        start += accepted + 1
+    return played
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen2.5-coder-0.5b")
+    p.add_argument("--draft", default="a:5,7,8,9,10,11|m:5,7,8,9,10,11|v:32768")
+    p.add_argument("--profile", help="latency profile (default: results/draft_vocab/{model}/profile.json)")
+    args = p.parse_args()
+    profile_path = Path(args.profile or ROOT / "results" / "draft_vocab" / args.model / "profile.json")
+    context = PROMPTS.max_prompt_tokens + PROMPTS.new_tokens / 2  # where draft_vocab.py prices
+    latency = LatencyProfile.load(profile_path).for_context(context)
+    measurement = prepare(MeasureConfig(model=args.model, prompts=PROMPTS, mode="rounds"))
+    draft = Draft.parse(args.draft, measurement.num_layers)
+    estimator = Estimator(
+        measurement.runner,
+        measurement.estimator.reference,
+        "rounds",
+        measurement.vocab_ids,
+        round_gamma=3,
+        round_vocab=draft.vocab,
+    )
+    ids = estimator.subset(draft.vocab) if draft.vocab else None
+    logits = estimator.draft_logits(draft.mask).float()
+    logits = logits if ids is None else logits[:, ids]
+    drafted = logits.argmax(-1) if ids is None else ids[logits.argmax(-1)]
+    confidence = logits.softmax(-1).max(-1).values
+    matches = drafted == estimator.target_tokens
+    calibration = []
+    for tau in THRESHOLDS[1:]:
+        unsure = confidence < tau
+        calibration.append(
+            {
+                "below": tau,
+                "share": float(unsure.float().mean()),
+                "accepted_below": float(matches[unsure].float().mean()) if unsure.any() else None,
+                "accepted_above": float(matches[~unsure].float().mean()),
+            }
+        )
+    cost = Calibrated(latency, draft.mask, context, draft.vocab, latency.vocab_size)
+    draft_step = cost.round_time(1).draft / latency.step_time(context)
+    sizes, begin, rows = estimator.reference.row_sizes(), 0, []
+    for size in sizes:
+        rows.append((matches[begin : begin + size].tolist(), confidence[begin : begin + size].tolist()))
+        begin += size
+    policies = []
+    for gamma_max in GAMMAS:
+        for tau in THRESHOLDS:
+            played = [r for m, c in rows for r in rounds(m, [x >= tau for x in c], gamma_max)]
+            steps = sum(cost.round_cost(d) for d, _ in played)  # in autoregressive steps
+            committed = sum(n for _, n in played)
+            policies.append(
+                {
+                    "gamma_max": gamma_max,
+                    "tau": tau,
+                    "tokens_per_round": committed / len(played),
+                    "drafts_per_round": sum(d for d, _ in played) / len(played),
+                    "speedup": committed / steps,
+                }
+            )
+    found = {
+        "model": args.model,
+        "draft": args.draft,
+        "profile": str(profile_path.relative_to(ROOT)),
+        "context": context,
+        "positions": int(matches.numel()),
+        "alpha": float(matches.float().mean()),
+        "draft_step": draft_step,
+        "calibration": calibration,
+        "policies": policies,
+    }
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{args.model}.json").write_text(json.dumps(found, indent=1) + "\n")
+    write_report(found)
+
+
+def write_report(found: dict) -> None:
+    fixed = {p["gamma_max"]: p["speedup"] for p in found["policies"] if p["tau"] == 0.0}
+    best = max(found["policies"], key=lambda p: p["speedup"])
+    lines = [
+        f"# A draft that stops when unsure: {found['model']}, `{found['draft']}`",
+        "",
+        f"`python experiments/draft_stop.py` (see its docstring). A prediction: {found['positions']} "
+        f"positions of {PROMPTS.n_prompts} HumanEval prompts, teacher-forced (α {found['alpha']:.3f}); "
+        f"priced by `{found['profile']}` at {found['context']:.0f} tokens, where a draft step costs "
+        f"{found['draft_step']:.2f} of a step.",
+        "",
+        "How the draft's confidence predicts acceptance:",
+        "",
+        *markdown_table(
+            ["confidence below", "share of positions", "accepted below", "accepted above"],
+            [
+                [
+                    f"{c['below']:.1f}",
+                    f"{c['share']:.3f}",
+                    "-" if c["accepted_below"] is None else f"{c['accepted_below']:.3f}",
+                    f"{c['accepted_above']:.3f}",
+                ]
+                for c in found["calibration"]
+            ],
+        ),
+        "",
+        "Rounds replayed with a stop at τ (τ 0: every round drafts γ_max):",
+        "",
+        *markdown_table(
+            ["γ_max", "τ", "drafts/round", "tokens/round", "predicted speedup", "against τ 0"],
+            [
+                [
+                    str(p["gamma_max"]),
+                    f"{p['tau']:.1f}",
+                    f"{p['drafts_per_round']:.2f}",
+                    f"{p['tokens_per_round']:.2f}",
+                    f"{p['speedup']:.3f}",
+                    f"{p['speedup'] / fixed[p['gamma_max']]:.3f}×",
+                ]
+                for p in found["policies"]
+            ],
+        ),
+        "",
+        f"Best: γ_max {best['gamma_max']}, τ {best['tau']:.1f}, {best['speedup']:.3f} predicted, "
+        f"{best['speedup'] / max(fixed.values()):.3f}× the best fixed γ ({max(fixed.values()):.3f}).",
+        "",
+    ]
+    (OUT / f"{found['model']}.md").write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main()

@@ -308,14 +308,15 @@ class Estimator:
         mask.check_fits(self.runner.num_layers)
         by_kv = tuple(self.evaluate(mask, temperature, vocabs, pattern) for pattern in patterns)
         logits = self.draft_logits(mask, kv)
-        matches = logits.argmax(-1) == self.target_tokens
+        target, tokens = self.target_logits, self.target_tokens
+        matches = logits.argmax(-1) == tokens
         full = self._profile(
-            mask, matches, sampling_acceptance(self.target_logits, self.target_tokens, logits, temperature), temperature
+            mask, matches, sampling_acceptance(target, tokens, logits, temperature), temperature
         )
         variants = tuple(
             self._profile(
                 mask,
-                *subset_acceptance(self.target_logits, self.target_tokens, logits, self.subset(k), temperature),
+                *subset_acceptance(target, tokens, logits, self.subset(k), temperature),
                 temperature,
                 k,
             )

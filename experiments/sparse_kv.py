@@ -16,7 +16,7 @@ taken first unless `--profile` names one); then the three are decoded against au
 decoding on the held-out prompts, interleaved and paired per prompt and repeat, every output
 checked against the autoregressive one (bf16: near-ties within the measured tolerance).
 
-    python experiments/sparse_kv.py                       # ~75 min on two idle cores (8k: ~35)
+    python experiments/sparse_kv.py    # ~75 min on two idle cores before pillars and vocabularies
     python experiments/sparse_kv.py --contexts 512,2048   # a shorter sweep
     python experiments/sparse_kv.py --profile results/sparse_kv/profile.json   # keep the profile
     python experiments/sparse_kv.py --contexts 8000 --profile results/sparse_kv/profile.json \

@@ -28,9 +28,15 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_empty_mask_is_exactly_one_and_skipping_layer_zero_is_terrible(measurement):
+def test_empty_mask_misses_only_where_the_reference_itself_parts_and_layer_zero_is_terrible(measurement):
+    """The empty mask is the full model, teacher-forced; it is judged against the continuation the
+    full model decoded one position at a time. In bf16 the two part at a rare near-tie (one of 192
+    positions here), and only there may the empty mask miss."""
     estimator = measurement.estimator
-    assert estimator.evaluate(SkipMask(30)).alpha == 1.0
+    matches = [m for row in estimator.evaluate(SkipMask(30)).greedy_match for m in row]
+    parted = (estimator.target_logits.argmax(-1) != estimator.target_tokens).tolist()
+    assert [not m for m in matches] == parted
+    assert sum(parted) <= 0.02 * len(parted)
     assert estimator.evaluate(SkipMask.from_layers(30, [0])).alpha < 0.2
     assert estimator.evaluate(SkipMask.from_layers(30, [4])).alpha > 0.6
 

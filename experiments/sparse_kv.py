@@ -139,17 +139,17 @@ def patterns_at(args: argparse.Namespace, context: int) -> tuple[KVPattern, ...]
     return tuple(p for p in patterns if p.sink + p.window < context)
 
 
+def measured_and_held_out(args: argparse.Namespace, context: int) -> PromptSpec:
+    """The measured prompts followed by the held-out ones (the first `--prompts` are measured)."""
+    total = args.prompts + args.decode_prompts
+    return PromptSpec("stdlib-long", total, max_prompt_tokens=context, new_tokens=args.new_tokens)
+
+
 def rank_without_held_out(args: argparse.Namespace, context: int, measurement: Any) -> None:
     """Rank the draft vocabularies on a sample without the held-out prompts' files as well: the
     default ranking avoids only the measured prompts, and a held-out prompt's file in the counting
     corpus would flatter a small vocabulary's decodes."""
-    every = PromptSpec(
-        "stdlib-long",
-        args.prompts + args.decode_prompts,
-        max_prompt_tokens=context,
-        new_tokens=args.new_tokens,
-    )
-    measurement.ranking = ranking_for(measurement.loaded, every)
+    measurement.ranking = ranking_for(measurement.loaded, measured_and_held_out(args, context))
 
 
 def best_drafts(args: argparse.Namespace, context: int, run: RunContext, out: Path) -> dict:
@@ -267,8 +267,7 @@ def fidelity(drafts: dict, measurement: Any, new_tokens: int) -> dict:
 def decode(args: argparse.Namespace, context: int, drafts: dict, measurement: Any) -> dict:
     """The drafts decoded against autoregressive decoding on the held-out prompts, paired."""
     runner, loaded = measurement.runner, measurement.loaded
-    total = args.prompts + args.decode_prompts
-    spec = PromptSpec("stdlib-long", total, max_prompt_tokens=context, new_tokens=args.new_tokens)
+    spec = measured_and_held_out(args, context)
     prompts = [p.ids for p in encode_prompts(spec, loaded.tokenizer)][args.prompts :]
     stop, new = eos_ids(loaded.model), args.new_tokens
     decoders = {"autoregressive": lambda p, g: autoregressive_decode(runner, p, new, eos_ids=stop)}

@@ -179,6 +179,7 @@ def decode_draft(
         "exit_layer": mask.exit_layer,
         "gamma": policy.initial,
         "dynamic_gamma": not policy.is_fixed,
+        "draft_stop": policy.stop_below,
         "random_weights": weights is not None,
         "kernel_plan": loaded.plan,
         **settings.to_dict(len(prompts)),

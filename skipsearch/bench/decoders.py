@@ -127,7 +127,7 @@ def _seeded_global_rng(generator: torch.Generator | None, device: torch.device) 
 
 @contextmanager
 def assistant_settings(model: Any, policy: GammaPolicy) -> Iterator[None]:
-    """Make HF's early-exit drafts γ long, as ours are.
+    """Make HF's early-exit drafts γ long and stop where ours stop (`stop_below`).
 
     In transformers 5.24 the assistant — here the model itself — reads `num_assistant_tokens`,
     its schedule and `assistant_confidence_threshold` from its own `generation_config`; the same
@@ -139,7 +139,7 @@ def assistant_settings(model: Any, policy: GammaPolicy) -> Iterator[None]:
     saved = {name: getattr(config, name, None) for name in names}
     config.num_assistant_tokens = policy.initial
     config.num_assistant_tokens_schedule = "constant" if policy.is_fixed else "heuristic_transient"
-    config.assistant_confidence_threshold = 0.0
+    config.assistant_confidence_threshold = policy.stop_below
     try:
         yield
     finally:

@@ -30,11 +30,16 @@ def estimator_dict(
 
     Greedy: the exact round simulation over the teacher-forced match vector (docs/theory.md, "The
     round rule"). Sampling: the i.i.d. closed form `E(γ)` at the mean `sum_x min(p, q)` — the
-    estimator applies no top-k / top-p. A dynamic γ has no single prediction.
+    estimator applies no top-k / top-p. A dynamic γ, or a round that stops early, has no single
+    prediction: `no_prediction` says which.
     """
     alpha = profile.alpha if sampling.greedy else profile.sampling_acceptance
-    predicted = None
-    if policy.is_fixed:
+    predicted, why_not = None, None
+    if not policy.is_fixed:
+        why_not = "gamma is dynamic"
+    elif policy.stops_early:
+        why_not = "the estimator does not simulate the draft's stop"
+    else:
         gamma = policy.initial
         predicted = profile.tokens_per_round(gamma) if sampling.greedy else tokens_per_round_iid(alpha, gamma)
     actual = measured.tokens_per_round
@@ -43,6 +48,7 @@ def estimator_dict(
         "alpha": alpha,
         "measured_acceptance": measured.acceptance,
         "tokens_per_round": predicted,
+        "no_prediction": why_not,
         "measured_tokens_per_round": actual,
         "relative_error": (predicted - actual) / actual if predicted is not None and actual else None,
     }

@@ -66,6 +66,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="adapt gamma to recent acceptance (starts at --gamma, range 2..8, switches off below 0.4)",
     )
+    parser.add_argument(
+        "--draft-stop",
+        type=float,
+        default=0.0,
+        metavar="TAU",
+        help="end a round after a draft token the draft itself gives a probability below TAU, so "
+        "gamma is the most a round drafts (default 0: never; experiments/draft_stop.py predicts TAU)",
+    )
     add_draft_vocab_option(parser, "draft from a draft vocabulary (default: from --from, else full)")
     add_kv_options(parser)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -134,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
 
         if kv is not None:
             raise ConfigError("a tier set decodes with full attention: drop --kv-sink/--kv-window")
+        if args.draft_stop:
+            raise ConfigError("a tier set's rounds draft their full gamma: drop --draft-stop")
 
         return run_tiers(args)
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
@@ -147,7 +157,11 @@ def run(args: argparse.Namespace) -> int:
     gamma = next((g for g in (args.gamma, file_gamma) if g is not None), DEFAULT_GAMMA)
     if gamma < 1:
         raise ConfigError(f"--gamma must be >= 1, got {gamma}")
-    policy = GammaPolicy(initial=gamma) if args.dynamic_gamma else GammaPolicy.fixed(gamma)
+    policy = (
+        GammaPolicy(initial=gamma, stop_below=args.draft_stop)
+        if args.dynamic_gamma
+        else GammaPolicy.fixed(gamma, args.draft_stop)
+    )
 
     config = measure_config(args)
     if args.round_gamma is None:  # the round-aware estimator simulates the rounds this decode runs
@@ -188,6 +202,8 @@ def print_result(result: dict[str, Any]) -> None:
     console = Console()
     decoding = "greedy" if result["sampling"]["temperature"] == 0 else f"sampling {result['sampling']}"
     gamma = f"dynamic from {result['gamma']}" if result["dynamic_gamma"] else str(result["gamma"])
+    if result["draft_stop"]:
+        gamma += f", stopping below {result['draft_stop']}"
     kv = "" if result["kv"] == "full" else f"  KV pattern [cyan]{result['kv']}[/]"
     console.print(
         f"[bold]{result['model']}[/]  mask [cyan]{result['mask']}[/]{kv}  gamma {gamma}  {decoding}\n"
@@ -206,7 +222,9 @@ def print_result(result: dict[str, Any]) -> None:
         )
     for est in result["estimators"]:
         line = f"estimator {est['mode']}: alpha {est['alpha']:.3f} (engine {fmt(est['measured_acceptance'])})"
-        if est["tokens_per_round"] is not None:
+        if est["tokens_per_round"] is None:
+            line += f"; no tokens/round prediction: {est['no_prediction']}"
+        else:
             line += (
                 f", tokens/round {est['tokens_per_round']:.3f} (engine "
                 f"{fmt(est['measured_tokens_per_round'])}, error {fmt(est['relative_error'], '+.1%')})"

@@ -5,6 +5,11 @@ raise γ by one, below 0.7 lower it by one, γ in [2, 8]. Mixed traffic makes an
 half the requests. When speculation stops paying, switch it off and decode plainly. The default
 switch-off threshold is the break-even acceptance of the smallest draft: at γ = 2 and draft cost c =
 0.3, `E(γ) / (γ c + 1) = (1 + α + α²) / 1.6 = 1` gives α ≈ 0.42 (docs/theory.md, "Speedup").
+
+Within a round, a draft may also stop early (`stop_below`, docs/theory.md, "The confidence stop"):
+after a draft token its own probability puts below τ, the round goes to verify with the drafts it
+has. A draft unsure of its token is often rejected, and every draft step after a rejection is
+wasted; the stop depends only on the draft, so the output stays lossless.
 """
 
 from __future__ import annotations
@@ -17,7 +22,11 @@ from skipsearch.errors import ConfigError
 
 @dataclass(frozen=True)
 class GammaPolicy:
-    """How the draft length evolves; `GammaPolicy.fixed(γ)` never changes it."""
+    """How the draft length evolves; `GammaPolicy.fixed(γ)` never changes it.
+
+    `stop_below` τ ends a round after a draft token whose probability under the draft is below τ
+    (0: never); γ is then the most drafts a round makes.
+    """
 
     initial: int = 3
     gamma_min: int = 2
@@ -27,8 +36,14 @@ class GammaPolicy:
     lower_below: float = 0.70
     off_below: float | None = 0.40
     min_samples: int = 16
+    stop_below: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.stop_below < 1:
+            raise ConfigError(
+                f"the draft's stop threshold must be in [0, 1), got {self.stop_below}: "
+                "0 never stops a round early"
+            )
         if self.gamma_min < 1:
             raise ConfigError(f"gamma must be >= 1, got a minimum of {self.gamma_min}")
         if not self.gamma_min <= self.initial <= self.gamma_max:
@@ -48,12 +63,17 @@ class GammaPolicy:
             raise ConfigError(f"min_samples must be in [1, window={self.window}], got {self.min_samples}")
 
     @classmethod
-    def fixed(cls, gamma: int) -> GammaPolicy:
-        return cls(initial=gamma, gamma_min=gamma, gamma_max=gamma, off_below=None)
+    def fixed(cls, gamma: int, stop_below: float = 0.0) -> GammaPolicy:
+        return cls(initial=gamma, gamma_min=gamma, gamma_max=gamma, off_below=None, stop_below=stop_below)
 
     @property
     def is_fixed(self) -> bool:
+        """The controller never changes γ (a round may still stop early: `stops_early`)."""
         return self.gamma_min == self.gamma_max and self.off_below is None
+
+    @property
+    def stops_early(self) -> bool:
+        return self.stop_below > 0
 
 
 class GammaController:

@@ -4,7 +4,8 @@ ground truth"), batch size 1.
 A round starts with `n` committed tokens; the cache holds positions `0 .. n-2` in every layer
 and the last token `t` (position `n-1`) is pending (see `engine.cache`).
 
-1. Draft: γ autoregressive steps of the masked model from `t`, writing K/V into the shared cache.
+1. Draft: γ autoregressive steps of the masked model from `t`, writing K/V into the shared cache
+   (fewer when the policy stops a round after a draft token the draft itself is unsure of).
    Layers below `s1` (the mask's first divergent layer) run exactly as in the full model, so
    their K/V — and the draft's residual stream at `s1` — are exact; K/V the draft writes in layers
    `>= s1` are scratch.
@@ -163,9 +164,12 @@ def draft(
     generator: torch.Generator | None,
     head: DraftHead | None = None,
     kv: KVPattern | PillarKeys | None = None,
+    stop_below: float = 0.0,
 ) -> Proposal:
-    """γ steps of the masked model from `pending` `[1, 1]` at position `start` (`draft_forward`,
-    `propose`); `kv`, the keys they attend to (with the round's pillars, `PillarKeys`)."""
+    """Up to γ steps of the masked model from `pending` `[1, 1]` at position `start`
+    (`draft_forward`, `propose`); `kv`, the keys they attend to (with the round's pillars,
+    `PillarKeys`). The draft stops after a token whose probability under the draft is below
+    `stop_below` (`confidence`); that token is still proposed."""
     device = runner.device
     tokens = torch.empty(gamma, dtype=torch.long, device=device)
     probs = None if sampling.greedy else torch.empty(gamma, runner.config.vocab_size, device=device)
@@ -179,7 +183,20 @@ def draft(
         if probs is not None:
             probs[step] = q
         token = tokens[step].view(1, 1)
+        if stop_below and confidence(logits[0, -1], q, tokens[step]) < stop_below:
+            drafted = step + 1
+            return Proposal(tokens[:drafted], None if probs is None else probs[:drafted], exact)
     return Proposal(tokens, probs, exact)
+
+
+def confidence(logits: torch.Tensor, q: torch.Tensor | None, token: torch.Tensor) -> float:
+    """The draft's probability of the token it proposed: its softmax maximum over its own
+    vocabulary (greedy), or `q` of the sampled token. A function of the draft alone, so a round
+    that stops on it keeps greedy and sampled output lossless: the verify judges whatever was
+    drafted, and the stop is a stopping time of the draft's own choices."""
+    if q is not None:
+        return float(q[token])
+    return float(torch.softmax(logits.float(), dim=-1).max())
 
 
 def verify(
@@ -266,9 +283,10 @@ class EagerSteps:
     """`draft` and `verify` with the round's mask over a DynamicCache: the reference path.
 
     `heads[i]` is mask `i`'s draft head (None: the full LM head), `kvs[i]` its KV pattern (None:
-    every key). A pattern with pillars drafts over the pillars the previous verify chose
-    (`models.pillars`): each verify of such a round records them, each draft gathers them once;
-    a prefill forgets them, so a decode's first round drafts without."""
+    every key); `stop_below`, the draft's stop threshold (`draft`). A pattern with pillars drafts
+    over the pillars the previous verify chose (`models.pillars`): each verify of such a round
+    records them, each draft gathers them once; a prefill forgets them, so a decode's first round
+    drafts without."""
 
     mode = "eager"
 
@@ -278,8 +296,9 @@ class EagerSteps:
         masks: Sequence[SkipMask],
         heads: Sequence[DraftHead | None] | None = None,
         kvs: Sequence[KVPattern | None] | None = None,
+        stop_below: float = 0.0,
     ) -> None:
-        self.runner, self.masks = runner, tuple(masks)
+        self.runner, self.masks, self.stop_below = runner, tuple(masks), stop_below
         self.heads = tuple(heads) if heads is not None else (None,) * len(self.masks)
         self.kvs = tuple(kvs) if kvs is not None else (None,) * len(self.masks)
         self.pillars: list[torch.Tensor | None] = []  # per layer, from the last verify
@@ -294,8 +313,9 @@ class EagerSteps:
         if kv is not None and kv.pillars and any(p is not None for p in self.pillars):
             reads = PillarKeys.gather(kv, self.pillars, at.cache)
         return draft(
-            self.runner, mask, at.cache, at.pending, at.start, at.gamma, sampling, generator, head, reads
-        )
+            self.runner, mask, at.cache, at.pending, at.start, at.gamma, sampling, generator, head, reads,
+            self.stop_below,
+        )  # fmt: skip
 
     def verify(self, at: Round, proposal: Proposal) -> torch.Tensor:
         kv = self.kvs[at.tier]
@@ -372,6 +392,7 @@ def run_rounds(
         at = Round(tier, cache, torch.tensor([[tokens[-1]]], device=runner.device), start, g)
         with clock.phase("draft"):
             proposal = steps.draft(at, sampling, generator)
+        g = len(proposal.tokens)  # a draft may stop early
         with clock.phase("cache"):
             s1 = divergent_layer(steps.masks[tier], steps.kvs[tier])
             crop(cache, start, range(s1, runner.num_layers))
@@ -414,11 +435,12 @@ def speculative_decode(
     Lossless: greedy output equals `autoregressive_decode`'s token for token; sampled output
     follows the target's distribution under `sampling`. `gamma` is a fixed draft length or a
     dynamic policy; `head`, a draft vocabulary's head for the draft steps (verify keeps the full
-    one); `kv`, the keys the draft steps attend to (verify attends to all).
+    one); `kv`, the keys the draft steps attend to (verify attends to all). A policy with
+    `stop_below` ends a round early after a draft token the draft is unsure of.
     """
     mask.check_fits(runner.num_layers)
     policy = gamma if isinstance(gamma, GammaPolicy) else GammaPolicy.fixed(gamma)
     schedule = OneMask(GammaController(policy))
-    steps = EagerSteps(runner, [mask], [head], [kv])
+    steps = EagerSteps(runner, [mask], [head], [kv], policy.stop_below)
     result, _ = run_rounds(runner, prompt, max_new_tokens, steps, schedule, sampling, generator, eos_ids)
     return result

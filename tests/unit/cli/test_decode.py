@@ -50,6 +50,8 @@ def test_a_bad_gamma_in_best_json_names_the_file(tmp_path: Path, capsys: pytest.
         ["--mask", "a:4|kv:s4w64k", "--kv-window", "32"],
         ["--mask", "a:4|kv:s4w64", "--kv-window", "32"],
         ["--mask", "a:4|kv:w64"],
+        ["--skip", "4", "--draft-stop", "1"],
+        ["--skip", "4", "--draft-stop", "-0.1"],
     ],
     ids=" ".join,
 )
@@ -103,3 +105,5 @@ def test_decode_command_runs_a_tier_manifest(runner, tmp_path, monkeypatch, caps
     assert "PASS" in capsys.readouterr().out
     assert main(["decode", *options, "--dynamic-gamma"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    assert main(["decode", *options, "--draft-stop", "0.5"]) == 2
+    assert "--draft-stop" in capsys.readouterr().err

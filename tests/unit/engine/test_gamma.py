@@ -51,6 +51,8 @@ def test_fixed_policy_never_moves():
         {"raise_above": 0.5, "lower_below": 0.7},
         {"off_below": 0.8},
         {"min_samples": 100},
+        {"stop_below": 1.0},
+        {"stop_below": -0.1},
     ],
     ids=str,
 )

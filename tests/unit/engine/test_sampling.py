@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from skipsearch.engine import (
+    GammaPolicy,
     Sampling,
     speculative_decode,
 )
@@ -219,4 +220,27 @@ def test_a_pillar_draft_samples_the_targets_second_token() -> None:
         counts[result.tokens[1]] += 1
         pillar_rounds += len(result.gammas) > 1  # the second token came from a pillar draft's round
     assert pillar_rounds > 200
+    assert _chi_square(counts, marginal) < CHI2_7_999
+
+
+def test_a_draft_that_stops_when_unsure_samples_the_targets_second_token(small_vocab) -> None:
+    """A first round stops after its first draft unless that is the draft's favourite token (q of
+    0.39 at the threshold q.max()), so the stop depends on what was sampled: the second sampled
+    token still follows the target's marginal sum_t p(t) p(. | t)."""
+    setup = small_vocab
+    runner, sampling = setup.runner, setup.sampling
+    with torch.no_grad():
+        firsts = torch.tensor([[*setup.prompt, t] for t in range(len(setup.p))])
+        second = sampling.probs(runner.forward(firsts)[:, -1]).cpu()
+    marginal = setup.p @ second
+    policy = GammaPolicy.fixed(2, stop_below=float(setup.q.max()))
+    counts, stopped = torch.zeros(len(setup.p)), 0
+    for seed in range(600):
+        generator = torch.Generator().manual_seed(seed)
+        result = speculative_decode(
+            runner, setup.prompt, setup.mask, 3, gamma=policy, sampling=sampling, generator=generator
+        )
+        counts[result.tokens[1]] += 1
+        stopped += result.gammas[0] == 1
+    assert 100 < stopped < 500  # both kinds of first round are common
     assert _chi_square(counts, marginal) < CHI2_7_999

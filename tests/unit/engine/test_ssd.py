@@ -125,6 +125,41 @@ def test_round_records(runner):
     assert json.loads(json.dumps(result.to_dict()))["tokens"] == list(result.tokens)
 
 
+def _draft_confidences(runner, mask, monkeypatch) -> list[float]:
+    """The draft's confidence at every draft step of a decode without a stop."""
+    seen: list[float] = []
+
+    def spy(logits, q, token):
+        seen.append(confidence(logits, q, token))
+        return seen[-1]
+
+    confidence = ssd.confidence
+    monkeypatch.setattr(ssd, "confidence", spy)
+    speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=GammaPolicy.fixed(4, stop_below=1e-9))
+    monkeypatch.setattr(ssd, "confidence", confidence)
+    return seen
+
+
+@pytest.mark.parametrize("mask", [MASKS["sparse multi"], MASKS["mlp before skipped attn"]], ids=str)
+def test_a_draft_that_stops_when_unsure_is_lossless(runner, reference, mask, monkeypatch):
+    """With the stop at the median of the draft's own confidence, some rounds end early and some
+    draft all γ; the output is still the autoregressive one."""
+    median = float(torch.tensor(_draft_confidences(runner, mask, monkeypatch)).median())
+    policy = GammaPolicy.fixed(4, stop_below=median)
+    result = speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=policy)
+    assert result.tokens == reference
+    assert sum(n + 1 for n in result.accepted) == NEW_TOKENS
+    drafted = set(result.gammas[:-1])  # the last round is clipped by the output's end
+    assert 4 in drafted and drafted & {1, 2, 3}
+
+
+def test_greedy_confidence_is_the_softmax_maximum():
+    logits = torch.tensor([2.0, 0.0, 1.0])
+    assert ssd.confidence(logits, None, torch.tensor(0)) == pytest.approx(float(logits.softmax(-1)[0]))
+    q = torch.tensor([0.1, 0.6, 0.3])
+    assert ssd.confidence(logits, q, torch.tensor(2)) == pytest.approx(0.3)
+
+
 KV_PATTERNS = {
     "sink and window": KVPattern(2, 6),
     "window only": KVPattern(0, 4),

@@ -1,23 +1,26 @@
-"""Would a draft that stops a round when it is unsure pay? A prediction, not a decode.
+"""A draft that stops a round when it is unsure: the stop predicted, then decoded.
 
-Every round now drafts γ tokens, and every draft after the first rejected one is wasted. A draft
-that ends its round as soon as its own probability of the token it proposes falls below τ (the
-token still goes to the verify, which on this CPU costs about the same at any width) spends fewer
-draft steps where it is likely to be rejected, and may then afford a longer γ where it is sure.
+Every round of a fixed γ drafts γ tokens, and every draft after the first rejected one is wasted.
+With `GammaPolicy(stop_below=τ)` (`skipsearch decode --draft-stop τ`) a round ends as soon as the
+draft's own probability of the token it proposes falls below τ (the token still goes to the
+verify, which on this CPU costs about the same at any width), so it spends fewer draft steps where
+it is likely to be rejected, and may afford a longer γ where it is sure.
 
-For one draft (default: issue 19's searched Qwen winner, `results/draft_vocab/`), on the search's
-HumanEval prompts, this measures per continuation position, teacher-forced (`rounds` estimator at
-γ 3, the draft's vocabulary):
-- how the draft's confidence (its softmax maximum over its vocabulary) predicts acceptance;
-- the rounds a stop at τ would play, for γ_max 3-8, replayed over the estimator's matches;
-- each policy's speedup priced by the calibrated cost model on the run's latency profile (a round
-  of d drafts: d draft steps, the verify of d + 1 positions, the measured overhead).
+For one draft (default: issue 19's searched Qwen winner, `results/draft_vocab/`):
+- `predict`, on the search's 8 HumanEval prompts (`draft_vocab.SEARCH_PROMPTS`), teacher-forced
+  (`rounds` estimator at γ 3, the draft's vocabulary):
+  - how the draft's confidence (its softmax maximum over its vocabulary) predicts acceptance;
+  - the rounds a stop at τ would play, for γ_max 3-8, replayed over the estimator's matches;
+  - each policy's speedup priced by the calibrated cost model on the run's latency profile (a
+    round of d drafts: d draft steps, the verify of d + 1 positions, the measured overhead).
+  The positions after a stop are estimated as in γ-3 rounds, so the longer policies are
+  approximate. Read the change against τ = 0 at the same γ, not the level.
+- `decode`: autoregressive decoding, the draft at the best fixed γ, and the draft with the best
+  predicted stop, on the 8 held-out prompts `draft_vocab.py` decodes its winners on (never seen
+  by the search or the choice of τ), interleaved and paired (`draft_vocab.paired_decodes`).
+  Timing: run it alone on an idle machine.
 
-The positions after a stop are estimated as in γ-3 rounds, so the longer policies are
-approximate; and the estimator's tokens per round run 6-12% above held-out decodes
-(README, "searched drafts"). Read the change against τ = 0 at the same γ, not the level.
-
-    python experiments/draft_stop.py          # ~2 min on two idle cores
+    python experiments/draft_stop.py          # ~2 min predicting, ~5 min decoding, two idle cores
 
 Writes `results/draft_stop/{model}.md` and `.json`.
 """
@@ -26,22 +29,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import torch
-from _common import markdown_table
+from _common import configure, markdown_table, stamp_line
+from draft_vocab import AR, SEARCH_PROMPTS, held_out_prompts, paired_decodes
 
 from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.measure_config import MeasureConfig
-from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.acceptance.worker import prepare
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.latency import LatencyProfile
+from skipsearch.engine import GammaPolicy, autoregressive_decode, speculative_decode
 from skipsearch.masks import Draft
+from skipsearch.models.draft_head import DraftHead
+from skipsearch.models.loading import eos_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "draft_stop"
-PROMPTS = PromptSpec(n_prompts=16, max_prompt_tokens=256, new_tokens=48, seed=0)  # draft_vocab.py's, 16
+PROMPTS = SEARCH_PROMPTS
+PARTS = ("predict", "decode")
 THRESHOLDS = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9)
 GAMMAS = (3, 4, 5, 6, 8)
 
@@ -62,17 +71,10 @@ def rounds(matches: list[bool], confident: list[bool], gamma_max: int) -> list[t
     return played
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="qwen2.5-coder-0.5b")
-    p.add_argument("--draft", default="a:5,7,8,9,10,11|m:5,7,8,9,10,11|v:32768")
-    p.add_argument("--profile", help="latency profile (default: results/draft_vocab/{model}/profile.json)")
-    args = p.parse_args()
-    profile_path = Path(args.profile or ROOT / "results" / "draft_vocab" / args.model / "profile.json")
+def predict(measurement: Any, draft: Draft, draft_text: str, profile_path: Path) -> dict[str, Any]:
+    """The confidence calibration and every (γ_max, τ) policy's predicted speedup."""
     context = PROMPTS.max_prompt_tokens + PROMPTS.new_tokens / 2  # where draft_vocab.py prices
     latency = LatencyProfile.load(profile_path).for_context(context)
-    measurement = prepare(MeasureConfig(model=args.model, prompts=PROMPTS, mode="rounds"))
-    draft = Draft.parse(args.draft, measurement.num_layers)
     estimator = Estimator(
         measurement.runner,
         measurement.estimator.reference,
@@ -119,9 +121,8 @@ def main() -> None:
                     "speedup": committed / steps,
                 }
             )
-    found = {
-        "model": args.model,
-        "draft": args.draft,
+    return {
+        "draft": draft_text,
         "profile": str(profile_path.relative_to(ROOT)),
         "context": context,
         "positions": int(matches.numel()),
@@ -130,8 +131,63 @@ def main() -> None:
         "calibration": calibration,
         "policies": policies,
     }
+
+
+def chosen(found: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The policies the decode plays: the best fixed γ and the best with a stop, by prediction."""
+    policies = found["policies"]
+    fixed = max((p for p in policies if p["tau"] == 0.0), key=lambda p: p["speedup"])
+    stopping = max((p for p in policies if p["tau"] > 0.0), key=lambda p: p["speedup"])
+    return {policy_label(p): p for p in (fixed, stopping)}
+
+
+def policy_label(policy: dict[str, Any]) -> str:
+    stop = f" stop {policy['tau']:.1f}" if policy["tau"] else ""
+    return f"γ {policy['gamma_max']}{stop}"
+
+
+def decode(measurement: Any, draft: Draft, found: dict[str, Any], repeats: int, count: int) -> dict[str, Any]:
+    """The chosen policies decoded against autoregressive decoding on the held-out prompts."""
+    runner, loaded = measurement.runner, measurement.loaded
+    prompts = held_out_prompts(loaded.tokenizer, count)
+    stop, new = eos_ids(loaded.model), PROMPTS.new_tokens
+    head = None if draft.vocab is None else DraftHead.gather(runner, measurement.vocab_ids(draft.vocab))
+    decoders = {AR: lambda p, g: autoregressive_decode(runner, p, new, eos_ids=stop)}
+    policies = chosen(found)
+    for label, policy in policies.items():
+        gamma = GammaPolicy.fixed(policy["gamma_max"], policy["tau"])
+        decoders[label] = lambda p, g, y=gamma: speculative_decode(
+            runner, p, draft.mask, new, y, eos_ids=stop, head=head
+        )
+    widest = max(p["gamma_max"] for p in policies.values()) + 1
+    return {**paired_decodes(runner, prompts, decoders, repeats, widest), "policies": policies}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen2.5-coder-0.5b")
+    p.add_argument("--draft", default="a:5,7,8,9,10,11|m:5,7,8,9,10,11|v:32768")
+    p.add_argument("--profile", help="latency profile (default: results/draft_vocab/{model}/profile.json)")
+    p.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
+    p.add_argument("--repeats", type=int, default=3, help="timed passes over the decode prompts")
+    p.add_argument("--decode-prompts", type=int, default=8)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
+    args = p.parse_args()
+    configure(args.threads)
+    profile_path = Path(args.profile or ROOT / "results" / "draft_vocab" / args.model / "profile.json")
+    saved = OUT / f"{args.model}.json"
+    found: dict[str, Any] = json.loads(saved.read_text()) if saved.is_file() else {}
+    measurement = prepare(MeasureConfig(model=args.model, prompts=PROMPTS, mode="rounds"))
+    draft = Draft.parse(args.draft, measurement.num_layers)
+    if "predict" in args.parts:
+        found = {"model": args.model, **predict(measurement, draft, args.draft, profile_path)}
+    if "decode" in args.parts:
+        if found.get("draft") != args.draft:
+            raise SystemExit(f"{saved} predicts for another draft: run --parts predict first")
+        decoded = decode(measurement, draft, found, args.repeats, args.decode_prompts)
+        found["decode"] = {**decoded, "threads": args.threads}
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{args.model}.json").write_text(json.dumps(found, indent=1) + "\n")
+    saved.write_text(json.dumps(found, indent=1) + "\n")
     write_report(found)
 
 
@@ -181,8 +237,50 @@ def write_report(found: dict) -> None:
         f"Best: γ_max {best['gamma_max']}, τ {best['tau']:.1f}, {best['speedup']:.3f} predicted, "
         f"{best['speedup'] / max(fixed.values()):.3f}× the best fixed γ ({max(fixed.values()):.3f}).",
         "",
+        *decode_report(found.get("decode")),
     ]
     (OUT / f"{found['model']}.md").write_text("\n".join(lines))
+
+
+def decode_report(decoded: dict[str, Any] | None) -> list[str]:
+    """The decode's table: each policy against autoregressive decoding, paired."""
+    if decoded is None:
+        return []
+    rows = []
+    for label, policy in decoded["policies"].items():
+        run = decoded[label]
+        only, check = run["decode_only"], run["lossless"]
+        ms = run["breakdown_ms"]
+        rows.append(
+            [
+                label,
+                f"{policy['speedup']:.3f}",
+                f"**{only['aggregate']:.3f}×** ({only['min']:.2f}–{only['max']:.2f})",
+                f"{run['end_to_end']['aggregate']:.3f}×",
+                f"{run['drafts_per_round']:.2f} / {run['tokens_per_round']:.2f}",
+                f"{ms['draft']:.1f} / {ms['verify']:.1f} / {ms['sample'] + ms['cache'] + ms['other']:.1f}",
+                f"{check['real_divergences']} real, {check['near_ties']} near-ties",
+            ]
+        )
+    return [
+        f"Decoded on {decoded['prompts']} held-out HumanEval prompts × {decoded['repeats']} repeats "
+        f"(never seen by the search or the choice of τ), interleaved and paired with autoregressive "
+        f"decoding on the same kernels, greedy, {decoded['threads']} threads. " + stamp_line(decoded["meta"]),
+        "",
+        *markdown_table(
+            [
+                "policy",
+                "predicted",
+                "SSD / AR decode only (min–max of pairs)",
+                "end to end",
+                "drafts / tokens a round",
+                "ms a round: draft / verify / rest",
+                "lossless",
+            ],
+            rows,
+        ),
+        "",
+    ]
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ VARIANTS = {
     for label, choices in (("mask only", (None,)), ("mask + vocabulary", (None, *SIZES)))
 }
 PARTS = ("acceptance", "search", "finalists", "decode")
+AR = "autoregressive"
 
 
 def parser() -> Any:
@@ -211,34 +212,44 @@ def winner(data: dict[str, Any], label: str, num_layers: int) -> dict[str, Any]:
 
 
 # -- part 3: the winners decoded for real -------------------------------------------------------
+def held_out_prompts(tokenizer: Any, count: int) -> list[tuple[int, ...]]:
+    """The `count` prompts after the search's in the same shuffle: disjoint from those it scored."""
+    spec = replace(SEARCH_PROMPTS, n_prompts=SEARCH_PROMPTS.n_prompts + count)
+    return [p.ids for p in encode_prompts(spec, tokenizer)][SEARCH_PROMPTS.n_prompts :]
+
+
 def decode(model: str, context: Any, data: dict[str, Any], repeats: int, count: int) -> dict[str, Any]:
     measurement = context.measurement
     runner, loaded = measurement.runner, measurement.loaded
-    spec = replace(SEARCH_PROMPTS, n_prompts=SEARCH_PROMPTS.n_prompts + count)
-    prompts = [p.ids for p in encode_prompts(spec, loaded.tokenizer)][SEARCH_PROMPTS.n_prompts :]
+    prompts = held_out_prompts(loaded.tokenizer, count)
     stop, new = eos_ids(loaded.model), SEARCH_PROMPTS.new_tokens
     winners = {label: winner(data, label, runner.num_layers) for label in VARIANTS}
-    decoders = {"autoregressive": lambda p, g: autoregressive_decode(runner, p, new, eos_ids=stop)}
+    decoders = {AR: lambda p, g: autoregressive_decode(runner, p, new, eos_ids=stop)}
     for label, best in winners.items():
         draft = Draft.parse(best["draft"], runner.num_layers)
         head = None if draft.vocab is None else DraftHead.gather(runner, measurement.vocab_ids(draft.vocab))
         decoders[label] = _ssd(runner, draft.mask, new, best["gamma"], stop, head)
+    widest = max(int(best["gamma"]) for best in winners.values()) + 1
+    results = paired_decodes(runner, prompts, decoders, repeats, widest)
+    return {**results, "new_tokens": new, "winners": winners}
+
+
+def paired_decodes(
+    runner: Any, prompts: list[tuple[int, ...]], decoders: dict[str, Any], repeats: int, widest: int
+) -> dict[str, Any]:
+    """Every decoder against `decoders[AR]`, interleaved (`benchmark`) and paired per (repeat,
+    prompt), greedy, every output checked token for token (near-ties within a measured tolerance,
+    `widest` positions a verify at most): end-to-end and decode-only (prefill excluded) ratios
+    with their spread, tokens and drafts per round, where a round's time goes, and the load
+    average before and after."""
     stamp = Stamp()
     runs = benchmark(decoders, prompts, repeats, 0, runner.device)
-    meta = stamp.finish()
-    reference = runs["autoregressive"]
-    results = {
-        "meta": meta,
-        "prompts": len(prompts),
-        "repeats": repeats,
-        "new_tokens": new,
-        "winners": winners,
-    }
-    widest = max(int(best["gamma"]) for best in winners.values()) + 1
-    for label in VARIANTS:
-        ssd = runs[label]
-        check = check_runs(runner, prompts, reference, ssd, widest)  # near-ties within a measured tolerance
-        lossless = check.to_dict()
+    results: dict[str, Any] = {"meta": stamp.finish(), "prompts": len(prompts), "repeats": repeats}
+    reference = runs[AR]
+    for label, ssd in runs.items():
+        if label == AR:
+            continue
+        check = check_runs(runner, prompts, reference, ssd, widest)
         per_prompt = [ssd[i :: len(prompts)] for i in range(len(prompts))]
         prefill = {i: prefill_estimate(rs) for i, rs in enumerate(per_prompt)}
         pairs = [
@@ -246,9 +257,8 @@ def decode(model: str, context: Any, data: dict[str, Any], repeats: int, count: 
         ]
         end_to_end = [a.seconds / s.seconds for a, s, _ in pairs]
         decode_only = [decode_seconds(a, p) / decode_seconds(s, p) for a, s, p in pairs]
-        rounds = [n for s in ssd for n in s.accepted]
         results[label] = {
-            "lossless": lossless,
+            "lossless": check.to_dict(),
             "end_to_end": _spread(
                 end_to_end, sum(a.seconds for a, _, _ in pairs) / sum(s.seconds for _, s, _ in pairs)
             ),
@@ -257,7 +267,8 @@ def decode(model: str, context: Any, data: dict[str, Any], repeats: int, count: 
                 sum(decode_seconds(a, p) for a, _, p in pairs)
                 / sum(decode_seconds(s, p) for _, s, p in pairs),
             ),
-            "tokens_per_round": statistics.fmean(n + 1 for n in rounds),
+            "tokens_per_round": statistics.fmean(n + 1 for s in ssd for n in s.accepted),
+            "drafts_per_round": statistics.fmean(g for s in ssd for g in s.gammas),
             "breakdown_ms": _breakdown(ssd),
         }
     return results

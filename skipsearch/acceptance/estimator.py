@@ -13,7 +13,9 @@ found by iteration — pass 0 is `shared-kv` (every position alone), each later 
 the previous pass's matches imply (`round_starts`) — until the rounds no longer change. At that
 fixed point every round's drafts saw what the engine's draft sees, so greedy matches are the
 engine's at `round_gamma`. Each pass fixes at least one more position from the left, so it ends;
-on real masks it takes 2-4 passes.
+on real masks it takes 2-4 passes. With `round_stop`, a round also ends after a position where the
+draft's confidence (`greedy_confidence`) is below it, as the engine's draft stops (docs/theory.md,
+"The confidence stop"); every profile records those confidences.
 
 A KV pattern (docs/theory.md, "KV patterns") narrows what each draft position attends to: the
 estimator ANDs the pattern's band (keys before `sink`, or within `window` of the query) into the
@@ -87,6 +89,14 @@ def sampling_acceptance(
     return torch.minimum(p, q).sum(-1)
 
 
+def greedy_confidence(draft_logits: torch.Tensor) -> torch.Tensor:
+    """Per position, the draft's softmax maximum over the vocabulary of `draft_logits` (a subset's
+    logits for a draft vocabulary): what a draft that stops when unsure compares with its
+    threshold (`engine.ssd.confidence`)."""
+    logits = draft_logits.float()
+    return torch.exp(logits.max(-1).values - torch.logsumexp(logits, dim=-1))
+
+
 def subset_acceptance(
     target_logits: torch.Tensor,
     target_tokens: torch.Tensor,
@@ -123,6 +133,7 @@ class Estimator:
         vocab_ids: VocabIds | None = None,
         round_gamma: int = 3,
         round_vocab: int | None = None,
+        round_stop: float = 0.0,
     ) -> None:
         if mode not in ESTIMATOR_MODES:
             raise ConfigError(f"unknown estimator mode {mode!r}: use one of {', '.join(ESTIMATOR_MODES)}")
@@ -134,6 +145,7 @@ class Estimator:
         self.vocab_ids = vocab_ids
         self.round_gamma = round_gamma
         self.round_vocab = round_vocab  # `rounds` mode: the draft vocabulary whose argmax drafts
+        self.round_stop = round_stop  # `rounds` mode: the confidence below which a round stops
         self.passes: list[int] = []  # `rounds` mode: forward passes each evaluation took
         self._subsets: dict[int, torch.Tensor] = {}
         self._pillars: dict[tuple[KVPattern, int], PillarChoice] = {}
@@ -178,7 +190,14 @@ class Estimator:
         for passes in range(1, self.target_tokens.numel() + 2):
             logits = self._shared_kv_logits(mask, rounds, kv)
             matches = self._drafted(logits) == self.target_tokens
-            found = self._per_query(matches, round_starts), self._per_query(matches, previous_round_starts)
+            confident = None
+            if self.round_stop:
+                subset = logits if self.round_vocab is None else logits[:, self.subset(self.round_vocab)]
+                confident = greedy_confidence(subset) >= self.round_stop
+            found = (
+                self._per_query(matches, round_starts, confident),
+                self._per_query(matches, previous_round_starts, confident),
+            )
             if rounds is not None and all(map(torch.equal, found, rounds)):
                 self.passes.append(passes)
                 return logits
@@ -193,13 +212,20 @@ class Estimator:
         subset = self.subset(self.round_vocab)
         return subset[logits[:, subset].argmax(-1)]
 
-    def _per_query(self, matches: torch.Tensor, rule: Callable[[list[bool], int], list[int]]) -> torch.Tensor:
+    def _per_query(
+        self,
+        matches: torch.Tensor,
+        rule: Callable[[list[bool], int, list[bool] | None], list[int]],
+        confident: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """`[prompts, queries]` offsets from a round rule (`round_starts`, `previous_round_starts`)
-        at `round_gamma`; padding queries get themselves."""
+        at `round_gamma`, with the positions where the draft is sure enough to go on (`confident`,
+        None: no stop); padding queries get themselves."""
         sizes = self.reference.row_sizes()
         found = torch.arange(max(sizes)).repeat(len(sizes), 1)
+        sure = [None] * len(sizes) if confident is None else _split(confident.tolist(), sizes)
         for row, values in enumerate(_split(matches.tolist(), sizes)):
-            found[row, : len(values)] = torch.tensor(rule(values, self.round_gamma))
+            found[row, : len(values)] = torch.tensor(rule(values, self.round_gamma, sure[row]))
         return found.to(self.runner.device)
 
     def _row_chunks(self) -> list[slice]:
@@ -311,12 +337,17 @@ class Estimator:
         target, tokens = self.target_logits, self.target_tokens
         matches = logits.argmax(-1) == tokens
         full = self._profile(
-            mask, matches, sampling_acceptance(target, tokens, logits, temperature), temperature
+            mask,
+            matches,
+            sampling_acceptance(target, tokens, logits, temperature),
+            greedy_confidence(logits),
+            temperature,
         )
         variants = tuple(
             self._profile(
                 mask,
                 *subset_acceptance(target, tokens, logits, self.subset(k), temperature),
+                greedy_confidence(logits[..., self.subset(k)]),
                 temperature,
                 k,
             )
@@ -342,6 +373,7 @@ class Estimator:
         mask: SkipMask,
         matches: torch.Tensor,
         accept: torch.Tensor,
+        confidence: torch.Tensor,
         temperature: float,
         draft_vocab: int | None = None,
     ) -> AcceptanceProfile:
@@ -352,6 +384,7 @@ class Estimator:
             sampling_accept=tuple(tuple(r) for r in _split(accept.tolist(), sizes)),
             temperature=temperature,
             draft_vocab=draft_vocab,
+            greedy_confidence=tuple(tuple(r) for r in _split(confidence.tolist(), sizes)),
         )
 
     def time_full_forward(self) -> float:

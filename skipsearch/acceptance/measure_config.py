@@ -41,7 +41,8 @@ class MeasureConfig:
     forward per mask serves them all (docs/theory.md, "The draft vocabulary"), so a search scores
     each mask at every size. `kv_patterns` are the KV patterns measured besides every key: one
     draft forward per mask and pattern (docs/theory.md, "KV patterns"). `round_gamma` is the draft
-    length whose rounds the `rounds` mode simulates (unused otherwise).
+    length whose rounds the `rounds` mode simulates (unused otherwise), `round_stop` the confidence
+    below which those rounds stop early (docs/theory.md, "The confidence stop"; 0: never).
     """
 
     model: str = "smollm2-135m"
@@ -52,6 +53,7 @@ class MeasureConfig:
     draft_vocabs: tuple[int, ...] = ()
     round_gamma: int = 3
     kv_patterns: tuple[KVPattern, ...] = ()
+    round_stop: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in ESTIMATOR_MODES:
@@ -64,6 +66,8 @@ class MeasureConfig:
         object.__setattr__(self, "draft_vocabs", sizes)
         if self.round_gamma < 1:
             raise ConfigError(f"--round-gamma must be >= 1, got {self.round_gamma}")
+        if not 0 <= self.round_stop < 1:
+            raise ConfigError(f"the rounds' stop threshold must be in [0, 1), got {self.round_stop}")
         if len(set(self.kv_patterns)) != len(self.kv_patterns):
             named = [str(kv) for kv in self.kv_patterns]
             raise ConfigError(f"KV patterns {named} name one twice: list each once")
@@ -78,8 +82,8 @@ class MeasureConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> MeasureConfig:
-        """Reads run.yaml files written before draft vocabularies, round-aware estimation or KV
-        patterns existed."""
+        """Reads run.yaml files written before draft vocabularies, round-aware estimation, KV
+        patterns or the rounds' stop existed."""
         return cls(
             **{
                 **data,

@@ -6,7 +6,9 @@ equals the target's (greedy match) and the sampling acceptance `sum_x min(p(x), 
 draft token that matches is exactly the token the target would have produced, the accepted
 length of every speculative round for any draft length `gamma` follows from the match vector:
 start at the prompt end, accept the run of matches up to `gamma`, emit one more token (the
-target's correction or bonus), jump past it.
+target's correction or bonus), jump past it. A draft that stops when unsure (docs/theory.md, "The
+confidence stop") drafts a round only up to its first position whose confidence is below τ, so
+its rounds follow from the match vector and the confidence vector together.
 """
 
 from __future__ import annotations
@@ -48,45 +50,58 @@ def play_rounds(
         k += accepted + 1
 
 
-def _walk(matches: Sequence[bool], gamma: int) -> Iterator[tuple[int, int, bool]]:
-    """(start, accepted, censored) of every round over one continuation at a fixed γ (`play_rounds`)."""
+def _walk(
+    matches: Sequence[bool], gamma: int, confident: Sequence[bool] | None = None
+) -> Iterator[tuple[int, int, int, bool]]:
+    """(start, drafted, accepted, censored) of every round over one continuation (`play_rounds`):
+    each drafts γ tokens, or with `confident` (per position, whether the draft's confidence there
+    is at or above its stop threshold) up to and including its first unsure position."""
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
     runs = match_runs(matches)
-    for k, _, accepted, censored in play_rounds(len(matches), lambda k: (gamma, int(runs[k]))):
-        yield k, accepted, censored
+    sure = None if confident is None else match_runs(confident)
+
+    def round_at(k: int) -> tuple[int, int]:
+        drafted = gamma if sure is None else min(gamma, int(sure[k]) + 1)
+        return drafted, int(runs[k])
+
+    yield from play_rounds(len(matches), round_at)
 
 
-def simulate_rounds(matches: Sequence[bool], gamma: int) -> list[int]:
+def simulate_rounds(
+    matches: Sequence[bool], gamma: int, confident: Sequence[bool] | None = None
+) -> list[int]:
     """Accepted draft tokens of each round over one continuation, in order (`_walk`); a censored
     last round is not counted."""
-    return [accepted for _, accepted, censored in _walk(matches, gamma) if not censored]
+    return [accepted for _, _, accepted, censored in _walk(matches, gamma, confident) if not censored]
 
 
-def round_starts(matches: Sequence[bool], gamma: int) -> list[int]:
+def round_starts(matches: Sequence[bool], gamma: int, confident: Sequence[bool] | None = None) -> list[int]:
     """For each position, where the draft's round began when it drafted from there (docs/theory.md,
     "The round rule").
 
-    The rounds are those `simulate_rounds` walks: a round starting at `k` drafts from positions
-    `k .. k + min(accepted + 1, gamma) - 1`, all of which get `k`. A position no draft reads (the
-    one after a fully accepted round, whose token the verify emits) gets itself. The round-aware
-    estimator lets a draft at `p` see its own K/V from `starts[p]` to `p` and the full model's
-    before `starts[p]`, which is what the engine's draft sees.
+    The rounds are those `simulate_rounds` walks: a round starting at `k` that drafts `d` tokens
+    drafts from positions `k .. k + min(accepted + 1, d) - 1`, all of which get `k`. A position no
+    draft reads (the one after a fully accepted round, whose token the verify emits) gets itself.
+    The round-aware estimator lets a draft at `p` see its own K/V from `starts[p]` to `p` and the
+    full model's before `starts[p]`, which is what the engine's draft sees.
     """
     starts = list(range(len(matches)))
-    for k, accepted, _ in _walk(matches, gamma):
-        for position in range(k, min(k + min(accepted + 1, gamma), len(matches))):
+    for k, drafted, accepted, _ in _walk(matches, gamma, confident):
+        for position in range(k, min(k + min(accepted + 1, drafted), len(matches))):
             starts[position] = k
     return starts
 
 
-def previous_round_starts(matches: Sequence[bool], gamma: int) -> list[int]:
+def previous_round_starts(
+    matches: Sequence[bool], gamma: int, confident: Sequence[bool] | None = None
+) -> list[int]:
     """For each position a draft reads, where the round before its own began (-1 in the first
     round, and at a position no draft reads): the first position of the verify whose attention
     chose the pillars its draft reads (`models.pillars`)."""
     previous, before = [-1] * len(matches), -1
-    for k, accepted, _ in _walk(matches, gamma):
-        for position in range(k, min(k + min(accepted + 1, gamma), len(matches))):
+    for k, drafted, accepted, _ in _walk(matches, gamma, confident):
+        for position in range(k, min(k + min(accepted + 1, drafted), len(matches))):
             previous[position] = before
         before = k
     return previous
@@ -102,6 +117,9 @@ class AcceptanceProfile:
     scores each mask at every vocabulary size of its space for the price of one evaluation.
     `kv` is the KV pattern the draft attended through (None: every key); `by_kv` holds the same
     mask measured under other patterns (one forward each), each with its own `by_vocab`.
+    `greedy_confidence` is the draft's softmax maximum over its vocabulary at each position (empty
+    in profiles from before it was measured): with it, the rounds of a draft that stops below a
+    threshold follow too (`stop_below`).
     """
 
     mask: str
@@ -112,7 +130,10 @@ class AcceptanceProfile:
     by_vocab: tuple[AcceptanceProfile, ...] = ()
     kv: KVPattern | None = None
     by_kv: tuple[AcceptanceProfile, ...] = ()
-    _rounds: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
+    greedy_confidence: tuple[tuple[float, ...], ...] = ()
+    _rounds: dict[tuple[int, float], list[tuple[int, int]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def variants(self) -> tuple[AcceptanceProfile, ...]:
@@ -143,18 +164,44 @@ class AcceptanceProfile:
         """Mean `sum_x min(p, q)`: the probability a sampled draft token is accepted."""
         return float(np.mean(np.concatenate([np.asarray(r, dtype=float) for r in self.sampling_accept])))
 
-    def rounds(self, gamma: int) -> list[int]:
-        """Accepted lengths of every simulated round over all prompts (cached per gamma)."""
-        if gamma not in self._rounds:
-            self._rounds[gamma] = [a for row in self.greedy_match for a in simulate_rounds(row, gamma)]
-        return self._rounds[gamma]
+    def played(self, gamma: int, stop_below: float = 0.0) -> list[tuple[int, int]]:
+        """(drafted, accepted) of every simulated round over all prompts, at most `gamma` drafts a
+        round and, with `stop_below`, none after a position whose confidence is below it (cached)."""
+        key = (gamma, stop_below)
+        if key not in self._rounds:
+            if stop_below and not self.greedy_confidence:
+                raise ValueError(
+                    f"the profile of {self.mask} holds no draft confidences, which a stop at {stop_below} "
+                    "needs: measure it again"
+                )
+            confident = (
+                [[c >= stop_below for c in row] for row in self.greedy_confidence]
+                if stop_below
+                else [None] * len(self.greedy_match)
+            )
+            self._rounds[key] = [
+                (drafted, accepted)
+                for row, sure in zip(self.greedy_match, confident, strict=True)
+                for _, drafted, accepted, censored in _walk(row, gamma, sure)
+                if not censored
+            ]
+        return self._rounds[key]
 
-    def tokens_per_round(self, gamma: int) -> float:
+    def rounds(self, gamma: int, stop_below: float = 0.0) -> list[int]:
+        """Accepted lengths of every simulated round over all prompts (`played`)."""
+        return [accepted for _, accepted in self.played(gamma, stop_below)]
+
+    def tokens_per_round(self, gamma: int, stop_below: float = 0.0) -> float:
         """Mean tokens committed per round (accepted + the target's one), measured by simulation."""
-        rounds = self.rounds(gamma)
+        rounds = self.rounds(gamma, stop_below)
         if not rounds:
             return 1.0
         return float(np.mean(rounds)) + 1.0
+
+    def drafts_per_round(self, gamma: int, stop_below: float = 0.0) -> float:
+        """Mean draft tokens a round makes: γ, or fewer with a stop."""
+        played = self.played(gamma, stop_below)
+        return float(np.mean([drafted for drafted, _ in played])) if played else float(gamma)
 
     def alpha_by_depth(self, gamma: int) -> list[float]:
         """`alpha_j`: among rounds that reached draft position j, the share that accepted it."""
@@ -194,12 +241,14 @@ class AcceptanceProfile:
             data["kv"] = str(self.kv)
         if self.by_kv:
             data["by_kv"] = [pattern.to_dict() for pattern in self.by_kv]
+        if self.greedy_confidence:
+            data["greedy_confidence"] = [[round(float(c), 6) for c in row] for row in self.greedy_confidence]
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> AcceptanceProfile:
-        """Reads profiles written before draft vocabularies or KV patterns existed too (full
-        vocabulary, every key, no variants)."""
+        """Reads profiles written before draft vocabularies, KV patterns or confidences existed
+        too (full vocabulary, every key, no variants, no confidences)."""
         return cls(
             mask=data["mask"],
             greedy_match=tuple(tuple(bool(m) for m in row) for row in data["greedy_match"]),
@@ -209,6 +258,9 @@ class AcceptanceProfile:
             by_vocab=tuple(cls.from_dict(variant) for variant in data.get("by_vocab", ())),
             kv=KVPattern.parse(data.get("kv")),
             by_kv=tuple(cls.from_dict(pattern) for pattern in data.get("by_kv", ())),
+            greedy_confidence=tuple(
+                tuple(float(c) for c in row) for row in data.get("greedy_confidence", ())
+            ),
         )
 
 

@@ -136,7 +136,9 @@ def prepare(config: MeasureConfig, check: Callable[[int], object] | None = None)
     measurement = Measurement(
         loaded,
         runner,
-        Estimator(runner, reference, config.mode, round_gamma=config.round_gamma),
+        Estimator(
+            runner, reference, config.mode, round_gamma=config.round_gamma, round_stop=config.round_stop
+        ),
         str(path),
         config.prompts,
     )

@@ -29,19 +29,22 @@ def estimator_dict(
     """The estimator's acceptance and tokens per round for the engine's γ, and the relative error.
 
     Greedy: the exact round simulation over the teacher-forced match vector (docs/theory.md, "The
-    round rule"). Sampling: the i.i.d. closed form `E(γ)` at the mean `sum_x min(p, q)` — the
-    estimator applies no top-k / top-p. A dynamic γ, or a round that stops early, has no single
-    prediction: `no_prediction` says which.
+    round rule"), with the draft's stop where the policy has one (`stop_below`). Sampling: the
+    i.i.d. closed form `E(γ)` at the mean `sum_x min(p, q)` — the estimator applies no top-k /
+    top-p. A dynamic γ, or a sampled draft that stops early, has no single prediction:
+    `no_prediction` says why.
     """
     alpha = profile.alpha if sampling.greedy else profile.sampling_acceptance
     predicted, why_not = None, None
+    gamma, stop = policy.initial, policy.stop_below
     if not policy.is_fixed:
         why_not = "gamma is dynamic"
+    elif sampling.greedy:
+        predicted = profile.tokens_per_round(gamma, stop)
     elif policy.stops_early:
-        why_not = "the estimator does not simulate the draft's stop"
+        why_not = "the closed form for sampling has no stop"
     else:
-        gamma = policy.initial
-        predicted = profile.tokens_per_round(gamma) if sampling.greedy else tokens_per_round_iid(alpha, gamma)
+        predicted = tokens_per_round_iid(alpha, gamma)
     actual = measured.tokens_per_round
     return {
         "mode": mode,

@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = measure_config(args)
     if args.round_gamma is None:  # the round-aware estimator simulates the rounds this decode runs
-        config = replace(config, round_gamma=gamma)
+        config = replace(config, round_gamma=gamma, round_stop=args.draft_stop)
     depth = known_depth(args.model)
     if mask_text is None:
         check_mask_args(args, depth)

@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from skipsearch.acceptance.estimator import Estimator, sampling_acceptance, subset_acceptance
-from skipsearch.engine import speculative_decode
+from skipsearch.engine import GammaPolicy, speculative_decode
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.attention import KERNEL_ATTENTION
 from skipsearch.models.kernels import AttentionChoice, apply_attention
@@ -206,6 +206,20 @@ def test_rounds_mode_matches_every_engine_judgement(rounds_setup) -> None:
             shared_misses += disagreements(shared.evaluate(mask, temperature=0), judged)
         assert len(rounds.passes) == len(ROUND_MASKS) and min(rounds.passes) >= 2
     assert shared_misses > 0  # the engine's own K/V within a round matters on these masks
+
+
+@pytest.mark.parametrize("mask", ROUND_MASKS[:3], ids=str)
+def test_rounds_mode_with_a_stop_matches_every_engine_judgement(rounds_setup, mask) -> None:
+    """A draft that stops below the median of its own confidence: the rounds the estimator
+    simulates with the stop are the engine's, judgement for judgement, and some of them stop."""
+    runner, reference = rounds_setup
+    confidence = Estimator(runner, reference, "shared-kv").evaluate(mask, temperature=0).greedy_confidence
+    stop = float(torch.tensor([c for row in confidence for c in row]).median())
+    rounds = Estimator(runner, reference, "rounds", round_gamma=4, round_stop=stop)
+    judged = engine_judgements(runner, reference, mask, GammaPolicy.fixed(4, stop))
+    profile = rounds.evaluate(mask, temperature=0)
+    assert disagreements(profile, judged) == 0
+    assert 1 < profile.drafts_per_round(4, stop) < profile.drafts_per_round(4) == 4
 
 
 @pytest.fixture(scope="module")

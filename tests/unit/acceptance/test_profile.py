@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from skipsearch.acceptance.profile import AcceptanceProfile, match_runs, round_starts, simulate_rounds
@@ -99,3 +101,21 @@ def test_round_starts_follow_simulated_rounds() -> None:
 
 def test_match_runs():
     assert match_runs([True, True, False, True, False, True]).tolist() == [2, 1, 0, 1, 0, 1]
+
+
+def test_a_draft_that_stops_when_unsure_ends_its_rounds_there() -> None:
+    """Each round drafts up to and including its first unsure position, at most γ."""
+    matches = [True, True, True, False, True, True, True, True]
+    confident = [True, False, True, True, True, True, True, True]
+    # round 0 drafts 0-1 (unsure at 1), accepts both, emits 2; round 3 drafts 3-5, rejects 3;
+    # round 4 drafts 4-6, accepts them, emits 7
+    assert simulate_rounds(matches, 3, confident) == [2, 0, 3]
+    assert round_starts(matches, 3, confident) == [0, 0, 2, 3, 4, 4, 4, 7]
+    profile = AcceptanceProfile("a:1", (tuple(matches),), (tuple(1.0 for _ in matches),), 0.0)
+    with pytest.raises(ValueError, match="confidences"):
+        profile.tokens_per_round(3, 0.5)
+    sure = replace(profile, greedy_confidence=(tuple(0.9 if c else 0.1 for c in confident),))
+    assert sure.tokens_per_round(3, 0.5) == pytest.approx((3 + 1 + 4) / 3)
+    assert sure.drafts_per_round(3, 0.5) == pytest.approx((2 + 3 + 3) / 3)
+    assert sure.tokens_per_round(3) == profile.tokens_per_round(3)
+    assert AcceptanceProfile.from_dict(sure.to_dict()).greedy_confidence == sure.greedy_confidence

@@ -13,8 +13,10 @@ For one draft (default: issue 19's searched Qwen winner, `results/draft_vocab/`)
   - the rounds a stop at τ would play, for γ_max 3-8, replayed over the estimator's matches;
   - each policy's speedup priced by the calibrated cost model on the run's latency profile (a
     round of d drafts: d draft steps, the verify of d + 1 positions, the measured overhead).
-  The positions after a stop are estimated as in γ-3 rounds, so the longer policies are
-  approximate. Read the change against τ = 0 at the same γ, not the level.
+  The draft's positions are estimated as in γ-3 rounds without a stop, so the other policies are
+  approximate; the best fixed γ and the best stop are then re-scored exactly (`rounds` mode at
+  their own γ and τ: `Estimator(round_stop=τ)`). Read the change against τ = 0 at the same γ.
+  `--profile` prices with another latency profile (another machine's: `skipsearch profile`).
 - `decode`: autoregressive decoding, the draft at the best fixed γ, and the draft with the best
   predicted stop, on the 8 held-out prompts `draft_vocab.py` decodes its winners on (never seen
   by the search or the choice of τ), interleaved and paired (`draft_vocab.paired_decodes`).
@@ -22,7 +24,7 @@ For one draft (default: issue 19's searched Qwen winner, `results/draft_vocab/`)
 
     python experiments/draft_stop.py          # ~2 min predicting, ~5 min decoding, two idle cores
 
-Writes `results/draft_stop/{model}.md` and `.json`.
+Writes `results/draft_stop/{name}.md` and `.json` (`--name`, default the model's).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from draft_vocab import AR, SEARCH_PROMPTS, held_out_prompts, paired_decodes
 
 from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.measure_config import MeasureConfig
+from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.acceptance.worker import prepare
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.latency import LatencyProfile
@@ -55,40 +58,43 @@ THRESHOLDS = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9)
 GAMMAS = (3, 4, 5, 6, 8)
 
 
-def rounds(matches: list[bool], confident: list[bool], gamma_max: int) -> list[tuple[int, int]]:
-    """(drafted, committed) of each round over one continuation: a round drafts until γ_max or
-    its first unsure draft (which it still proposes), and commits its leading matches plus one."""
-    played, start = [], 0
-    while start < len(matches):
-        drafted = 1
-        while drafted < gamma_max and start + drafted < len(matches) and confident[start + drafted - 1]:
-            drafted += 1
-        accepted = 0
-        while accepted < drafted and start + accepted < len(matches) and matches[start + accepted]:
-            accepted += 1
-        played.append((drafted, accepted + 1))
-        start += accepted + 1
-    return played
-
-
-def predict(measurement: Any, draft: Draft, draft_text: str, profile_path: Path) -> dict[str, Any]:
-    """The confidence calibration and every (γ_max, τ) policy's predicted speedup."""
-    context = PROMPTS.max_prompt_tokens + PROMPTS.new_tokens / 2  # where draft_vocab.py prices
-    latency = LatencyProfile.load(profile_path).for_context(context)
-    estimator = Estimator(
+def estimator(measurement: Any, draft: Draft, gamma: int, stop: float) -> Estimator:
+    """The `rounds` estimator of the draft's vocabulary at `gamma` drafts a round, stopping below `stop`."""
+    return Estimator(
         measurement.runner,
         measurement.estimator.reference,
         "rounds",
         measurement.vocab_ids,
-        round_gamma=3,
+        round_gamma=gamma,
         round_vocab=draft.vocab,
+        round_stop=stop,
     )
-    ids = estimator.subset(draft.vocab) if draft.vocab else None
-    logits = estimator.draft_logits(draft.mask).float()
-    logits = logits if ids is None else logits[:, ids]
-    drafted = logits.argmax(-1) if ids is None else ids[logits.argmax(-1)]
-    confidence = logits.softmax(-1).max(-1).values
-    matches = drafted == estimator.target_tokens
+
+
+def profile_of(measurement: Any, draft: Draft, gamma: int, stop: float) -> AcceptanceProfile:
+    """The draft's greedy profile (its vocabulary's variant), rounds simulated at (`gamma`, `stop`)."""
+    vocabs = () if draft.vocab is None else (draft.vocab,)
+    found = estimator(measurement, draft, gamma, stop).evaluate(draft.mask, temperature=0, vocabs=vocabs)
+    return found.for_vocab(draft.vocab)
+
+
+def speedup(profile: AcceptanceProfile, cost: Calibrated, gamma: int, stop: float) -> float:
+    """Tokens committed over the rounds' cost in autoregressive steps (a round of d drafts: d draft
+    steps, the verify of d + 1 positions, the measured overhead)."""
+    played = profile.played(gamma, stop)
+    return sum(accepted + 1 for _, accepted in played) / sum(cost.round_cost(d) for d, _ in played)
+
+
+def predict(measurement: Any, draft: Draft, draft_text: str, profile_path: Path) -> dict[str, Any]:
+    """The confidence calibration and every (γ_max, τ) policy's predicted speedup over the rounds
+    of γ 3 without a stop; then the best fixed γ and the best stop re-scored exactly (`rounds`
+    mode at their own γ and τ)."""
+    context = PROMPTS.max_prompt_tokens + PROMPTS.new_tokens / 2  # where draft_vocab.py prices
+    latency = LatencyProfile.load(profile_path).for_context(context)
+    cost = Calibrated(latency, draft.mask, context, draft.vocab, latency.vocab_size)
+    profile = profile_of(measurement, draft, 3, 0.0)
+    matches = torch.tensor([m for row in profile.greedy_match for m in row])
+    confidence = torch.tensor([c for row in profile.greedy_confidence for c in row])
     calibration = []
     for tau in THRESHOLDS[1:]:
         unsure = confidence < tau
@@ -100,37 +106,36 @@ def predict(measurement: Any, draft: Draft, draft_text: str, profile_path: Path)
                 "accepted_above": float(matches[~unsure].float().mean()),
             }
         )
-    cost = Calibrated(latency, draft.mask, context, draft.vocab, latency.vocab_size)
-    draft_step = cost.round_time(1).draft / latency.step_time(context)
-    sizes, begin, rows = estimator.reference.row_sizes(), 0, []
-    for size in sizes:
-        rows.append((matches[begin : begin + size].tolist(), confidence[begin : begin + size].tolist()))
-        begin += size
-    policies = []
-    for gamma_max in GAMMAS:
-        for tau in THRESHOLDS:
-            played = [r for m, c in rows for r in rounds(m, [x >= tau for x in c], gamma_max)]
-            steps = sum(cost.round_cost(d) for d, _ in played)  # in autoregressive steps
-            committed = sum(n for _, n in played)
-            policies.append(
-                {
-                    "gamma_max": gamma_max,
-                    "tau": tau,
-                    "tokens_per_round": committed / len(played),
-                    "drafts_per_round": sum(d for d, _ in played) / len(played),
-                    "speedup": committed / steps,
-                }
-            )
-    return {
+    policies = [
+        {
+            "gamma_max": gamma,
+            "tau": tau,
+            "tokens_per_round": profile.tokens_per_round(gamma, tau),
+            "drafts_per_round": profile.drafts_per_round(gamma, tau),
+            "speedup": speedup(profile, cost, gamma, tau),
+        }
+        for gamma in GAMMAS
+        for tau in THRESHOLDS
+    ]
+    found = {
         "draft": draft_text,
         "profile": str(profile_path.relative_to(ROOT)),
         "context": context,
-        "positions": int(matches.numel()),
-        "alpha": float(matches.float().mean()),
-        "draft_step": draft_step,
+        "positions": profile.n_positions,
+        "alpha": profile.alpha,
+        "draft_step": cost.round_time(1).draft / latency.step_time(context),
         "calibration": calibration,
         "policies": policies,
     }
+    for policy in chosen(found).values():
+        gamma, tau = policy["gamma_max"], policy["tau"]
+        exact = profile_of(measurement, draft, gamma, tau)
+        policy["exact"] = {
+            "tokens_per_round": exact.tokens_per_round(gamma, tau),
+            "drafts_per_round": exact.drafts_per_round(gamma, tau),
+            "speedup": speedup(exact, cost, gamma, tau),
+        }
+    return found
 
 
 def chosen(found: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -160,7 +165,8 @@ def decode(measurement: Any, draft: Draft, found: dict[str, Any], repeats: int, 
             runner, p, draft.mask, new, y, eos_ids=stop, head=head
         )
     widest = max(p["gamma_max"] for p in policies.values()) + 1
-    return {**paired_decodes(runner, prompts, decoders, repeats, widest), "policies": policies}
+    decoded = paired_decodes(runner, prompts, decoders, repeats, widest)
+    return {**decoded, "policies": policies, "kernel_plan": loaded.plan}
 
 
 def main() -> None:
@@ -172,10 +178,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed passes over the decode prompts")
     p.add_argument("--decode-prompts", type=int, default=8)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
+    p.add_argument("--name", help="the results' file name (default: the model's; another machine or dtype)")
     args = p.parse_args()
     configure(args.threads)
     profile_path = Path(args.profile or ROOT / "results" / "draft_vocab" / args.model / "profile.json")
-    saved = OUT / f"{args.model}.json"
+    name = args.name or args.model
+    saved = OUT / f"{name}.json"
     found: dict[str, Any] = json.loads(saved.read_text()) if saved.is_file() else {}
     measurement = prepare(MeasureConfig(model=args.model, prompts=PROMPTS, mode="rounds"))
     draft = Draft.parse(args.draft, measurement.num_layers)
@@ -188,10 +196,10 @@ def main() -> None:
         found["decode"] = {**decoded, "threads": args.threads}
     OUT.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(found, indent=1) + "\n")
-    write_report(found)
+    write_report(found, OUT / f"{name}.md")
 
 
-def write_report(found: dict) -> None:
+def write_report(found: dict, path: Path) -> None:
     fixed = {p["gamma_max"]: p["speedup"] for p in found["policies"] if p["tau"] == 0.0}
     best = max(found["policies"], key=lambda p: p["speedup"])
     lines = [
@@ -239,7 +247,7 @@ def write_report(found: dict) -> None:
         "",
         *decode_report(found.get("decode")),
     ]
-    (OUT / f"{found['model']}.md").write_text("\n".join(lines))
+    path.write_text("\n".join(lines))
 
 
 def decode_report(decoded: dict[str, Any] | None) -> list[str]:
@@ -254,10 +262,11 @@ def decode_report(decoded: dict[str, Any] | None) -> list[str]:
         rows.append(
             [
                 label,
-                f"{policy['speedup']:.3f}",
+                f"{policy['speedup']:.3f} → {policy['exact']['speedup']:.3f}",
                 f"**{only['aggregate']:.3f}×** ({only['min']:.2f}–{only['max']:.2f})",
                 f"{run['end_to_end']['aggregate']:.3f}×",
-                f"{run['drafts_per_round']:.2f} / {run['tokens_per_round']:.2f}",
+                f"{run['drafts_per_round']:.2f} / {run['tokens_per_round']:.2f} "
+                f"({policy['exact']['drafts_per_round']:.2f} / {policy['exact']['tokens_per_round']:.2f})",
                 f"{ms['draft']:.1f} / {ms['verify']:.1f} / {ms['sample'] + ms['cache'] + ms['other']:.1f}",
                 f"{check['real_divergences']} real, {check['near_ties']} near-ties",
             ]
@@ -267,13 +276,15 @@ def decode_report(decoded: dict[str, Any] | None) -> list[str]:
         f"(never seen by the search or the choice of τ), interleaved and paired with autoregressive "
         f"decoding on the same kernels, greedy, {decoded['threads']} threads. " + stamp_line(decoded["meta"]),
         "",
+        f"Kernel plan: {decoded['kernel_plan']}.",
+        "",
         *markdown_table(
             [
                 "policy",
-                "predicted",
+                "predicted → exact",
                 "SSD / AR decode only (min–max of pairs)",
                 "end to end",
-                "drafts / tokens a round",
+                "drafts / tokens a round (exact, search prompts)",
                 "ms a round: draft / verify / rest",
                 "lossless",
             ],

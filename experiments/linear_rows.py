@@ -27,6 +27,7 @@ from _common import markdown_table
 from _load import load_line
 
 from skipsearch.models.loading import load_model
+from skipsearch.models.packed import pack_linears
 from skipsearch.models.runner import LayerwiseRunner
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "kernels"
@@ -44,10 +45,10 @@ def projections(runner: LayerwiseRunner) -> dict[str, list[torch.nn.Module]]:
     return found
 
 
-def per_call_seconds(modules: list[torch.nn.Module], repeats: int) -> dict[int, float]:
+def per_call_seconds(modules: list[torch.nn.Module], repeats: int, dtype: torch.dtype) -> dict[int, float]:
     """Median seconds per call at each row count, the row counts interleaved in every repeat."""
     width = modules[0].in_features
-    inputs = {rows: torch.randn(1, rows, width, dtype=torch.bfloat16) * 0.1 for rows in ROWS}
+    inputs = {rows: torch.randn(1, rows, width, dtype=dtype) * 0.1 for rows in ROWS}
     samples: dict[int, list[float]] = {rows: [] for rows in ROWS}
     with torch.no_grad():
         for repeat in range(repeats + 2):
@@ -64,14 +65,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--dtype", default="auto", help="the kernel plan's dtype (default auto)")
+    parser.add_argument("--suffix", default="", help="appended to the report's name (another CPU, dtype)")
+    parser.add_argument(
+        "--pack",
+        action="store_true",
+        help="pack every weight for oneDNN, whatever the plan (fp32 on a CPU without bf16)",
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
-    loaded = load_model(args.model, dtype="auto")
+    loaded = load_model(args.model, dtype=args.dtype)
+    if args.pack:
+        loaded.plan += (
+            f"; {pack_linears(loaded.model, force=True)} weight matrices packed for oneDNN by --pack"
+        )
     runner = LayerwiseRunner(loaded.model)
     rows_table, extra = [], {rows: 0.0 for rows in ROWS}
     for name, modules in projections(runner).items():
-        seconds = per_call_seconds(modules, args.repeats)
-        weight_bytes = modules[0].in_features * modules[0].out_features * 2
+        seconds = per_call_seconds(modules, args.repeats, loaded.model.dtype)
+        weight_bytes = modules[0].in_features * modules[0].out_features * loaded.model.dtype.itemsize
         calls = len(runner.layers) if name != "lm_head" else 1
         for rows in ROWS:
             extra[rows] += calls * (seconds[rows] - seconds[1])
@@ -86,8 +98,8 @@ def main() -> None:
     lines = [
         f"# The linear layers against the rows of a pass: {args.model}",
         "",
-        f"`python experiments/linear_rows.py --model {args.model} --repeats {args.repeats}`. Kernel plan: "
-        f"{loaded.plan}.",
+        f"`python experiments/linear_rows.py --model {args.model} --repeats {args.repeats} --dtype "
+        f"{args.dtype}{' --pack' if args.pack else ''}`. Kernel plan: {loaded.plan}.",
         "",
         *markdown_table(
             ["projection", *(f"{r} row{'s' if r > 1 else ''} µs (÷ 1 row)" for r in ROWS), "GB/s at 1 row"],
@@ -100,7 +112,7 @@ def main() -> None:
         load_line(load_before, os.getloadavg()) + ".",
     ]
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"linear_rows-{args.model}.md").write_text("\n".join(lines) + "\n")
+    (OUT / f"linear_rows-{args.model}{args.suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -87,9 +87,11 @@ def plain_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.L
     return linear
 
 
-def pack_linears(model: nn.Module) -> int:
+def pack_linears(model: nn.Module, force: bool = False) -> int:
     """Replace every `nn.Linear` of `model` whose weight `can_pack` by a `PackedLinear`; returns
-    how many. A weight that another module also holds (a tied head) keeps its plain copy."""
+    how many. A weight that another module also holds (a tied head) keeps its plain copy.
+    `force` packs every CPU weight whatever its dtype: for experiments that measure oneDNN's
+    product where the plan does not use it (fp32, `experiments/linear_rows.py --pack`)."""
     holders: dict[int, int] = {}
     for module in model.modules():
         for parameter in module.parameters(recurse=False):
@@ -97,7 +99,10 @@ def pack_linears(model: nn.Module) -> int:
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is not nn.Linear or not can_pack(child.weight.dtype, child.weight.device):
+            if type(child) is not nn.Linear:
+                continue
+            device = child.weight.device
+            if not (can_pack(child.weight.dtype, device) or (force and device.type == "cpu")):
                 continue
             shared = holders.get(id(child.weight), 0) > 1
             parent.add_module(name, PackedLinear(child.weight, child.bias, keep_plain=shared))

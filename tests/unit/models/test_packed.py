@@ -74,6 +74,15 @@ def test_only_bf16_on_a_cpu_is_packed() -> None:
     assert type(linear_product(torch.randn(8, 4))) is torch.nn.Linear
 
 
+def test_force_packs_fp32_weights_for_an_experiment_and_the_products_agree() -> None:
+    plain, model = tiny_model(), tiny_model()
+    hidden = torch.randn(1, 3, model.config.hidden_size)
+    assert pack_linears(model, force=True) > 0
+    assert isinstance(model.model.layers[0].mlp.down_proj, PackedLinear)
+    with torch.no_grad():
+        torch.testing.assert_close(model(inputs_embeds=hidden).logits, plain(inputs_embeds=hidden).logits)
+
+
 @needs_bf16
 def test_speculative_decoding_runs_the_same_on_a_packed_model() -> None:
     plain, packed = bf16_pair("llama", layers=6)

@@ -188,7 +188,8 @@ def main() -> None:
     measurement = prepare(MeasureConfig(model=args.model, prompts=PROMPTS, mode="rounds"))
     draft = Draft.parse(args.draft, measurement.num_layers)
     if "predict" in args.parts:
-        found = {"model": args.model, **predict(measurement, draft, args.draft, profile_path)}
+        predicted = predict(measurement, draft, args.draft, profile_path)
+        found = {"model": args.model, **predicted, "kernel_plan": measurement.loaded.plan}
     if "decode" in args.parts:
         if found.get("draft") != args.draft:
             raise SystemExit(f"{saved} predicts for another draft: run --parts predict first")
@@ -208,7 +209,8 @@ def write_report(found: dict, path: Path) -> None:
         f"`python experiments/draft_stop.py` (see its docstring). A prediction: {found['positions']} "
         f"positions of {PROMPTS.n_prompts} HumanEval prompts, teacher-forced (α {found['alpha']:.3f}); "
         f"priced by `{found['profile']}` at {found['context']:.0f} tokens, where a draft step costs "
-        f"{found['draft_step']:.2f} of a step.",
+        f"{found['draft_step']:.2f} of a step. Acceptance measured on the kernel plan: "
+        f"{found['kernel_plan']}.",
         "",
         "How the draft's confidence predicts acceptance:",
         "",
@@ -244,6 +246,14 @@ def write_report(found: dict, path: Path) -> None:
         "",
         f"Best: γ_max {best['gamma_max']}, τ {best['tau']:.1f}, {best['speedup']:.3f} predicted, "
         f"{best['speedup'] / max(fixed.values()):.3f}× the best fixed γ ({max(fixed.values()):.3f}).",
+        "",
+        "Re-scored exactly (`rounds` mode at their own γ and τ): "
+        + "; ".join(
+            f"{label}: {policy['exact']['speedup']:.3f} ({policy['exact']['tokens_per_round']:.2f} tokens, "
+            f"{policy['exact']['drafts_per_round']:.2f} drafts a round)"
+            for label, policy in chosen(found).items()
+        )
+        + ".",
         "",
         *decode_report(found.get("decode")),
     ]

@@ -13,6 +13,10 @@ autoregressive decodes of HumanEval prompts with both, alternating prompt by pro
 
     python experiments/kernel_change.py --change packed --dtypes auto    # ~3 min on two idle cores
     python experiments/kernel_change.py --change kernel --dtypes auto --contexts 128,512,2048,8000
+    python experiments/kernel_change.py --change packed --force-pack --dtypes auto --suffix=-fp32-avx2
+
+`--force-pack` packs fp32 weights too: on a CPU without native bf16 it measures the fp32 fallback's
+packing (`models.fp32_packing`), which `load_model` applies only where oneDNN measured faster.
 
 Stacked q/k/v and gate/up projections were the other step until packing made them 5-6% slower;
 their report and module were removed with them (re-run from commit fadcaca).
@@ -58,20 +62,22 @@ TITLES = {
 }
 
 
-def runners(model: str, change: str, dtype: str = "auto") -> tuple[LayerwiseRunner, LayerwiseRunner, Any]:
+def runners(
+    model: str, change: str, dtype: str = "auto", force: bool = False
+) -> tuple[LayerwiseRunner, LayerwiseRunner, Any]:
     """(without, with) runners of one model: the plan of `dtype` without the step `change`, and the
-    whole plan (each step applied whatever the dtype; packing leaves fp32 alone); and the loaded
-    model. For an attention change, the whole plan on each of the two paths (a float32 model keeps
-    its one path: the kernel reads bf16 only)."""
+    whole plan (each step applied whatever the dtype; packing leaves fp32 alone unless `force`, the
+    fp32 fallback's packing); and the loaded model. For an attention change, the whole plan on each
+    of the two paths (a float32 model keeps its one path: the kernel reads bf16 only)."""
     with contextlib.ExitStack() as steps_off:
         for step, function in STEPS.items():
-            steps_off.enter_context(mock.patch.object(MODULES[step], function, lambda model: 0))
+            steps_off.enter_context(mock.patch.object(MODULES[step], function, lambda model, force=False: 0))
         loaded = load_model(model, dtype=dtype, announce=False)
     without, whole = loaded.model, copy.deepcopy(loaded.model)
     for step, function in STEPS.items():
         if step != change:
-            getattr(MODULES[step], function)(without)
-        getattr(MODULES[step], function)(whole)
+            getattr(MODULES[step], function)(without, force=force)
+        getattr(MODULES[step], function)(whole, force=force)
     if change in PATHS and without.dtype == torch.bfloat16:
         for copy_of_model, path in zip((without, whole), PATHS[change], strict=True):
             apply_attention(copy_of_model, AttentionChoice("bfloat16", path))
@@ -79,10 +85,10 @@ def runners(model: str, change: str, dtype: str = "auto") -> tuple[LayerwiseRunn
 
 
 def decode_speeds(
-    model: str, change: str, dtype: str, prompts: int, new_tokens: int, repeats: int
+    model: str, change: str, dtype: str, prompts: int, new_tokens: int, repeats: int, force: bool
 ) -> dict[str, list[float]]:
     """Autoregressive tok/s (prefill included) per prompt and repeat, without and with alternating."""
-    without, with_change, loaded = runners(model, change, dtype)
+    without, with_change, loaded = runners(model, change, dtype, force)
     spec = PromptSpec(n_prompts=prompts, max_prompt_tokens=256, new_tokens=new_tokens)
     encoded = [p.ids for p in encode_prompts(spec, loaded.tokenizer)]
     pair = {"without": without, "with": with_change}
@@ -150,6 +156,10 @@ def main() -> None:
     parser.add_argument("--dtypes", default="auto,float32", help="plans whose decodes are compared")
     parser.add_argument("--decode-prompts", type=int, default=4)
     parser.add_argument("--decode-repeats", type=int, default=2)
+    parser.add_argument(
+        "--force-pack", action="store_true", help="pack fp32 weights too (the fp32 fallback plan's packing)"
+    )
+    parser.add_argument("--suffix", default="", help="appended to the report's name (another CPU)")
     args = parser.parse_args()
     load_before = os.getloadavg()
     change = args.change
@@ -157,7 +167,8 @@ def main() -> None:
         f"# {TITLES[change]} (issue 19)",
         "",
         f"`python experiments/kernel_change.py --change {change} --contexts {args.contexts} "
-        f"--repeats {args.repeats} --dtypes {args.dtypes}`: one process per model, the plan without "
+        f"--repeats {args.repeats} --dtypes {args.dtypes}{' --force-pack' if args.force_pack else ''}`: "
+        "one process per model, the plan without "
         f"`{change}` and the whole plan timed alternately, median ms per pass (interquartile range in "
         "brackets).",
         "",
@@ -169,7 +180,7 @@ def main() -> None:
         if not available_offline(REGISTRY[model]):
             print(f"skipping {model}: not installed")
             continue
-        without, with_change, loaded = runners(model, change)
+        without, with_change, loaded = runners(model, change, force=args.force_pack)
         pair = {"without": without, "with": with_change}
         notes.append(
             f"- {model}: largest logit difference between the two {same_logits(pair):.3g}; "
@@ -200,7 +211,9 @@ def main() -> None:
         if not available_offline(REGISTRY[model]):
             continue
         for dtype in args.dtypes.split(","):
-            speeds = decode_speeds(model, change, dtype, args.decode_prompts, 48, args.decode_repeats)
+            speeds = decode_speeds(
+                model, change, dtype, args.decode_prompts, 48, args.decode_repeats, args.force_pack
+            )
             ratios = [b / a for a, b in zip(speeds["without"], speeds["with"], strict=True)]
             lines.append(
                 f"| {model} | {dtype} | {statistics.mean(speeds['without']):.1f} | "
@@ -216,7 +229,8 @@ def main() -> None:
         f"{torch.get_num_threads()} torch threads. {load_line(load_before, load_after)}.",
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / REPORTS[change]).write_text("\n".join(lines) + "\n")
+    report = Path(REPORTS[change])
+    (RESULTS / f"{report.stem}{args.suffix}{report.suffix}").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

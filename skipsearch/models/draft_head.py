@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from skipsearch.errors import ConfigError
-from skipsearch.models.packed import linear_product
+from skipsearch.models.packed import PackedLinear, linear_product
 from skipsearch.models.runner import LayerwiseRunner
 
 
@@ -44,7 +44,9 @@ class DraftHead:
         with torch.no_grad():
             weight = head.weight.index_select(0, index).contiguous()
             bias = None if head.bias is None else head.bias.index_select(0, index).contiguous()
-        return cls(runner, index, linear_product(weight, bias), vocab_size)
+        return cls(
+            runner, index, linear_product(weight, bias, pack=isinstance(head, PackedLinear)), vocab_size
+        )
 
     @property
     def size(self) -> int:

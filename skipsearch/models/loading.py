@@ -246,7 +246,8 @@ def load_model(
 
     The plan (docs/theory.md, "The kernel plan") is the dtype `--dtype` resolves to, the attention
     path measured fastest for it (`models.kernels`), and in bf16 on a CPU weights prepacked for
-    oneDNN (`models.packed`); with
+    oneDNN (`models.packed`), as in the fp32 fallback where that measures faster
+    (`models.fp32_packing`); with
     `announce` it is printed as one line on stdout, so every command says what it runs. With
     `random_weights` the architecture is built from its config with seeded random weights and no
     tokenizer; nothing is read from the hub or a weight file.
@@ -254,6 +255,7 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from skipsearch.models.fp32_packing import choose_fp32_packing
     from skipsearch.models.kernels import apply_attention, choose_attention
     from skipsearch.models.packed import pack_linears
 
@@ -295,6 +297,10 @@ def load_model(
     # Measured on this project's CPU (results/kernels/packed_weights.md): a bf16 product on a weight
     # reordered once for oneDNN is 1.5-2.5x faster than F.linear's, which reorders it on every call.
     packed = pack_linears(loaded.model)
+    if choice.name == "float32" and dtype == "auto" and device_type(device) == "cpu":
+        fp32 = choose_fp32_packing()  # the fallback plan: MKL or oneDNN, measured on this CPU
+        loaded.plan += f"; {fp32.describe()}"
+        packed = pack_linears(loaded.model, force=True) if fp32.packs else 0
     if packed:
         loaded.plan += f"; {packed} weight matrices prepacked for oneDNN"
     threads = fit_threads_to_load() if device_type(device) == "cpu" else None

@@ -13,9 +13,10 @@ always: Qwen's down projection (4864 → 896) gives other bits from 4 rows on, a
 projection did so in one layer on real activations. So a verify may differ from decode steps in
 the last bit, and bf16 losslessness is judged against a measured tolerance (`bench.lossless`).
 
-Only bf16 on a CPU is packed. fp16 needs CPU instructions (AVX512-FP16) this project has not
-measured, and fp32 stays the exact reference: oneDNN's packed fp32 product gives other bits than
-MKL's and is not row-independent.
+bf16 on a CPU is packed. fp16 needs CPU instructions (AVX512-FP16) this project has not
+measured. fp32 is packed only in the fallback plan of a CPU without native bf16, and only where
+oneDNN measured faster than MKL there (`models.fp32_packing`); `--dtype float32` stays the exact
+reference: oneDNN's packed fp32 product gives other bits than MKL's and is not row-independent.
 
 The packed matrix is opaque (no views, no `.to()`), so a packed model is for inference where it
 was loaded. A `PackedLinear` keeps the plain weight only where another module shares it (a head
@@ -70,10 +71,11 @@ def can_pack(dtype: torch.dtype, device: torch.device | str) -> bool:
     )
 
 
-def linear_product(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
+def linear_product(weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False) -> nn.Module:
     """The product `x @ weight.T + bias` on the fastest kernel for the weight's dtype and device:
-    packed where `can_pack`, else `F.linear` (for matrices built after load, like a draft head)."""
-    if can_pack(weight.dtype, weight.device):
+    packed where `can_pack` or `pack` asks (a CPU matrix beside a model packed by
+    `pack_linears(force=True)`), else `F.linear` (for matrices built after load, like a draft head)."""
+    if can_pack(weight.dtype, weight.device) or (pack and weight.device.type == "cpu"):
         return PackedLinear(weight, bias, keep_plain=False)
     return plain_linear(weight, bias)
 
@@ -90,8 +92,8 @@ def plain_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.L
 def pack_linears(model: nn.Module, force: bool = False) -> int:
     """Replace every `nn.Linear` of `model` whose weight `can_pack` by a `PackedLinear`; returns
     how many. A weight that another module also holds (a tied head) keeps its plain copy.
-    `force` packs every CPU weight whatever its dtype: for experiments that measure oneDNN's
-    product where the plan does not use it (fp32, `experiments/linear_rows.py --pack`)."""
+    `force` packs every CPU weight whatever its dtype: the fp32 fallback plan where oneDNN
+    measured faster (`models.fp32_packing`), and experiments (`experiments/linear_rows.py --pack`)."""
     holders: dict[int, int] = {}
     for module in model.modules():
         for parameter in module.parameters(recurse=False):

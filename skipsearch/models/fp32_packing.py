@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from skipsearch.models.kernels import choice_path
+from skipsearch.models.kernels import choice_path, median_ms
 from skipsearch.store import write_text_atomic
 
 PROBE_IN, PROBE_OUT = 1024, 4096
@@ -59,15 +56,6 @@ class Fp32Packing:
         return f"fp32 weights {chosen} (ms per {PROBE_IN}x{PROBE_OUT} product at {rows} rows: {cells})"
 
 
-def _median_ms(call: Callable[[], Any]) -> float:
-    times = []
-    for _ in range(PROBE_REPEATS):
-        began = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - began)
-    return sorted(times)[len(times) // 2] * 1e3
-
-
 def measure_fp32_products() -> dict[str, dict[str, float]]:
     """Median ms per product of each library at each row count, the best of three interleaved
     medians, cycling through `PROBE_MATRICES` weights so each call reads its weight from memory."""
@@ -91,7 +79,8 @@ def measure_fp32_products() -> dict[str, dict[str, float]]:
             for call in calls.values():
                 call()  # warm-up
             rounds = [
-                {name: _median_ms(call) / PROBE_MATRICES for name, call in calls.items()} for _ in range(3)
+                {name: median_ms(call, PROBE_REPEATS) / PROBE_MATRICES for name, call in calls.items()}
+                for _ in range(3)
             ]
             for name in calls:
                 timings[name][str(rows)] = min(medians[name] for medians in rounds)

@@ -199,9 +199,10 @@ class AttentionChoice:
         return f"{PATH_NAMES[self.path]} (ms at {PROBE_KEYS} keys, {queries} queries: {cells}{kernel})"
 
 
-def _median_ms(call: Callable[[], Any]) -> float:
+def median_ms(call: Callable[[], Any], repeats: int = PROBE_REPEATS) -> float:
+    """Median milliseconds of `repeats` calls (the kernel plan's probes)."""
     times = []
-    for _ in range(PROBE_REPEATS):
+    for _ in range(repeats):
         began = time.perf_counter()
         call()
         times.append(time.perf_counter() - began)
@@ -241,7 +242,7 @@ def measure_attention_paths(dtype: torch.dtype) -> dict[str, dict[str, float]]:
         calls = {path: call for path, call in calls.items() if path in timings}
         for call in calls.values():
             call()  # warm-up
-        rounds = [{path: _median_ms(call) for path, call in calls.items()} for _ in range(3)]
+        rounds = [{path: median_ms(call) for path, call in calls.items()} for _ in range(3)]
         for path in calls:
             timings[path][str(queries)] = min(medians[path] for medians in rounds)
     return timings

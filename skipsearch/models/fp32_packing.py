@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from skipsearch.models.kernels import choice_path, median_ms
-from skipsearch.store import write_text_atomic
+from skipsearch.models.kernels import choice_path, keep_choice, median_ms
 
 PROBE_IN, PROBE_OUT = 1024, 4096
 PROBE_ROWS = (1, 4)
@@ -91,8 +90,8 @@ def choose_fp32_packing() -> Fp32Packing:
     """Whether this CPU's fp32 products are faster packed for oneDNN, measured once and cached.
 
     Packed when oneDNN's summed time over one and four rows is below MKL's by `DECISIVE`; a
-    measurement that decides nothing (alike within `DECISIVE`, as on a loaded CPU) leaves MKL and
-    is not cached, so a later process measures again.
+    measurement that decides nothing (alike within `DECISIVE`), or one taken while other processes
+    kept a core busy (`kernels.keep_choice`), leaves it uncached, so a later process measures again.
     """
     if not torch.backends.mkldnn.is_available():
         return Fp32Packing(False)
@@ -107,6 +106,5 @@ def choose_fp32_packing() -> Fp32Packing:
     if abs(mkl - onednn) < DECISIVE * max(mkl, onednn):
         log.warning("fp32 products measured alike (%s); is the CPU busy? not kept", choice.describe())
         return choice
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(asdict(choice), indent=1))
+    keep_choice(path, choice, "the fp32 products")
     return choice

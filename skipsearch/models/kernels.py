@@ -44,6 +44,7 @@ from skipsearch.models.attention import (
 )
 from skipsearch.models.native_attention import decode_attention, load_kernel
 from skipsearch.models.packed import PackedLinear
+from skipsearch.models.threads import BUSY, busy_cores
 from skipsearch.store import kernel_choice_path, write_text_atomic
 
 # The shape the attention paths are compared on: SmolLM2's heads at a 2k context (the choice is
@@ -275,7 +276,8 @@ def choose_attention(dtype: torch.dtype, device_kind: str) -> AttentionChoice:
     path unmeasured. On a CPU with a half dtype the path with the least summed time over one and
     four queries is chosen. A measurement whose two fastest paths lie within `DECISIVE` of each
     other says nothing (on a loaded CPU they all wait on the scheduler): it is not cached, and the
-    faster of the two serves until a later process measures decisively.
+    faster of the two serves until a later process measures decisively. Nor is one taken while
+    other processes keep a core busy (`keep_choice`).
     """
     name = str(dtype).removeprefix("torch.")
     if device_kind != "cpu" or dtype == torch.float32:
@@ -293,9 +295,21 @@ def choose_attention(dtype: torch.dtype, device_kind: str) -> AttentionChoice:
     if runner_up - 1 < DECISIVE:
         log.warning("attention paths measured alike (%s); is the CPU busy? not kept", choice.describe())
         return choice
+    keep_choice(path, choice, "the attention paths")
+    return choice
+
+
+def keep_choice(path: Path, choice: Any, what: str) -> None:
+    """Cache a measured choice (a dataclass) for every later process on this machine, unless
+    other processes keep a core busy now: a measurement shared with them is not this machine's
+    (a probe run beside a test suite read oneDNN/MKL 0.83 where idle it reads 0.45), and a cached
+    choice is never measured again."""
+    busy = busy_cores()
+    if busy >= BUSY:
+        log.warning("%s were measured while other processes kept %.1f cores busy: not kept", what, busy)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(asdict(choice), indent=1))
-    return choice
 
 
 def apply_attention(model: Any, choice: AttentionChoice) -> None:

@@ -25,6 +25,12 @@ def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache"
 
 
+@pytest.fixture
+def idle_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No other process keeps a core busy: the kernel plan keeps what it measures (`kernels.keep_choice`)."""
+    monkeypatch.setattr("skipsearch.models.kernels.busy_cores", lambda: 0.0)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     directory = tmp_path_factory.mktemp("tiny-model")

@@ -27,7 +27,12 @@ def timings(mkl: float, onednn: float) -> dict[str, dict[str, float]]:
     ids=["oneDNN faster", "MKL faster", "alike"],
 )
 def test_the_faster_library_is_chosen_and_kept_only_when_decisive(
-    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch, measured: dict, packs: bool, kept: bool
+    cache_in_tmp: Path,
+    idle_cpu: None,
+    monkeypatch: pytest.MonkeyPatch,
+    measured: dict,
+    packs: bool,
+    kept: bool,
 ) -> None:
     monkeypatch.setattr(fp32_packing, "measure_fp32_products", lambda: measured)
     choice = choose_fp32_packing()

@@ -55,7 +55,7 @@ def test_fp32_models_and_accelerators_are_not_measured(monkeypatch: pytest.Monke
 
 
 def test_the_attention_choice_is_measured_once_and_cached(
-    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    cache_in_tmp: Path, idle_cpu: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = []
 
@@ -87,7 +87,7 @@ def test_the_attention_choice_is_measured_once_and_cached(
     ],
 )
 def test_the_fastest_path_is_kept(
-    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch, timings: dict, chosen: str
+    cache_in_tmp: Path, idle_cpu: None, monkeypatch: pytest.MonkeyPatch, timings: dict, chosen: str
 ) -> None:
     monkeypatch.setattr(kernels, "measure_attention_paths", lambda d: timings)
     assert choose_attention(torch.bfloat16, "cpu").path == chosen
@@ -95,7 +95,7 @@ def test_the_fastest_path_is_kept(
 
 
 def test_an_inconclusive_measurement_is_not_cached(
-    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    cache_in_tmp: Path, idle_cpu: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Under load every path waits on the scheduler and measures alike: no decision is stored."""
     monkeypatch.setattr(
@@ -108,7 +108,7 @@ def test_an_inconclusive_measurement_is_not_cached(
 
 
 def test_a_choice_stored_in_an_older_form_is_measured_again(
-    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    cache_in_tmp: Path, idle_cpu: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = kernels.choice_path("bfloat16")
     path.parent.mkdir(parents=True)
@@ -123,7 +123,7 @@ def test_a_choice_stored_in_an_older_form_is_measured_again(
 
 @pytest.mark.skipif(kernels.load_kernel().function is None, reason="decode kernel unavailable")
 def test_a_choice_measured_on_another_build_of_the_kernel_is_measured_again(
-    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    cache_in_tmp: Path, idle_cpu: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An edited kernel may be faster or slower than the one the stored choice timed."""
     timings = {NATIVE_ATTENTION: {"1": 0.9}, FP32_ATTENTION: {"1": 0.1}}
@@ -234,3 +234,16 @@ def test_the_fp32_path_groups_query_rows_over_a_long_cache_only(monkeypatch: pyt
         expected = F.scaled_dot_product_attention(query, key, value, enable_gqa=True).transpose(1, 2)
         torch.testing.assert_close(outputs[keys], expected, rtol=1e-6, atol=1e-6)
     assert len(grouped) == 1 and grouped[0][1].shape[2] == 20
+
+
+def test_a_choice_measured_beside_busy_processes_is_not_kept(
+    cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe shared the cores, so its verdict is not this machine's: used now, measured again later."""
+    monkeypatch.setattr(kernels, "busy_cores", lambda: 1.2)
+    path = cache_in_tmp / "choice.json"
+    kernels.keep_choice(path, kernels.AttentionChoice("bfloat16", FP32_ATTENTION), "the attention paths")
+    assert not path.exists()
+    monkeypatch.setattr(kernels, "busy_cores", lambda: 0.1)
+    kernels.keep_choice(path, kernels.AttentionChoice("bfloat16", FP32_ATTENTION), "the attention paths")
+    assert json.loads(path.read_text())["path"] == FP32_ATTENTION

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache
 
+from skipsearch.acceptance.estimator import greedy_confidence
 from skipsearch.engine.cache import check_lengths, crop
 from skipsearch.engine.gamma import GammaController, GammaPolicy
 from skipsearch.engine.result import DecodeResult, new_tokens
@@ -196,7 +197,7 @@ def confidence(logits: torch.Tensor, q: torch.Tensor | None, token: torch.Tensor
     drafted, and the stop is a stopping time of the draft's own choices."""
     if q is not None:
         return float(q[token])
-    return float(torch.softmax(logits.float(), dim=-1).max())
+    return float(greedy_confidence(logits))  # the estimator's own formula: both stop alike
 
 
 def verify(

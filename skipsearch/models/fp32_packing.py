@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from skipsearch.models.kernels import choice_path, keep_choice, median_ms
+from skipsearch.models.kernels import DECISIVE, choice_path, keep_choice, median_ms
 
 PROBE_IN, PROBE_OUT = 1024, 4096
 PROBE_ROWS = (1, 4)
 PROBE_MATRICES = 4  # 64 MB of fp32 weights: past a server CPU's last-level cache, as a model's are
 PROBE_REPEATS = 9
-DECISIVE = 0.15  # the least relative gap that decides
 CHOICE_NAME = "float32-linear"
 
 log = logging.getLogger(__name__)

@@ -296,11 +296,12 @@ def load_model(
     loaded.plan = f"{choice.name} ({choice.reason}); {attention.describe()}"
     # Measured on this project's CPU (results/kernels/packed_weights.md): a bf16 product on a weight
     # reordered once for oneDNN is 1.5-2.5x faster than F.linear's, which reorders it on every call.
-    packed = pack_linears(loaded.model)
+    force = False
     if choice.name == "float32" and dtype == "auto" and device_type(device) == "cpu":
         fp32 = choose_fp32_packing()  # the fallback plan: MKL or oneDNN, measured on this CPU
         loaded.plan += f"; {fp32.describe()}"
-        packed = pack_linears(loaded.model, force=True) if fp32.packs else 0
+        force = fp32.packs
+    packed = pack_linears(loaded.model, force)
     if packed:
         loaded.plan += f"; {packed} weight matrices prepacked for oneDNN"
     threads = fit_threads_to_load() if device_type(device) == "cpu" else None

@@ -71,11 +71,16 @@ def can_pack(dtype: torch.dtype, device: torch.device | str) -> bool:
     )
 
 
+def packs(weight: torch.Tensor, force: bool = False) -> bool:
+    """Whether `weight` is packed: where `can_pack`, or on a CPU whatever its dtype with `force`."""
+    return can_pack(weight.dtype, weight.device) or (force and weight.device.type == "cpu")
+
+
 def linear_product(weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False) -> nn.Module:
     """The product `x @ weight.T + bias` on the fastest kernel for the weight's dtype and device:
     packed where `can_pack` or `pack` asks (a CPU matrix beside a model packed by
     `pack_linears(force=True)`), else `F.linear` (for matrices built after load, like a draft head)."""
-    if can_pack(weight.dtype, weight.device) or (pack and weight.device.type == "cpu"):
+    if packs(weight, force=pack):
         return PackedLinear(weight, bias, keep_plain=False)
     return plain_linear(weight, bias)
 
@@ -101,10 +106,7 @@ def pack_linears(model: nn.Module, force: bool = False) -> int:
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is not nn.Linear:
-                continue
-            device = child.weight.device
-            if not (can_pack(child.weight.dtype, device) or (force and device.type == "cpu")):
+            if type(child) is not nn.Linear or not packs(child.weight, force):
                 continue
             shared = holders.get(id(child.weight), 0) > 1
             parent.add_module(name, PackedLinear(child.weight, child.bias, keep_plain=shared))

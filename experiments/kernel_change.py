@@ -1,8 +1,9 @@
 """One change of the kernel plan against the plan without it, in one process, paired (issue 19).
 
-`load_model` builds a bf16 model's plan in steps after the attention path; today the one step is
-weights prepacked for oneDNN (`models.packed`: reordered once at load instead of on every call).
-`--change` names the step under test. The model is loaded once without the steps, copied, and the
+`load_model` builds a model's plan in steps after the attention path: the fp32 fallback's weights
+in bf16 for skipsearch's AVX2 kernel (`models.bf16_weights`), then weights prepacked for oneDNN
+(`models.packed`: reordered once at load instead of on every call). `--change` names the step
+under test. The model is loaded once without the steps, copied, and the
 copies get the plan without that step and the whole plan. `--change kernel` tests the attention
 path instead: the whole plan with fp32 SDPA over an fp32 cache against the decode kernel over a
 bf16 cache (`models.native_attention`). Then the experiment times one-position steps (a decode or
@@ -16,7 +17,11 @@ autoregressive decodes of HumanEval prompts with both, alternating prompt by pro
     python experiments/kernel_change.py --change packed --force-pack --dtypes auto --suffix=-fp32-avx2
 
 `--force-pack` packs fp32 weights too: on a CPU without native bf16 it measures the fp32 fallback's
-packing (`models.fp32_packing`), which `load_model` applies only where oneDNN measured faster.
+packing (`models.fp32_linear`), which `load_model` applies only where oneDNN measured faster. With
+`--change bf16-weights --force-pack` it compares the fallback's two fastest products: bf16 weights
+on the kernel against fp32 weights packed for oneDNN.
+
+    python experiments/kernel_change.py --change bf16-weights --force-pack --dtypes auto --suffix=-avx2
 
 Stacked q/k/v and gate/up projections were the other step until packing made them 5-6% slower;
 their report and module were removed with them (re-run from commit fadcaca).
@@ -41,7 +46,7 @@ from _load import load_line
 
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.engine import autoregressive_decode
-from skipsearch.models import packed
+from skipsearch.models import bf16_weights, packed
 from skipsearch.models.attention import FP32_ATTENTION, KERNEL_ATTENTION
 from skipsearch.models.kernels import AttentionChoice, apply_attention
 from skipsearch.models.loading import load_model
@@ -50,13 +55,17 @@ from skipsearch.models.runner import LayerwiseRunner
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "kernels"
 POSITIONS = (1, 4)
-# The plan's steps after the attention path, in `load_model`'s order, and where each one's report goes.
-STEPS = {"packed": "pack_linears"}
-MODULES = {"packed": packed}
+# The plan's steps after the attention path, in `load_model`'s order: (module, function, the step
+# applied to a model with `force`, the fp32 fallback's packing).
+STEPS = {
+    "bf16-weights": (bf16_weights, "use_bf16_weights", lambda model, _: bf16_weights.use_bf16_weights(model)),
+    "packed": (packed, "pack_linears", lambda model, force: packed.pack_linears(model, force)),
+}
 # Attention paths compared on the whole plan: (without, with).
 PATHS = {"kernel": (FP32_ATTENTION, KERNEL_ATTENTION)}
-REPORTS = {"packed": "packed_weights.md", "kernel": "decode_kernel.md"}
+REPORTS = {"packed": "packed_weights.md", "kernel": "decode_kernel.md", "bf16-weights": "bf16_weights.md"}
 TITLES = {
+    "bf16-weights": "bf16 weights on skipsearch's AVX2 kernel against the fp32 plan's products",
     "packed": "Weights prepacked for oneDNN against F.linear's plain weights",
     "kernel": "The decode kernel over a bf16 cache against fp32 SDPA over an fp32 cache",
 }
@@ -70,14 +79,14 @@ def runners(
     fp32 fallback's packing); and the loaded model. For an attention change, the whole plan on each
     of the two paths (a float32 model keeps its one path: the kernel reads bf16 only)."""
     with contextlib.ExitStack() as steps_off:
-        for step, function in STEPS.items():
-            steps_off.enter_context(mock.patch.object(MODULES[step], function, lambda model, force=False: 0))
+        for module, function, _ in STEPS.values():
+            steps_off.enter_context(mock.patch.object(module, function, lambda model, force=False: 0))
         loaded = load_model(model, dtype=dtype, announce=False)
     without, whole = loaded.model, copy.deepcopy(loaded.model)
-    for step, function in STEPS.items():
+    for step, (_, _, apply) in STEPS.items():
         if step != change:
-            getattr(MODULES[step], function)(without, force=force)
-        getattr(MODULES[step], function)(whole, force=force)
+            apply(without, force)
+        apply(whole, force)
     if change in PATHS and without.dtype == torch.bfloat16:
         for copy_of_model, path in zip((without, whole), PATHS[change], strict=True):
             apply_attention(copy_of_model, AttentionChoice("bfloat16", path))

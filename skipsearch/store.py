@@ -135,10 +135,9 @@ def kernel_choice_path(machine: str, dtype: str) -> Path:
     return cache_dir() / "kernels" / f"{machine}-{dtype}.json".replace("/", "_")
 
 
-def native_library_path(digest: str) -> Path:
-    """Where the compiled decode-attention kernel is kept, one per source, compiler and flags
-    (`models.native_attention`)."""
-    return cache_dir() / "kernels" / f"decode_attention-{digest}.so"
+def native_library_path(name: str, digest: str) -> Path:
+    """Where a compiled C kernel is kept, one per source, compiler and flags (`models.native`)."""
+    return cache_dir() / "kernels" / f"{name}-{digest}.so"
 
 
 def draft_vocab_cache_path(model_id: str, corpus_hash: str) -> Path:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from skipsearch.errors import ConfigError
+from skipsearch.models.bf16_weights import Bf16WeightLinear
 from skipsearch.models.packed import PackedLinear, linear_product
 from skipsearch.models.runner import LayerwiseRunner
 
@@ -23,7 +24,8 @@ class DraftHead:
     """Final norm + the LM head restricted to `ids`: logits over the subset, in `ids` order.
 
     `product` multiplies by a contiguous copy of those rows (a gather per step would read the full
-    matrix's pages again) on the kernel the full head runs on (`models.packed.linear_product`);
+    matrix's pages again) on the kernel the full head runs on (`models.bf16_weights`, or
+    `models.packed.linear_product`);
     `vocab_size` is the full vocabulary, for scattering subset probabilities back.
     """
 
@@ -44,9 +46,11 @@ class DraftHead:
         with torch.no_grad():
             weight = head.weight.index_select(0, index).contiguous()
             bias = None if head.bias is None else head.bias.index_select(0, index).contiguous()
-        return cls(
-            runner, index, linear_product(weight, bias, pack=isinstance(head, PackedLinear)), vocab_size
-        )
+        if isinstance(head, Bf16WeightLinear):
+            product: torch.nn.Module = Bf16WeightLinear(weight, bias)
+        else:
+            product = linear_product(weight, bias, pack=isinstance(head, PackedLinear))
+        return cls(runner, index, product, vocab_size)
 
     @property
     def size(self) -> int:

@@ -42,6 +42,7 @@ from skipsearch.models.attention import (
     NATIVE_ATTENTION,
     uses_fp32_attention,
 )
+from skipsearch.models.bf16_weights import Bf16WeightLinear
 from skipsearch.models.native_attention import decode_attention, load_kernel
 from skipsearch.models.packed import PackedLinear
 from skipsearch.models.threads import BUSY, busy_cores
@@ -185,7 +186,7 @@ class AttentionChoice:
     path: str  # a key of PATH_NAMES
     timings: dict[str, dict[str, float]] = field(default_factory=dict)
     unavailable: str = ""  # why the decode kernel was not measured, where it was not
-    kernel_build: str = ""  # the build of the decode kernel measured (`KernelLibrary.build`)
+    kernel_build: str = ""  # the build of the decode kernel measured (`NativeLibrary.build`)
 
     def describe(self) -> str:
         if not self.timings:
@@ -272,16 +273,21 @@ def _cached(path: Path) -> AttentionChoice | None:
 def choose_attention(dtype: torch.dtype, device_kind: str) -> AttentionChoice:
     """The fastest attention path for `dtype` on this device, measured once and cached.
 
-    float32 models and accelerators (whose bf16 SDPA kernels are the fast ones) run the native
-    path unmeasured. On a CPU with a half dtype the path with the least summed time over one and
-    four queries is chosen. A measurement whose two fastest paths lie within `DECISIVE` of each
-    other says nothing (on a loaded CPU they all wait on the scheduler): it is not cached, and the
-    faster of the two serves until a later process measures decisively. Nor is one taken while
-    other processes keep a core busy (`keep_choice`).
+    Accelerators (whose bf16 SDPA kernels are the fast ones) run the native path unmeasured, and
+    float32 models on a CPU the fp32 path unmeasured: the same SDPA as transformers' own without
+    its copies (under a mask, a verify pass's, that one repeats grouped K/V heads, so it copies
+    the cache once per query head: on Qwen2.5 7 ms of a 4-position pass at 512 tokens). On a CPU
+    with a half dtype the path with the least summed time over one and four queries is chosen. A
+    measurement whose two fastest paths lie within `DECISIVE` of each other says nothing (on a
+    loaded CPU they all wait on the scheduler): it is not cached, and the faster of the two
+    serves until a later process measures decisively. Nor is one taken while other processes
+    keep a core busy (`keep_choice`).
     """
     name = str(dtype).removeprefix("torch.")
-    if device_kind != "cpu" or dtype == torch.float32:
+    if device_kind != "cpu":
         return AttentionChoice(name, NATIVE_ATTENTION)
+    if dtype == torch.float32:  # the same SDPA, minus the copies of grouped K/V heads under a mask
+        return AttentionChoice(name, FP32_ATTENTION)
     path = choice_path(name)
     cached = _cached(path) if path.is_file() else None
     if cached is not None:
@@ -324,9 +330,9 @@ def step_bytes(model: Any) -> tuple[int, int]:
 
     Every weight matrix is read once per step except the input embedding, of which a step reads one
     row per position — unless the LM head is tied to it and reads it whole. A packed matrix
-    (`models.packed`) is read in its packed copy; a tied head's plain copy then serves only the
-    lookup. The K/V of every cached position is read in every layer, in the cache's dtype (float32
-    beside fp32 attention).
+    (`models.packed`, `models.bf16_weights`) is read in its packed copy; a tied head's plain copy
+    then serves only the lookup. The K/V of every cached position is read in every layer, in the
+    cache's dtype (float32 beside fp32 attention).
     """
     embedding = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
@@ -334,8 +340,9 @@ def step_bytes(model: Any) -> tuple[int, int]:
     for module in model.modules():
         if isinstance(module, PackedLinear):
             read.pop(id(module.plain), None)
+        if isinstance(module, PackedLinear | Bf16WeightLinear):
             read[id(module.packed)] = module.packed
-    if not isinstance(head, PackedLinear) and head.weight is embedding:
+    if not isinstance(head, PackedLinear | Bf16WeightLinear) and head.weight is embedding:
         read[id(embedding)] = embedding
     weights = sum(tensor.numel() * tensor.element_size() for tensor in read.values())
     config = model.config

@@ -246,8 +246,9 @@ def load_model(
 
     The plan (docs/theory.md, "The kernel plan") is the dtype `--dtype` resolves to, the attention
     path measured fastest for it (`models.kernels`), and in bf16 on a CPU weights prepacked for
-    oneDNN (`models.packed`), as in the fp32 fallback where that measures faster
-    (`models.fp32_packing`); with
+    oneDNN (`models.packed`); the fp32 fallback's linear layers run the product measured fastest
+    on this CPU (`models.fp32_linear`): MKL's, oneDNN's on packed weights, or skipsearch's kernel
+    on bf16 copies of the weights (`models.bf16_weights`); with
     `announce` it is printed as one line on stdout, so every command says what it runs. With
     `random_weights` the architecture is built from its config with seeded random weights and no
     tokenizer; nothing is read from the hub or a weight file.
@@ -255,7 +256,8 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from skipsearch.models.fp32_packing import choose_fp32_packing
+    from skipsearch.models.bf16_weights import use_bf16_weights
+    from skipsearch.models.fp32_linear import BF16_KERNEL, ONEDNN, choose_fp32_linear
     from skipsearch.models.kernels import apply_attention, choose_attention
     from skipsearch.models.packed import pack_linears
 
@@ -298,9 +300,11 @@ def load_model(
     # reordered once for oneDNN is 1.5-2.5x faster than F.linear's, which reorders it on every call.
     force = False
     if choice.name == "float32" and dtype == "auto" and device_type(device) == "cpu":
-        fp32 = choose_fp32_packing()  # the fallback plan: MKL or oneDNN, measured on this CPU
+        fp32 = choose_fp32_linear()  # the fallback plan: MKL, oneDNN or the kernel, measured on this CPU
         loaded.plan += f"; {fp32.describe()}"
-        force = fp32.packs
+        if fp32.library == BF16_KERNEL:
+            loaded.plan += f"; {use_bf16_weights(loaded.model)} weight matrices in bf16"
+        force = fp32.library == ONEDNN
     packed = pack_linears(loaded.model, force)
     if packed:
         loaded.plan += f"; {packed} weight matrices prepacked for oneDNN"

@@ -8,8 +8,7 @@ slower still; results/kernels/attention_rows.md), and neither torch nor transfor
 CPU path for it. The C kernel reads a bf16 cache (which holds the bf16 projections' K/V exactly)
 and does float32 arithmetic, so it computes the fp32 path's attention from half its bytes.
 
-It is compiled with the system C compiler into the cache directory (one library per source,
-compiler and compiler flags), and is used only where the CPU has the AVX-512 features it is
+It is built and loaded by `models.native`, used only where the CPU has the AVX-512 features it is
 written for and a compiler is found; otherwise `load_kernel().reason` says why, the kernel plan
 prints it, and the plan keeps torch's SDPA.
 """
@@ -18,82 +17,34 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from skipsearch.models.dtypes import cpu_flags
-from skipsearch.store import native_library_path
+from skipsearch.models.native import KernelSource, NativeLibrary, load_native
 
-SOURCE = Path(__file__).with_name("decode_attention.c")
-NEEDED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")
-COMPILER_FLAGS = (
-    "-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16",
-    "-fopenmp", "-shared", "-fPIC",
+_POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
+SOURCE = KernelSource(
+    path=Path(__file__).with_name("decode_attention.c"),
+    symbol="decode_attention",
+    signature=(
+        _POINTER, _INT, _INT, _POINTER, _POINTER, _INT, _POINTER, *[_INT] * 7, ctypes.c_float,
+        _POINTER, _POINTER, _INT, _POINTER,
+    ),
+    needed_flags=("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"),
+    compiler_flags=(
+        "-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16",
+        "-fopenmp", "-shared", "-fPIC",
+    ),
 )  # fmt: skip
 # Longer blocks (prefills, the estimator's teacher-forced passes) stay on SDPA, compute-bound there.
 MAX_QUERIES = 16
-_POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
-_SIGNATURE = (
-    _POINTER, _INT, _INT, _POINTER, _POINTER, _INT, _POINTER, *[_INT] * 7, ctypes.c_float,
-    _POINTER, _POINTER, _INT, _POINTER,
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class KernelLibrary:
-    """The loaded kernel, or None and the reason it is not there; `build` names the source,
-    compiler and flags it was built from (a changed kernel is measured again)."""
-
-    function: ctypes._CFuncPtr | None
-    reason: str
-    build: str = ""
-
-
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-
-
-def _build(compiler: str, target: Path) -> str | None:
-    """Compile `SOURCE` into `target` (written whole or not at all); the compiler's complaint or None."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(f".{os.getpid()}.tmp")
-    command = [compiler, *COMPILER_FLAGS, "-o", str(partial), str(SOURCE)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        partial.unlink(missing_ok=True)
-        return (done.stderr.strip().splitlines() or ["failed"])[-1]
-    partial.replace(target)
-    return None
 
 
 @functools.cache
-def load_kernel() -> KernelLibrary:
+def load_kernel() -> NativeLibrary:
     """The kernel for this CPU, compiled once per source, compiler and compiler flags."""
-    flags = cpu_flags() or frozenset()
-    missing = [flag for flag in NEEDED_FLAGS if flag not in flags]
-    if missing:
-        return KernelLibrary(None, f"this CPU lacks {', '.join(missing)}")
-    compiler = _compiler()
-    if compiler is None:
-        return KernelLibrary(None, "no C compiler (cc or gcc) on PATH")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
-    digest = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(COMPILER_FLAGS).encode())
-    build = digest.hexdigest()[:16]
-    target = native_library_path(build)
-    if not target.is_file():
-        complaint = _build(compiler, target)
-        if complaint is not None:
-            return KernelLibrary(None, f"{Path(compiler).name} could not build it: {complaint}")
-    # torch is imported above, so this library's libgomp.so.1 resolves to torch's OpenMP runtime
-    function = ctypes.CDLL(str(target)).decode_attention
-    function.restype, function.argtypes = ctypes.c_int, _SIGNATURE
-    return KernelLibrary(function, f"built by {Path(compiler).name} from {SOURCE.name}", build)
+    return load_native(SOURCE)
 
 
 def decode_attention(

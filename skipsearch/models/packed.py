@@ -15,7 +15,7 @@ the last bit, and bf16 losslessness is judged against a measured tolerance (`ben
 
 bf16 on a CPU is packed. fp16 needs CPU instructions (AVX512-FP16) this project has not
 measured. fp32 is packed only in the fallback plan of a CPU without native bf16, and only where
-oneDNN measured faster than MKL there (`models.fp32_packing`); `--dtype float32` stays the exact
+oneDNN measured faster than MKL there (`models.fp32_linear`); `--dtype float32` stays the exact
 reference: oneDNN's packed fp32 product gives other bits than MKL's and is not row-independent.
 
 The packed matrix is opaque (no views, no `.to()`), so a packed model is for inference where it
@@ -98,7 +98,7 @@ def pack_linears(model: nn.Module, force: bool = False) -> int:
     """Replace every `nn.Linear` of `model` whose weight `can_pack` by a `PackedLinear`; returns
     how many. A weight that another module also holds (a tied head) keeps its plain copy.
     `force` packs every CPU weight whatever its dtype: the fp32 fallback plan where oneDNN
-    measured faster (`models.fp32_packing`), and experiments (`experiments/linear_rows.py --pack`)."""
+    measured faster (`models.fp32_linear`), and experiments (`experiments/linear_rows.py --pack`)."""
     holders: dict[int, int] = {}
     for module in model.modules():
         for parameter in module.parameters(recurse=False):

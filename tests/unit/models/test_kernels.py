@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from skipsearch.models import attention, kernels
 from skipsearch.models.attention import FP32_ATTENTION, KERNEL_ATTENTION, NATIVE_ATTENTION, grouped_queries
 from skipsearch.models.kernels import (
+    AttentionChoice,
     GrowingLayer,
     PlanCache,
     apply_attention,
@@ -41,16 +42,31 @@ def test_fp32_attention_matches_upcast_attention_and_keeps_fp32_kv() -> None:
     assert torch.equal(whole.argmax(-1), steps.argmax(-1))
 
 
-def test_native_models_get_the_native_cache() -> None:
+def test_fp32_models_on_a_cpu_get_the_fp32_path_and_cache() -> None:
     model = with_plan_attention(tiny_model("llama", layers=2))
-    assert model.config._attn_implementation == NATIVE_ATTENTION
+    assert model.config._attn_implementation == FP32_ATTENTION
     cache = new_cache(model.config)
-    assert isinstance(cache, PlanCache) and cache.kv_dtype is None
+    assert isinstance(cache, PlanCache) and cache.kv_dtype == torch.float32
+
+
+def test_the_fp32_path_attends_as_transformers_sdpa_does() -> None:
+    """On a grouped-query model, a verify block (which has a mask) on the fp32 path, which does not
+    repeat K/V heads, gives transformers' SDPA's logits."""
+    model = tiny_model("llama", layers=2)
+    ids = torch.tensor([[5, 17, 3, 42, 8, 23, 11, 2, 9, 30]])
+    logits = {}
+    for path in (NATIVE_ATTENTION, FP32_ATTENTION):
+        apply_attention(model, AttentionChoice("float32", path))
+        cache = new_cache(model.config)
+        with torch.no_grad():
+            model(ids[:, :6], past_key_values=cache, use_cache=True)
+            logits[path] = model(ids[:, 6:], past_key_values=cache, use_cache=True).logits
+    torch.testing.assert_close(logits[FP32_ATTENTION], logits[NATIVE_ATTENTION], rtol=1e-5, atol=1e-5)
 
 
 def test_fp32_models_and_accelerators_are_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernels, "measure_attention_paths", lambda dtype: pytest.fail("measured"))
-    assert choose_attention(torch.float32, "cpu").path == NATIVE_ATTENTION
+    assert choose_attention(torch.float32, "cpu").path == FP32_ATTENTION
     assert choose_attention(torch.bfloat16, "cuda").path == NATIVE_ATTENTION
 
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from skipsearch.masks import KVPattern
-from skipsearch.models import native_attention
+from skipsearch.models import native, native_attention
 from skipsearch.models.attention import FP32_ATTENTION, KERNEL_ATTENTION
 from skipsearch.models.kernels import AttentionChoice, apply_attention
 from skipsearch.models.native_attention import decode_attention, load_kernel
@@ -78,14 +78,14 @@ def test_the_kernel_declines_what_it_does_not_read(
 
 
 def test_a_cpu_without_the_features_gets_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(native_attention, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    monkeypatch.setattr(native, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
     library = load_kernel.__wrapped__()
     assert library.function is None and "avx512_bf16" in library.reason and "avx512bw" in library.reason
 
 
 def test_without_a_compiler_the_reason_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(native_attention, "cpu_flags", lambda: frozenset(native_attention.NEEDED_FLAGS))
-    monkeypatch.setattr(native_attention, "_compiler", lambda: None)
+    monkeypatch.setattr(native, "cpu_flags", lambda: frozenset(native_attention.SOURCE.needed_flags))
+    monkeypatch.setattr(native, "compiler", lambda: None)
     library = load_kernel.__wrapped__()
     assert library.function is None and "no C compiler" in library.reason
 

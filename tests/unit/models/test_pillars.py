@@ -13,6 +13,7 @@ from skipsearch.models import native_attention
 from skipsearch.models.attention import KERNEL_ATTENTION
 from skipsearch.models.kernels import AttentionChoice, apply_attention
 from skipsearch.models.kv_attention import pattern_attention
+from skipsearch.models.native import NativeLibrary
 from skipsearch.models.native_attention import decode_attention, load_kernel
 from skipsearch.models.pillars import PillarChoice, PillarKeys, choose_pillars, query_scores
 from skipsearch.models.runner import LayerwiseRunner
@@ -104,9 +105,7 @@ def test_on_the_kernel_path_pillars_come_from_the_kernels_scores_and_decode_loss
         calls["scores"] += bool(args[-1])
         return original(*args)
 
-    with mock.patch.object(
-        native_attention, "load_kernel", lambda: native_attention.KernelLibrary(counting, "")
-    ):
+    with mock.patch.object(native_attention, "load_kernel", lambda: NativeLibrary(counting, "")):
         result = speculative_decode(runner, prompt, SkipMask(3), 24, gamma=3, kv=kv)
     assert calls["scores"] > 0 and calls["pillars"] > 0
     assert result.tokens == autoregressive_decode(runner, prompt, 24).tokens

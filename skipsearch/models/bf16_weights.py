@@ -1,0 +1,123 @@
+"""bf16 weights in float32 arithmetic: the linear layers of the fallback plan on a CPU without
+native bf16, run by the `linear_rows.c` kernel (docs/theory.md, "The kernel plan").
+
+A decode step reads every weight once, so its floor is the weight bytes over the memory's
+bandwidth, and a verify of a few positions should cost what one step costs. On an AVX2-only AMD
+EPYC (Zen 3), torch's fp32 products are far from both: MKL streams the weights at 4-11 GB/s and
+pays about one more product per extra row, and oneDNN's packed products halve that but keep the
+slope (results/kernels/linear_rows-*-avx2-float32*.md). The kernel reads each weight once per
+call whatever the number of rows, from a bf16 copy in a blocked layout (one sequential stream per
+block of outputs, half the bytes of fp32), widens it exactly to float32 and multiplies in float32.
+
+So the weights are the bf16 plan's (the values a CPU with native bf16 runs), the activations,
+K/V and attention stay float32, and every output row comes out of the same operations whatever
+the row count: a verify pass's products equal the decode steps' bit for bit. Blocks longer than
+`MAX_ROWS` (prefills, the estimator's teacher-forced passes) are compute-bound, not
+memory-bound: they multiply a float32 copy of the same rounded weights with torch's product.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from skipsearch.models.native import KernelSource, NativeLibrary, load_native
+
+_POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
+SOURCE = KernelSource(
+    path=Path(__file__).with_name("linear_rows.c"),
+    symbol="linear_rows",
+    signature=(_POINTER, _INT, _INT, _INT, _POINTER, _INT, _POINTER, _POINTER, _INT),
+    needed_flags=("avx2", "fma"),
+    compiler_flags=("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"),
+)
+OUT_BLOCK = 2  # weight rows the kernel streams together (linear_rows.c)
+CHUNK = 8  # k values of one weight row per vector
+MAX_ROWS = 16  # longer blocks are compute-bound: torch's product on a float32 copy
+
+
+@functools.cache
+def load_kernel() -> NativeLibrary:
+    """The kernel for this CPU, compiled once per source, compiler and compiler flags."""
+    return load_native(SOURCE)
+
+
+def fits(weight: torch.Tensor) -> bool:
+    """Whether the kernel reads this matrix: float32 on a CPU, inputs a multiple of 8."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.shape[1] % CHUNK == 0
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` `[out, in]` rounded to bf16 in the kernel's blocked layout `[blocks, in / 8, 2, 8]`:
+    each block of `OUT_BLOCK` output rows is one contiguous stream, chunk by chunk of 8 inputs
+    (rows past `out` are zeros)."""
+    out, inputs = weight.shape
+    padded = torch.zeros(-(-out // OUT_BLOCK) * OUT_BLOCK, inputs, dtype=torch.bfloat16)
+    padded[:out] = weight
+    return padded.view(-1, OUT_BLOCK, inputs // CHUNK, CHUNK).permute(0, 2, 1, 3).contiguous()
+
+
+def unpack_weight(packed: torch.Tensor, out: int) -> torch.Tensor:
+    """The float32 `[out, in]` matrix `packed` holds (the rounded weights, exactly)."""
+    blocks, chunks = packed.shape[:2]
+    return packed.permute(0, 2, 1, 3).reshape(blocks * OUT_BLOCK, chunks * CHUNK)[:out].float()
+
+
+class Bf16WeightLinear(nn.Module):
+    """`nn.Linear`'s product with the weight rounded to bf16, in float32 arithmetic, on the kernel.
+
+    `weight` is the float32 matrix the product multiplies by (the rounded weights), unpacked on
+    each read: read it once, not per step.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.packed = pack_weight(weight.detach())
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return unpack_weight(self.packed, self.out_features)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows = hidden.numel() // self.in_features
+        function = load_kernel().function
+        if function is None or not 1 <= rows <= MAX_ROWS or hidden.dtype != torch.float32:
+            bias = None if self.bias is None else self.bias.to(hidden.dtype)
+            return F.linear(hidden, self.weight.to(hidden.dtype), bias)
+        x = hidden.reshape(rows, self.in_features)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        y = hidden.new_empty((*hidden.shape[:-1], self.out_features))
+        failed = function(
+            x.data_ptr(), x.stride(0), rows, self.in_features, self.packed.data_ptr(), self.out_features,
+            None if self.bias is None else self.bias.data_ptr(), y.data_ptr(), self.out_features,
+        )  # fmt: skip
+        if failed:
+            raise RuntimeError(f"linear_rows refused a {rows}x{self.in_features} block")
+        return y
+
+    def packed_bytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bf16 weights"
+
+
+def use_bf16_weights(model: nn.Module) -> int:
+    """Replace every `nn.Linear` of `model` that the kernel reads (`fits`) by a `Bf16WeightLinear`;
+    returns how many. A head tied to the input embedding gets its own packed copy; the lookup
+    keeps reading the embedding."""
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and fits(child.weight):
+                parent.add_module(name, Bf16WeightLinear(child.weight, child.bias))
+                replaced += 1
+    return replaced

@@ -1,0 +1,99 @@
+/* The product of a few float32 rows with a bf16 weight matrix, in float32 arithmetic, for CPUs
+ * with AVX2 and FMA (skipsearch/models/bf16_weights.py builds and loads it; docs/theory.md,
+ * "The kernel plan").
+ *
+ * Why it exists: a decode step, a draft step and a verify pass multiply 1 to ~16 rows by every
+ * weight matrix, so a step is a stream over the weights and should run at the memory's bandwidth,
+ * with a verify of a few rows costing what one row costs. On a CPU without native bf16 (an AVX2
+ * AMD EPYC) torch's fp32 products do neither: MKL streams the weights at 4-11 GB/s at one row and
+ * pays about one more product per extra row, oneDNN half that (results/kernels/linear_rows-*-avx2-
+ * float32*.md). This kernel reads each weight once per call whatever the row count, from a bf16
+ * copy (half the bytes of fp32), widens it to float32 (a bf16 value is the top half of a float32,
+ * so the widening is exact) and multiplies in float32: the bf16 plan's weights with fp32
+ * activations, at the memory's speed.
+ *
+ * Layout: x is rows x in (float32, row r at x + r * x_stride), w is out x in (bf16 bits,
+ * row-major, contiguous), y is rows x out (float32, row r at y + r * y_stride), bias is out
+ * floats or NULL; in must be a multiple of 8.
+ *
+ * Every output y[r][j] is one 8-lane float32 accumulator summed over k in order, then its lanes
+ * summed in a fixed order and the bias added: the same operations whatever the row count, the
+ * row's place in its block and the thread, so a verify pass's products are bit for bit the decode
+ * steps' (what makes greedy SSD equal autoregressive decoding on this plan). Work is split over
+ * OpenMP threads by blocks of OUT_BLOCK outputs; each block's weight rows are read from memory
+ * once and from cache by every block of ROW_BLOCK rows. The OpenMP runtime is torch's own (the
+ * library is loaded after torch), so the threads torch was given apply here too.
+ */
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+
+#define OUT_BLOCK 2 /* weight rows streamed together: 2 widened vectors */
+#define ROW_BLOCK 6 /* rows summed in registers together: 6 x 2 accumulators + 2 weights + x < 16 */
+#define PREFETCH 4096 /* bf16 values (8 KB) ahead in the block's stream: measured best of 512-8192 */
+
+static inline __m256 widen(const uint16_t *bits) {
+    __m128i half = _mm_loadu_si128((const __m128i *)bits);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
+/* The 8 lanes' sum, always in this order. */
+static inline float lanes_sum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One block of OUT_BLOCK outputs of rows 0 .. NR - 1 (NR a constant where inlined): the block's
+ * weights are one contiguous stream, k chunk by k chunk, each chunk its OUT_BLOCK rows' 8 values. */
+static inline __attribute__((always_inline)) void block(
+    const float *x, int64_t x_stride, int NR, int64_t in, const uint16_t *w_block, __m256 *sums) {
+    __m256 acc[ROW_BLOCK][OUT_BLOCK];
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < OUT_BLOCK; j++) acc[r][j] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < in; k += 8) {
+        const uint16_t *chunk = w_block + k * OUT_BLOCK;
+        _mm_prefetch((const char *)(chunk + PREFETCH), _MM_HINT_T0);
+        __m256 weights[OUT_BLOCK];
+        for (int j = 0; j < OUT_BLOCK; j++) weights[j] = widen(chunk + 8 * j);
+        for (int r = 0; r < NR; r++) {
+            __m256 xr = _mm256_loadu_ps(x + r * x_stride + k);
+            for (int j = 0; j < OUT_BLOCK; j++) acc[r][j] = _mm256_fmadd_ps(xr, weights[j], acc[r][j]);
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < OUT_BLOCK; j++) sums[r * OUT_BLOCK + j] = acc[r][j];
+}
+
+static void output_block(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w,
+                         int64_t out, int64_t b, const float *bias, float *y, int64_t y_stride) {
+    const uint16_t *w_block = w + b * OUT_BLOCK * in;
+    __m256 sums[ROW_BLOCK * OUT_BLOCK];
+    for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
+        int64_t nr = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK;
+        const float *xr = x + r0 * x_stride;
+        switch (nr) {
+        case 6: block(xr, x_stride, 6, in, w_block, sums); break;
+        case 5: block(xr, x_stride, 5, in, w_block, sums); break;
+        case 4: block(xr, x_stride, 4, in, w_block, sums); break;
+        case 3: block(xr, x_stride, 3, in, w_block, sums); break;
+        case 2: block(xr, x_stride, 2, in, w_block, sums); break;
+        default: block(xr, x_stride, 1, in, w_block, sums);
+        }
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t j = 0, o = b * OUT_BLOCK; j < OUT_BLOCK && o < out; j++, o++)
+                y[(r0 + r) * y_stride + o] = lanes_sum(sums[r * OUT_BLOCK + j]) + (bias ? bias[o] : 0.0f);
+    }
+}
+
+/* y = x w^T + bias, w in the blocked layout (`pack`); 0 on success, 1 where the shape is not
+ * one the kernel reads. */
+int linear_rows(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w, int64_t out,
+                const float *bias, float *y, int64_t y_stride) {
+    if (in % 8 != 0 || rows < 1 || out < 1) return 1;
+    int64_t blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) output_block(x, x_stride, rows, in, w, out, b, bias, y, y_stride);
+    return 0;
+}

@@ -1,0 +1,121 @@
+"""The fallback plan's bf16-weight products (`models.bf16_weights`): the kernel multiplies by the
+weights rounded to bf16 in float32 arithmetic, a row's output does not depend on the rows beside
+it, and a model on it decodes losslessly with self-speculation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from skipsearch.engine import autoregressive_decode, speculative_decode
+from skipsearch.masks import SkipMask
+from skipsearch.models import bf16_weights
+from skipsearch.models.bf16_weights import (
+    MAX_ROWS,
+    Bf16WeightLinear,
+    load_kernel,
+    pack_weight,
+    unpack_weight,
+    use_bf16_weights,
+)
+from skipsearch.models.kernels import step_bytes
+from skipsearch.models.runner import LayerwiseRunner
+from tests.conftest import tiny_model
+
+needs_kernel = pytest.mark.skipif(
+    load_kernel().function is None, reason=f"linear kernel unavailable: {load_kernel().reason}"
+)
+
+
+def rounded_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The exact product with the bf16-rounded weight, in float64."""
+    out = x.double() @ weight.bfloat16().double().T
+    return (out + bias.double() if bias is not None else out).float()
+
+
+@pytest.mark.parametrize("out", [4, 37, 130])
+def test_packing_keeps_the_rounded_weights_exactly(out: int) -> None:
+    weight = torch.randn(out, 24)
+    packed = pack_weight(weight)
+    assert packed.dtype == torch.bfloat16 and packed.is_contiguous()
+    assert torch.equal(unpack_weight(packed, out), weight.bfloat16().float())
+    assert torch.equal(Bf16WeightLinear(weight, None).weight, weight.bfloat16().float())
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, MAX_ROWS])
+@pytest.mark.parametrize(("inputs", "out", "bias"), [(64, 37, True), (200, 130, False), (8, 4, True)])
+def test_the_kernel_multiplies_by_the_rounded_weights(rows: int, inputs: int, out: int, bias: bool) -> None:
+    generator = torch.Generator().manual_seed(rows * out)
+    weight = torch.randn(out, inputs, generator=generator)
+    b = torch.randn(out, generator=generator) if bias else None
+    x = torch.randn(1, rows, inputs, generator=generator)
+    y = Bf16WeightLinear(weight, b)(x)
+    assert y.shape == (1, rows, out) and y.dtype == torch.float32
+    torch.testing.assert_close(y, rounded_product(x, weight, b), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_a_rows_output_does_not_depend_on_the_rows_beside_it() -> None:
+    """The property that makes a verify's products equal the decode steps' bit for bit: every row
+    of a block of 1..MAX_ROWS rows equals that row multiplied alone."""
+    generator = torch.Generator().manual_seed(0)
+    product = Bf16WeightLinear(
+        torch.randn(150, 96, generator=generator), torch.randn(150, generator=generator)
+    )
+    x = torch.randn(MAX_ROWS, 96, generator=generator)
+    alone = torch.cat([product(x[r : r + 1]) for r in range(MAX_ROWS)])
+    for rows in range(1, MAX_ROWS + 1):
+        for start in (0, MAX_ROWS - rows):
+            assert torch.equal(product(x[start : start + rows]), alone[start : start + rows]), (rows, start)
+
+
+def test_long_blocks_and_other_dtypes_multiply_the_same_rounded_weights_in_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Beyond `MAX_ROWS` rows (a prefill), for a bf16 input, or without the kernel, the product is
+    torch's on the same rounded weights."""
+    weight, bias = torch.randn(40, 32), torch.randn(40)
+    product = Bf16WeightLinear(weight, bias)
+    long = torch.randn(1, MAX_ROWS + 3, 32)
+    torch.testing.assert_close(product(long), rounded_product(long, weight, bias), rtol=1e-5, atol=1e-5)
+    half = torch.randn(2, 32).bfloat16()
+    assert product(half).dtype == torch.bfloat16
+    monkeypatch.setattr(bf16_weights, "load_kernel", lambda: bf16_weights.NativeLibrary(None, "stubbed"))
+    short = torch.randn(3, 32)
+    assert torch.equal(product(short), F.linear(short, weight.bfloat16().float(), bias))
+
+
+def test_only_float32_matrices_with_inputs_in_chunks_of_8_are_replaced() -> None:
+    model = nn.Sequential(nn.Linear(16, 12), nn.Linear(12, 8), nn.Linear(8, 8).bfloat16())
+    assert use_bf16_weights(model) == 1
+    assert [type(m) for m in model] == [Bf16WeightLinear, nn.Linear, nn.Linear]
+
+
+def test_a_step_reads_the_bf16_copies_and_the_embedding_only_row_by_row() -> None:
+    model = tiny_model("llama", layers=2)
+    _, kv = step_bytes(model)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    packed = sum(-(-m.out_features // 2) * 2 * m.in_features * 2 for m in linears)  # bf16, blocks of 2 rows
+    linear_ids = {id(m.weight) for m in linears}
+    embedding = model.model.embed_tokens.weight
+    others = sum(p.numel() * 4 for p in model.parameters() if id(p) not in linear_ids and p is not embedding)
+    use_bf16_weights(model)
+    assert step_bytes(model) == (packed + others, kv)
+
+
+@needs_kernel
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_self_speculation_on_bf16_weights_is_lossless(family: str) -> None:
+    """Greedy SSD equals autoregressive decoding token for token on the plan: the verify's products
+    are the steps' bit for bit, and its attention is float32."""
+    model = tiny_model(family, layers=4, hidden_size=64, num_attention_heads=4)
+    assert use_bf16_weights(model) == 4 * 7 + 1
+    runner = LayerwiseRunner(model)
+    prompt = [5, 17, 3, 42, 8, 23, 11, 2, 9, 30, 12, 7]
+    expected = autoregressive_decode(runner, prompt, 40).tokens
+    for gamma in (1, 3, 5):
+        result = speculative_decode(runner, prompt, SkipMask.from_layers(4, [1, 2]), 40, gamma=gamma)
+        assert result.tokens == expected, gamma

@@ -139,7 +139,7 @@ def process_meta(runner: LayerwiseRunner, model: str) -> dict[str, Any]:
     import torch
     import transformers
 
-    from skipsearch.models.kernels import step_bytes
+    from skipsearch.models.kernels import plan_kernels, step_bytes
 
     device = runner.device
     weight_bytes, kv_bytes = step_bytes(runner.model)
@@ -154,7 +154,7 @@ def process_meta(runner: LayerwiseRunner, model: str) -> dict[str, Any]:
         "num_layers": runner.num_layers,
         "vocab_size": int(runner.model.lm_head.weight.shape[0]),
         "threads": torch.get_num_threads(),
-        "attention": runner.model.config._attn_implementation,
+        **plan_kernels(runner.model),
         "weight_bytes": weight_bytes,
         "kv_bytes_per_position": kv_bytes,
     }

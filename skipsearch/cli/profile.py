@@ -21,6 +21,7 @@ from skipsearch.cli.common import add_model_options, add_weight_options, random_
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.profile_summary import ProfileSummary, summary
 from skipsearch.errors import ConfigError
+from skipsearch.models.random_weights import RandomWeights
 from skipsearch.store import default_profile_path
 
 MS = 1e3
@@ -90,6 +91,22 @@ def output_path(args: argparse.Namespace) -> Path:
     return path
 
 
+def same_plan(
+    existing: LatencyProfile, args: argparse.Namespace, weights: RandomWeights | None, out: Path
+) -> bool:
+    """Whether the profile in `out` (loaded: a damaged file fails here, not in the run that reads
+    it) timed the kernels this machine's plan runs now; one of another plan (a kernel added or
+    chosen since) is measured again, and `--skip-existing` skips only a profile of this plan."""
+    from skipsearch.models.kernels import plan_kernels
+    from skipsearch.models.loading import load_model
+
+    loaded = load_model(args.model, args.device, args.dtype, weights, announce=False)
+    if existing.warn_other_plan(plan_kernels(loaded.model), out):
+        Console().print(f"latency profile in {out} is another kernel plan's: measuring it again")
+        return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     from skipsearch.models.device import check_device
 
@@ -97,8 +114,7 @@ def run(args: argparse.Namespace) -> int:
     weights = random_weights(args)
     out = output_path(args)
     check_device(args.device)
-    if args.skip_existing and out.is_file():
-        LatencyProfile.load(out)  # a damaged file fails here, not in the run that reads it
+    if args.skip_existing and out.is_file() and same_plan(LatencyProfile.load(out), args, weights, out):
         Console().print(f"latency profile already in {out}: not measured again (drop --skip-existing to)")
         return 0
     profile = profile_processes(

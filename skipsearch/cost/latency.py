@@ -273,16 +273,25 @@ class LatencyProfile:
             return None
         return sum(read) / bandwidth
 
-    def warn_other_attention(self, running: str | None, path: str | Path) -> bool:
-        """Warn (and say so) when this profile timed another attention path than the `running`
-        one: its attention costs, and so every predicted speedup, are another plan's."""
-        profiled = self.meta.get("attention")
-        if profiled is None or profiled == running:
+    def warn_other_plan(self, running: dict[str, str], path: str | Path) -> bool:
+        """Warn (and say so) when this profile timed other kernels than the `running` ones
+        (`models.kernels.plan_kernels`: the attention path, the linear products): its costs, and
+        so every predicted speedup, are another plan's. A kernel the profile did not record (an
+        older profile) is not compared."""
+        other = {
+            key: (self.meta[key], kernel)
+            for key, kernel in running.items()
+            if self.meta.get(key) is not None and self.meta[key] != kernel
+        }
+        if not other:
             return False
+        timed = ", ".join(
+            f"{key} {profiled} where this plan runs {kernel}" for key, (profiled, kernel) in other.items()
+        )
         log.warning(
-            "the latency profile %s timed attention path %s, and this plan runs %s: its predictions "
-            "are another plan's; run `skipsearch profile --model %s` again",
-            path, profiled, running, self.meta.get("model", "MODEL"),
+            "the latency profile %s timed %s: its predictions are another plan's; "
+            "run `skipsearch profile --model %s` again",
+            path, timed, self.meta.get("model", "MODEL"),
         )  # fmt: skip
         return True
 

@@ -37,14 +37,15 @@ class DraftHead:
     @classmethod
     def gather(cls, runner: LayerwiseRunner, ids: Sequence[int]) -> DraftHead:
         head = runner.model.lm_head
-        vocab_size = head.weight.shape[0]
-        index = torch.as_tensor(list(ids), dtype=torch.long, device=head.weight.device)
+        full = head.weight  # read once: a packed head unpacks its matrix on each read
+        vocab_size = full.shape[0]
+        index = torch.as_tensor(list(ids), dtype=torch.long, device=full.device)
         if index.numel() == 0 or index.unique().numel() != index.numel():
             raise ConfigError("a draft vocabulary needs at least one id and no id twice")
         if int(index.min()) < 0 or int(index.max()) >= vocab_size:
             raise ConfigError(f"draft vocabulary ids must be in 0..{vocab_size - 1}: the model's vocabulary")
         with torch.no_grad():
-            weight = head.weight.index_select(0, index).contiguous()
+            weight = full.index_select(0, index).contiguous()
             bias = None if head.bias is None else head.bias.index_select(0, index).contiguous()
         if isinstance(head, Bf16WeightLinear):
             product: torch.nn.Module = Bf16WeightLinear(weight, bias)

@@ -350,3 +350,17 @@ def step_bytes(model: Any) -> tuple[int, int]:
     kv_element = 4 if uses_fp32_attention(config) else embedding.element_size()
     per_position = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * kv_element
     return weights, per_position
+
+
+def plan_kernels(model: Any) -> dict[str, str]:
+    """The kernels a step of `model` runs, in the keys a latency profile records them under: the
+    attention path, and the linear layers' product (`bf16-kernel`, `onednn` or `torch`). A
+    profile of other kernels prices another plan (`LatencyProfile.warn_other_plan`)."""
+    modules = list(model.modules())
+    if any(isinstance(module, Bf16WeightLinear) for module in modules):
+        products = "bf16-kernel"
+    elif any(isinstance(module, PackedLinear) for module in modules):
+        products = "onednn"
+    else:
+        products = "torch"
+    return {"attention": str(model.config._attn_implementation), "products": products}

@@ -117,6 +117,7 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
 
     from skipsearch.acceptance.worker import prepare
     from skipsearch.cost.latency import LatencyProfile
+    from skipsearch.models.kernels import plan_kernels
     from skipsearch.models.loading import dtype_name
     from skipsearch.search.objective import scoring_latency
     from skipsearch.store import readable_profile_path
@@ -130,7 +131,7 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
     searched = tuple(strategies or (config.strategy,))
     measurement = prepare(config.measure, check=lambda depth: check_searches(config, depth, searched))
     if latency is not None:
-        latency.warn_other_attention(measurement.loaded.model.config._attn_implementation, latency_path)
+        latency.warn_other_plan(plan_kernels(measurement.loaded.model), latency_path)
     provenance = {
         "model_source": measurement.loaded.source,
         "kernel_plan": measurement.loaded.plan,

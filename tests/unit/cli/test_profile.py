@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,12 @@ def test_skip_existing_measures_nothing_when_a_profile_is_there(tiny_loader, cap
     assert cli.main([*args[:4], "16", *args[5:]]) == 0  # another context, but the file exists
     assert out.read_text() == written
     assert "not measured again" in " ".join(capsys.readouterr().out.split())  # rich wraps long paths
+    stored = json.loads(written)
+    stored["meta"]["products"] = "onednn"  # timed before the plan's products changed
+    out.write_text(json.dumps(stored))
+    assert cli.main(args) == 0
+    assert json.loads(out.read_text())["meta"]["products"] == "torch"  # measured again for this plan
+    assert "another kernel plan's" in " ".join(capsys.readouterr().out.split())
     out.write_text("{not json")
     assert cli.main(args) == 2  # a damaged profile is an error, not a silent skip
 

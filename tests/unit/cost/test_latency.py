@@ -112,11 +112,17 @@ def test_an_old_profile_scales_the_full_head_by_rows_and_says_so_once(caplog) ->
     assert recorded.draft_head_time(4, 100) == exact(1.0)
 
 
-def test_a_profile_of_another_attention_path_is_flagged(caplog: pytest.LogCaptureFixture) -> None:
-    """A profile timed on fp32 SDPA prices a model that now runs the decode kernel as the old plan."""
+def test_a_profile_of_other_kernels_is_flagged(caplog: pytest.LogCaptureFixture) -> None:
+    """A profile timed on fp32 SDPA, or on other linear products, prices a model that now runs the
+    decode kernel, or the bf16-weight kernel, as the old plan."""
     data = _latency().to_dict()
-    fp32 = LatencyProfile.from_dict({**data, "meta": {**data["meta"], "attention": "sdpa_fp32kv"}})
-    assert fp32.warn_other_attention("kernel_bf16kv", "p.json")
+    meta = {**data["meta"], "attention": "sdpa_fp32kv", "products": "onednn"}
+    old = LatencyProfile.from_dict({**data, "meta": meta})
+    assert old.warn_other_plan({"attention": "kernel_bf16kv", "products": "onednn"}, "p.json")
     assert "profile --model tiny" in caplog.text and "kernel_bf16kv" in caplog.text
-    assert not fp32.warn_other_attention("sdpa_fp32kv", "p.json")
-    assert not _latency().warn_other_attention("kernel_bf16kv", "p.json")  # older than the record
+    caplog.clear()
+    assert old.warn_other_plan({"attention": "sdpa_fp32kv", "products": "bf16-kernel"}, "p.json")
+    assert "products onednn where this plan runs bf16-kernel" in caplog.text
+    assert not old.warn_other_plan({"attention": "sdpa_fp32kv", "products": "onednn"}, "p.json")
+    older = _latency()  # older than the record
+    assert not older.warn_other_plan({"attention": "kernel_bf16kv", "products": "bf16-kernel"}, "p.json")

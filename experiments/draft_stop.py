@@ -119,7 +119,7 @@ def predict(measurement: Any, draft: Draft, draft_text: str, profile_path: Path)
     ]
     found = {
         "draft": draft_text,
-        "profile": str(profile_path.relative_to(ROOT)),
+        "profile": str(profile_path.resolve().relative_to(ROOT)),
         "context": context,
         "positions": profile.n_positions,
         "alpha": profile.alpha,

@@ -176,7 +176,8 @@ def main() -> None:
         f"# {TITLES[change]} (issue 19)",
         "",
         f"`python experiments/kernel_change.py --change {change} --contexts {args.contexts} "
-        f"--repeats {args.repeats} --dtypes {args.dtypes}{' --force-pack' if args.force_pack else ''}`: "
+        f"--repeats {args.repeats} --dtypes {args.dtypes}{' --force-pack' if args.force_pack else ''}"
+        f"{f' --suffix={args.suffix}' if args.suffix else ''}`: "
         "one process per model, the plan without "
         f"`{change}` and the whole plan timed alternately, median ms per pass (interquartile range in "
         "brackets).",

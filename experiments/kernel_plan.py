@@ -5,7 +5,7 @@ weights with fp32 K/V and attention. This experiment runs `skipsearch decode` of
 model in both plans — `--dtype float32` and the default — alternating the two in fresh processes for
 `--rounds` rounds, so drift hits both alike; within each process autoregressive decoding, HF
 `generate` (in the same plan) and SSD are interleaved by the decode itself. Writes
-`results/kernels/kernel_plan.md` and the decodes' JSON.
+`results/kernels/kernel_plan{--suffix}.md` and the decodes' JSON.
 
     python experiments/kernel_plan.py              # ~10 min on two idle cores
 
@@ -47,12 +47,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--models", default=",".join(PROBES))
+    parser.add_argument("--suffix", default="", help="appended to the reports' names (another CPU)")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     lines = [
         "# fp32 against the default kernel plan (issue 19)",
         "",
-        f"`python experiments/kernel_plan.py --rounds {args.rounds} --repeats {args.repeats}`: "
+        f"`python experiments/kernel_plan.py --rounds {args.rounds} --repeats {args.repeats}"
+        f"{f' --suffix={args.suffix}' if args.suffix else ''}`: "
         f"`skipsearch decode` per plan in fresh processes, alternating, {args.rounds} rounds; 48 new tokens "
         "per prompt, greedy. tok/s is the mean over rounds (range in brackets).",
         "",
@@ -100,8 +102,8 @@ def main() -> None:
     plan_line = next(iter(raw.values()))["default plan"][0].get("kernel_plan") if raw else None
     if plan_line:
         lines += ["", f"Default plan: {plan_line}"]
-    (RESULTS / "kernel_plan.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "kernel_plan.json").write_text(json.dumps(raw, indent=1))
+    (RESULTS / f"kernel_plan{args.suffix}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"kernel_plan{args.suffix}.json").write_text(json.dumps(raw, indent=1))
     print("\n".join(lines))
 
 

@@ -34,6 +34,14 @@ OUT = Path(__file__).resolve().parents[1] / "results" / "kernels"
 ROWS = (1, 2, 3, 4, 5)
 
 
+def matrix_bytes(module: torch.nn.Module) -> int:
+    """The bytes a call reads of the module's matrix: its packed copy where it has one (oneDNN's,
+    or the bf16 kernel's), else the plain weight."""
+    if hasattr(module, "packed_bytes"):
+        return int(module.packed_bytes())
+    return module.weight.numel() * module.weight.element_size()
+
+
 def projections(runner: LayerwiseRunner) -> dict[str, list[torch.nn.Module]]:
     """Each projection name of a decoder layer -> that projection in every layer, plus the head."""
     found: dict[str, list[torch.nn.Module]] = {}
@@ -45,14 +53,16 @@ def projections(runner: LayerwiseRunner) -> dict[str, list[torch.nn.Module]]:
     return found
 
 
-def per_call_seconds(modules: list[torch.nn.Module], repeats: int, dtype: torch.dtype) -> dict[int, float]:
+def per_call_seconds(
+    modules: list[torch.nn.Module], repeats: int, dtype: torch.dtype, row_counts: tuple[int, ...]
+) -> dict[int, float]:
     """Median seconds per call at each row count, the row counts interleaved in every repeat."""
     width = modules[0].in_features
-    inputs = {rows: torch.randn(1, rows, width, dtype=dtype) * 0.1 for rows in ROWS}
-    samples: dict[int, list[float]] = {rows: [] for rows in ROWS}
+    inputs = {rows: torch.randn(1, rows, width, dtype=dtype) * 0.1 for rows in row_counts}
+    samples: dict[int, list[float]] = {rows: [] for rows in row_counts}
     with torch.no_grad():
         for repeat in range(repeats + 2):
-            for rows in ROWS if repeat % 2 else tuple(reversed(ROWS)):
+            for rows in row_counts if repeat % 2 else tuple(reversed(row_counts)):
                 began = time.perf_counter()
                 for module in modules:
                     module(inputs[rows])
@@ -72,7 +82,11 @@ def main() -> None:
         action="store_true",
         help="pack every weight for oneDNN, whatever the plan (fp32 on a CPU without bf16)",
     )
+    parser.add_argument(
+        "--rows", default=",".join(map(str, ROWS)), help="row counts, comma-separated, from 1"
+    )
     args = parser.parse_args()
+    row_counts = tuple(int(r) for r in args.rows.split(","))
     load_before = os.getloadavg()
     loaded = load_model(args.model, dtype=args.dtype)
     if args.pack:
@@ -80,17 +94,17 @@ def main() -> None:
             f"; {pack_linears(loaded.model, force=True)} weight matrices packed for oneDNN by --pack"
         )
     runner = LayerwiseRunner(loaded.model)
-    rows_table, extra = [], {rows: 0.0 for rows in ROWS}
+    rows_table, extra = [], {rows: 0.0 for rows in row_counts}
     for name, modules in projections(runner).items():
-        seconds = per_call_seconds(modules, args.repeats, loaded.model.dtype)
-        weight_bytes = modules[0].in_features * modules[0].out_features * loaded.model.dtype.itemsize
+        seconds = per_call_seconds(modules, args.repeats, loaded.model.dtype, row_counts)
+        weight_bytes = matrix_bytes(modules[0])
         calls = len(runner.layers) if name != "lm_head" else 1
-        for rows in ROWS:
+        for rows in row_counts:
             extra[rows] += calls * (seconds[rows] - seconds[1])
         rows_table.append(
             [
                 f"`{name}` {modules[0].in_features}→{modules[0].out_features}",
-                *(f"{1e6 * seconds[r]:.0f} ({seconds[r] / seconds[1]:.2f})" for r in ROWS),
+                *(f"{1e6 * seconds[r]:.0f} ({seconds[r] / seconds[1]:.2f})" for r in row_counts),
                 f"{weight_bytes / seconds[1] / 1e9:.1f}",
             ]
         )
@@ -99,15 +113,20 @@ def main() -> None:
         f"# The linear layers against the rows of a pass: {args.model}",
         "",
         f"`python experiments/linear_rows.py --model {args.model} --repeats {args.repeats} --dtype "
-        f"{args.dtype}{' --pack' if args.pack else ''}`. Kernel plan: {loaded.plan}.",
+        f"{args.dtype}{' --pack' if args.pack else ''} --rows {args.rows}"
+        f"{f' --suffix={args.suffix}' if args.suffix else ''}`. Kernel plan: {loaded.plan}.",
         "",
         *markdown_table(
-            ["projection", *(f"{r} row{'s' if r > 1 else ''} µs (÷ 1 row)" for r in ROWS), "GB/s at 1 row"],
+            [
+                "projection",
+                *(f"{r} row{'s' if r > 1 else ''} µs (÷ 1 row)" for r in row_counts),
+                "GB/s at 1 row",
+            ],
             rows_table,
         ),
         "",
         "Extra ms a whole pass spends in these products over one row (every layer's projections "
-        "and the head): " + ", ".join(f"{r} rows {1e3 * extra[r]:+.2f}" for r in ROWS[1:]) + ".",
+        "and the head): " + ", ".join(f"{r} rows {1e3 * extra[r]:+.2f}" for r in row_counts[1:]) + ".",
         "",
         load_line(load_before, os.getloadavg()) + ".",
     ]

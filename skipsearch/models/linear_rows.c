@@ -12,9 +12,10 @@
  * so the widening is exact) and multiplies in float32: the bf16 plan's weights with fp32
  * activations, at the memory's speed.
  *
- * Layout: x is rows x in (float32, row r at x + r * x_stride), w is out x in (bf16 bits,
- * row-major, contiguous), y is rows x out (float32, row r at y + r * y_stride), bias is out
- * floats or NULL; in must be a multiple of 8.
+ * Layout: x is rows x in (float32, row r at x + r * x_stride); w is bf16 bits in the blocked
+ * layout of bf16_weights.pack_weight: blocks of OUT_BLOCK output rows (zeros past out), each block
+ * in / 8 chunks, each chunk the block's rows' 8 values at those inputs; y is rows x out (float32,
+ * row r at y + r * y_stride); bias is out floats or NULL; in must be a multiple of 8.
  *
  * Every output y[r][j] is one 8-lane float32 accumulator summed over k in order, then its lanes
  * summed in a fixed order and the bias added: the same operations whatever the row count, the
@@ -87,7 +88,7 @@ static void output_block(const float *x, int64_t x_stride, int64_t rows, int64_t
     }
 }
 
-/* y = x w^T + bias, w in the blocked layout (`pack`); 0 on success, 1 where the shape is not
+/* y = x w^T + bias, w in the blocked layout (bf16_weights.pack_weight); 0 on success, 1 where the shape is not
  * one the kernel reads. */
 int linear_rows(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w, int64_t out,
                 const float *bias, float *y, int64_t y_stride) {

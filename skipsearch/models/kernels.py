@@ -276,7 +276,7 @@ def choose_attention(dtype: torch.dtype, device_kind: str) -> AttentionChoice:
     Accelerators (whose bf16 SDPA kernels are the fast ones) run the native path unmeasured, and
     float32 models on a CPU the fp32 path unmeasured: the same SDPA as transformers' own without
     its copies (under a mask, a verify pass's, that one repeats grouped K/V heads, so it copies
-    the cache once per query head: on Qwen2.5 7 ms of a 4-position pass at 512 tokens). On a CPU
+    the cache once per query head of a group: 7 times a layer on Qwen2.5). On a CPU
     with a half dtype the path with the least summed time over one and four queries is chosen. A
     measurement whose two fastest paths lie within `DECISIVE` of each other says nothing (on a
     loaded CPU they all wait on the scheduler): it is not cached, and the faster of the two

@@ -341,6 +341,16 @@ def test_each_gpu_worker_gets_its_own_gpu(marker: str) -> None:
 # -- (5) a Ray the executor started is gone after close, also after Ctrl-C ----------------------
 @pytest.mark.slow
 def test_ctrl_c_while_waiting_leaves_no_ray_process(marker: str) -> None:
+    # Ctrl-C raises KeyboardInterrupt only under Python's default handler, and a suite launched in
+    # the background (`nohup ... &`) starts with SIGINT ignored: install it for this test.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        ctrl_c_while_waiting(marker)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def ctrl_c_while_waiting(marker: str) -> None:
     with RayExecutor(Toy(30.0), RayOptions(workers=1)) as executor:
         executor.submit(SkipMask.from_layers(NUM_LAYERS, [3]))
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()

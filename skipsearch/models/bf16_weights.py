@@ -36,7 +36,7 @@ SOURCE = KernelSource(
     needed_flags=("avx2", "fma"),
     compiler_flags=("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"),
 )
-OUT_BLOCK = 2  # weight rows the kernel streams together (linear_rows.c)
+OUT_BLOCK = 2  # weight rows the kernel streams together, in pairs (linear_rows.c)
 CHUNK = 8  # k values of one weight row per vector
 MAX_ROWS = 16  # longer blocks are compute-bound: torch's product on a float32 copy
 
@@ -53,19 +53,20 @@ def fits(weight: torch.Tensor) -> bool:
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` `[out, in]` rounded to bf16 in the kernel's blocked layout `[blocks, in / 8, 2, 8]`:
-    each block of `OUT_BLOCK` output rows is one contiguous stream, chunk by chunk of 8 inputs
-    (rows past `out` are zeros)."""
+    """`weight` `[out, in]` rounded to bf16 in the kernel's blocked layout `[blocks, in / 8, 8, 2]`:
+    each block of `OUT_BLOCK` output rows is one contiguous stream, chunk by chunk of 8 inputs, and
+    a chunk holds its two rows' values in pairs (row 0's, row 1's at each input), so one 32-byte
+    load is split into both rows' float32 vectors by a shift and a mask (rows past `out` are zeros)."""
     out, inputs = weight.shape
     padded = torch.zeros(-(-out // OUT_BLOCK) * OUT_BLOCK, inputs, dtype=torch.bfloat16)
     padded[:out] = weight
-    return padded.view(-1, OUT_BLOCK, inputs // CHUNK, CHUNK).permute(0, 2, 1, 3).contiguous()
+    return padded.view(-1, OUT_BLOCK, inputs // CHUNK, CHUNK).permute(0, 2, 3, 1).contiguous()
 
 
 def unpack_weight(packed: torch.Tensor, out: int) -> torch.Tensor:
     """The float32 `[out, in]` matrix `packed` holds (the rounded weights, exactly)."""
     blocks, chunks = packed.shape[:2]
-    return packed.permute(0, 2, 1, 3).reshape(blocks * OUT_BLOCK, chunks * CHUNK)[:out].float()
+    return packed.permute(0, 3, 1, 2).reshape(blocks * OUT_BLOCK, chunks * CHUNK)[:out].float()
 
 
 class Bf16WeightLinear(nn.Module):

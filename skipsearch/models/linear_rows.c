@@ -13,9 +13,12 @@
  * activations, at the memory's speed.
  *
  * Layout: x is rows x in (float32, row r at x + r * x_stride); w is bf16 bits in the blocked
- * layout of bf16_weights.pack_weight: blocks of OUT_BLOCK output rows (zeros past out), each block
- * in / 8 chunks, each chunk the block's rows' 8 values at those inputs; y is rows x out (float32,
- * row r at y + r * y_stride); bias is out floats or NULL; in must be a multiple of 8.
+ * layout of bf16_weights.pack_weight: blocks of OUT_BLOCK = 2 output rows (zeros past out), each
+ * block in / 8 chunks, each chunk the two rows' values at 8 inputs in pairs (row 0's, row 1's), so
+ * one 32-bit lane holds both rows' weights at one input and a shift and a mask widen them (one
+ * load and two operations per 16 weights: the widening competes with the FMAs for the vector
+ * pipes, and 5-6 rows are compute-bound on two Zen 3 cores); y is rows x out (float32, row r at
+ * y + r * y_stride); bias is out floats or NULL; in must be a multiple of 8.
  *
  * Every output y[r][j] is one 8-lane float32 accumulator summed over k in order, then its lanes
  * summed in a fixed order and the bias added: the same operations whatever the row count, the
@@ -29,14 +32,10 @@
 #include <omp.h>
 #include <stdint.h>
 
-#define OUT_BLOCK 2 /* weight rows streamed together: 2 widened vectors */
+#define OUT_BLOCK 2 /* weight rows streamed together, in pairs: the two halves of a 32-bit lane */
 #define ROW_BLOCK 6 /* rows summed in registers together: 6 x 2 accumulators + 2 weights + x < 16 */
 #define PREFETCH 4096 /* bf16 values (8 KB) ahead in the block's stream: measured best of 512-8192 */
 
-static inline __m256 widen(const uint16_t *bits) {
-    __m128i half = _mm_loadu_si128((const __m128i *)bits);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
-}
 
 /* The 8 lanes' sum, always in this order. */
 static inline float lanes_sum(__m256 v) {
@@ -47,7 +46,7 @@ static inline float lanes_sum(__m256 v) {
 }
 
 /* One block of OUT_BLOCK outputs of rows 0 .. NR - 1 (NR a constant where inlined): the block's
- * weights are one contiguous stream, k chunk by k chunk, each chunk its OUT_BLOCK rows' 8 values. */
+ * weights are one contiguous stream, k chunk by k chunk, each chunk its two rows' 8 values paired. */
 static inline __attribute__((always_inline)) void block(
     const float *x, int64_t x_stride, int NR, int64_t in, const uint16_t *w_block, __m256 *sums) {
     __m256 acc[ROW_BLOCK][OUT_BLOCK];
@@ -56,8 +55,13 @@ static inline __attribute__((always_inline)) void block(
     for (int64_t k = 0; k < in; k += 8) {
         const uint16_t *chunk = w_block + k * OUT_BLOCK;
         _mm_prefetch((const char *)(chunk + PREFETCH), _MM_HINT_T0);
-        __m256 weights[OUT_BLOCK];
-        for (int j = 0; j < OUT_BLOCK; j++) weights[j] = widen(chunk + 8 * j);
+        /* A bf16 value is the top half of a float32: the low halves (row 0) shifted up and the
+         * high halves (row 1) masked are both rows' weights widened exactly. */
+        __m256i pairs = _mm256_loadu_si256((const __m256i *)chunk);
+        __m256 weights[OUT_BLOCK] = {
+            _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)),
+            _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32((int)0xFFFF0000u))),
+        };
         for (int r = 0; r < NR; r++) {
             __m256 xr = _mm256_loadu_ps(x + r * x_stride + k);
             for (int j = 0; j < OUT_BLOCK; j++) acc[r][j] = _mm256_fmadd_ps(xr, weights[j], acc[r][j]);

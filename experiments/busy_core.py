@@ -15,7 +15,7 @@ wait policy once, at start-up):
 Configurations are interleaved, each repeated `--rounds` times in new processes; the table gives
 the median of the per-process medians and their range. Run it alone on an idle machine:
 
-    python experiments/busy_core.py            # ~4 min, writes results/threads/
+    python experiments/busy_core.py            # ~4 min, writes results/threads/busy_core{--suffix}.md
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def run_child(policy: str, threads: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--suffix", default="", help="appended to the reports' names (another CPU)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -121,7 +122,8 @@ def main() -> None:
     lines = [
         "# A decode step with one core busy (issue 19, item 5)",
         "",
-        f"`python experiments/busy_core.py --rounds {args.rounds}`: SmolLM2-135M, {CONTEXT}-token context, "
+        f"`python experiments/busy_core.py --rounds {args.rounds}"
+        f"{f' --suffix={args.suffix}' if args.suffix else ''}`: SmolLM2-135M, {CONTEXT}-token context, "
         f"median of {STEPS} one-position steps per process, {args.rounds} fresh processes per cell, "
         "interleaved.",
         f"Kernel plan: {plan}.",
@@ -141,8 +143,8 @@ def main() -> None:
             f"{median / idle[(policy, threads)]:.2f} | {median / best:.2f} |"
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "busy_core.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "busy_core.json").write_text(
+    (RESULTS / f"busy_core{args.suffix}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"busy_core{args.suffix}.json").write_text(
         json.dumps({" / ".join(map(str, k)): v for k, v in samples.items()}, indent=1)
     )
     print("\n".join(lines))

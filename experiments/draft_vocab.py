@@ -83,6 +83,7 @@ def parser() -> Any:
     p.add_argument("--decode-prompts", type=int, default=8)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch intra-op threads")
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--name", help="results/draft_vocab/'s folder (default: the model's; another CPU)")
     return p
 
 
@@ -231,7 +232,7 @@ def decode(model: str, context: Any, data: dict[str, Any], repeats: int, count: 
         decoders[label] = _ssd(runner, draft.mask, new, best["gamma"], stop, head)
     widest = max(int(best["gamma"]) for best in winners.values()) + 1
     results = paired_decodes(runner, prompts, decoders, repeats, widest)
-    return {**results, "new_tokens": new, "winners": winners}
+    return {**results, "new_tokens": new, "winners": winners, "kernel_plan": loaded.plan}
 
 
 def paired_decodes(
@@ -298,7 +299,7 @@ def _breakdown(results: list[Any]) -> dict[str, float]:
 
 def main() -> None:
     args = parser().parse_args()
-    out = OUT / args.model
+    out = OUT / (args.name or args.model)
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "measurements.json"
     data: dict[str, Any] = json.loads(saved.read_text()) if saved.is_file() else {}

@@ -10,7 +10,7 @@ For one draft (default: issue 19's searched Qwen winner, `results/draft_vocab/`)
 - `predict`, on the search's 8 HumanEval prompts (`draft_vocab.SEARCH_PROMPTS`), teacher-forced
   (`rounds` estimator at γ 3, the draft's vocabulary):
   - how the draft's confidence (its softmax maximum over its vocabulary) predicts acceptance;
-  - the rounds a stop at τ would play, for γ_max 3-8, replayed over the estimator's matches;
+  - the rounds a stop at τ would play, for γ_max 2-8, replayed over the estimator's matches;
   - each policy's speedup priced by the calibrated cost model on the run's latency profile (a
     round of d drafts: d draft steps, the verify of d + 1 positions, the measured overhead).
   The draft's positions are estimated as in γ-3 rounds without a stop, so the other policies are
@@ -55,7 +55,7 @@ OUT = ROOT / "results" / "draft_stop"
 PROMPTS = SEARCH_PROMPTS
 PARTS = ("predict", "decode")
 THRESHOLDS = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9)
-GAMMAS = (3, 4, 5, 6, 8)
+GAMMAS = (2, 3, 4, 5, 6, 8)
 
 
 def estimator(measurement: Any, draft: Draft, gamma: int, stop: float) -> Estimator:

@@ -8,7 +8,7 @@ split the step into: linear layers (the weights' bytes), attention kernels (the 
 cache writes (`cat`/`copy_`), and everything else (norms, rotary, element-wise ops, and the
 per-operator dispatch of eager PyTorch, which a 135M model pays ~20 times per layer).
 
-    python experiments/step_anatomy.py                 # ~1 min; writes results/profile/step_anatomy.md
+    python experiments/step_anatomy.py   # ~1 min: results/profile/step_anatomy-{model}-{dtype}{--suffix}.md
 
 Run it alone on an idle machine; the load average is recorded before and after.
 """
@@ -31,6 +31,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from skipsearch.bench.clock import WallClock
 from skipsearch.bench.profiler import copy_bandwidth
 from skipsearch.models import attention
+from skipsearch.models.bf16_weights import Bf16WeightLinear
 from skipsearch.models.kernels import step_bytes
 from skipsearch.models.loading import load_model
 from skipsearch.models.native_attention import decode_attention
@@ -38,8 +39,10 @@ from skipsearch.models.runner import LayerwiseRunner
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "profile"
 KERNEL_EVENT = "skipsearch::decode_attention"  # the decode kernel's calls, named for the trace
+LINEAR_EVENT = "skipsearch::linear_rows"  # the bf16-weight kernel's calls (the AVX2 fallback plan)
 GROUPS = {
     "linear (weights)": (
+        LINEAR_EVENT,
         "aten::linear",
         "aten::mm",
         "aten::addmm",
@@ -55,6 +58,15 @@ def traced_kernel(*args: Any, **kwargs: Any) -> Any:
     """The decode kernel (a ctypes call, which torch.profiler does not see) under a named range."""
     with record_function(KERNEL_EVENT):
         return decode_attention(*args, **kwargs)
+
+
+_bf16_weight_product = Bf16WeightLinear.forward
+
+
+def traced_linear(module: Bf16WeightLinear, hidden: torch.Tensor) -> torch.Tensor:
+    """The bf16-weight kernel's product (a ctypes call too) under a named range."""
+    with record_function(LINEAR_EVENT):
+        return _bf16_weight_product(module, hidden)
 
 
 def group_of(name: str) -> str:
@@ -85,6 +97,7 @@ def steps(runner: LayerwiseRunner, context: int, count: int) -> tuple[list[float
         with (
             profile(activities=[ProfilerActivity.CPU]) as trace,
             mock.patch.object(attention, "decode_attention", traced_kernel),
+            mock.patch.object(Bf16WeightLinear, "forward", traced_linear),
         ):
             for index in range(traced):
                 step(context + index)
@@ -100,6 +113,7 @@ def main() -> None:
     parser.add_argument("--contexts", default="512,2048,8000")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--suffix", default="", help="appended to the report's name (another CPU)")
     args = parser.parse_args()
     load_before = os.getloadavg()
     loaded = load_model(args.model, dtype=args.dtype)
@@ -110,7 +124,7 @@ def main() -> None:
         f"# Anatomy of a decode step: {args.model}",
         "",
         f"`python experiments/step_anatomy.py --model {args.model} --contexts {args.contexts} "
-        f"--dtype {args.dtype}`",
+        f"--dtype {args.dtype}{f' --suffix={args.suffix}' if args.suffix else ''}`",
         f"Kernel plan: {loaded.plan}; {torch.get_num_threads()} threads, "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}.",
         f"A step reads {weights / 1e6:.0f} MB of weights + {per_position / 1e3:.1f} kB of K/V per cached "
@@ -141,7 +155,7 @@ def main() -> None:
         load_line(load_before, load_after) + ".",
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = f"step_anatomy-{args.model}-{loaded.model.dtype}".replace("torch.", "")
+    name = f"step_anatomy-{args.model}-{loaded.model.dtype}{args.suffix}".replace("torch.", "")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

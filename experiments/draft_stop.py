@@ -32,6 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +191,8 @@ def main() -> None:
     draft = Draft.parse(args.draft, measurement.num_layers)
     if "predict" in args.parts:
         predicted = predict(measurement, draft, args.draft, profile_path)
-        found = {"model": args.model, **predicted, "kernel_plan": measurement.loaded.plan}
+        command = shlex.join(["python", "experiments/draft_stop.py", *sys.argv[1:]])
+        found = {"model": args.model, **predicted, "kernel_plan": measurement.loaded.plan, "command": command}
     if "decode" in args.parts:
         if found.get("draft") != args.draft:
             raise SystemExit(f"{saved} predicts for another draft: run --parts predict first")
@@ -206,7 +209,8 @@ def write_report(found: dict, path: Path) -> None:
     lines = [
         f"# A draft that stops when unsure: {found['model']}, `{found['draft']}`",
         "",
-        f"`python experiments/draft_stop.py` (see its docstring). A prediction: {found['positions']} "
+        f"`{found.get('command', 'python experiments/draft_stop.py')}` (see its docstring). "
+        f"A prediction: {found['positions']} "
         f"positions of {PROMPTS.n_prompts} HumanEval prompts, teacher-forced (α {found['alpha']:.3f}); "
         f"priced by `{found['profile']}` at {found['context']:.0f} tokens, where a draft step costs "
         f"{found['draft_step']:.2f} of a step. Acceptance measured on the kernel plan: "

@@ -16,6 +16,7 @@ from transformers import (
 from skipsearch.acceptance.prompts import EncodedPrompt
 from skipsearch.acceptance.reference import build_reference
 from skipsearch.models.kernels import apply_attention, choose_attention
+from skipsearch.models.native_attention import load_kernel
 
 TINY = {
     "vocab_size": 61,
@@ -25,6 +26,18 @@ TINY = {
     "num_key_value_heads": 2,
     "max_position_embeddings": 256,
 }
+
+
+def with_kernel(dtype: torch.dtype):
+    """`dtype` as a test parameter, skipped where the decode kernel over a `dtype` cache does not
+    load here."""
+    library = load_kernel(dtype)
+    reason = f"{dtype} decode kernel unavailable: {library.reason}"
+    return pytest.param(dtype, marks=pytest.mark.skipif(library.function is None, reason=reason))
+
+
+# The decode kernels' cache dtypes: bf16 (AVX-512 BF16) and float32 (AVX2), each run where it loads.
+KERNEL_CACHE_DTYPES = [with_kernel(torch.bfloat16), with_kernel(torch.float32)]
 
 
 def tiny_model(family: str = "llama", layers: int = 6, seed: int = 0, **overrides):

@@ -6,9 +6,11 @@
 - `kernel_bf16kv` (`KERNEL_ATTENTION`): the decode-attention kernel (`models.native_attention`)
   over a bf16 K/V cache for short query blocks (decode, draft and verify passes), in float32
   arithmetic; longer blocks (prefills) run `sdpa_fp32kv` on the cache upcast.
+- `kernel_fp32kv` (`KERNEL_FP32_ATTENTION`): the fp32 fallback plan's decode kernel, over its float32
+  K/V cache, for the same short blocks; longer blocks run `sdpa_fp32kv`.
 - `sdpa_plan` (`NATIVE_ATTENTION`): transformers' own SDPA in the weights' dtype.
 
-All three read a draft step's KV pattern (`models.kv_attention`); transformers' plain names would
+All four read a draft step's KV pattern (`models.kv_attention`); transformers' plain names would
 ignore it, so a model runs one of these (`apply_attention`).
 """
 
@@ -30,6 +32,7 @@ from skipsearch.models.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys, 
 NATIVE_ATTENTION = "sdpa_plan"  # transformers' SDPA, with KV patterns; registered below
 FP32_ATTENTION = "sdpa_fp32kv"  # registered with transformers below
 KERNEL_ATTENTION = "kernel_bf16kv"  # registered with transformers below
+KERNEL_FP32_ATTENTION = "kernel_fp32kv"  # registered with transformers below
 # Query blocks up to GROUPED_QUERIES long over at least GROUPED_KEYS keys stack their grouped heads
 # (`grouped_queries`). Measured on SmolLM2 (README, "grouped query rows"): at 8k keys the step ran
 # 19% faster and a 5-position pass 27%; at 128-2k keys a 2-9 position pass ran 10-25% slower, as
@@ -178,6 +181,7 @@ for _name, _attention, _kernel in (
     (NATIVE_ATTENTION, sdpa_attention_forward, False),
     (FP32_ATTENTION, sdpa_fp32kv, False),
     (KERNEL_ATTENTION, sdpa_fp32kv, True),
+    (KERNEL_FP32_ATTENTION, sdpa_fp32kv, True),
 ):
     AttentionInterface.register(_name, with_kv_patterns(_attention, _kernel))
     AttentionMaskInterface.register(_name, sdpa_mask)
@@ -190,9 +194,10 @@ def supports_kv_patterns(config: Any) -> bool:
         NATIVE_ATTENTION,
         FP32_ATTENTION,
         KERNEL_ATTENTION,
+        KERNEL_FP32_ATTENTION,
     )
 
 
 def uses_fp32_attention(config: Any) -> bool:
-    """Whether the plan keeps an fp32 K/V cache (the kernel path reads its bf16 cache as it is)."""
-    return getattr(config, "_attn_implementation", None) == FP32_ATTENTION
+    """Whether the plan keeps an fp32 K/V cache (the bf16 kernel path reads its bf16 cache as it is)."""
+    return getattr(config, "_attn_implementation", None) in (FP32_ATTENTION, KERNEL_FP32_ATTENTION)

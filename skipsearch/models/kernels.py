@@ -7,10 +7,11 @@ The dtype of weights and activations is chosen from the CPU's flags (`models.dty
   float32 over a float32 K/V cache (torch's bf16 SDPA at one query reads bf16 keys slowly on such
   CPUs: 8x slower than fp32 at 8k keys on an EPYC); or the decode kernel
   (`models.native_attention`), which reads a bf16 cache at the memory's bandwidth in float32
-  arithmetic. The choice is measured once per machine on a fixed shape, at one query (a decode or
-  draft step) and at four (a verify of 3 drafts), and cached beside the converted models, so
-  every process of a run — driver, profile processes, Ray workers — runs the same plan, and the
-  measurement is shown next to the choice.
+  arithmetic. The fp32 fallback of `--dtype auto` (a CPU without native bf16) weighs fp32 SDPA
+  against the decode kernel over its float32 cache (AVX2). The choice is measured once per machine
+  on a fixed shape, at one query (a decode or draft step) and at four (a verify of 3 drafts), and
+  cached beside the converted models, so every process of a run — driver, profile processes, Ray
+  workers — runs the same plan, and the measurement is shown next to the choice.
 
 K and V come out of bf16 projections, so a bf16 cache holds them exactly and an fp32 cache holds
 them exactly upcast: every path attends over the same K/V, and the two float32 paths differ only
@@ -39,6 +40,7 @@ from transformers.cache_utils import DynamicLayer
 from skipsearch.models.attention import (
     FP32_ATTENTION,
     KERNEL_ATTENTION,
+    KERNEL_FP32_ATTENTION,
     NATIVE_ATTENTION,
     uses_fp32_attention,
 )
@@ -174,6 +176,7 @@ PATH_NAMES = {
     NATIVE_ATTENTION: "SDPA in the weights' dtype",
     FP32_ATTENTION: "SDPA in float32 over a float32 K/V cache",
     KERNEL_ATTENTION: "the decode kernel over a bf16 K/V cache, float32 arithmetic",
+    KERNEL_FP32_ATTENTION: "the decode kernel over a float32 K/V cache",
 }
 
 
@@ -190,7 +193,8 @@ class AttentionChoice:
 
     def describe(self) -> str:
         if not self.timings:
-            return f"attention in {self.dtype}" if self.path == NATIVE_ATTENTION else PATH_NAMES[self.path]
+            path = f"attention in {self.dtype}" if self.path == NATIVE_ATTENTION else PATH_NAMES[self.path]
+            return f"{path} (decode kernel not used: {self.unavailable})" if self.unavailable else path
         cells = "; ".join(
             f"{PATH_NAMES[path].split(' over')[0].split(',')[0]} "
             + ", ".join(f"{ms:.2f}" for ms in by_queries.values())
@@ -223,15 +227,22 @@ def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return decode_attention(q, k, v, PROBE_HEAD_DIM**-0.5)
 
 
+def candidate_paths(dtype: torch.dtype) -> list[str]:
+    """The attention paths a `dtype` model may run on a CPU: for float32 (the fallback plan) fp32
+    SDPA and, where it loads, the decode kernel over the fp32 cache; for a half dtype SDPA in it,
+    fp32 SDPA and, where it loads and the dtype is bf16, the decode kernel over the bf16 cache."""
+    if dtype == torch.float32:
+        kernel = [KERNEL_FP32_ATTENTION] if load_kernel(torch.float32).function is not None else []
+        return [FP32_ATTENTION, *kernel]
+    kernel = [KERNEL_ATTENTION] if dtype == torch.bfloat16 and load_kernel().function is not None else []
+    return [NATIVE_ATTENTION, FP32_ATTENTION, *kernel]
+
+
 def measure_attention_paths(dtype: torch.dtype) -> dict[str, dict[str, float]]:
-    """Median ms per path and query count: SDPA over `dtype` K/V, SDPA over fp32 K/V (query
-    upcast) and, where it loads and `dtype` is bf16, the decode kernel; the best of three
+    """Median ms per candidate path (`candidate_paths`) and query count; the best of three
     interleaved medians each, so a burst of load hits every path alike."""
     generator = torch.Generator().manual_seed(0)
-    kernel = dtype == torch.bfloat16 and load_kernel().function is not None
-    timings: dict[str, dict[str, float]] = {NATIVE_ATTENTION: {}, FP32_ATTENTION: {}}
-    if kernel:
-        timings[KERNEL_ATTENTION] = {}
+    timings: dict[str, dict[str, float]] = {path: {} for path in candidate_paths(dtype)}
     for queries in PROBE_QUERIES:
         q = torch.randn(1, PROBE_HEADS, queries, PROBE_HEAD_DIM, generator=generator).to(dtype)
         k, v = (torch.randn(1, PROBE_KV_HEADS, PROBE_KEYS, PROBE_HEAD_DIM, generator=generator) for _ in "kv")
@@ -240,6 +251,7 @@ def measure_attention_paths(dtype: torch.dtype) -> dict[str, dict[str, float]]:
             NATIVE_ATTENTION: partial(_native_sdpa, q, k.to(dtype), v.to(dtype), mask),
             FP32_ATTENTION: partial(_fp32_sdpa, q, k, v, mask),
             KERNEL_ATTENTION: partial(_kernel, q, k.to(dtype), v.to(dtype), mask),
+            KERNEL_FP32_ATTENTION: partial(_kernel, q, k, v, mask),
         }
         calls = {path: call for path, call in calls.items() if path in timings}
         for call in calls.values():
@@ -256,28 +268,35 @@ def choice_path(dtype_name: str) -> Path:
     return kernel_choice_path(machine, dtype_name)
 
 
-def _cached(path: Path) -> AttentionChoice | None:
+def _kernel_library(dtype: torch.dtype) -> Any:
+    """The decode kernel a `dtype` model's plan may run (the fp32 one for the fallback plan)."""
+    return load_kernel(torch.float32 if dtype == torch.float32 else torch.bfloat16)
+
+
+def _cached(path: Path, dtype: torch.dtype) -> AttentionChoice | None:
     """The stored choice, unless damaged, of an older form, or made without the decode kernel that
     loads now (a compiler installed since, or another build of the kernel)."""
     try:
         cached = AttentionChoice(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
-    library = load_kernel()
+    library = _kernel_library(dtype)
     stale = library.function is not None and cached.kernel_build != library.build
     return (
         cached if cached.path in PATH_NAMES and set(cached.timings) <= set(PATH_NAMES) and not stale else None
     )
 
 
-def choose_attention(dtype: torch.dtype, device_kind: str) -> AttentionChoice:
+def choose_attention(dtype: torch.dtype, device_kind: str, fallback: bool = False) -> AttentionChoice:
     """The fastest attention path for `dtype` on this device, measured once and cached.
 
     Accelerators (whose bf16 SDPA kernels are the fast ones) run the native path unmeasured, and
     float32 models on a CPU the fp32 path unmeasured: the same SDPA as transformers' own without
     its copies (under a mask, a verify pass's, that one repeats grouped K/V heads, so it copies
-    the cache once per query head of a group: 7 times a layer on Qwen2.5). On a CPU
-    with a half dtype the path with the least summed time over one and four queries is chosen. A
+    the cache once per query head of a group: 7 times a layer on Qwen2.5) — unless the float32 is
+    `--dtype auto`'s `fallback` on a CPU without native bf16, whose plan is the fastest one, not
+    the plain reference `--dtype float32` asks for. On a CPU with a half dtype, or for the
+    fallback, the path with the least summed time over one and four queries is chosen. A
     measurement whose two fastest paths lie within `DECISIVE` of each other says nothing (on a
     loaded CPU they all wait on the scheduler): it is not cached, and the faster of the two
     serves until a later process measures decisively. Nor is one taken while other processes
@@ -286,16 +305,17 @@ def choose_attention(dtype: torch.dtype, device_kind: str) -> AttentionChoice:
     name = str(dtype).removeprefix("torch.")
     if device_kind != "cpu":
         return AttentionChoice(name, NATIVE_ATTENTION)
-    if dtype == torch.float32:  # the same SDPA, minus the copies of grouped K/V heads under a mask
-        return AttentionChoice(name, FP32_ATTENTION)
+    library = _kernel_library(dtype)
+    unavailable = "" if library.function is not None else library.reason
+    if dtype == torch.float32 and (not fallback or library.function is None):
+        # the same SDPA, minus the copies of grouped K/V heads under a mask
+        return AttentionChoice(name, FP32_ATTENTION, unavailable=unavailable if fallback else "")
     path = choice_path(name)
-    cached = _cached(path) if path.is_file() else None
+    cached = _cached(path, dtype) if path.is_file() else None
     if cached is not None:
         return cached
     timings = measure_attention_paths(dtype)
     ranked = sorted(timings, key=lambda candidate: sum(timings[candidate].values()))
-    library = load_kernel()
-    unavailable = "" if library.function is not None else library.reason
     choice = AttentionChoice(name, ranked[0], timings, unavailable, library.build)
     runner_up = sum(timings[ranked[1]].values()) / sum(timings[ranked[0]].values())
     if runner_up - 1 < DECISIVE:

@@ -293,13 +293,14 @@ def load_model(
             raise ModelLoadError(f"cannot load {location}: {error}") from None
         model.to(device).eval()
         loaded = LoadedModel(model=model, tokenizer=tokenizer, model_id=name, source=source)
-    attention = choose_attention(torch_dtype, device_type(device))
+    fallback = choice.name == "float32" and dtype == "auto" and device_type(device) == "cpu"
+    attention = choose_attention(torch_dtype, device_type(device), fallback)
     apply_attention(loaded.model, attention)
     loaded.plan = f"{choice.name} ({choice.reason}); {attention.describe()}"
     # Measured on this project's CPU (results/kernels/packed_weights.md): a bf16 product on a weight
     # reordered once for oneDNN is 1.5-2.5x faster than F.linear's, which reorders it on every call.
     force = False
-    if choice.name == "float32" and dtype == "auto" and device_type(device) == "cpu":
+    if fallback:
         fp32 = choose_fp32_linear()  # the fallback plan: MKL, oneDNN or the kernel, measured on this CPU
         loaded.plan += f"; {fp32.describe()}"
         if fp32.library == BF16_KERNEL:

@@ -1,16 +1,21 @@
-"""The decode-attention kernel (`decode_attention.c`): built on first use, loaded with ctypes, and
-called for the short query blocks of a decode (docs/theory.md, "The kernel plan").
+"""The decode-attention kernels (`decode_attention.c`, `decode_attention_fp32.c`): built on first use,
+loaded with ctypes, and called for the short query blocks of a decode (docs/theory.md, "The kernel
+plan").
 
 A decode step, a draft step and a verify pass attend with a handful of queries to the whole
 cache, so their attention should stream the K/V at the memory's bandwidth. torch's CPU SDPA does
-not (10-16 GB/s over an fp32 cache against 39 GB/s for a copy on the project's EPYC, and bf16 is
-slower still; results/kernels/attention_rows.md), and neither torch nor transformers ships another
-CPU path for it. The C kernel reads a bf16 cache (which holds the bf16 projections' K/V exactly)
-and does float32 arithmetic, so it computes the fp32 path's attention from half its bytes.
+not (10-16 GB/s over an fp32 cache against 39 GB/s for a copy on the project's AVX-512 EPYC, and
+bf16 is slower still, results/kernels/attention_rows.md; a third of the copy bandwidth on a Zen 3
+EPYC, results/profile/step_anatomy-smollm2-135m-float32-avx2.md), and neither torch nor
+transformers ships another CPU path for it. One kernel per cache dtype:
+- bf16 (AVX-512 BF16): reads a bf16 cache, which holds the bf16 projections' K/V exactly, in
+  float32 arithmetic, so it computes the fp32 path's attention from half its bytes;
+- float32 (AVX2 and FMA): the fp32 fallback plan's cache, whose K/V come from float32 activations,
+  read in place.
 
-It is built and loaded by `models.native`, used only where the CPU has the AVX-512 features it is
-written for and a compiler is found; otherwise `load_kernel().reason` says why, the kernel plan
-prints it, and the plan keeps torch's SDPA.
+Each is built and loaded by `models.native`, used only where the CPU has the features it is
+written for and a compiler is found; otherwise `load_kernel(dtype).reason` says why, the kernel
+plan prints it, and the plan keeps torch's SDPA.
 """
 
 from __future__ import annotations
@@ -24,27 +29,38 @@ import torch
 from skipsearch.models.native import KernelSource, NativeLibrary, load_native
 
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
-SOURCE = KernelSource(
-    path=Path(__file__).with_name("decode_attention.c"),
-    symbol="decode_attention",
-    signature=(
-        _POINTER, _INT, _INT, _POINTER, _POINTER, _INT, _POINTER, *[_INT] * 7, ctypes.c_float,
-        _POINTER, _POINTER, _INT, _POINTER,
-    ),
-    needed_flags=("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"),
-    compiler_flags=(
-        "-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16",
-        "-fopenmp", "-shared", "-fPIC",
-    ),
+_SIGNATURE = (
+    _POINTER, _INT, _INT, _POINTER, _POINTER, _INT, _POINTER, *[_INT] * 7, ctypes.c_float,
+    _POINTER, _POINTER, _INT, _POINTER,
 )  # fmt: skip
+_BF16_FLAGS = (
+    "-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16",
+    "-fopenmp", "-shared", "-fPIC",
+)  # fmt: skip
+SOURCES = {
+    torch.bfloat16: KernelSource(
+        path=Path(__file__).with_name("decode_attention.c"),
+        symbol="decode_attention",
+        signature=_SIGNATURE,
+        needed_flags=("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"),
+        compiler_flags=_BF16_FLAGS,
+    ),
+    torch.float32: KernelSource(
+        path=Path(__file__).with_name("decode_attention_fp32.c"),
+        symbol="decode_attention_fp32",
+        signature=_SIGNATURE,
+        needed_flags=("avx2", "fma"),
+        compiler_flags=("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"),
+    ),
+}
 # Longer blocks (prefills, the estimator's teacher-forced passes) stay on SDPA, compute-bound there.
 MAX_QUERIES = 16
 
 
 @functools.cache
-def load_kernel() -> NativeLibrary:
-    """The kernel for this CPU, compiled once per source, compiler and compiler flags."""
-    return load_native(SOURCE)
+def load_kernel(dtype: torch.dtype = torch.bfloat16) -> NativeLibrary:
+    """The kernel over a `dtype` cache for this CPU, compiled once per source, compiler and flags."""
+    return load_native(SOURCES[dtype])
 
 
 def decode_attention(
@@ -57,23 +73,24 @@ def decode_attention(
     extra: tuple[torch.Tensor, torch.Tensor] | None = None,
     scores: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """Causal attention `[1, M, H, D]` (transformers' layout, bf16) of `query` `[1, H, M, D]` at the
-    cache's last M positions over `key`/`value` `[1, KV, N, D]` (bf16, rows contiguous), keys
+    """Causal attention `[1, M, H, D]` (transformers' layout, in the cache's dtype) of `query`
+    `[1, H, M, D]` at the cache's last M positions over `key`/`value` `[1, KV, N, D]` (bf16 or
+    float32, the query's dtype; rows contiguous), keys
     restricted to `sink` + `window` where `window` > 0, plus the `extra` keys and values
     `[1, KV, P, D]` (contiguous) that every query sees (a draft's pillars); None where the kernel
     does not apply (not loaded, another dtype, a batch, a long block, or a layout it does not read).
     `scores` `[H, N]` (float32, contiguous, filled with -inf) receives query 0's scaled scores of
     the keys it sees."""
-    function = load_kernel().function
+    function = load_kernel(query.dtype).function if query.dtype in SOURCES else None
     batch, heads, queries, dim = query.shape
     if (
         function is None
         or batch != 1
         or queries > MAX_QUERIES
-        or not query.dtype == key.dtype == value.dtype == torch.bfloat16
+        or not query.dtype == key.dtype == value.dtype
         or query.stride(-1) != 1
         or any(t.stride(-1) != 1 or t.stride(-2) != dim or t.stride(1) != key.stride(1) for t in (key, value))
-        or (extra is not None and not all(t.dtype == torch.bfloat16 and t.is_contiguous() for t in extra))
+        or (extra is not None and not all(t.dtype == query.dtype and t.is_contiguous() for t in extra))
         or (scores is not None and not (scores.dtype == torch.float32 and scores.is_contiguous()))
     ):
         return None

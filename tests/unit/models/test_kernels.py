@@ -8,7 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from skipsearch.models import attention, kernels
-from skipsearch.models.attention import FP32_ATTENTION, KERNEL_ATTENTION, NATIVE_ATTENTION, grouped_queries
+from skipsearch.models.attention import (
+    FP32_ATTENTION,
+    KERNEL_ATTENTION,
+    KERNEL_FP32_ATTENTION,
+    NATIVE_ATTENTION,
+    grouped_queries,
+)
 from skipsearch.models.kernels import (
     AttentionChoice,
     GrowingLayer,
@@ -18,6 +24,7 @@ from skipsearch.models.kernels import (
     new_cache,
     step_bytes,
 )
+from skipsearch.models.native import NativeLibrary
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model, with_plan_attention
 
@@ -68,6 +75,45 @@ def test_fp32_models_and_accelerators_are_not_measured(monkeypatch: pytest.Monke
     monkeypatch.setattr(kernels, "measure_attention_paths", lambda dtype: pytest.fail("measured"))
     assert choose_attention(torch.float32, "cpu").path == FP32_ATTENTION
     assert choose_attention(torch.bfloat16, "cuda").path == NATIVE_ATTENTION
+
+
+def test_the_fp32_fallback_weighs_sdpa_against_the_fp32_kernel(
+    cache_in_tmp: Path, idle_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--dtype auto`'s float32 (a CPU without native bf16) takes the faster of fp32 SDPA and the
+    decode kernel over the fp32 cache, and keeps the choice; `--dtype float32` stays on SDPA."""
+    measured = []
+
+    def timings(dtype: torch.dtype) -> dict:
+        measured.append(dtype)
+        return {FP32_ATTENTION: {"1": 0.23, "4": 0.36}, KERNEL_FP32_ATTENTION: {"1": 0.08, "4": 0.21}}
+
+    monkeypatch.setattr(kernels, "measure_attention_paths", timings)
+    monkeypatch.setattr(kernels, "load_kernel", lambda dtype=torch.bfloat16: NativeLibrary(print, "", "b1"))
+    assert choose_attention(torch.float32, "cpu").path == FP32_ATTENTION and not measured
+    chosen = choose_attention(torch.float32, "cpu", fallback=True)
+    assert chosen.path == KERNEL_FP32_ATTENTION and measured == [torch.float32]
+    assert "0.08, 0.21" in chosen.describe() and kernels.choice_path("float32").exists()
+    assert choose_attention(torch.float32, "cpu", fallback=True) == chosen and len(measured) == 1
+
+
+def test_the_fp32_fallback_without_its_kernel_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "measure_attention_paths", lambda dtype: pytest.fail("measured"))
+    missing = NativeLibrary(None, "this CPU lacks fma")
+    monkeypatch.setattr(kernels, "load_kernel", lambda dtype=torch.bfloat16: missing)
+    chosen = choose_attention(torch.float32, "cpu", fallback=True)
+    assert chosen.path == FP32_ATTENTION and "decode kernel not used: this CPU lacks fma" in chosen.describe()
+
+
+def test_fp32_candidates_are_sdpa_and_the_fp32_kernel_where_it_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    loads = {torch.float32: True, torch.bfloat16: False}
+    library = {True: NativeLibrary(print, ""), False: NativeLibrary(None, "")}
+    monkeypatch.setattr(kernels, "load_kernel", lambda dtype=torch.bfloat16: library[loads[dtype]])
+    assert kernels.candidate_paths(torch.float32) == [FP32_ATTENTION, KERNEL_FP32_ATTENTION]
+    assert kernels.candidate_paths(torch.bfloat16) == [NATIVE_ATTENTION, FP32_ATTENTION]
+    loads.update({torch.float32: False, torch.bfloat16: True})
+    assert kernels.candidate_paths(torch.float32) == [FP32_ATTENTION]
+    assert kernels.candidate_paths(torch.bfloat16) == [NATIVE_ATTENTION, FP32_ATTENTION, KERNEL_ATTENTION]
 
 
 def test_the_attention_choice_is_measured_once_and_cached(

@@ -10,18 +10,14 @@ import torch
 from skipsearch.engine import autoregressive_decode, speculative_decode
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models import native_attention
-from skipsearch.models.attention import KERNEL_ATTENTION
+from skipsearch.models.attention import KERNEL_ATTENTION, KERNEL_FP32_ATTENTION
 from skipsearch.models.kernels import AttentionChoice, apply_attention
 from skipsearch.models.kv_attention import pattern_attention
 from skipsearch.models.native import NativeLibrary
-from skipsearch.models.native_attention import decode_attention, load_kernel
+from skipsearch.models.native_attention import decode_attention
 from skipsearch.models.pillars import PillarChoice, PillarKeys, choose_pillars, query_scores
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import tiny_model
-
-needs_kernel = pytest.mark.skipif(
-    load_kernel().function is None, reason=f"decode kernel unavailable: {load_kernel().reason}"
-)
+from tests.conftest import KERNEL_CACHE_DTYPES, tiny_model
 
 
 def test_pillars_are_the_keys_of_most_mass_between_sink_and_window() -> None:
@@ -58,12 +54,12 @@ def test_query_scores_hide_what_causality_hides() -> None:
     assert query_scores(query, key, 0.5, rows=1).shape == (1, 4, 1, 10)
 
 
-@needs_kernel
+@pytest.mark.parametrize("dtype", KERNEL_CACHE_DTYPES)
 @pytest.mark.parametrize("length", [60, 1300])
-def test_the_kernel_reads_pillars_as_pattern_attention_does(length: int) -> None:
+def test_the_kernel_reads_pillars_as_pattern_attention_does(dtype: torch.dtype, length: int) -> None:
     generator = torch.Generator().manual_seed(length)
-    key, value = (torch.randn(1, 3, length, 64, generator=generator).bfloat16() for _ in "kv")
-    query = (2 * torch.randn(1, 9, 1, 64, generator=generator)).bfloat16()
+    key, value = (torch.randn(1, 3, length, 64, generator=generator).to(dtype) for _ in "kv")
+    query = (2 * torch.randn(1, 9, 1, 64, generator=generator)).to(dtype)
     pattern = KVPattern(2, 16, 5)
     chosen = torch.stack([torch.randperm(length - 30, generator=generator)[:5] + 2 for _ in range(3)])
     cache = type("Cache", (), {"layers": [type("Layer", (), {"keys": key, "values": value})()]})()
@@ -71,16 +67,17 @@ def test_the_kernel_reads_pillars_as_pattern_attention_does(length: int) -> None
     assert torch.equal(pillars[0][0, 1, 3], key[0, 1, chosen[1, 3]])
     expected = pattern_attention(query, key, value, pattern, 0.125, pillars)
     out = decode_attention(query, key, value, 0.125, pattern.sink, pattern.window, pillars)
-    assert ((out.float() - expected.float()).abs() <= expected.float().abs() * 2**-7 + 1e-4).all()
+    relative = 2**-7 if dtype == torch.bfloat16 else 1e-5
+    assert ((out.float() - expected.float()).abs() <= expected.float().abs() * relative + 1e-4).all()
     without = decode_attention(query, key, value, 0.125, pattern.sink, pattern.window)
     assert not torch.equal(out, without)
 
 
-@needs_kernel
-def test_the_kernel_writes_the_first_querys_scores() -> None:
+@pytest.mark.parametrize("dtype", KERNEL_CACHE_DTYPES)
+def test_the_kernel_writes_the_first_querys_scores(dtype: torch.dtype) -> None:
     generator = torch.Generator().manual_seed(3)
-    key, value = (torch.randn(1, 3, 900, 64, generator=generator).bfloat16() for _ in "kv")
-    query = torch.randn(1, 9, 4, 64, generator=generator).bfloat16()  # a verify of 3 drafts
+    key, value = (torch.randn(1, 3, 900, 64, generator=generator).to(dtype) for _ in "kv")
+    query = torch.randn(1, 9, 4, 64, generator=generator).to(dtype)  # a verify of 3 drafts
     scores = torch.full((9, 900), float("-inf"))
     assert decode_attention(query, key, value, 0.125, scores=scores) is not None
     expected = query_scores(query, key, 0.125, rows=1)[0, :, 0]
@@ -88,24 +85,28 @@ def test_the_kernel_writes_the_first_querys_scores() -> None:
     torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-4)
 
 
-@needs_kernel
-def test_on_the_kernel_path_pillars_come_from_the_kernels_scores_and_decode_losslessly() -> None:
-    """bf16 on the decode kernel: each verify's pillars come out of the kernel's score rows, the
-    draft reads them through the kernel, and greedy SSD still gives the autoregressive tokens."""
-    model = tiny_model("llama", layers=3, hidden_size=128, num_attention_heads=4).to(torch.bfloat16)
-    apply_attention(model, AttentionChoice("bfloat16", KERNEL_ATTENTION))
+@pytest.mark.parametrize("dtype", KERNEL_CACHE_DTYPES)
+def test_on_the_kernel_path_pillars_come_from_the_kernels_scores_and_decode_losslessly(
+    dtype: torch.dtype,
+) -> None:
+    """On the decode kernel (bf16, or the fp32 fallback's): each verify's pillars come out of the
+    kernel's score rows, the draft reads them through the kernel, and greedy SSD still gives the
+    autoregressive tokens."""
+    model = tiny_model("llama", layers=3, hidden_size=128, num_attention_heads=4).to(dtype)
+    path = KERNEL_ATTENTION if dtype == torch.bfloat16 else KERNEL_FP32_ATTENTION
+    apply_attention(model, AttentionChoice(str(dtype).removeprefix("torch."), path))
     runner = LayerwiseRunner(model)
     prompt = [5, 17, 3, 42, 8, 23, 11, 2, 9, 30, 12, 7, 19, 4, 33, 21]
     kv = KVPattern(1, 4, 2)
     calls = {"scores": 0, "pillars": 0}
-    original = native_attention.load_kernel().function
+    original = native_attention.load_kernel(dtype).function
 
     def counting(*args):
         calls["pillars"] += bool(args[-4])  # extra keys
         calls["scores"] += bool(args[-1])
         return original(*args)
 
-    with mock.patch.object(native_attention, "load_kernel", lambda: NativeLibrary(counting, "")):
+    with mock.patch.object(native_attention, "load_kernel", lambda _: NativeLibrary(counting, "")):
         result = speculative_decode(runner, prompt, SkipMask(3), 24, gamma=3, kv=kv)
     assert calls["scores"] > 0 and calls["pillars"] > 0
     assert result.tokens == autoregressive_decode(runner, prompt, 24).tokens

@@ -143,11 +143,13 @@ static void weigh_row(float *scores, int64_t dim, float *m, float *l, float *acc
     __m256 highest = _mm256_set1_ps(-INFINITY);
     for (int t = 0; t < TILE; t += 8) highest = _mm256_max_ps(highest, _mm256_loadu_ps(scores + t));
     float top = lanes_max(highest), fresh = top > *m ? top : *m;
-    float shrink = *m == -INFINITY ? 0.0f : expf(*m - fresh);
+    float shrink = *m == -INFINITY ? 0.0f : *m == fresh ? 1.0f : expf(*m - fresh);
     *m = fresh;
-    *l *= shrink;
-    for (int64_t j = 0; j < dim; j += 8)
-        _mm256_storeu_ps(acc + j, _mm256_mul_ps(_mm256_loadu_ps(acc + j), _mm256_set1_ps(shrink)));
+    if (shrink != 1.0f) {  /* the running max moved: rescale (multiplying by 1 would change nothing) */
+        *l *= shrink;
+        for (int64_t j = 0; j < dim; j += 8)
+            _mm256_storeu_ps(acc + j, _mm256_mul_ps(_mm256_loadu_ps(acc + j), _mm256_set1_ps(shrink)));
+    }
     __m256 total = _mm256_setzero_ps();
     for (int t = 0; t < TILE; t += 8) {
         __m256 s = _mm256_loadu_ps(scores + t);

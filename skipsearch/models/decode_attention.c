@@ -38,6 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decode_attention_keys.h"
+
 #define TILE 64        /* keys scored, weighted and summed together: 64 x dim bf16 stays in L1 */
 #define ROW_BLOCK 6    /* rows whose outputs are summed in registers together (6 x 4 vectors at 64) */
 #define MAX_DIM 256    /* 16 vectors of 16 floats */
@@ -66,9 +68,6 @@ static inline __m512 exp_nonpositive(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-typedef struct {
-    int64_t length, queries, sink, window;
-} Visibility;
 
 /* r[a] lane b <- r[b] lane a: a 16 x 16 transpose of 32-bit elements in four rounds of shuffles. */
 static inline void transpose16(__m512i r[16]) {
@@ -243,20 +242,6 @@ static void attend_chunk(const uint16_t *q, const uint16_t *k, const uint16_t *v
     }
 }
 
-/* The keys some query sees, as at most two ranges: the sink and the span from the first query's
- * window start to the end. Returns how many ranges. */
-static int visible_ranges(const Visibility *vis, int64_t ranges[2][2]) {
-    int64_t window_start = vis->length - vis->queries + 1 - vis->window;
-    if (vis->window <= 0 || window_start <= vis->sink) {
-        ranges[0][0] = 0, ranges[0][1] = vis->length;
-        return 1;
-    }
-    int count = 0;
-    if (vis->sink > 0) ranges[count][0] = 0, ranges[count++][1] = vis->sink;
-    ranges[count][0] = window_start, ranges[count++][1] = vis->length;
-    return count;
-}
-
 /* Rows [kv_heads][rows][dim] of the query (bf16, element (head, i, d) at head * head_stride +
  * i * row_stride + d), a small copy that lets every chunk read its rows contiguously. */
 static void gather_rows(const uint16_t *q, int64_t head_stride, int64_t row_stride, int64_t heads,
@@ -304,11 +289,7 @@ int decode_attention(const uint16_t *q, int64_t q_head_stride, int64_t q_row_str
     Visibility vis = {length, queries, sink, window};
     int64_t ranges[2][2];
     int count = visible_ranges(&vis, ranges);
-    /* the chunks [CHUNK c, CHUNK (c + 1)) that hold a visible key, in order */
-    int64_t *chunk = malloc(sizeof(int64_t) * ((length + CHUNK - 1) / CHUNK + 1)), chunks = 0;
-    for (int range = 0; chunk && range < count; range++)
-        for (int64_t c = ranges[range][0] / CHUNK; c * CHUNK < ranges[range][1]; c++)
-            if (chunks == 0 || chunk[chunks - 1] != c) chunk[chunks++] = c;
+    int64_t chunks, *chunk = visible_chunks(&vis, ranges, count, CHUNK, &chunks);
     /* the extra keys (a draft's pillars, [kv_heads][extra][dim]) are one more unit, seen by every row */
     int64_t units = chunks + (extra > 0), stride = rows * (dim + 2); /* per unit and head: m, l, acc */
     Visibility everything = {extra + queries, queries, 0, 0};
@@ -333,10 +314,8 @@ int decode_attention(const uint16_t *q, int64_t q_head_stride, int64_t q_row_str
             }
             float *head_scores = scores ? scores + h * (heads / kv_heads) * length : NULL;
             for (int range = 0; range < count; range++) {
-                int64_t begin = chunk[c] * CHUNK, end = begin + CHUNK;
-                begin = begin > ranges[range][0] ? begin : ranges[range][0];
-                end = end < ranges[range][1] ? end : ranges[range][1];
-                if (begin < end)
+                int64_t begin, end;
+                if (chunk_in_range(chunk[c], CHUNK, ranges[range], &begin, &end))
                     attend_chunk(query + h * rows * dim, k + h * kv_stride, v + h * kv_stride, dim, rows, begin,
                                  end, &vis, scale, m, l, acc, head_scores);
             }

@@ -37,6 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decode_attention_keys.h"
+
 #define TILE 32      /* keys scored, weighted and summed together: 32 keys and values of 64 are 16 KB */
 #define MAX_DIM 256  /* 32 vectors of 8 floats */
 #define CHUNK 512    /* keys per unit of work; chunks start at multiples of CHUNK (see above) */
@@ -77,9 +79,6 @@ static inline __m256 exp_nonpositive(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(power));
 }
 
-typedef struct {
-    int64_t length, queries, sink, window;
-} Visibility;
 
 /* The 8 lanes' sums of 8 accumulators, lane j of the result being acc[j]'s: each key's lanes are
  * summed as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) whichever keys share the call. */
@@ -203,20 +202,6 @@ static void attend_chunk(const float *q, const float *k, const float *v, int64_t
     }
 }
 
-/* The keys some query sees, as at most two ranges: the sink and the span from the first query's
- * window start to the end. Returns how many ranges. */
-static int visible_ranges(const Visibility *vis, int64_t ranges[2][2]) {
-    int64_t window_start = vis->length - vis->queries + 1 - vis->window;
-    if (vis->window <= 0 || window_start <= vis->sink) {
-        ranges[0][0] = 0, ranges[0][1] = vis->length;
-        return 1;
-    }
-    int count = 0;
-    if (vis->sink > 0) ranges[count][0] = 0, ranges[count++][1] = vis->sink;
-    ranges[count][0] = window_start, ranges[count++][1] = vis->length;
-    return count;
-}
-
 /* The chunks' partial results of row r merged in order and normalised into `o`. */
 static void merge_row(const float *partial, int64_t chunks, int64_t stride, int64_t rows, int64_t dim,
                       int64_t r, float *o) {
@@ -251,11 +236,7 @@ int decode_attention_fp32(const float *q, int64_t q_head_stride, int64_t q_row_s
     Visibility vis = {length, queries, sink, window};
     int64_t ranges[2][2];
     int count = visible_ranges(&vis, ranges);
-    /* the chunks [CHUNK c, CHUNK (c + 1)) that hold a visible key, in order */
-    int64_t *chunk = malloc(sizeof(int64_t) * ((length + CHUNK - 1) / CHUNK + 1)), chunks = 0;
-    for (int range = 0; chunk && range < count; range++)
-        for (int64_t c = ranges[range][0] / CHUNK; c * CHUNK < ranges[range][1]; c++)
-            if (chunks == 0 || chunk[chunks - 1] != c) chunk[chunks++] = c;
+    int64_t chunks, *chunk = visible_chunks(&vis, ranges, count, CHUNK, &chunks);
     /* the extra keys (a draft's pillars) are one more unit, seen by every row */
     int64_t units = chunks + (extra > 0), stride = rows * (dim + 2); /* per unit and head: m, l, acc */
     Visibility everything = {extra + queries, queries, 0, 0};
@@ -283,10 +264,8 @@ int decode_attention_fp32(const float *q, int64_t q_head_stride, int64_t q_row_s
             }
             float *head_scores = scores ? scores + h * group * length : NULL;
             for (int range = 0; range < count; range++) {
-                int64_t begin = chunk[c] * CHUNK, end = begin + CHUNK;
-                begin = begin > ranges[range][0] ? begin : ranges[range][0];
-                end = end < ranges[range][1] ? end : ranges[range][1];
-                if (begin < end)
+                int64_t begin, end;
+                if (chunk_in_range(chunk[c], CHUNK, ranges[range], &begin, &end))
                     attend_chunk(query + h * rows * dim, k + h * kv_stride, v + h * kv_stride, dim, rows, begin,
                                  end, &vis, scale, m, l, acc, head_scores);
             }

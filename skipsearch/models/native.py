@@ -1,4 +1,4 @@
-"""Building and loading the kernel plan's C kernels (`decode_attention.c`, `linear_rows.c`): compiled
+"""Building and loading the kernel plan's C kernels (`decode_attention*.c`, `linear_rows.c`): compiled
 on first use with the system C compiler into the cache directory, loaded with ctypes
 (docs/theory.md, "The kernel plan").
 
@@ -37,13 +37,15 @@ class NativeLibrary:
 @dataclass(frozen=True)
 class KernelSource:
     """A C source, the function it exports and that function's ctypes signature, the CPU flags
-    it needs and the flags it is compiled with."""
+    it needs, the flags it is compiled with, and the headers beside it that it includes (part of
+    its build: an edited header builds it again)."""
 
     path: Path
     symbol: str
     signature: Sequence[type]
     needed_flags: Sequence[str]
     compiler_flags: Sequence[str]
+    headers: Sequence[Path] = ()
 
 
 def compiler() -> str | None:
@@ -74,9 +76,8 @@ def load_native(source: KernelSource) -> NativeLibrary:
     if compiler_path is None:
         return NativeLibrary(None, "no C compiler (cc or gcc) on PATH")
     version = subprocess.run([compiler_path, "--version"], capture_output=True, text=True, check=False).stdout
-    digest = hashlib.sha256(
-        source.path.read_bytes() + version.encode() + " ".join(source.compiler_flags).encode()
-    )
+    code = source.path.read_bytes() + b"".join(header.read_bytes() for header in source.headers)
+    digest = hashlib.sha256(code + version.encode() + " ".join(source.compiler_flags).encode())
     build = digest.hexdigest()[:16]
     target = native_library_path(source.path.stem, build)
     if not target.is_file():

@@ -33,6 +33,7 @@ _SIGNATURE = (
     _POINTER, _INT, _INT, _POINTER, _POINTER, _INT, _POINTER, *[_INT] * 7, ctypes.c_float,
     _POINTER, _POINTER, _INT, _POINTER,
 )  # fmt: skip
+_KEYS = Path(__file__).with_name("decode_attention_keys.h")  # which keys a block sees, for both
 _BF16_FLAGS = (
     "-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16",
     "-fopenmp", "-shared", "-fPIC",
@@ -44,6 +45,7 @@ SOURCES = {
         signature=_SIGNATURE,
         needed_flags=("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"),
         compiler_flags=_BF16_FLAGS,
+        headers=(_KEYS,),
     ),
     torch.float32: KernelSource(
         path=Path(__file__).with_name("decode_attention_fp32.c"),
@@ -51,6 +53,7 @@ SOURCES = {
         signature=_SIGNATURE,
         needed_flags=("avx2", "fma"),
         compiler_flags=("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"),
+        headers=(_KEYS,),
     ),
 }
 # Longer blocks (prefills, the estimator's teacher-forced passes) stay on SDPA, compute-bound there.

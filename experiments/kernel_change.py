@@ -5,8 +5,9 @@ in bf16 for skipsearch's AVX2 kernel (`models.bf16_weights`), then weights prepa
 (`models.packed`: reordered once at load instead of on every call). `--change` names the step
 under test. The model is loaded once without the steps, copied, and the
 copies get the plan without that step and the whole plan. `--change kernel` tests the attention
-path instead: the whole plan with fp32 SDPA over an fp32 cache against the decode kernel over a
-bf16 cache (`models.native_attention`). Then the experiment times one-position steps (a decode or
+path instead: the whole plan with fp32 SDPA over an fp32 cache against the decode kernel
+(`models.native_attention`) over the plan's cache, bf16 where the weights are bf16 and fp32 on the
+fp32 fallback (a CPU without native bf16). Then the experiment times one-position steps (a decode or
 draft step) and four-position passes (a verify of 3 drafts) of both, alternating the order, at each
 context, and checks that both give the same logits. Then, per dtype (`--dtypes`), it times whole
 autoregressive decodes of HumanEval prompts with both, alternating prompt by prompt. Writes
@@ -14,6 +15,8 @@ autoregressive decodes of HumanEval prompts with both, alternating prompt by pro
 
     python experiments/kernel_change.py --change packed --dtypes auto    # ~3 min on two idle cores
     python experiments/kernel_change.py --change kernel --dtypes auto --contexts 128,512,2048,8000
+    python experiments/kernel_change.py --change kernel --dtypes auto --contexts 512,2048,8000 \
+        --repeats 20 --suffix=-avx2                      # the fp32 kernel, on a CPU without AVX-512
     python experiments/kernel_change.py --change packed --force-pack --dtypes auto --suffix=-fp32-avx2
 
 `--force-pack` packs fp32 weights too: on a CPU without native bf16 it measures the fp32 fallback's
@@ -47,7 +50,7 @@ from _load import load_line
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.engine import autoregressive_decode
 from skipsearch.models import bf16_weights, packed
-from skipsearch.models.attention import FP32_ATTENTION, KERNEL_ATTENTION
+from skipsearch.models.attention import FP32_ATTENTION, KERNEL_ATTENTION, KERNEL_FP32_ATTENTION
 from skipsearch.models.kernels import AttentionChoice, apply_attention
 from skipsearch.models.loading import load_model
 from skipsearch.models.registry import REGISTRY, available_offline
@@ -61,13 +64,18 @@ STEPS = {
     "bf16-weights": (bf16_weights, "use_bf16_weights", lambda model, _: bf16_weights.use_bf16_weights(model)),
     "packed": (packed, "pack_linears", lambda model, force: packed.pack_linears(model, force)),
 }
-# Attention paths compared on the whole plan: (without, with).
-PATHS = {"kernel": (FP32_ATTENTION, KERNEL_ATTENTION)}
+# Attention paths compared on the whole plan, by the model's dtype: (without, with).
+PATHS = {
+    "kernel": {
+        torch.bfloat16: (FP32_ATTENTION, KERNEL_ATTENTION),
+        torch.float32: (FP32_ATTENTION, KERNEL_FP32_ATTENTION),
+    }
+}
 REPORTS = {"packed": "packed_weights.md", "kernel": "decode_kernel.md", "bf16-weights": "bf16_weights.md"}
 TITLES = {
     "bf16-weights": "bf16 weights on skipsearch's AVX2 kernel against the fp32 plan's products",
     "packed": "Weights prepacked for oneDNN against F.linear's plain weights",
-    "kernel": "The decode kernel over a bf16 cache against fp32 SDPA over an fp32 cache",
+    "kernel": "The decode kernel over the plan's cache against fp32 SDPA over an fp32 cache",
 }
 
 
@@ -77,7 +85,7 @@ def runners(
     """(without, with) runners of one model: the plan of `dtype` without the step `change`, and the
     whole plan (each step applied whatever the dtype; packing leaves fp32 alone unless `force`, the
     fp32 fallback's packing); and the loaded model. For an attention change, the whole plan on each
-    of the two paths (a float32 model keeps its one path: the kernel reads bf16 only)."""
+    of the two paths of its dtype (`PATHS`)."""
     with contextlib.ExitStack() as steps_off:
         for module, function, _ in STEPS.values():
             steps_off.enter_context(mock.patch.object(module, function, lambda model, force=False: 0))
@@ -87,9 +95,10 @@ def runners(
         if step != change:
             apply(without, force)
         apply(whole, force)
-    if change in PATHS and without.dtype == torch.bfloat16:
-        for copy_of_model, path in zip((without, whole), PATHS[change], strict=True):
-            apply_attention(copy_of_model, AttentionChoice("bfloat16", path))
+    if change in PATHS and without.dtype in PATHS[change]:
+        dtype_name = str(without.dtype).removeprefix("torch.")
+        for copy_of_model, path in zip((without, whole), PATHS[change][without.dtype], strict=True):
+            apply_attention(copy_of_model, AttentionChoice(dtype_name, path))
     return LayerwiseRunner(without), LayerwiseRunner(whole), loaded
 
 

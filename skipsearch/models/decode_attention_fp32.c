@@ -79,7 +79,6 @@ static inline __m256 exp_nonpositive(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(power));
 }
 
-
 /* The 8 lanes' sums of 8 accumulators, lane j of the result being acc[j]'s: each key's lanes are
  * summed as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) whichever keys share the call. */
 static inline __m256 lanes_sums8(const __m256 acc[8]) {

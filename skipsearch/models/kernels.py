@@ -227,15 +227,23 @@ def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return decode_attention(q, k, v, PROBE_HEAD_DIM**-0.5)
 
 
+def _kernel_library(dtype: torch.dtype) -> Any:
+    """The decode kernel a `dtype` model's plan may run (the fp32 one for the fallback plan)."""
+    return load_kernel(torch.float32 if dtype == torch.float32 else torch.bfloat16)
+
+
 def candidate_paths(dtype: torch.dtype) -> list[str]:
     """The attention paths a `dtype` model may run on a CPU: for float32 (the fallback plan) fp32
     SDPA and, where it loads, the decode kernel over the fp32 cache; for a half dtype SDPA in it,
     fp32 SDPA and, where it loads and the dtype is bf16, the decode kernel over the bf16 cache."""
+    loads = _kernel_library(dtype).function is not None
     if dtype == torch.float32:
-        kernel = [KERNEL_FP32_ATTENTION] if load_kernel(torch.float32).function is not None else []
-        return [FP32_ATTENTION, *kernel]
-    kernel = [KERNEL_ATTENTION] if dtype == torch.bfloat16 and load_kernel().function is not None else []
-    return [NATIVE_ATTENTION, FP32_ATTENTION, *kernel]
+        return [FP32_ATTENTION, *([KERNEL_FP32_ATTENTION] if loads else [])]
+    return [
+        NATIVE_ATTENTION,
+        FP32_ATTENTION,
+        *([KERNEL_ATTENTION] if loads and dtype == torch.bfloat16 else []),
+    ]
 
 
 def measure_attention_paths(dtype: torch.dtype) -> dict[str, dict[str, float]]:
@@ -266,11 +274,6 @@ def choice_path(dtype_name: str) -> Path:
     """One measurement per machine, torch version and dtype."""
     machine = f"{platform.machine()}-{platform.processor() or 'cpu'}-torch{torch.__version__}"
     return kernel_choice_path(machine, dtype_name)
-
-
-def _kernel_library(dtype: torch.dtype) -> Any:
-    """The decode kernel a `dtype` model's plan may run (the fp32 one for the fallback plan)."""
-    return load_kernel(torch.float32 if dtype == torch.float32 else torch.bfloat16)
 
 
 def _cached(path: Path, dtype: torch.dtype) -> AttentionChoice | None:
@@ -305,11 +308,12 @@ def choose_attention(dtype: torch.dtype, device_kind: str, fallback: bool = Fals
     name = str(dtype).removeprefix("torch.")
     if device_kind != "cpu":
         return AttentionChoice(name, NATIVE_ATTENTION)
-    library = _kernel_library(dtype)
+    if dtype == torch.float32 and not fallback:  # the same SDPA, minus the copies of grouped K/V heads
+        return AttentionChoice(name, FP32_ATTENTION)
+    library = _kernel_library(dtype)  # built on first use: only where the plan may run it
     unavailable = "" if library.function is not None else library.reason
-    if dtype == torch.float32 and (not fallback or library.function is None):
-        # the same SDPA, minus the copies of grouped K/V heads under a mask
-        return AttentionChoice(name, FP32_ATTENTION, unavailable=unavailable if fallback else "")
+    if dtype == torch.float32 and library.function is None:
+        return AttentionChoice(name, FP32_ATTENTION, unavailable=unavailable)
     path = choice_path(name)
     cached = _cached(path, dtype) if path.is_file() else None
     if cached is not None:

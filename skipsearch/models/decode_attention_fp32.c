@@ -26,8 +26,7 @@
  * fixed key positions whatever the cache length, a key a query does not see is left out of its
  * sums, and every sum runs in a fixed order, so a query's output does not depend on how many
  * queries share the call: a verify pass's attention is bit for bit what single decode steps
- * compute. A tile's keys and values are read from memory once and from L1 by its other rows, two
- * rows at a time sharing each load. The
+ * compute. A tile's keys and values are read from memory once and from L1 by its other rows. The
  * OpenMP runtime is torch's own (the library is loaded after torch), so the threads torch was
  * given apply here too.
  */
@@ -81,98 +80,59 @@ static inline __m256 exp_nonpositive(__m256 x) {
 }
 
 /* The 8 lanes' sums of 8 accumulators, lane j of the result being acc[j]'s: each key's lanes are
- * summed as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) whichever keys share the call. In two steps:
- * `lanes_sums4` of keys 0-3 and of keys 4-7 (each [lanes 0-3 | lanes 4-7] of its 4 keys), then
- * `lanes_sums_join`, so that a pass over 4 keys yields its half as soon as it is done. */
-static inline __m256 lanes_sums4(const __m256 acc[4]) {
-    return _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-}
-
-static inline __m256 lanes_sums_join(__m256 lo, __m256 hi) {
+ * summed as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) whichever keys share the call. */
+static inline __m256 lanes_sums8(const __m256 acc[8]) {
+    __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
+    __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
+    __m256 lo = _mm256_hadd_ps(h01, h23), hi = _mm256_hadd_ps(h45, h67);
+    /* lo: keys 0-3 of lanes 0-3 | keys 0-3 of lanes 4-7; hi: the same for keys 4-7 */
     return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
 }
 
-/* One pass of dot8 over the keys first .. first + 8 / ROWS - 1: 8 accumulators in registers (the
- * loops unrolled, else GCC keeps them on the stack), each key loaded once for both rows. */
-static inline __attribute__((always_inline)) void dot_pass(const float *const row[2], int ROWS, const float *keys,
-                                                           int64_t dim, int first, int n, __m256 half[2][2]) {
-    __m256 acc[2][8];
-#pragma GCC unroll 2
-    for (int r = 0; r < ROWS; r++)
-#pragma GCC unroll 8
-        for (int j = 0; j < 8 / ROWS; j++) acc[r][j] = _mm256_setzero_ps();
+/* Dot products of one row with `n` <= 8 consecutive keys (rows of `dim` floats from `keys`; 0 for
+ * the missing ones), each an 8-lane accumulator summed over the row in order. */
+static inline __attribute__((always_inline)) __m256 dot8(const float *row, const float *keys, int64_t dim, int n) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t d = 0; d < dim; d += 8) {
-        __m256 q[2];
-#pragma GCC unroll 2
-        for (int r = 0; r < ROWS; r++) q[r] = _mm256_loadu_ps(row[r] + d);
-#pragma GCC unroll 8
-        for (int j = 0; j < 8 / ROWS; j++) {
-            if (first + j >= n) break;
-            __m256 key = _mm256_loadu_ps(keys + (first + j) * dim + d);
-            __asm__("" : "+x"(key)); /* one load for both rows (see accumulate) */
-#pragma GCC unroll 2
-            for (int r = 0; r < ROWS; r++) acc[r][j] = _mm256_fmadd_ps(q[r], key, acc[r][j]);
-        }
+        __m256 q = _mm256_loadu_ps(row + d);
+        for (int j = 0; j < n; j++) acc[j] = _mm256_fmadd_ps(q, _mm256_loadu_ps(keys + j * dim + d), acc[j]);
     }
-#pragma GCC unroll 2
-    for (int r = 0; r < ROWS; r++)
-#pragma GCC unroll 2
-        for (int j = 0; j < 8 / ROWS; j += 4) half[r][(first + j) / 4] = lanes_sums4(acc[r] + j);
+    return lanes_sums8(acc);
 }
 
-/* Dot products of ROWS (1 or 2) rows with `n` <= 8 consecutive keys (rows of `dim` floats from
- * `keys`; 0 for the missing ones), each an 8-lane accumulator summed over the row in order, into
- * sums[r]. Two rows share each key's loads, 4 keys a pass; one row takes all 8 keys in one pass:
- * either way a key's sum is the same operations, so a row's scores do not depend on its partner.
- * Pairing rows took 7-14% off the kernel's time on one Zen 3 core (1 and 5 queries, 1,024 keys). */
-static inline __attribute__((always_inline)) void dot8(const float *const row[2], int ROWS, const float *keys,
-                                                       int64_t dim, int n, __m256 sums[2]) {
-    __m256 half[2][2];
-    dot_pass(row, ROWS, keys, dim, 0, n, half);
-    if (ROWS == 2) dot_pass(row, ROWS, keys, dim, 4, n, half);
-#pragma GCC unroll 2
-    for (int r = 0; r < ROWS; r++) sums[r] = lanes_sums_join(half[r][0], half[r][1]);
-}
-
-/* The keys start + t .. start + t + 7 that a query at `position` sees: first <= index < start +
- * width, index <= position, and inside the sink or the window. */
-static inline __m256i seen_keys(int64_t index0, int64_t first, int64_t end, int64_t position, const Visibility *vis) {
-    __m256i index = _mm256_add_epi32(_mm256_set1_epi32((int32_t)index0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    __m256i seen = _mm256_andnot_si256(
-        _mm256_cmpgt_epi32(index, _mm256_set1_epi32((int32_t)position)),
-        _mm256_and_si256(_mm256_cmpgt_epi32(index, _mm256_set1_epi32((int32_t)(first - 1))),
-                         _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)end), index)));
-    if (vis->window > 0)
-        seen = _mm256_and_si256(
-            seen, _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)vis->sink), index),
-                                  _mm256_cmpgt_epi32(index, _mm256_set1_epi32((int32_t)(position - vis->window)))));
-    return seen;
-}
-
-/* Scaled scores of ROWS (1 or 2) rows (row r's query at positions[r]) against the tile's `width`
- * keys from `start` (-inf before `first`, where the query does not see the key, and past `width`)
- * into scores[r]; seen[r]: whether row r sees any. */
-static inline __attribute__((always_inline)) void score_rows(const float *const row[2], int ROWS, const float *k,
-                                                             int64_t dim, int64_t start, int64_t first, int64_t width,
-                                                             const int64_t positions[2], const Visibility *vis,
-                                                             float scale, float scores[][TILE], int seen[2]) {
-    __m256i any[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+/* Scaled scores of one row against the tile's `width` keys from `start` (-inf before `first`, where
+ * the row's query, at `position`, does not see the key, and past `width`); whether it sees any. */
+static int score_row(const float *row, const float *k, int64_t dim, int64_t start, int64_t first, int64_t width,
+                     int64_t position, const Visibility *vis, float scale, float *scores) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i low = _mm256_set1_epi32((int32_t)(first - 1)), high = _mm256_set1_epi32((int32_t)(start + width));
+    const __m256i at = _mm256_set1_epi32((int32_t)position);
+    const __m256i sink = _mm256_set1_epi32((int32_t)vis->sink);
+    const __m256i window_start = _mm256_set1_epi32((int32_t)(position - vis->window));
+    __m256i any = _mm256_setzero_si256();
     for (int64_t t = 0; t < TILE; t += 8) {
-        __m256 sums[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        __m256i index = _mm256_add_epi32(_mm256_set1_epi32((int32_t)(start + t)), lane);
+        /* first <= index < start + width, index <= position, and inside the sink or the window */
+        __m256i seen = _mm256_andnot_si256(_mm256_cmpgt_epi32(index, at),
+                                           _mm256_and_si256(_mm256_cmpgt_epi32(index, low),
+                                                            _mm256_cmpgt_epi32(high, index)));
+        if (vis->window > 0)
+            seen = _mm256_and_si256(seen, _mm256_or_si256(_mm256_cmpgt_epi32(sink, index),
+                                                          _mm256_cmpgt_epi32(index, window_start)));
+        __m256 sum = _mm256_setzero_ps();
         int n = t < width ? (width - t < 8 ? (int)(width - t) : 8) : 0;
         if (n == 8 && dim == 64)  /* the common head size: a constant unrolls the row */
-            dot8(row, ROWS, k + (start + t) * 64, 64, 8, sums);
+            sum = dot8(row, k + (start + t) * 64, 64, 8);
+        else if (n == 8)
+            sum = dot8(row, k + (start + t) * dim, dim, 8);
         else if (n > 0)
-            dot8(row, ROWS, k + (start + t) * dim, dim, n, sums);
-        for (int r = 0; r < ROWS; r++) {
-            __m256i in_view = seen_keys(start + t, first, start + width, positions[r], vis);
-            __m256 scaled = _mm256_mul_ps(sums[r], _mm256_set1_ps(scale));
-            _mm256_storeu_ps(scores[r] + t, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), scaled,
-                                                              _mm256_castsi256_ps(in_view)));
-            any[r] = _mm256_or_si256(any[r], in_view);
-        }
+            sum = dot8(row, k + (start + t) * dim, dim, n);
+        __m256 scaled = _mm256_mul_ps(sum, _mm256_set1_ps(scale));
+        _mm256_storeu_ps(scores + t, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), scaled, _mm256_castsi256_ps(seen)));
+        any = _mm256_or_si256(any, seen);
     }
-    for (int r = 0; r < ROWS; r++) seen[r] = !_mm256_testz_si256(any[r], any[r]);
+    return !_mm256_testz_si256(any, any);
 }
 
 /* Softmax weights of one row's tile of scores, in place (0 where unseen): the row's running max
@@ -199,68 +159,19 @@ static void weigh_row(float *scores, int64_t dim, float *m, float *l, float *acc
     *l += lanes_sum(total);
 }
 
-/* acc[r] += sum over the tile's keys t of weights[r][t] * values[t] for ROWS (1 or 2) rows
- * (`width` values of `dim` floats; row r's output at acc[r]), 8 accumulators in registers: one
- * row's 64 floats at a time, or two rows' 32, so that two rows share each value's load. An output
- * is the same operations (its acc, then one FMA per key in order) whichever rows share the call. */
+/* acc += sum over the tile's keys t of weights[t] * values[t] (`width` values of `dim` floats). */
 static inline __attribute__((always_inline)) void accumulate(const float *values, int64_t width, int64_t dim,
-                                                           float weights[][TILE], int ROWS, float *const acc[2]) {
-    const int64_t slice = 64 / ROWS;
-    for (int64_t j0 = 0; j0 < dim; j0 += slice) {
-        int64_t span = dim - j0 < slice ? dim - j0 : slice;
-        __m256 sum[2][8];
-        for (int r = 0; r < ROWS; r++)
-            for (int64_t j = 0; j < span; j += 8) sum[r][j / 8] = _mm256_loadu_ps(acc[r] + j0 + j);
+                                                           const float *weights, float *acc) {
+    for (int64_t j0 = 0; j0 < dim; j0 += 64) {  /* 8 accumulators at a time, in registers */
+        int64_t span = dim - j0 < 64 ? dim - j0 : 64;
+        __m256 sum[8];
+        for (int64_t j = 0; j < span; j += 8) sum[j / 8] = _mm256_loadu_ps(acc + j0 + j);
         for (int64_t t = 0; t < width; t++) {
-            __m256 weight[2];
-            for (int r = 0; r < ROWS; r++) weight[r] = _mm256_set1_ps(weights[r][t]);
-            for (int64_t j = 0; j < span; j += 8) {
-                __m256 value = _mm256_loadu_ps(values + t * dim + j0 + j);
-                /* held in a register: GCC folds it into each row's FMA as a memory operand, and
-                 * Zen 3's two 256-bit loads a cycle, not its FMAs, would set the pace */
-                __asm__("" : "+x"(value));
-                for (int r = 0; r < ROWS; r++) sum[r][j / 8] = _mm256_fmadd_ps(weight[r], value, sum[r][j / 8]);
-            }
+            __m256 weight = _mm256_set1_ps(weights[t]);
+            for (int64_t j = 0; j < span; j += 8)
+                sum[j / 8] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(values + t * dim + j0 + j), sum[j / 8]);
         }
-        for (int r = 0; r < ROWS; r++)
-            for (int64_t j = 0; j < span; j += 8) _mm256_storeu_ps(acc[r] + j0 + j, sum[r][j / 8]);
-    }
-}
-
-/* One tile for ROWS (1 or 2) rows from `row`: scores, query 0's scores copied out, weights, and the
- * weighted values of the rows that see a key of the tile. */
-static inline __attribute__((always_inline)) void attend_tile(const float *q, const float *k, const float *v,
-                                                              int64_t dim, int64_t row, int ROWS, int64_t start,
-                                                              int64_t first, int64_t width, const Visibility *vis,
-                                                              float scale, float *m, float *l, float *acc,
-                                                              float *scores) {
-    float weights[2][TILE] __attribute__((aligned(32)));
-    const float *rows[2] = {q + row * dim, q + (row + 1) * dim};
-    int64_t positions[2];
-    int seen[2];
-    for (int r = 0; r < ROWS; r++) positions[r] = vis->length - vis->queries + (row + r) % vis->queries;
-    score_rows(rows, ROWS, k, dim, start, first, width, positions, vis, scale, weights, seen);
-    float *outputs[2] = {acc + row * dim, acc + (row + 1) * dim};
-    for (int r = 0; r < ROWS; r++) {
-        if (scores && (row + r) % vis->queries == 0) /* query 0's scores, for the draft's pillars */
-            memcpy(scores + (row + r) / vis->queries * vis->length + first, weights[r] + (first - start),
-                   sizeof(float) * (width - (first - start)));
-        if (seen[r]) weigh_row(weights[r], dim, m + row + r, l + row + r, outputs[r]);
-    }
-    const float *tile_values = v + start * dim;
-    if (ROWS == 2 && seen[0] && seen[1]) {
-        if (dim == 64)
-            accumulate(tile_values, width, 64, weights, 2, outputs);
-        else
-            accumulate(tile_values, width, dim, weights, 2, outputs);
-        return;
-    }
-    for (int r = 0; r < ROWS; r++) {
-        if (!seen[r]) continue;
-        if (dim == 64)
-            accumulate(tile_values, width, 64, weights + r, 1, outputs + r);
-        else
-            accumulate(tile_values, width, dim, weights + r, 1, outputs + r);
+        for (int64_t j = 0; j < span; j += 8) _mm256_storeu_ps(acc + j0 + j, sum[j / 8]);
     }
 }
 
@@ -270,13 +181,23 @@ static inline __attribute__((always_inline)) void attend_tile(const float *q, co
 static void attend_chunk(const float *q, const float *k, const float *v, int64_t dim, int64_t rows,
                          int64_t begin, int64_t end, const Visibility *vis, float scale, float *m, float *l,
                          float *acc, float *scores) {
+    float weights[TILE] __attribute__((aligned(32)));
     for (int64_t start = begin / TILE * TILE; start < end; start += TILE) {
         int64_t first = start > begin ? start : begin;
         int64_t width = end - start < TILE ? end - start : TILE;
-        int64_t row = 0;
-        for (; row + 1 < rows; row += 2)
-            attend_tile(q, k, v, dim, row, 2, start, first, width, vis, scale, m, l, acc, scores);
-        if (row < rows) attend_tile(q, k, v, dim, row, 1, start, first, width, vis, scale, m, l, acc, scores);
+        for (int64_t row = 0; row < rows; row++) {
+            int64_t position = vis->length - vis->queries + row % vis->queries;
+            int seen = score_row(q + row * dim, k, dim, start, first, width, position, vis, scale, weights);
+            if (scores && row % vis->queries == 0) /* query 0's scores, for the draft's pillars */
+                memcpy(scores + row / vis->queries * vis->length + first, weights + (first - start),
+                       sizeof(float) * (width - (first - start)));
+            if (!seen) continue;
+            weigh_row(weights, dim, m + row, l + row, acc + row * dim);
+            if (dim == 64)
+                accumulate(v + start * 64, width, 64, weights, acc + row * 64);
+            else
+                accumulate(v + start * dim, width, dim, weights, acc + row * dim);
+        }
     }
 }
 

@@ -35,6 +35,7 @@ SOURCE = KernelSource(
     signature=(_POINTER, _INT, _INT, _INT, _POINTER, _INT, _POINTER, _POINTER, _INT),
     needed_flags=("avx2", "fma"),
     compiler_flags=("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"),
+    headers=(Path(__file__).with_name("avx2_lanes.h"),),
 )
 OUT_BLOCK = 2  # weight rows the kernel streams together, in pairs (linear_rows.c)
 CHUNK = 8  # k values of one weight row per vector

@@ -37,19 +37,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "avx2_lanes.h"
 #include "decode_attention_keys.h"
 
 #define TILE 32      /* keys scored, weighted and summed together: 32 keys and values of 64 are 16 KB */
 #define MAX_DIM 256  /* 32 vectors of 8 floats */
 #define CHUNK 512    /* keys per unit of work; chunks start at multiples of CHUNK (see above) */
 
-/* The 8 lanes' sum, always in this order. */
-static inline float lanes_sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 static inline float lanes_max(__m256 v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

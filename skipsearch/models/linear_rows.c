@@ -32,18 +32,13 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "avx2_lanes.h"
+
 #define OUT_BLOCK 2 /* weight rows streamed together, in pairs: the two halves of a 32-bit lane */
 #define ROW_BLOCK 6 /* rows summed in registers together: 6 x 2 accumulators + 2 weights + x < 16 */
 #define PREFETCH 4096 /* bf16 values (8 KB) ahead in the block's stream: measured best of 512-8192 */
 
 
-/* The 8 lanes' sum, always in this order. */
-static inline float lanes_sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* One block of OUT_BLOCK outputs of rows 0 .. NR - 1 (NR a constant where inlined): the block's
  * weights are one contiguous stream, k chunk by k chunk, each chunk its two rows' 8 values paired. */

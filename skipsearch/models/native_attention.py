@@ -34,6 +34,7 @@ _SIGNATURE = (
     _POINTER, _POINTER, _INT, _POINTER,
 )  # fmt: skip
 _KEYS = Path(__file__).with_name("decode_attention_keys.h")  # which keys a block sees, for both
+_LANES = Path(__file__).with_name("avx2_lanes.h")  # the fixed-order lane sums, shared with linear_rows.c
 _BF16_FLAGS = (
     "-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16",
     "-fopenmp", "-shared", "-fPIC",
@@ -53,7 +54,7 @@ SOURCES = {
         signature=_SIGNATURE,
         needed_flags=("avx2", "fma"),
         compiler_flags=("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"),
-        headers=(_KEYS,),
+        headers=(_KEYS, _LANES),
     ),
 }
 # Longer blocks (prefills, the estimator's teacher-forced passes) stay on SDPA, compute-bound there.

@@ -52,10 +52,10 @@ CACHES = 8  # distinct K/V caches per attention sample
 
 
 def source_at(source: KernelSource, revision: str, directory: Path) -> KernelSource:
-    """`source` as it was at git `revision`: its C file and headers written into `directory`
-    (side by side, as the source includes them)."""
+    """`source` as it was at git `revision`: its C file and the headers it had then (a header
+    added since is not one the old file includes), written side by side into `directory`."""
 
-    def fetch(path: Path) -> Path:
+    def fetch(path: Path) -> Path | None:
         shown = subprocess.run(
             ["git", "show", f"{revision}:{path.relative_to(ROOT)}"],
             cwd=ROOT,
@@ -63,13 +63,15 @@ def source_at(source: KernelSource, revision: str, directory: Path) -> KernelSou
             check=False,
         )
         if shown.returncode != 0:
-            raise ValueError(f"{path.name} is not at revision {revision!r}: {shown.stderr.decode().strip()}")
+            return None
         (directory / path.name).write_bytes(shown.stdout)
         return directory / path.name
 
-    return dataclasses.replace(
-        source, path=fetch(source.path), headers=tuple(fetch(h) for h in source.headers)
-    )
+    file = fetch(source.path)
+    if file is None:
+        raise ValueError(f"{source.path.name} is not at revision {revision!r}")
+    headers = tuple(header for header in map(fetch, source.headers) if header is not None)
+    return dataclasses.replace(source, path=file, headers=headers)
 
 
 @contextmanager

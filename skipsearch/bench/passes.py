@@ -22,6 +22,7 @@ from skipsearch.progress import progress_bar
 if TYPE_CHECKING:
     import torch
 
+    from skipsearch.masks import KVPattern
     from skipsearch.models.runner import LayerwiseRunner
 
 
@@ -201,6 +202,53 @@ def time_round_overhead(
             if repeat >= 0:
                 samples[gamma].append(seconds)
     return {gamma: np.asarray(times) for gamma, times in samples.items()}
+
+
+def pillar_round(
+    runner: LayerwiseRunner, cache: Any, pattern: KVPattern, scores: Sequence[torch.Tensor]
+) -> Any:
+    """What a round with a pillar draft does outside its passes, as the engine does it
+    (`engine.ssd.SelfSpeculative`): the verify's choice from each layer's query-0 scores
+    (`[1, H, 1, N]`), every layer's pillars read out, then gathered from `cache` for the draft."""
+    import torch
+
+    from skipsearch.models.pillars import PillarChoice, PillarKeys
+
+    length = scores[0].shape[-1]
+    source = torch.tensor([[length - 1]], device=scores[0].device)
+    choice = PillarChoice(pattern, source, runner.num_layers, runner.config.num_key_value_heads)
+    for layer, layer_scores in enumerate(scores):
+        choice.record(layer, layer_scores)
+    positions = [choice.first_row(layer) for layer in range(runner.num_layers)]
+    return PillarKeys.gather(pattern, positions, cache)
+
+
+def time_pillar_choice(
+    runner: LayerwiseRunner,
+    caches: Sequence[Any],
+    pattern: KVPattern,
+    repeats: int,
+    warmup: int,
+    sync: Sync,
+    generator: torch.Generator,
+) -> np.ndarray:
+    """Seconds of `pillar_round` over each cache, `[len(caches), repeats]`, on random scores of the
+    cache's length (the choice's cost depends on the keys and layers, not on their values)."""
+    import torch
+
+    heads = runner.config.num_attention_heads
+    samples = np.zeros((len(caches), repeats))
+    for index, cache in enumerate(caches):
+        length = cache.get_seq_length()
+        scores = [
+            torch.randn(1, heads, 1, length, generator=generator).to(runner.device)
+            for _ in range(runner.num_layers)
+        ]
+        for repeat in range(-warmup, repeats):
+            _, seconds = timed(sync, pillar_round, runner, cache, pattern, scores)
+            if repeat >= 0:
+                samples[index, repeat] = seconds
+    return samples
 
 
 def time_draft_heads(

@@ -43,10 +43,12 @@ from skipsearch.bench.passes import (
     prefill_cache,
     time_draft_heads,
     time_passes,
+    time_pillar_choice,
     time_round_overhead,
 )
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
+from skipsearch.masks import KVPattern
 from skipsearch.store import atomic_path
 
 if TYPE_CHECKING:
@@ -63,6 +65,9 @@ DEFAULT_WARMUP = 2
 # Draft-head sizes timed (those below the vocabulary, plus the full one): the draft vocabularies
 # a search space offers, from 1k to 32k ids.
 DEFAULT_HEAD_ROWS = (1024, 2048, 4096, 8192, 16384, 32768)
+# The pillar pattern whose per-round choice is timed: the search spaces' pillar count (the choice's
+# cost follows the keys and layers; the pillars are a handful of rows gathered).
+PILLAR_PATTERN = KVPattern.parse("s4w256k64")
 NOISY = 1.0  # typical IQR / median of a sub-layer above which the device was busy
 COPY_BYTES = 1 << 28  # 256 MiB: far beyond any CPU cache, so a copy streams from memory
 COPY_REPEATS = 7
@@ -163,12 +168,14 @@ def process_meta(runner: LayerwiseRunner, model: str) -> dict[str, Any]:
 @dataclass(frozen=True)
 class ProcessTimings:
     """Every sample one process took: the forward-pass tables, the round overhead per γ, the
-    draft head with `head_rows[i]` rows in `draft_head[i]`, and the copy bandwidth (bytes/s)."""
+    draft head with `head_rows[i]` rows in `draft_head[i]`, the pillar choice at each context, and
+    the copy bandwidth (bytes/s)."""
 
     samples: Samples
     overhead: dict[int, np.ndarray]
     head_rows: tuple[int, ...]
     draft_head: np.ndarray
+    pillar_choice: np.ndarray
     copy_bandwidth: float
 
 
@@ -206,7 +213,8 @@ def measure_samples(
     For each context length and each number of new positions `k`: embedding (+ rotary and mask),
     each attention and MLP sub-layer, and norm + head, `repeats` samples after `warmup` discarded
     rounds. Round overhead is sampled for every γ with `γ + 1 <= max(positions)`; the draft head
-    for each of `head_rows` below the vocabulary size and for the full vocabulary.
+    for each of `head_rows` below the vocabulary size and for the full vocabulary; a round's pillar
+    choice and gather (`PILLAR_PATTERN`) at each context length.
     """
     import torch
 
@@ -222,10 +230,11 @@ def measure_samples(
         gammas = range(1, steps[-1])
         overhead = time_round_overhead(runner, caches[0], gammas, repeats, warmup, sync, generator)
         draft_head = time_draft_heads(runner, caches[0], rows, repeats, warmup, sync, generator)
+        pillars = time_pillar_choice(runner, caches, PILLAR_PATTERN, repeats, warmup, sync, generator)
     del caches
     bandwidth = copy_bandwidth(runner.device, sync)
     log.info("timed %d layers in %.1f s", runner.num_layers, time.perf_counter() - started)
-    return ProcessTimings(samples, overhead, rows, draft_head, bandwidth)
+    return ProcessTimings(samples, overhead, rows, draft_head, pillars, bandwidth)
 
 
 def _pooled(measurements: Sequence[ProcessTimings]) -> Samples:
@@ -267,6 +276,7 @@ def combine(
         for gamma in measurements[0].overhead
     }
     head_by_rows = np.mean([_median(m.draft_head) for m in measurements], axis=0)
+    pillar_choice = np.mean([_median(m.pillar_choice) for m in measurements], axis=0)
     meta = {
         **meta,
         "repeats": pooled.embed.shape[-1],
@@ -275,6 +285,7 @@ def combine(
         "process_pass_ms": [round(1e3 * _pass_median(m.samples), 3) for m in measurements],
         "load_average": os.getloadavg()[0],  # ~threads when idle: more means the device was shared
         "copy_bandwidth": float(np.mean([m.copy_bandwidth for m in measurements])),
+        "pillar_pattern": str(PILLAR_PATTERN),
     }
     # Built from its JSON form, so the profile in memory equals the one `LatencyProfile.load` reads.
     return LatencyProfile.from_dict(
@@ -287,6 +298,7 @@ def combine(
             "round_overhead": overhead,
             "head_rows": measurements[0].head_rows,
             "head_by_rows": head_by_rows.tolist(),
+            "pillar_choice": pillar_choice.tolist(),
         }
     )
 

@@ -143,6 +143,13 @@ def render(profile: LatencyProfile, digest: ProfileSummary) -> None:
     console.print(verify_cost_table(digest))
     if digest.head_rows:
         console.print(draft_head_table(profile, digest))
+    if profile.pillar_choice:
+        times = " / ".join(_ms(t) for t in profile.pillar_choice)
+        contexts = " / ".join(str(c) for c in profile.context_lengths)
+        console.print(
+            f"pillar choice and gather a round ({profile.meta.get('pillar_pattern')}): {times} ms "
+            f"at {contexts} tokens"
+        )
     if "depth_scaled" in profile.meta:
         console.print(f"depth scaled: {profile.meta['depth_scaled']}")
 

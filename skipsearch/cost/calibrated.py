@@ -53,6 +53,7 @@ class Calibrated:
     Under a KV pattern `kv` each attention sub-layer of a draft step is priced at the number of
     keys it reads (the profile's attention at that context: the same projections and cache append,
     SDPA over fewer keys), and verify reuses nothing, as the engine does (`engine.ssd.divergent_layer`).
+    A pattern with pillars adds the profile's pillar choice to the verify, which makes it.
     """
 
     latency: LatencyProfile
@@ -73,6 +74,8 @@ class Calibrated:
         reused = self.mask.reused_sublayers if self.kv is None else 0
         step_one, step_full = _in_order(one), _in_order(full)
         verify = one.embed + sum(step_one[:reused]) + sum(step_full[reused:]) + full.head
+        if self.kv is not None and self.kv.pillars:
+            verify += self.latency.pillar_choice_time(self.context)
         return RoundTime(gamma * draft_step, verify, self.latency.overhead(gamma))
 
     def round_cost(self, gamma: int) -> float:

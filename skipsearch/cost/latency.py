@@ -62,6 +62,11 @@ class LatencyProfile:
     whole vocabulary. It does not depend on context. Profiles from before draft vocabularies lack
     the table and stay readable (see `draft_head_time`).
 
+    `pillar_choice[c]` is what a round with a pillar draft pays beyond its passes at context
+    `context_lengths[c]`: the choice of every layer's pillars from the verify's scores and their
+    gather for the next round's draft (`models.pillars`). Profiles from before it lack it and price
+    pillars as free (`pillar_choice_time`).
+
     Between measured context lengths the tables are interpolated linearly; outside them they are
     clamped to the nearest end, unless `extrapolate_context` (see `for_context`) continues the end
     segment's line, as attention time grows linearly with context (KnapSpec's `t_attn = c2·ctx + c3`).
@@ -78,6 +83,7 @@ class LatencyProfile:
     round_overhead: Mapping[int, float]
     head_rows: tuple[int, ...] = ()
     head_by_rows: tuple[float, ...] = ()
+    pillar_choice: tuple[float, ...] = ()
     extrapolate_context: bool = field(default=False, compare=False)
     _weights: dict[tuple[float, float], SublayerWeights] = field(
         default_factory=dict, init=False, compare=False, repr=False
@@ -108,6 +114,13 @@ class LatencyProfile:
         if any(not (math.isfinite(s) and s >= 0.0) for s in self.round_overhead.values()):
             raise ConfigError("round_overhead seconds must be finite and >= 0")
         self._check_head_rows()
+        if self.pillar_choice and (
+            len(self.pillar_choice) != len(self.context_lengths)
+            or any(not (math.isfinite(t) and t >= 0.0) for t in self.pillar_choice)
+        ):
+            raise ConfigError(
+                "pillar_choice needs one finite time >= 0 per context length; re-run `skipsearch profile`"
+            )
 
     def _check_head_rows(self) -> None:
         rows, times = self.head_rows, self.head_by_rows
@@ -245,6 +258,21 @@ class LatencyProfile:
             )
         return int(vocab)
 
+    def pillar_choice_time(self, context: float) -> float:
+        """Seconds a round spends choosing and gathering pillars at `context` (linear between the
+        measured context lengths, as attention is); 0, said once, for a profile without the table."""
+        if not self.pillar_choice:
+            if "pillar choice" not in self._warned:
+                self._warned.add("pillar choice")
+                log.warning(
+                    "latency profile of %s has no pillar-choice timings: pillar drafts are priced without "
+                    "the choice; re-run `skipsearch profile` to measure it",
+                    self.meta.get("model", "this model"),
+                )
+            return 0.0
+        i, j, t = _bracket(self.context_lengths, context, extrapolate=self.extrapolate_context)
+        return max((1.0 - t) * self.pillar_choice[i] + t * self.pillar_choice[j], 0.0)
+
     def step_time(self, context: float) -> float:
         """One autoregressive step: a full forward over one position."""
         return self.weights(context).total
@@ -307,6 +335,7 @@ class LatencyProfile:
             "round_overhead": {str(g): s for g, s in sorted(self.round_overhead.items())},
             "head_rows": list(self.head_rows),
             "head_by_rows": list(self.head_by_rows),
+            "pillar_choice": list(self.pillar_choice),
         }
 
     @classmethod
@@ -325,6 +354,7 @@ class LatencyProfile:
                 round_overhead={int(g): float(s) for g, s in data["round_overhead"].items()},
                 head_rows=tuple(int(k) for k in data.get("head_rows", ())),
                 head_by_rows=tuple(float(t) for t in data.get("head_by_rows", ())),
+                pillar_choice=tuple(float(t) for t in data.get("pillar_choice", ())),
             )
         except KeyError as missing:
             raise ConfigError(

@@ -81,8 +81,9 @@ class PillarChoice:
     position, `rows=1`; the estimator: every prediction position). `layer_choice(l)` gives layer
     `l`'s choice, positions and whether each is real (`[b, M, KV, K]`; None for a layer that did not
     run attention). A one-row choice (a verify's) keeps each layer's scores until the pass ends and
-    chooses for every layer in one batched call: per layer, the few small operations cost more in
-    calls than in arithmetic (about 15 ms a verify of SmolLM2 at 8k tokens, batched about 2).
+    chooses for every layer in one batched call, sorting every layer's first row with it: per
+    layer, the few small operations cost more in calls than in arithmetic (about 15 ms a verify of
+    SmolLM2 at 8k tokens, batched about 2).
     """
 
     def __init__(self, pattern: KVPattern, sources: torch.Tensor, layers: int, kv_heads: int) -> None:
@@ -92,6 +93,7 @@ class PillarChoice:
         self.kv_heads = kv_heads
         self._chosen: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * layers
         self._pending: dict[int, torch.Tensor] = {}
+        self._first_rows: dict[int, torch.Tensor | None] = {}  # `first_row`s of a batched choice
 
     def record(self, layer: int, scores: torch.Tensor) -> None:
         """Layer `layer`'s scores `[b, H, M, N]` of the choosing rows."""
@@ -108,8 +110,12 @@ class PillarChoice:
             scores = torch.cat([self._pending[pending] for pending in layers])
             sources = self.sources.expand(len(layers), -1)
             positions, valid = choose_pillars(scores, sources, self.pattern, self.kv_heads)
+            # Every layer's first row in one sort: real pillars ascending, the rest pushed past them.
+            ordered = positions.masked_fill(~valid, scores.shape[-1]).sort(-1).values
+            counts = valid[:, 0, 0].sum(-1).tolist()  # every head of a row sees the same region
             for index, chosen in enumerate(layers):
                 self._chosen[chosen] = positions[index : index + 1], valid[index : index + 1]
+                self._first_rows[chosen] = ordered[index, 0, :, : counts[index]] if counts[index] else None
         self._pending = {}
         return self._chosen[layer]
 
@@ -117,6 +123,8 @@ class PillarChoice:
         """Layer `layer`'s pillars of the first row of a one-sequence pass, `[KV, K']` ascending
         (K' < K where the region was narrower), or None when it chose none."""
         chosen = self.layer_choice(layer)
+        if layer in self._first_rows:
+            return self._first_rows[layer]
         if chosen is None:
             return None
         positions, valid = chosen

@@ -50,7 +50,10 @@ def _measurement(attn: list[float], overhead: list[float], bandwidth: float = 1e
     samples = Samples.empty(layers=1, contexts=1, positions=1, repeats=len(attn))
     for table in (samples.embed, samples.head, samples.attn, samples.mlp):
         table[...] = attn
-    return ProcessTimings(samples, {1: np.asarray(overhead)}, (4, 8), np.asarray([attn, attn]) / 2, bandwidth)
+    pillars = np.asarray([attn]) / 4
+    return ProcessTimings(
+        samples, {1: np.asarray(overhead)}, (4, 8), np.asarray([attn, attn]) / 2, pillars, bandwidth
+    )
 
 
 # -- summary -------------------------------------------------------------------------------------
@@ -87,6 +90,9 @@ def test_profile_has_the_right_shapes_and_positive_times(measured: LatencyProfil
     assert measured.meta["num_layers"] == 4
     assert (measured.meta["device"], measured.meta["model"], measured.meta["repeats"]) == ("cpu", "tiny", 3)
     assert measured.meta["processes"] == 1
+    # A pillar round's choice and gather, at every context.
+    assert len(measured.pillar_choice) == len(CONTEXTS) and min(measured.pillar_choice) > 0
+    assert measured.meta["pillar_pattern"] == "s4w256k64"
 
 
 def test_draft_heads_are_timed_for_each_row_count_below_the_vocabulary() -> None:
@@ -182,6 +188,7 @@ def test_processes_are_combined_by_the_mean_of_their_medians() -> None:
     # The draft head took half of `attn` in each process: medians 0.5 and 1.5.
     assert (profile.head_rows, profile.head_by_rows) == ((4, 8), (pytest.approx(1.0), pytest.approx(1.0)))
     assert profile.meta["copy_bandwidth"] == pytest.approx(1.5e10)  # the processes' mean
+    assert profile.pillar_choice == (pytest.approx((0.25 + 0.75) / 2),)  # a quarter of `attn`'s medians
 
 
 def test_summary_exact_numbers() -> None:

@@ -42,6 +42,7 @@ def test_cli_writes_the_profile_and_prints_the_summary(tiny_loader, capsys, tmp_
     printed = capsys.readouterr().out
     assert "Draft cost c" in printed and "E/L" in printed and "f(γ)" in printed and str(out) in printed
     assert "Draft head of k rows" in printed and "ratio to full" in printed
+    assert "pillar choice and gather a round (s4w256k64)" in printed
     profile = LatencyProfile.load(out)
     assert (profile.context_lengths, profile.meta["model"]) == ((8, 16), "tiny")
 

@@ -171,3 +171,18 @@ def test_predict_prices_a_kv_pattern_in_both_forms_from_the_bytes_a_step_reads()
     assert prediction.to_dict()["kv"] == "s0w100"
     unknown = predict(accepted, mask, gamma_max=3, latency=_context_latency(), context=300, kv=kv)
     assert unknown.closed_form == exact(speedup_curve(accepted, SelfSpeculative(1.0, 0.0), 3))
+
+
+def test_a_pillar_pattern_adds_the_profiled_choice_to_its_verify(caplog: pytest.LogCaptureFixture) -> None:
+    mask, window, pillars = SkipMask.from_layers(2, [1]), KVPattern(0, 100), KVPattern(0, 100, 8)
+    latency = LatencyProfile.from_dict({**_context_latency().to_dict(), "pillar_choice": [0.5, 1.5]})
+    without = Calibrated(latency, mask, context=200, kv=window).round_time(1).verify
+    # The choice at 200 tokens is halfway between its times at 100 and 300.
+    assert Calibrated(latency, mask, context=200, kv=pillars).round_time(1).verify == exact(without + 1.0)
+    # A profile from before the table prices the choice as free, and says so once.
+    old = _context_latency()
+    assert Calibrated(old, mask, context=200, kv=pillars).round_time(1).verify == exact(
+        Calibrated(old, mask, context=200, kv=window).round_time(1).verify
+    )
+    Calibrated(old, mask, context=300, kv=pillars).round_time(2)
+    assert caplog.text.count("no pillar-choice timings") == 1

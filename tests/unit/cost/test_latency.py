@@ -126,3 +126,15 @@ def test_a_profile_of_other_kernels_is_flagged(caplog: pytest.LogCaptureFixture)
     assert not old.warn_other_plan({"attention": "sdpa_fp32kv", "products": "onednn"}, "p.json")
     older = _latency()  # older than the record
     assert not older.warn_other_plan({"attention": "kernel_bf16kv", "products": "bf16-kernel"}, "p.json")
+
+
+def test_the_pillar_choice_round_trips_interpolates_and_is_validated(tmp_path) -> None:
+    profile = LatencyProfile.from_dict({**_latency().to_dict(), "pillar_choice": [0.5, 1.5]})
+    profile.save(tmp_path / "p.json")
+    assert LatencyProfile.load(tmp_path / "p.json") == profile
+    assert profile.pillar_choice_time(200) == exact(1.0)
+    assert profile.pillar_choice_time(50) == exact(0.5)  # clamped, as every table is
+    assert profile.for_context(500, extrapolate=True).pillar_choice_time(500) == exact(2.5)
+    for bad in ([1.0], [1.0, -1.0], [1.0, float("nan")]):
+        with pytest.raises(ConfigError, match="pillar_choice needs one finite time"):
+            LatencyProfile.from_dict({**_latency().to_dict(), "pillar_choice": bad})

@@ -228,17 +228,20 @@ class LatencyProfile:
         if k >= vocab:
             return full
         if not self.head_rows:
-            if "scaled head" not in self._warned:
-                self._warned.add("scaled head")
-                log.warning(
-                    "latency profile of %s has no draft-head timings: a head of k rows is priced as k/V of "
-                    "the full head; re-run `skipsearch profile` to measure it",
-                    self.meta.get("model", "this model"),
-                )
+            self._warn_once(
+                "latency profile of %s has no draft-head timings: a head of k rows is priced as k/V of "
+                "the full head; re-run `skipsearch profile` to measure it"
+            )
             return full * k / vocab
         i, j, t = _bracket(self.head_rows, k, extrapolate=False)
         at_k = (1.0 - t) * self.head_by_rows[i] + t * self.head_by_rows[j]
         return full * at_k / self.head_by_rows[-1]
+
+    def _warn_once(self, message: str) -> None:
+        """Log `message` (`%s`: the model) the first time this profile prices around a missing table."""
+        if message not in self._warned:
+            self._warned.add(message)
+            log.warning(message, self.meta.get("model", "this model"))
 
     def _draft_vocab_size(self, k: int, vocab_size: int | None) -> int:
         """`V` for a draft head of `k` rows, checked against the profile's own and against `k`."""
@@ -262,13 +265,10 @@ class LatencyProfile:
         """Seconds a round spends choosing and gathering pillars at `context` (linear between the
         measured context lengths, as attention is); 0, said once, for a profile without the table."""
         if not self.pillar_choice:
-            if "pillar choice" not in self._warned:
-                self._warned.add("pillar choice")
-                log.warning(
-                    "latency profile of %s has no pillar-choice timings: pillar drafts are priced without "
-                    "the choice; re-run `skipsearch profile` to measure it",
-                    self.meta.get("model", "this model"),
-                )
+            self._warn_once(
+                "latency profile of %s has no pillar-choice timings: pillar drafts are priced without "
+                "the choice; re-run `skipsearch profile` to measure it"
+            )
             return 0.0
         i, j, t = _bracket(self.context_lengths, context, extrapolate=self.extrapolate_context)
         return max((1.0 - t) * self.pillar_choice[i] + t * self.pillar_choice[j], 0.0)

@@ -219,8 +219,7 @@ def pillar_round(
     choice = PillarChoice(pattern, source, runner.num_layers, runner.config.num_key_value_heads)
     for layer, layer_scores in enumerate(scores):
         choice.record(layer, layer_scores)
-    positions = [choice.first_row(layer) for layer in range(runner.num_layers)]
-    return PillarKeys.gather(pattern, positions, cache)
+    return PillarKeys.gather(pattern, choice.first_rows(), cache)
 
 
 def time_pillar_choice(

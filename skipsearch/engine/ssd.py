@@ -327,9 +327,7 @@ class EagerSteps:
         logits = verify(
             self.runner, self.masks[at.tier], at.cache, proposal, at.pending, at.start, kv, choice
         )
-        self.pillars = (
-            [] if choice is None else [choice.first_row(layer) for layer in range(self.runner.num_layers)]
-        )
+        self.pillars = [] if choice is None else choice.first_rows()
         return logits
 
 

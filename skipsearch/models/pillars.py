@@ -119,6 +119,10 @@ class PillarChoice:
         self._pending = {}
         return self._chosen[layer]
 
+    def first_rows(self) -> list[torch.Tensor | None]:
+        """Every layer's `first_row`: what the next round's draft gathers (`PillarKeys.gather`)."""
+        return [self.first_row(layer) for layer in range(len(self._chosen))]
+
     def first_row(self, layer: int) -> torch.Tensor | None:
         """Layer `layer`'s pillars of the first row of a one-sequence pass, `[KV, K']` ascending
         (K' < K where the region was narrower), or None when it chose none."""

@@ -168,9 +168,8 @@ def main() -> None:
     head = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout
-    dirty = (
-        subprocess.run(["git", "diff", "--quiet", "HEAD", "--", str(source.path)], cwd=ROOT).returncode != 0
-    )
+    built_from = [str(path) for path in (source.path, *source.headers)]
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *built_from], cwd=ROOT).returncode != 0
     tree = f"{head.strip()}{' + uncommitted changes' if dirty else ''}"
     with tempfile.TemporaryDirectory() as directory:
         try:

@@ -1,7 +1,8 @@
 """One change of the kernel plan against the plan without it, in one process, paired (issue 19).
 
 `load_model` builds a model's plan in steps after the attention path: the fp32 fallback's weights
-in bf16 for skipsearch's AVX2 kernel (`models.bf16_weights`), then weights prepacked for oneDNN
+in bf16 for skipsearch's AVX2 kernel (`models.bf16_weights`), its RMSNorms on a kernel too
+(`models.rms_norm`), then weights prepacked for oneDNN
 (`models.packed`: reordered once at load instead of on every call). `--change` names the step
 under test. The model is loaded once without the steps, copied, and the
 copies get the plan without that step and the whole plan. `--change kernel` tests the attention
@@ -26,6 +27,10 @@ on the kernel against fp32 weights packed for oneDNN.
 
     python experiments/kernel_change.py --change bf16-weights --force-pack --dtypes auto --suffix=-avx2
 
+`--change norms` tests the fallback plan's RMSNorms in one kernel call each (`models.rms_norm`).
+
+    python experiments/kernel_change.py --change norms --dtypes auto --suffix=-avx2
+
 Stacked q/k/v and gate/up projections were the other step until packing made them 5-6% slower;
 their report and module were removed with them (re-run from commit fadcaca).
 
@@ -49,7 +54,7 @@ from _load import load_line
 
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.engine import autoregressive_decode
-from skipsearch.models import bf16_weights, packed
+from skipsearch.models import bf16_weights, packed, rms_norm
 from skipsearch.models.attention import FP32_ATTENTION, KERNEL_ATTENTION, KERNEL_FP32_ATTENTION
 from skipsearch.models.kernels import AttentionChoice, apply_attention
 from skipsearch.models.loading import load_model
@@ -62,6 +67,7 @@ POSITIONS = (1, 4)
 # applied to a model with `force`, the fp32 fallback's packing).
 STEPS = {
     "bf16-weights": (bf16_weights, "use_bf16_weights", lambda model, _: bf16_weights.use_bf16_weights(model)),
+    "norms": (rms_norm, "use_kernel_norms", lambda model, _: rms_norm.use_kernel_norms(model)),
     "packed": (packed, "pack_linears", lambda model, force: packed.pack_linears(model, force)),
 }
 # Attention paths compared on the whole plan, by the model's dtype: (without, with).
@@ -71,9 +77,15 @@ PATHS = {
         torch.float32: (FP32_ATTENTION, KERNEL_FP32_ATTENTION),
     }
 }
-REPORTS = {"packed": "packed_weights.md", "kernel": "decode_kernel.md", "bf16-weights": "bf16_weights.md"}
+REPORTS = {
+    "packed": "packed_weights.md",
+    "kernel": "decode_kernel.md",
+    "bf16-weights": "bf16_weights.md",
+    "norms": "rms_norm.md",
+}
 TITLES = {
     "bf16-weights": "bf16 weights on skipsearch's AVX2 kernel against the fp32 plan's products",
+    "norms": "RMSNorms on skipsearch's kernel against transformers' eight operations",
     "packed": "Weights prepacked for oneDNN against F.linear's plain weights",
     "kernel": "The decode kernel over the plan's cache against fp32 SDPA over an fp32 cache",
 }

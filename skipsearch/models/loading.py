@@ -248,7 +248,8 @@ def load_model(
     path measured fastest for it (`models.kernels`), and in bf16 on a CPU weights prepacked for
     oneDNN (`models.packed`); the fp32 fallback's linear layers run the product measured fastest
     on this CPU (`models.fp32_linear`): MKL's, oneDNN's on packed weights, or skipsearch's kernel
-    on bf16 copies of the weights (`models.bf16_weights`); with
+    on bf16 copies of the weights (`models.bf16_weights`), and its RMSNorms one kernel call each
+    (`models.rms_norm`); with
     `announce` it is printed as one line on stdout, so every command says what it runs. With
     `random_weights` the architecture is built from its config with seeded random weights and no
     tokenizer; nothing is read from the hub or a weight file.
@@ -260,6 +261,7 @@ def load_model(
     from skipsearch.models.fp32_linear import BF16_KERNEL, ONEDNN, choose_fp32_linear
     from skipsearch.models.kernels import apply_attention, choose_attention
     from skipsearch.models.packed import pack_linears
+    from skipsearch.models.rms_norm import use_kernel_norms
 
     choice = dtype_choice(device, dtype)
     torch_dtype = resolve_dtype(device, dtype)
@@ -305,6 +307,9 @@ def load_model(
         loaded.plan += f"; {fp32.describe()}"
         if fp32.library == BF16_KERNEL:
             loaded.plan += f"; {use_bf16_weights(loaded.model)} weight matrices in bf16"
+        norms = use_kernel_norms(loaded.model)
+        if norms:
+            loaded.plan += f"; {norms} RMSNorms on skipsearch's kernel"
         force = fp32.library == ONEDNN
     packed = pack_linears(loaded.model, force)
     if packed:

@@ -119,3 +119,14 @@ def test_self_speculation_on_bf16_weights_is_lossless(family: str) -> None:
     for gamma in (1, 3, 5):
         result = speculative_decode(runner, prompt, SkipMask.from_layers(4, [1, 2]), 40, gamma=gamma)
         assert result.tokens == expected, gamma
+
+
+@needs_kernel
+def test_inputs_not_contiguous_multiply_like_their_contiguous_copies() -> None:
+    """The fast path reads rows at the input width apart, so any other layout is copied first."""
+    product = Bf16WeightLinear(torch.randn(40, 32), torch.randn(40))
+    rows_apart = torch.randn(3, 2, 32)[None, :, 0]  # [1, 3, 32], rows 64 floats apart
+    every_other = torch.randn(2, 64)[:, ::2]
+    for x in (rows_apart, every_other):
+        assert not x.is_contiguous()
+        assert torch.equal(product(x), product(x.contiguous()))

@@ -158,9 +158,11 @@ class PillarKeys:
                 values.append(None)
                 continue
             stored = cache.layers[layer]
-            index = chosen[None, :, :, None].expand(-1, -1, -1, stored.keys.shape[-1])
-            keys.append(stored.keys.gather(2, index).contiguous())
-            values.append(stored.values.gather(2, index).contiguous())
+            # Indexing whole rows: `gather` with the index expanded over the head dimension cost
+            # 80-95 us a call on the growing cache's views, 60 calls a round (5-6 ms on SmolLM2).
+            heads = torch.arange(chosen.shape[0], device=chosen.device)[:, None]
+            keys.append(stored.keys[0, heads, chosen][None])
+            values.append(stored.values[0, heads, chosen][None])
         return cls(pattern, keys, values)
 
     def of_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -110,3 +110,18 @@ def test_on_the_kernel_path_pillars_come_from_the_kernels_scores_and_decode_loss
         result = speculative_decode(runner, prompt, SkipMask(3), 24, gamma=3, kv=kv)
     assert calls["scores"] > 0 and calls["pillars"] > 0
     assert result.tokens == autoregressive_decode(runner, prompt, 24).tokens
+
+
+def test_a_gather_copies_each_heads_pillar_rows_out_of_a_growing_caches_view() -> None:
+    """The cache exposes its filled part as a view of a longer buffer (`GrowingLayer`): the gathered
+    keys and values are each K/V head's chosen rows, contiguous, as the decode kernel reads them."""
+    generator = torch.Generator().manual_seed(5)
+    buffers = [torch.randn(1, 3, 400, 8, generator=generator) for _ in "kv"]
+    key, value = (buffer.narrow(2, 0, 250) for buffer in buffers)
+    chosen = torch.stack([torch.randperm(240, generator=generator)[:6].sort().values + 4 for _ in range(3)])
+    cache = type("Cache", (), {"layers": [type("Layer", (), {"keys": key, "values": value})()]})()
+    keys, values = PillarKeys.gather(KVPattern(4, 16, 6), [chosen], cache).of_layer(0)
+    for gathered, source in ((keys, key), (values, value)):
+        assert gathered.shape == (1, 3, 6, 8) and gathered.is_contiguous()
+        for head in range(3):
+            assert torch.equal(gathered[0, head], source[0, head, chosen[head]])

@@ -6,7 +6,11 @@ model's autoregressive step at each context on the default kernel plan, measures
 bandwidth the same way `skipsearch profile` does, and traces a few steps with `torch.profiler` to
 split the step into: linear layers (the weights' bytes), attention kernels (the K/V's bytes), K/V
 cache writes (`cat`/`copy_`), and everything else (norms, rotary, element-wise ops, and the
-per-operator dispatch of eager PyTorch, which a 135M model pays ~20 times per layer).
+per-operator dispatch of eager PyTorch, which a 135M model pays ~20 times per layer). On the fp32
+fallback plan it also splits the step without the profiler's overhead: steps with the bf16-weight
+products' kernel calls timed one by one, alternating with steps whose kernel calls return at once
+(everything else in the step runs as usual), so the step is divided into the products' kernel and
+the rest.
 
     python experiments/step_anatomy.py   # ~1 min: results/profile/step_anatomy-{model}-{dtype}{--suffix}.md
 
@@ -30,10 +34,11 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from skipsearch.bench.clock import WallClock
 from skipsearch.bench.profiler import copy_bandwidth
-from skipsearch.models import attention
+from skipsearch.models import attention, bf16_weights
 from skipsearch.models.bf16_weights import Bf16WeightLinear
 from skipsearch.models.kernels import step_bytes
 from skipsearch.models.loading import load_model
+from skipsearch.models.native import NativeLibrary
 from skipsearch.models.native_attention import decode_attention
 from skipsearch.models.runner import LayerwiseRunner
 
@@ -107,6 +112,54 @@ def steps(runner: LayerwiseRunner, context: int, count: int) -> tuple[list[float
     return times, dict(groups), traced
 
 
+def kernel_split(runner: LayerwiseRunner, context: int, count: int) -> tuple[float, float, float] | None:
+    """Medians over `count` alternating pairs of one-position steps after `context` cached
+    positions: (step ms, its bf16-weight kernel calls' ms, the step ms with those calls returning
+    at once); None where the plan has no such products. Denormals are flushed in both kinds of
+    step: a skipped call leaves its output uninitialised, and denormal arithmetic would slow the
+    rest of that step."""
+    function = bf16_weights.load_kernel().function
+    if function is None or not any(isinstance(m, Bf16WeightLinear) for m in runner.model.modules()):
+        return None
+    spent = [0.0]
+
+    def timed_call(*args: Any) -> int:
+        began = time.perf_counter()
+        failed = function(*args)
+        spent[0] += time.perf_counter() - began
+        return failed
+
+    libraries = {
+        "timed": NativeLibrary(timed_call, "timed"),
+        "skipped": NativeLibrary(lambda *args: 0, "skipped"),
+    }
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, runner.config.vocab_size, (1, context + 1), generator=generator)
+    cache = runner.new_cache()
+    samples: dict[str, list[float]] = {"timed": [], "kernel": [], "skipped": []}
+    torch.set_flush_denormal(True)
+    try:
+        with torch.no_grad():
+            runner.forward(ids[:, :context], cache=cache)
+            for index in range(count + 2):
+                for kind in ("timed", "skipped") if index % 2 == 0 else ("skipped", "timed"):
+                    spent[0] = 0.0
+                    with mock.patch.object(bf16_weights, "load_kernel", lambda kind=kind: libraries[kind]):
+                        began = time.perf_counter()
+                        runner.forward(ids[:, context:], cache=cache)
+                        elapsed = time.perf_counter() - began
+                    for layer in cache.layers:
+                        layer.crop(-1)
+                    if index >= 2:
+                        samples[kind].append(elapsed)
+                        if kind == "timed":
+                            samples["kernel"].append(spent[0])
+    finally:
+        torch.set_flush_denormal(False)  # torch's default
+    step, kernel, skipped = (1e3 * statistics.median(samples[k]) for k in ("timed", "kernel", "skipped"))
+    return step, kernel, skipped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -135,7 +188,16 @@ def main() -> None:
         + " |",
         "|---|---|---|---|" + "---|" * (len(GROUPS) + 1),
     ]
+    splits = []
     for context in (int(c) for c in args.contexts.split(",")):
+        split = kernel_split(runner, context, args.steps)
+        if split is not None:
+            step, kernel, skipped = split
+            splits.append(
+                f"| {context} | {step:.2f} | {kernel:.2f} ({kernel / step:.0%}) | {skipped:.2f} "
+                f"({skipped / step:.0%}) |"
+            )
+            print(splits[-1])
         times, groups, traced = steps(runner, context, args.steps)
         median = statistics.median(times)
         quartiles = statistics.quantiles(times, n=4)
@@ -152,8 +214,19 @@ def main() -> None:
         "",
         "Group columns are self CPU time per step from `torch.profiler`, which adds overhead of its own; "
         "Python time between operators is in no group.",
-        load_line(load_before, load_after) + ".",
     ]
+    if splits:
+        lines += [
+            "",
+            f"Without the profiler: {args.steps} steps with the bf16-weight products' kernel calls timed one "
+            "by one, alternating with as many whose kernel calls return at once (medians; the rest of the "
+            "step runs as usual):",
+            "",
+            "| context | step ms | products' kernel calls ms (share) | step without them ms (share) |",
+            "|---|---|---|---|",
+            *splits,
+        ]
+    lines += ["", load_line(load_before, load_after) + "."]
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = f"step_anatomy-{args.model}-{loaded.model.dtype}{args.suffix}".replace("torch.", "")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")

@@ -27,9 +27,12 @@ on the kernel against fp32 weights packed for oneDNN.
 
     python experiments/kernel_change.py --change bf16-weights --force-pack --dtypes auto --suffix=-avx2
 
-`--change norms` tests the fallback plan's RMSNorms in one kernel call each (`models.rms_norm`).
+`--change norms` tests the fallback plan's RMSNorms in one kernel call each (`models.rms_norm`),
+`--change rotary` its rotary embedding on a kernel (`models.rotary`, process-wide: the two plans
+share one model and take turns call by call).
 
     python experiments/kernel_change.py --change norms --dtypes auto --suffix=-avx2
+    python experiments/kernel_change.py --change rotary --dtypes auto --suffix=-avx2
 
 Stacked q/k/v and gate/up projections were the other step until packing made them 5-6% slower;
 their report and module were removed with them (re-run from commit fadcaca).
@@ -42,9 +45,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import importlib
 import os
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -54,7 +59,7 @@ from _load import load_line
 
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.engine import autoregressive_decode
-from skipsearch.models import bf16_weights, packed, rms_norm
+from skipsearch.models import bf16_weights, packed, rms_norm, rotary
 from skipsearch.models.attention import FP32_ATTENTION, KERNEL_ATTENTION, KERNEL_FP32_ATTENTION
 from skipsearch.models.kernels import AttentionChoice, apply_attention
 from skipsearch.models.loading import load_model
@@ -77,15 +82,45 @@ PATHS = {
         torch.float32: (FP32_ATTENTION, KERNEL_FP32_ATTENTION),
     }
 }
+
+
+@contextlib.contextmanager
+def rotary_kernel(on: bool) -> Iterator[None]:
+    """The supported families' rotary function on the kernel or transformers' own while the block
+    runs (`models.rotary` installs it for the whole process, so the two plans take turns)."""
+    modules = [importlib.import_module(name) for name in rotary.FAMILIES]
+    saved = [getattr(module, rotary.ROTARY_FUNCTION) for module in modules]
+    for module, function in zip(modules, saved, strict=True):
+        reference = getattr(function, "reference", function)
+        setattr(module, rotary.ROTARY_FUNCTION, rotary.kernel_rotary(reference) if on else reference)
+    try:
+        yield
+    finally:
+        for module, function in zip(modules, saved, strict=True):
+            setattr(module, rotary.ROTARY_FUNCTION, function)
+
+
+# Plan changes that are process-wide, not per model: both runners run the whole plan, and the
+# change is switched off for the plan without it call by call.
+SWITCHES = {"rotary": rotary_kernel}
+
+
+def variant(change: str, name: str) -> contextlib.AbstractContextManager[None]:
+    """The context a call of the plan `name` ("without" or "with") runs in."""
+    return SWITCHES[change](name == "with") if change in SWITCHES else contextlib.nullcontext()
+
+
 REPORTS = {
     "packed": "packed_weights.md",
     "kernel": "decode_kernel.md",
     "bf16-weights": "bf16_weights.md",
     "norms": "rms_norm.md",
+    "rotary": "rotary.md",
 }
 TITLES = {
     "bf16-weights": "bf16 weights on skipsearch's AVX2 kernel against the fp32 plan's products",
     "norms": "RMSNorms on skipsearch's kernel against transformers' eight operations",
+    "rotary": "The rotary embedding on skipsearch's kernel against transformers' operations",
     "packed": "Weights prepacked for oneDNN against F.linear's plain weights",
     "kernel": "The decode kernel over the plan's cache against fp32 SDPA over an fp32 cache",
 }
@@ -129,13 +164,14 @@ def decode_speeds(
         for index, prompt in enumerate(encoded):
             order = list(pair) if (repeat + index) % 2 == 0 else list(reversed(pair))
             for name in order:
-                result = autoregressive_decode(pair[name], prompt, new_tokens)
+                with variant(change, name):
+                    result = autoregressive_decode(pair[name], prompt, new_tokens)
                 speeds[name].append(len(result.tokens) / result.seconds)
     return speeds
 
 
 def timings(
-    pair: dict[str, LayerwiseRunner], context: int, repeats: int
+    pair: dict[str, LayerwiseRunner], context: int, repeats: int, change: str
 ) -> dict[tuple[str, int], list[float]]:
     """ms per pass, by (variant, positions), the variants alternating in order every repeat."""
     ids = torch.randint(
@@ -149,7 +185,8 @@ def timings(
 
         def one(name: str, positions: int) -> float:
             began = time.perf_counter()
-            pair[name].forward(ids[:, context : context + positions], cache=caches[name])
+            with variant(change, name):
+                pair[name].forward(ids[:, context : context + positions], cache=caches[name])
             elapsed = time.perf_counter() - began
             for layer in caches[name].layers:
                 layer.crop(-positions)
@@ -166,7 +203,7 @@ def timings(
     return times
 
 
-def same_logits(pair: dict[str, LayerwiseRunner]) -> float:
+def same_logits(pair: dict[str, LayerwiseRunner], change: str) -> float:
     """The largest logit difference between the pair over a 64-token prefill and then cached passes
     of 1 and 4 positions: a prefill runs SDPA on both sides, so only the cached passes reach the
     decode kernel."""
@@ -177,9 +214,11 @@ def same_logits(pair: dict[str, LayerwiseRunner]) -> float:
     largest = 0.0
     with torch.no_grad():
         for begin, end in ((0, 64), (64, 65), (65, 69)):
-            a, b = (
-                runner.forward(ids[:, begin:end], cache=caches[name]).float() for name, runner in pair.items()
-            )
+            logits = []
+            for name, runner in pair.items():
+                with variant(change, name):
+                    logits.append(runner.forward(ids[:, begin:end], cache=caches[name]).float())
+            a, b = logits
             largest = max(largest, float((a - b).abs().max()))
     return largest
 
@@ -187,7 +226,10 @@ def same_logits(pair: dict[str, LayerwiseRunner]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--change", choices=sorted([*STEPS, *PATHS]), required=True, help="the plan's step or path under test"
+        "--change",
+        choices=sorted([*STEPS, *PATHS, *SWITCHES]),
+        required=True,
+        help="the plan's step or path under test",
     )
     parser.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b")
     parser.add_argument("--contexts", default="128,512,2048")
@@ -224,10 +266,10 @@ def main() -> None:
         pair = {"without": without, "with": with_change}
         notes.append(
             f"- {model}: largest logit difference between the two over a prefill and cached passes of "
-            f"1 and 4 positions {same_logits(pair):.3g}; plan: {loaded.plan}"
+            f"1 and 4 positions {same_logits(pair, change):.3g}; plan: {loaded.plan}"
         )
         for context in (int(c) for c in args.contexts.split(",")):
-            times = timings(pair, context, args.repeats)
+            times = timings(pair, context, args.repeats, change)
             for positions in POSITIONS:
                 cells = []
                 for name in pair:

@@ -248,8 +248,8 @@ def load_model(
     path measured fastest for it (`models.kernels`), and in bf16 on a CPU weights prepacked for
     oneDNN (`models.packed`); the fp32 fallback's linear layers run the product measured fastest
     on this CPU (`models.fp32_linear`): MKL's, oneDNN's on packed weights, or skipsearch's kernel
-    on bf16 copies of the weights (`models.bf16_weights`), and its RMSNorms one kernel call each
-    (`models.rms_norm`); with
+    on bf16 copies of the weights (`models.bf16_weights`), and its RMSNorms and rotary embedding one
+    kernel call each (`models.rms_norm`, `models.rotary`); with
     `announce` it is printed as one line on stdout, so every command says what it runs. With
     `random_weights` the architecture is built from its config with seeded random weights and no
     tokenizer; nothing is read from the hub or a weight file.
@@ -262,6 +262,7 @@ def load_model(
     from skipsearch.models.kernels import apply_attention, choose_attention
     from skipsearch.models.packed import pack_linears
     from skipsearch.models.rms_norm import use_kernel_norms
+    from skipsearch.models.rotary import use_kernel_rotary
 
     choice = dtype_choice(device, dtype)
     torch_dtype = resolve_dtype(device, dtype)
@@ -310,6 +311,8 @@ def load_model(
         norms = use_kernel_norms(loaded.model)
         if norms:
             loaded.plan += f"; {norms} RMSNorms on skipsearch's kernel"
+        if use_kernel_rotary():
+            loaded.plan += "; the rotary embedding on skipsearch's kernel (transformers' bits)"
         force = fp32.library == ONEDNN
     packed = pack_linears(loaded.model, force)
     if packed:

@@ -132,11 +132,16 @@ def runners(
     """(without, with) runners of one model: the plan of `dtype` without the step `change`, and the
     whole plan (each step applied whatever the dtype; packing leaves fp32 alone unless `force`, the
     fp32 fallback's packing); and the loaded model. For an attention change, the whole plan on each
-    of the two paths of its dtype (`PATHS`)."""
+    of the two paths of its dtype (`PATHS`). For a process-wide change (`SWITCHES`), one model with
+    the whole plan twice: a copy's weights sit elsewhere in memory, which can time differently."""
     with contextlib.ExitStack() as steps_off:
         for module, function, _ in STEPS.values():
             steps_off.enter_context(mock.patch.object(module, function, lambda model, force=False: 0))
         loaded = load_model(model, dtype=dtype, announce=False)
+    if change in SWITCHES:
+        for _, _, apply in STEPS.values():
+            apply(loaded.model, force)
+        return LayerwiseRunner(loaded.model), LayerwiseRunner(loaded.model), loaded
     without, whole = loaded.model, copy.deepcopy(loaded.model)
     for step, (_, _, apply) in STEPS.items():
         if step != change:

@@ -24,6 +24,9 @@ from skipsearch.masks import SublayerWeights
 from skipsearch.store import write_text_atomic
 
 log = logging.getLogger(__name__)
+# Kernels a profile records since they joined the plan (2026-12-03): a profile taken before ran
+# transformers' own operators there.
+PREDATES = {"norms": "torch", "rotary": "torch"}
 
 
 def _bracket(xs: Sequence[float], x: float, extrapolate: bool) -> tuple[int, int, float]:
@@ -303,13 +306,15 @@ class LatencyProfile:
 
     def warn_other_plan(self, running: dict[str, str], path: str | Path) -> bool:
         """Warn (and say so) when this profile timed other kernels than the `running` ones
-        (`models.kernels.plan_kernels`: the attention path, the linear products): its costs, and
-        so every predicted speedup, are another plan's. A kernel the profile did not record (an
-        older profile) is not compared."""
+        (`models.kernels.plan_kernels`: the attention path, the linear products, the norms, the
+        rotary embedding): its costs, and so every predicted speedup, are another plan's. A profile
+        older than the attention and product keys is not compared on them; one older than a
+        kernel of `PREDATES` timed transformers' operators there."""
+        recorded = {key: self.meta.get(key, PREDATES.get(key)) for key in running}
         other = {
-            key: (self.meta[key], kernel)
+            key: (recorded[key], kernel)
             for key, kernel in running.items()
-            if self.meta.get(key) is not None and self.meta[key] != kernel
+            if recorded[key] is not None and recorded[key] != kernel
         }
         if not other:
             return False

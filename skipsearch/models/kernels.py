@@ -47,6 +47,8 @@ from skipsearch.models.attention import (
 from skipsearch.models.bf16_weights import Bf16WeightLinear
 from skipsearch.models.native_attention import decode_attention, load_kernel
 from skipsearch.models.packed import PackedLinear
+from skipsearch.models.rms_norm import KernelRMSNorm
+from skipsearch.models.rotary import runs_kernel_rotary
 from skipsearch.models.threads import BUSY, busy_cores
 from skipsearch.store import kernel_choice_path, write_text_atomic
 
@@ -378,8 +380,9 @@ def step_bytes(model: Any) -> tuple[int, int]:
 
 def plan_kernels(model: Any) -> dict[str, str]:
     """The kernels a step of `model` runs, in the keys a latency profile records them under: the
-    attention path, and the linear layers' product (`bf16-kernel`, `onednn` or `torch`). A
-    profile of other kernels prices another plan (`LatencyProfile.warn_other_plan`)."""
+    attention path, the linear layers' product (`bf16-kernel`, `onednn` or `torch`), and the
+    norms' and the rotary embedding's (`kernel` or `torch`). A profile of other kernels prices
+    another plan (`LatencyProfile.warn_other_plan`)."""
     modules = list(model.modules())
     if any(isinstance(module, Bf16WeightLinear) for module in modules):
         products = "bf16-kernel"
@@ -387,4 +390,9 @@ def plan_kernels(model: Any) -> dict[str, str]:
         products = "onednn"
     else:
         products = "torch"
-    return {"attention": str(model.config._attn_implementation), "products": products}
+    return {
+        "attention": str(model.config._attn_implementation),
+        "products": products,
+        "norms": "kernel" if any(isinstance(module, KernelRMSNorm) for module in modules) else "torch",
+        "rotary": "kernel" if runs_kernel_rotary(model) else "torch",
+    }

@@ -101,6 +101,13 @@ def kernel_rotary(
     return apply
 
 
+def runs_kernel_rotary(model: torch.nn.Module) -> bool:
+    """Whether `model`'s attention applies the rotary embedding on the kernel: its modeling module's
+    function is the kernel's (`use_kernel_rotary` ran in this process) and the kernel is built."""
+    module = importlib.import_module(type(model).__module__)
+    return hasattr(getattr(module, ROTARY_FUNCTION, None), "reference") and load_kernel().function is not None
+
+
 def use_kernel_rotary() -> bool:
     """Run the supported families' rotary embedding on the kernel from now on, in this process
     (module docstring); whether the kernel is built for this CPU. Calling it again changes nothing."""

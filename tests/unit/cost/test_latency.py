@@ -128,6 +128,20 @@ def test_a_profile_of_other_kernels_is_flagged(caplog: pytest.LogCaptureFixture)
     assert not older.warn_other_plan({"attention": "kernel_bf16kv", "products": "bf16-kernel"}, "p.json")
 
 
+def test_a_profile_older_than_the_norm_and_rotary_kernels_timed_transformers_operators(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    data = _latency().to_dict()
+    before = LatencyProfile.from_dict({**data, "meta": {**data["meta"], "products": "bf16-kernel"}})
+    running = {"products": "bf16-kernel", "norms": "kernel", "rotary": "torch"}
+    assert before.warn_other_plan(running, "p.json")
+    assert "norms torch where this plan runs kernel" in caplog.text and "rotary" not in caplog.text
+    assert not before.warn_other_plan({**running, "norms": "torch"}, "p.json")
+    meta = {**data["meta"], "products": "bf16-kernel", "norms": "kernel", "rotary": "kernel"}
+    now = LatencyProfile.from_dict({**data, "meta": meta})
+    assert not now.warn_other_plan({**running, "rotary": "kernel"}, "p.json")
+
+
 def test_the_pillar_choice_round_trips_interpolates_and_is_validated(tmp_path) -> None:
     profile = LatencyProfile.from_dict({**_latency().to_dict(), "pillar_choice": [0.5, 1.5]})
     profile.save(tmp_path / "p.json")

@@ -13,6 +13,7 @@ from skipsearch.engine import autoregressive_decode, speculative_decode
 from skipsearch.masks import SkipMask
 from skipsearch.models import rms_norm
 from skipsearch.models.bf16_weights import use_bf16_weights
+from skipsearch.models.kernels import plan_kernels
 from skipsearch.models.rms_norm import KernelRMSNorm, load_kernel, use_kernel_norms
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model
@@ -93,3 +94,11 @@ def test_self_speculation_on_kernel_norms_is_lossless(family: str) -> None:
     for gamma in (1, 3, 5):
         result = speculative_decode(runner, prompt, SkipMask.from_layers(4, [1, 2]), 40, gamma=gamma)
         assert result.tokens == expected, gamma
+
+
+@needs_kernel
+def test_the_plan_names_the_norm_kernel() -> None:
+    model = tiny_model("llama", layers=1)
+    assert plan_kernels(model)["norms"] == "torch"
+    use_kernel_norms(model)
+    assert plan_kernels(model)["norms"] == "kernel"

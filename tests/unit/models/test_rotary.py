@@ -11,6 +11,7 @@ from transformers.models.llama import modeling_llama
 
 from skipsearch.models import rotary
 from skipsearch.models.rotary import FAMILIES, ROTARY_FUNCTION, kernel_rotary, load_kernel, use_kernel_rotary
+from tests.conftest import tiny_model
 
 needs_kernel = pytest.mark.skipif(
     load_kernel().function is None, reason=f"rotary kernel unavailable: {load_kernel().reason}"
@@ -65,3 +66,9 @@ def test_installing_wraps_each_familys_function_once() -> None:
     for name in FAMILIES:
         installed = getattr(importlib.import_module(name), ROTARY_FUNCTION)
         assert installed.reference is not None and not hasattr(installed.reference, "reference")
+
+
+@needs_kernel
+def test_a_model_runs_the_kernel_rotary_once_its_family_has_it() -> None:
+    use_kernel_rotary()
+    assert rotary.runs_kernel_rotary(tiny_model("qwen2", layers=1))

@@ -62,6 +62,21 @@ def with_plan_attention(model):
     return model
 
 
+def assert_greedy_ssd_lossless(model, skipped=(1, 2), gammas=(1, 3, 5), new_tokens: int = 40) -> None:
+    """Greedy SSD of `model` (its layers `skipped` in the draft) equals its autoregressive decoding
+    token for token at every γ of `gammas`: what a kernel of the plan must keep."""
+    from skipsearch.engine import autoregressive_decode, speculative_decode
+    from skipsearch.masks import SkipMask
+    from skipsearch.models.runner import LayerwiseRunner
+
+    runner = LayerwiseRunner(model)
+    prompt = [5, 17, 3, 42, 8, 23, 11, 2, 9, 30, 12, 7]
+    expected = autoregressive_decode(runner, prompt, new_tokens).tokens
+    mask = SkipMask.from_layers(runner.num_layers, list(skipped))
+    for gamma in gammas:
+        assert speculative_decode(runner, prompt, mask, new_tokens, gamma=gamma).tokens == expected, gamma
+
+
 def random_reference(runner, lengths, new_tokens: int, seed: int = 3, with_kv: bool = True):
     """A ReferenceCache of seeded random prompts (ids 3..60) of `lengths` and their continuations."""
     generator = torch.Generator().manual_seed(seed)

@@ -9,8 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from skipsearch.engine import autoregressive_decode, speculative_decode
-from skipsearch.masks import SkipMask
 from skipsearch.models import bf16_weights
 from skipsearch.models.bf16_weights import (
     MAX_ROWS,
@@ -21,8 +19,7 @@ from skipsearch.models.bf16_weights import (
     use_bf16_weights,
 )
 from skipsearch.models.kernels import step_bytes
-from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import tiny_model
+from tests.conftest import assert_greedy_ssd_lossless, tiny_model
 
 needs_kernel = pytest.mark.skipif(
     load_kernel().function is None, reason=f"linear kernel unavailable: {load_kernel().reason}"
@@ -113,12 +110,7 @@ def test_self_speculation_on_bf16_weights_is_lossless(family: str) -> None:
     are the steps' bit for bit, and its attention is float32."""
     model = tiny_model(family, layers=4, hidden_size=64, num_attention_heads=4)
     assert use_bf16_weights(model) == 4 * 7 + 1
-    runner = LayerwiseRunner(model)
-    prompt = [5, 17, 3, 42, 8, 23, 11, 2, 9, 30, 12, 7]
-    expected = autoregressive_decode(runner, prompt, 40).tokens
-    for gamma in (1, 3, 5):
-        result = speculative_decode(runner, prompt, SkipMask.from_layers(4, [1, 2]), 40, gamma=gamma)
-        assert result.tokens == expected, gamma
+    assert_greedy_ssd_lossless(model)
 
 
 @needs_kernel

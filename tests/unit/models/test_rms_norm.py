@@ -9,14 +9,11 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from skipsearch.engine import autoregressive_decode, speculative_decode
-from skipsearch.masks import SkipMask
 from skipsearch.models import rms_norm
 from skipsearch.models.bf16_weights import use_bf16_weights
 from skipsearch.models.kernels import plan_kernels
 from skipsearch.models.rms_norm import KernelRMSNorm, load_kernel, use_kernel_norms
-from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import tiny_model
+from tests.conftest import assert_greedy_ssd_lossless, tiny_model
 
 needs_kernel = pytest.mark.skipif(
     load_kernel().function is None, reason=f"norm kernel unavailable: {load_kernel().reason}"
@@ -88,12 +85,7 @@ def test_self_speculation_on_kernel_norms_is_lossless(family: str) -> None:
     model = tiny_model(family, layers=4, hidden_size=64, num_attention_heads=4)
     use_bf16_weights(model)
     assert use_kernel_norms(model) == 2 * 4 + 1
-    runner = LayerwiseRunner(model)
-    prompt = [5, 17, 3, 42, 8, 23, 11, 2, 9, 30, 12, 7]
-    expected = autoregressive_decode(runner, prompt, 40).tokens
-    for gamma in (1, 3, 5):
-        result = speculative_decode(runner, prompt, SkipMask.from_layers(4, [1, 2]), 40, gamma=gamma)
-        assert result.tokens == expected, gamma
+    assert_greedy_ssd_lossless(model)
 
 
 @needs_kernel

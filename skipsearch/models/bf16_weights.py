@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from skipsearch.models.native import KernelSource, NativeLibrary, load_native
+from skipsearch.models.replace import replace_children
 
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
 SOURCE = KernelSource(
@@ -119,10 +120,11 @@ def use_bf16_weights(model: nn.Module) -> int:
     """Replace every `nn.Linear` of `model` that the kernel reads (`fits`) by a `Bf16WeightLinear`;
     returns how many. A head tied to the input embedding gets its own packed copy; the lookup
     keeps reading the embedding."""
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and fits(child.weight):
-                parent.add_module(name, Bf16WeightLinear(child.weight, child.bias))
-                replaced += 1
-    return replaced
+    return replace_children(
+        model,
+        lambda child: (
+            Bf16WeightLinear(child.weight, child.bias)
+            if type(child) is nn.Linear and fits(child.weight)
+            else None
+        ),
+    )

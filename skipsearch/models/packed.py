@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from skipsearch.models.replace import replace_children
+
 PACKED_DTYPES = (torch.bfloat16,)
 
 
@@ -103,12 +105,11 @@ def pack_linears(model: nn.Module, force: bool = False) -> int:
     for module in model.modules():
         for parameter in module.parameters(recurse=False):
             holders[id(parameter)] = holders.get(id(parameter), 0) + 1
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is not nn.Linear or not packs(child.weight, force):
-                continue
-            shared = holders.get(id(child.weight), 0) > 1
-            parent.add_module(name, PackedLinear(child.weight, child.bias, keep_plain=shared))
-            replaced += 1
-    return replaced
+    return replace_children(
+        model,
+        lambda child: (
+            PackedLinear(child.weight, child.bias, keep_plain=holders.get(id(child.weight), 0) > 1)
+            if type(child) is nn.Linear and packs(child.weight, force)
+            else None
+        ),
+    )

@@ -152,6 +152,7 @@ class PillarKeys:
         """The keys and values at `positions` (per layer `[KV, K']`) of `cache`'s layers."""
         keys: list[torch.Tensor | None] = []
         values: list[torch.Tensor | None] = []
+        heads = None  # each K/V head's row index, the same for every layer
         for layer, chosen in enumerate(positions):
             if chosen is None:
                 keys.append(None)
@@ -160,7 +161,8 @@ class PillarKeys:
             stored = cache.layers[layer]
             # Indexing whole rows: `gather` with the index expanded over the head dimension cost
             # 80-95 us a call on the growing cache's views, 60 calls a round (5-6 ms on SmolLM2).
-            heads = torch.arange(chosen.shape[0], device=chosen.device)[:, None]
+            if heads is None:
+                heads = torch.arange(chosen.shape[0], device=chosen.device)[:, None]
             keys.append(stored.keys[0, heads, chosen][None])
             values.append(stored.values[0, heads, chosen][None])
         return cls(pattern, keys, values)

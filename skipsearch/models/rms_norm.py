@@ -22,6 +22,7 @@ from transformers.models.mistral.modeling_mistral import MistralRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 from skipsearch.models.native import KernelSource, NativeLibrary, load_native
+from skipsearch.models.replace import replace_children
 
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
 SOURCE = KernelSource(
@@ -80,10 +81,6 @@ def use_kernel_norms(model: nn.Module) -> int:
     returns how many (0 where the kernel is not built for this CPU)."""
     if load_kernel().function is None:
         return 0
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) in SAME_FORMULA:
-                parent.add_module(name, KernelRMSNorm(child))
-                replaced += 1
-    return replaced
+    return replace_children(
+        model, lambda child: KernelRMSNorm(child) if type(child) in SAME_FORMULA else None
+    )

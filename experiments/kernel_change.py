@@ -34,6 +34,11 @@ share one model and take turns call by call).
     python experiments/kernel_change.py --change norms --dtypes auto --suffix=-avx2
     python experiments/kernel_change.py --change rotary --dtypes auto --suffix=-avx2
 
+`--change layers` tests the fused decoder layers (`models.fused_layers`) on one model, the runner
+without them running transformers' modules:
+
+    python experiments/kernel_change.py --change layers --dtypes auto --suffix=-avx2
+
 Stacked q/k/v and gate/up projections were the other step until packing made them 5-6% slower;
 their report and module were removed with them (re-run from commit fadcaca).
 
@@ -59,7 +64,7 @@ from _load import load_line
 
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.engine import autoregressive_decode
-from skipsearch.models import bf16_weights, packed, rms_norm, rotary
+from skipsearch.models import bf16_weights, fused_layers, packed, rms_norm, rotary
 from skipsearch.models.attention import FP32_ATTENTION, KERNEL_ATTENTION, KERNEL_FP32_ATTENTION
 from skipsearch.models.kernels import AttentionChoice, apply_attention
 from skipsearch.models.loading import load_model
@@ -73,6 +78,7 @@ POSITIONS = (1, 4)
 STEPS = {
     "bf16-weights": (bf16_weights, "use_bf16_weights", lambda model, _: bf16_weights.use_bf16_weights(model)),
     "norms": (rms_norm, "use_kernel_norms", lambda model, _: rms_norm.use_kernel_norms(model)),
+    "layers": (fused_layers, "fuse_layers", lambda model, _: fused_layers.fuse_layers(model)),
     "packed": (packed, "pack_linears", lambda model, force: packed.pack_linears(model, force)),
 }
 # Attention paths compared on the whole plan, by the model's dtype: (without, with).
@@ -103,6 +109,8 @@ def rotary_kernel(on: bool) -> Iterator[None]:
 # Plan changes that are process-wide, not per model: both runners run the whole plan, and the
 # change is switched off for the plan without it call by call.
 SWITCHES = {"rotary": rotary_kernel}
+# Plan changes that one model can run with and without: the runner without it never takes it.
+ONE_MODEL = {*SWITCHES, "layers"}
 
 
 def variant(change: str, name: str) -> contextlib.AbstractContextManager[None]:
@@ -116,11 +124,13 @@ REPORTS = {
     "bf16-weights": "bf16_weights.md",
     "norms": "rms_norm.md",
     "rotary": "rotary.md",
+    "layers": "fused_layers.md",
 }
 TITLES = {
     "bf16-weights": "bf16 weights on skipsearch's AVX2 kernel against the fp32 plan's products",
     "norms": "RMSNorms on skipsearch's kernel against transformers' eight operations",
     "rotary": "The rotary embedding on skipsearch's kernel against transformers' operations",
+    "layers": "Fused decoder layers (a few kernel calls a sub-layer) against transformers' modules",
     "packed": "Weights prepacked for oneDNN against F.linear's plain weights",
     "kernel": "The decode kernel over the plan's cache against fp32 SDPA over an fp32 cache",
 }
@@ -132,16 +142,20 @@ def runners(
     """(without, with) runners of one model: the plan of `dtype` without the step `change`, and the
     whole plan (each step applied whatever the dtype; packing leaves fp32 alone unless `force`, the
     fp32 fallback's packing); and the loaded model. For an attention change, the whole plan on each
-    of the two paths of its dtype (`PATHS`). For a process-wide change (`SWITCHES`), one model with
-    the whole plan twice: a copy's weights sit elsewhere in memory, which can time differently."""
+    of the two paths of its dtype (`PATHS`). For a change one model runs with and without
+    (`ONE_MODEL`), that model with the whole plan twice: a copy's weights sit elsewhere in memory,
+    which can time differently."""
     with contextlib.ExitStack() as steps_off:
         for module, function, _ in STEPS.values():
             steps_off.enter_context(mock.patch.object(module, function, lambda model, force=False: 0))
         loaded = load_model(model, dtype=dtype, announce=False)
-    if change in SWITCHES:
+    if change in ONE_MODEL:
         for _, _, apply in STEPS.values():
             apply(loaded.model, force)
-        return LayerwiseRunner(loaded.model), LayerwiseRunner(loaded.model), loaded
+        without = LayerwiseRunner(loaded.model)
+        if change == "layers":
+            without.fused = [None] * without.num_layers
+        return without, LayerwiseRunner(loaded.model), loaded
     without, whole = loaded.model, copy.deepcopy(loaded.model)
     for step, (_, _, apply) in STEPS.items():
         if step != change:

@@ -112,12 +112,14 @@ def steps(runner: LayerwiseRunner, context: int, count: int) -> tuple[list[float
     return times, dict(groups), traced
 
 
-def kernel_split(runner: LayerwiseRunner, context: int, count: int) -> tuple[float, float, float] | None:
-    """Medians over `count` alternating pairs of one-position steps after `context` cached
-    positions: (step ms, its bf16-weight kernel calls' ms, the step ms with those calls returning
-    at once); None where the plan has no such products. Denormals are flushed in both kinds of
-    step: a skipped call leaves its output uninitialised, and denormal arithmetic would slow the
-    rest of that step."""
+def kernel_split(
+    runner: LayerwiseRunner, context: int, count: int, positions: int = 1
+) -> tuple[float, float, float] | None:
+    """Medians over `count` alternating pairs of passes over `positions` new positions (1: a decode
+    step; γ + 1: a verify) after `context` cached positions: (pass ms, its bf16-weight kernel calls'
+    ms, the pass ms with those calls returning at once); None where the plan has no such products.
+    Denormals are flushed in both kinds of pass: a skipped call leaves its output uninitialised,
+    and denormal arithmetic would slow the rest of that pass."""
     function = bf16_weights.load_kernel().function
     if function is None or not any(isinstance(m, Bf16WeightLinear) for m in runner.model.modules()):
         return None
@@ -134,7 +136,7 @@ def kernel_split(runner: LayerwiseRunner, context: int, count: int) -> tuple[flo
         "skipped": NativeLibrary(lambda *args: 0, "skipped"),
     }
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, runner.config.vocab_size, (1, context + 1), generator=generator)
+    ids = torch.randint(0, runner.config.vocab_size, (1, context + positions), generator=generator)
     cache = runner.new_cache()
     samples: dict[str, list[float]] = {"timed": [], "kernel": [], "skipped": []}
     torch.set_flush_denormal(True)
@@ -149,7 +151,7 @@ def kernel_split(runner: LayerwiseRunner, context: int, count: int) -> tuple[flo
                         runner.forward(ids[:, context:], cache=cache)
                         elapsed = time.perf_counter() - began
                     for layer in cache.layers:
-                        layer.crop(-1)
+                        layer.crop(-positions)
                     if index >= 2:
                         samples[kind].append(elapsed)
                         if kind == "timed":

@@ -25,8 +25,8 @@ from skipsearch.store import write_text_atomic
 
 log = logging.getLogger(__name__)
 # Kernels a profile records since they joined the plan (2026-12-03): a profile taken before ran
-# transformers' own operators there.
-PREDATES = {"norms": "torch", "rotary": "torch"}
+# transformers' own operators and modules there.
+PREDATES = {"norms": "torch", "rotary": "torch", "layers": "modules"}
 
 
 def _bracket(xs: Sequence[float], x: float, extrapolate: bool) -> tuple[int, int, float]:

@@ -124,7 +124,8 @@ def _kernel_reads(module: torch.nn.Module, kwargs: dict) -> bool:
     causal = kwargs.get("is_causal")
     return bool(
         (causal if causal is not None else getattr(module, "is_causal", True))
-        and not getattr(module, "sliding_window", None)
+        and not getattr(module, "sliding_window", None)  # Qwen2's sliding layers say so here,
+        and not kwargs.get("sliding_window")  # Mistral's in the call
         and not kwargs.get("dropout")
     )
 

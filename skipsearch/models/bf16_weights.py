@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -71,6 +72,27 @@ def unpack_weight(packed: torch.Tensor, out: int) -> torch.Tensor:
     return packed.permute(0, 3, 1, 2).reshape(blocks * OUT_BLOCK, chunks * CHUNK)[:out].float()
 
 
+def multiply(
+    function: Callable[..., int],
+    hidden: torch.Tensor,
+    rows: int,
+    packed: torch.Tensor,
+    out: int,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """`hidden` `[..., in]` (float32, contiguous, `rows` rows) times the `out` weight rows of
+    `packed` (`pack_weight`'s layout), plus `bias`: `[..., out]`, by the kernel's `function`."""
+    inputs = hidden.shape[-1]
+    y = torch.empty((*hidden.shape[:-1], out))
+    failed = function(
+        hidden.data_ptr(), inputs, rows, inputs, packed.data_ptr(), out,
+        None if bias is None else bias.data_ptr(), y.data_ptr(), out,
+    )  # fmt: skip
+    if failed:
+        raise RuntimeError(f"linear_rows refused a {rows}x{inputs} block")
+    return y
+
+
 class Bf16WeightLinear(nn.Module):
     """`nn.Linear`'s product with the weight rounded to bf16, in float32 arithmetic, on the kernel.
 
@@ -99,15 +121,7 @@ class Bf16WeightLinear(nn.Module):
             return F.linear(hidden, self.weight.to(hidden.dtype), bias)
         if not hidden.is_contiguous():
             hidden = hidden.contiguous()
-        y = torch.empty((*hidden.shape[:-1], self.out_features))
-        failed = function(
-            hidden.data_ptr(), self.in_features, rows, self.in_features, self.packed.data_ptr(),
-            self.out_features, None if self.bias is None else self.bias.data_ptr(), y.data_ptr(),
-            self.out_features,
-        )  # fmt: skip
-        if failed:
-            raise RuntimeError(f"linear_rows refused a {rows}x{self.in_features} block")
-        return y
+        return multiply(function, hidden, rows, self.packed, self.out_features, self.bias)
 
     def packed_bytes(self) -> int:
         return self.packed.numel() * self.packed.element_size()

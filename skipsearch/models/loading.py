@@ -259,6 +259,7 @@ def load_model(
 
     from skipsearch.models.bf16_weights import use_bf16_weights
     from skipsearch.models.fp32_linear import BF16_KERNEL, ONEDNN, choose_fp32_linear
+    from skipsearch.models.fused_layers import fuse_layers
     from skipsearch.models.kernels import apply_attention, choose_attention
     from skipsearch.models.packed import pack_linears
     from skipsearch.models.rms_norm import use_kernel_norms
@@ -313,6 +314,9 @@ def load_model(
             loaded.plan += f"; {norms} RMSNorms on skipsearch's kernel"
         if use_kernel_rotary():
             loaded.plan += "; the rotary embedding on skipsearch's kernel (transformers' bits)"
+        fused = fuse_layers(loaded.model)
+        if fused:
+            loaded.plan += f"; {fused} decoder layers fused for short blocks (the modules' bits)"
         force = fp32.library == ONEDNN
     packed = pack_linears(loaded.model, force)
     if packed:

@@ -15,19 +15,22 @@
  * transformers' bits exactly, whatever the rows beside them.
  *
  * Layout: x has `heads` heads of `rows` positions of `dim` floats, element (h, r, d) at
- * x + h * head_stride + r * row_stride + d, and the output the same strides; cos and sin are
- * rows x dim (contiguous). dim must be a multiple of 16. Returns 0, or 1 when it is not.
+ * x + h * head_stride + r * row_stride + d, and the output its own strides (the fused decoder
+ * layers, skipsearch/models/fused_layers.py, read the queries and keys out of one q/k/v product and
+ * write the keys straight into the K/V cache); cos and sin are rows x dim (contiguous). dim must be
+ * a multiple of 16. Returns 0, or 1 when it is not.
  */
 #include <immintrin.h>
 #include <stdint.h>
 
-static void rotate(const float *x, float *out, int64_t heads, int64_t rows, int64_t dim,
-                   int64_t head_stride, int64_t row_stride, const float *cos, const float *sin) {
+static void rotate(const float *x, int64_t heads, int64_t head_stride, int64_t row_stride, float *out,
+                   int64_t out_head_stride, int64_t out_row_stride, int64_t rows, int64_t dim,
+                   const float *cos, const float *sin) {
     const int64_t half = dim / 2;
     for (int64_t h = 0; h < heads; h++) {
         for (int64_t r = 0; r < rows; r++) {
             const float *xr = x + h * head_stride + r * row_stride;
-            float *yr = out + h * head_stride + r * row_stride;
+            float *yr = out + h * out_head_stride + r * out_row_stride;
             const float *c = cos + r * dim, *s = sin + r * dim;
             for (int64_t d = 0; d < half; d += 8) {
                 __m256 low = _mm256_loadu_ps(xr + d), high = _mm256_loadu_ps(xr + half + d);
@@ -43,10 +46,12 @@ static void rotate(const float *x, float *out, int64_t heads, int64_t rows, int6
 }
 
 int rotary(const float *q, int64_t q_heads, int64_t q_head_stride, int64_t q_row_stride, float *q_out,
+           int64_t q_out_head_stride, int64_t q_out_row_stride,
            const float *k, int64_t k_heads, int64_t k_head_stride, int64_t k_row_stride, float *k_out,
+           int64_t k_out_head_stride, int64_t k_out_row_stride,
            int64_t rows, int64_t dim, const float *cos, const float *sin) {
     if (dim % 16 != 0) return 1;
-    rotate(q, q_out, q_heads, rows, dim, q_head_stride, q_row_stride, cos, sin);
-    rotate(k, k_out, k_heads, rows, dim, k_head_stride, k_row_stride, cos, sin);
+    rotate(q, q_heads, q_head_stride, q_row_stride, q_out, q_out_head_stride, q_out_row_stride, rows, dim, cos, sin);
+    rotate(k, k_heads, k_head_stride, k_row_stride, k_out, k_out_head_stride, k_out_row_stride, rows, dim, cos, sin);
     return 0;
 }

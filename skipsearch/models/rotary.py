@@ -30,8 +30,9 @@ _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
 SOURCE = KernelSource(
     path=Path(__file__).with_name("rotary.c"),
     symbol="rotary",
-    # queries (data, heads, head stride, row stride, out), keys (the same), rows, dim, cos, sin
-    signature=(*(_POINTER, _INT, _INT, _INT, _POINTER) * 2, _INT, _INT, _POINTER, _POINTER),
+    # queries (data, heads, head stride, row stride, out, out head stride, out row stride), keys (the
+    # same), rows, dim, cos, sin
+    signature=(*(_POINTER, _INT, _INT, _INT, _POINTER, _INT, _INT) * 2, _INT, _INT, _POINTER, _POINTER),
     needed_flags=("avx2",),
     # No contraction into fused multiply-adds: the kernel's bits are transformers' only if every
     # product and sum is rounded on its own, as torch's separate operations round them.
@@ -91,8 +92,8 @@ def kernel_rotary(
         # empty_like keeps the inputs' strides, as torch's element-wise outputs do.
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)
         function(
-            q.data_ptr(), q.shape[1], q.stride(1), q.stride(2), q_out.data_ptr(),
-            k.data_ptr(), k.shape[1], k.stride(1), k.stride(2), k_out.data_ptr(),
+            q.data_ptr(), q.shape[1], q.stride(1), q.stride(2), q_out.data_ptr(), q.stride(1), q.stride(2),
+            k.data_ptr(), k.shape[1], k.stride(1), k.stride(2), k_out.data_ptr(), k.stride(1), k.stride(2),
             rows, dim, cos.data_ptr(), sin.data_ptr(),
         )  # fmt: skip
         return q_out, k_out

@@ -18,6 +18,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.attention import supports_kv_patterns
 from skipsearch.models.compat import check_installed_transformers
+from skipsearch.models.fused_layers import fused_layer
 from skipsearch.models.kernels import new_cache
 from skipsearch.models.kv_attention import KV_PATTERN_KEYWORD, OWN_MASK_KEYWORD
 from skipsearch.models.loading import check_architecture
@@ -45,6 +46,7 @@ class LayerwiseRunner:
         self.config = model.config
         self.decoder = model.model
         self.layers = list(self.decoder.layers)
+        self.fused = [fused_layer(block) for block in self.layers]  # `models.fused_layers`, where loaded so
         self.num_layers = len(self.layers)
         self.layer_types = layer_types(model.config)
 
@@ -153,28 +155,34 @@ class LayerwiseRunner:
         for layer in range(start, end):
             if collect is not None:
                 collect.append(hidden)
+            fused = self.fused[layer]
+            if fused is not None and not fused.takes_rows(hidden):
+                fused = None
             if mask is None or mask.runs_attn(layer):
-                layer_mask = attention_mask
-                if layer_mask is not None and not isinstance(layer_mask, torch.Tensor):
-                    layer_mask = layer_mask[layer]
-                if layer_mask is None:
-                    seen = cache.layers[layer].get_seq_length() if cache is not None else 0
-                    key = (self.layer_types[layer], seen)
-                    if key not in masks:
-                        masks[key] = self.causal_mask(hidden, position_ids, cache, layer)
-                    layer_mask = masks[key]
-                hidden = self.attention(
-                    layer,
-                    hidden,
-                    position_embeddings,
-                    layer_mask,
-                    cache,
-                    kv,
-                    pillars,
-                    attention_mask is not None,
-                )
+                if fused is not None and attention_mask is None and fused.takes(hidden, cache, pillars):
+                    hidden = fused.attention(hidden, position_embeddings, cache, kv, pillars)
+                else:
+                    layer_mask = attention_mask
+                    if layer_mask is not None and not isinstance(layer_mask, torch.Tensor):
+                        layer_mask = layer_mask[layer]
+                    if layer_mask is None:
+                        seen = cache.layers[layer].get_seq_length() if cache is not None else 0
+                        key = (self.layer_types[layer], seen)
+                        if key not in masks:
+                            masks[key] = self.causal_mask(hidden, position_ids, cache, layer)
+                        layer_mask = masks[key]
+                    hidden = self.attention(
+                        layer,
+                        hidden,
+                        position_embeddings,
+                        layer_mask,
+                        cache,
+                        kv,
+                        pillars,
+                        attention_mask is not None,
+                    )
             if mask is None or mask.runs_mlp(layer):
-                hidden = self.mlp(layer, hidden)
+                hidden = fused.mlp(hidden) if fused is not None else self.mlp(layer, hidden)
         if collect is not None:
             collect.append(hidden)
         return hidden

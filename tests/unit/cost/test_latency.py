@@ -128,7 +128,7 @@ def test_a_profile_of_other_kernels_is_flagged(caplog: pytest.LogCaptureFixture)
     assert not older.warn_other_plan({"attention": "kernel_bf16kv", "products": "bf16-kernel"}, "p.json")
 
 
-def test_a_profile_older_than_the_norm_and_rotary_kernels_timed_transformers_operators(
+def test_a_profile_older_than_the_norm_rotary_and_layer_kernels_timed_transformers_operators(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     data = _latency().to_dict()
@@ -140,6 +140,8 @@ def test_a_profile_older_than_the_norm_and_rotary_kernels_timed_transformers_ope
     meta = {**data["meta"], "products": "bf16-kernel", "norms": "kernel", "rotary": "kernel"}
     now = LatencyProfile.from_dict({**data, "meta": meta})
     assert not now.warn_other_plan({**running, "rotary": "kernel"}, "p.json")
+    assert now.warn_other_plan({**running, "rotary": "kernel", "layers": "fused"}, "p.json")
+    assert "layers modules where this plan runs fused" in caplog.text
 
 
 def test_the_pillar_choice_round_trips_interpolates_and_is_validated(tmp_path) -> None:

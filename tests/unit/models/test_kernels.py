@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from skipsearch.models import attention, kernels
+from skipsearch.models import attention, kernels, native_attention
 from skipsearch.models.attention import (
     FP32_ATTENTION,
     KERNEL_ATTENTION,
@@ -15,10 +15,9 @@ from skipsearch.models.attention import (
     NATIVE_ATTENTION,
     grouped_queries,
 )
+from skipsearch.models.cache import PlanCache
 from skipsearch.models.kernels import (
     AttentionChoice,
-    GrowingLayer,
-    PlanCache,
     apply_attention,
     choose_attention,
     new_cache,
@@ -243,28 +242,24 @@ def test_the_fp32_path_equals_transformers_sdpa_on_an_fp32_model(family: str) ->
     assert torch.allclose(outputs[0], outputs[1], atol=1e-5)
 
 
-def test_a_growing_layer_holds_what_transformers_layer_holds_through_appends_and_crops() -> None:
-    """Appends past the first capacity, crops back, appends over the rolled-back positions."""
-    from transformers.cache_utils import DynamicLayer
-
-    generator = torch.Generator().manual_seed(0)
-    growing, plain = GrowingLayer(), DynamicLayer()
-    for step, (add, cut) in enumerate([(200, 0), (3, -2), (100, 0), (1, -1), (4, -3), (60, 0)]):
-        keys = torch.randn(1, 2, add, 8, generator=generator)
-        values = torch.randn(1, 2, add, 8, generator=generator)
-        got, want = growing.update(keys, values), plain.update(keys, values)
-        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), step
-        growing.crop(cut), plain.crop(cut)
-        assert growing.get_seq_length() == plain.get_seq_length()
-        assert torch.equal(growing.keys, plain.keys) and torch.equal(growing.values, plain.values)
-    assert growing._keys.shape[2] >= 2 * 256  # grew by doubling past MIN_CAPACITY
-
-
-def test_a_growing_layer_stores_its_own_dtype() -> None:
-    layer = GrowingLayer(torch.float32)
-    keys = torch.randn(1, 2, 3, 8).bfloat16()
-    stored, _ = layer.update(keys, keys)
-    assert stored.dtype == torch.float32 and torch.equal(stored, keys.float())
+@pytest.mark.skipif(
+    native_attention.load_kernel(torch.float32).function is None, reason="fp32 decode kernel unavailable"
+)
+def test_the_decode_kernel_leaves_mistrals_sliding_window_to_sdpa() -> None:
+    """Mistral passes its window in the attention call, not on the module: past the window, cached
+    verify blocks on the kernel plan still attend as transformers' windowed SDPA does (each row of a
+    block sees its own window of the cache's states, which the causal kernel would not respect)."""
+    native = LayerwiseRunner(tiny_model("mistral", layers=2, sliding_window=6))
+    planned_model = tiny_model("mistral", layers=2, sliding_window=6)
+    apply_attention(planned_model, kernels.AttentionChoice("float32", KERNEL_FP32_ATTENTION))
+    planned = LayerwiseRunner(planned_model)
+    ids = torch.tensor([[5, 17, 3, 42, 8, 23, 11, 2, 9, 30, 12, 7, 19, 4]])
+    outputs = []
+    for runner in (native, planned):
+        cache = runner.new_cache()
+        runner.forward(ids[:, :5], cache=cache)
+        outputs.append(torch.cat([runner.forward(ids[:, i : i + 3], cache=cache)[0] for i in (5, 8, 11)]))
+    assert torch.allclose(outputs[0], outputs[1], atol=1e-5)
 
 
 @pytest.mark.parametrize("queries", [1, 4])

@@ -34,12 +34,11 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from skipsearch.bench.clock import WallClock
 from skipsearch.bench.profiler import copy_bandwidth
-from skipsearch.models import attention, bf16_weights
+from skipsearch.models import attention, bf16_weights, native_attention
 from skipsearch.models.bf16_weights import Bf16WeightLinear
 from skipsearch.models.kernels import step_bytes
 from skipsearch.models.loading import load_model
 from skipsearch.models.native import NativeLibrary
-from skipsearch.models.native_attention import decode_attention
 from skipsearch.models.runner import LayerwiseRunner
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "profile"
@@ -59,19 +58,23 @@ GROUPS = {
 }
 
 
+_decode_attention = native_attention.decode_attention
+
+
 def traced_kernel(*args: Any, **kwargs: Any) -> Any:
     """The decode kernel (a ctypes call, which torch.profiler does not see) under a named range."""
     with record_function(KERNEL_EVENT):
-        return decode_attention(*args, **kwargs)
+        return _decode_attention(*args, **kwargs)
 
 
-_bf16_weight_product = Bf16WeightLinear.forward
+_bf16_weight_product = bf16_weights.multiply
 
 
-def traced_linear(module: Bf16WeightLinear, hidden: torch.Tensor) -> torch.Tensor:
-    """The bf16-weight kernel's product (a ctypes call too) under a named range."""
+def traced_linear(*args: Any) -> torch.Tensor:
+    """The bf16-weight kernel's product (a ctypes call too, from a module or a fused layer) under a
+    named range."""
     with record_function(LINEAR_EVENT):
-        return _bf16_weight_product(module, hidden)
+        return _bf16_weight_product(*args)
 
 
 def group_of(name: str) -> str:
@@ -101,8 +104,9 @@ def steps(runner: LayerwiseRunner, context: int, count: int) -> tuple[list[float
         traced = 3
         with (
             profile(activities=[ProfilerActivity.CPU]) as trace,
-            mock.patch.object(attention, "decode_attention", traced_kernel),
-            mock.patch.object(Bf16WeightLinear, "forward", traced_linear),
+            mock.patch.object(attention, "decode_attention", traced_kernel),  # the modules' calls
+            mock.patch.object(native_attention, "decode_attention", traced_kernel),  # the fused layers'
+            mock.patch.object(bf16_weights, "multiply", traced_linear),
         ):
             for index in range(traced):
                 step(context + index)

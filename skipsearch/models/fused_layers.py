@@ -23,7 +23,6 @@ do not take run the modules.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,7 +34,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention, Qwen2MLP
 from skipsearch.masks import KVPattern
 from skipsearch.models import bf16_weights, native_attention, rms_norm, rotary
 from skipsearch.models.attention import KERNEL_FP32_ATTENTION
-from skipsearch.models.bf16_weights import Bf16WeightLinear, multiply
+from skipsearch.models.bf16_weights import Bf16WeightLinear
 from skipsearch.models.cache import GrowingLayer
 from skipsearch.models.pillars import PillarChoice, PillarKeys
 from skipsearch.models.rms_norm import KernelRMSNorm
@@ -129,13 +128,23 @@ class FusedLayer:
             and hidden.is_contiguous()
         )
 
-    def _norm(self, norm: KernelRMSNorm, hidden: torch.Tensor, function: Callable[..., int]) -> torch.Tensor:
+    @staticmethod
+    def _norm(norm: KernelRMSNorm, hidden: torch.Tensor) -> torch.Tensor:
         normed = torch.empty_like(hidden)
-        function(
+        rms_norm.load_kernel().function(
             hidden.data_ptr(), hidden.shape[1], norm.width, norm.weight.data_ptr(), norm.variance_epsilon,
             normed.data_ptr(),
         )  # fmt: skip
         return normed
+
+    @staticmethod
+    def _product(
+        hidden: torch.Tensor, packed: torch.Tensor, out: int, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`hidden` `[1, M, in]` times packed weights: `bf16_weights.multiply`, looked up per call
+        (the products' one entry point, which `experiments/step_anatomy.py` traces)."""
+        function = bf16_weights.load_kernel().function
+        return bf16_weights.multiply(function, hidden, hidden.shape[1], packed, out, bias)
 
     def attention(
         self,
@@ -147,10 +156,10 @@ class FusedLayer:
     ) -> torch.Tensor:
         """Residual + self-attention of `hidden` `[1, M, E]` (`takes`), appending its K/V to `cache`,
         over the keys of `kv` when given; `choice` records the layer's pillar scores."""
-        product = bf16_weights.load_kernel().function
         rows = hidden.shape[1]
-        qkv = multiply(product, self._norm(self.input_norm, hidden, rms_norm.load_kernel().function), rows,
-                       self.qkv, self.q_width + 2 * self.kv_width, self.qkv_bias)  # fmt: skip
+        qkv = self._product(
+            self._norm(self.input_norm, hidden), self.qkv, self.q_width + 2 * self.kv_width, self.qkv_bias
+        )
         layer: GrowingLayer = cache.layers[self.layer]
         start = layer.claim(rows)
         keys, values = layer.buffers
@@ -179,18 +188,19 @@ class FusedLayer:
             raise RuntimeError(f"the decode kernel refused layer {self.layer}'s {rows}-row block")
         if choice is not None:
             choice.record(self.layer, scores[None, :, None])
-        return hidden + multiply(product, out.view(1, rows, self.q_width), rows, self.o_proj.packed,
-                                 self.o_proj.out_features, self.o_proj.bias)  # fmt: skip
+        o_proj = self.o_proj
+        return hidden + self._product(
+            out.view(1, rows, self.q_width), o_proj.packed, o_proj.out_features, o_proj.bias
+        )
 
     def mlp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Residual + MLP of `hidden` `[1, M, E]` (`takes_rows`)."""
-        product = bf16_weights.load_kernel().function
-        rows = hidden.shape[1]
-        gate_up = multiply(product, self._norm(self.mlp_norm, hidden, rms_norm.load_kernel().function), rows,
-                           self.gate_up, 2 * self.intermediate, self.gate_up_bias)  # fmt: skip
+        gate_up = self._product(
+            self._norm(self.mlp_norm, hidden), self.gate_up, 2 * self.intermediate, self.gate_up_bias
+        )
         act = self.activation(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :]
-        return hidden + multiply(product, act, rows, self.down_proj.packed, self.down_proj.out_features,
-                                 self.down_proj.bias)  # fmt: skip
+        down = self.down_proj
+        return hidden + self._product(act, down.packed, down.out_features, down.bias)
 
 
 def fuse_layers(model: nn.Module) -> int:

@@ -99,7 +99,11 @@ class LayerwiseRunner:
         """Residual + self-attention sub-layer (writes this layer's K/V into `cache` if given),
         attending only to the keys of `kv` when given (`models.kv_attention`); `pillars`, when
         given, records the layer's choice of pillars (`models.pillars`). `own_mask` says that
-        `attention_mask` is the caller's, not the causal one (`OWN_MASK_KEYWORD`)."""
+        `attention_mask` is the caller's, not the causal one (`OWN_MASK_KEYWORD`). A short block
+        runs the layer's fused path where it has one (`models.fused_layers`; the causal mask is
+        then not read)."""
+        if not own_mask and self._fused_attention(layer, hidden, cache, pillars):
+            return self.fused[layer].attention(hidden, position_embeddings, cache, kv, pillars)
         block = self.layers[layer]
         extra: dict[str, Any] = {} if kv is None else {KV_PATTERN_KEYWORD: kv}
         if pillars is not None:
@@ -115,8 +119,18 @@ class LayerwiseRunner:
         )
         return hidden + out
 
+    def _fused_attention(
+        self, layer: int, hidden: torch.Tensor, cache: Any, pillars: PillarChoice | None
+    ) -> bool:
+        """Whether this layer's attention over `hidden` runs fused (`models.fused_layers`)."""
+        fused = self.fused[layer]
+        return fused is not None and fused.takes_rows(hidden) and fused.takes(hidden, cache, pillars)
+
     def mlp(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        """Residual + MLP sub-layer."""
+        """Residual + MLP sub-layer (fused for a short block where the layer has a fused path)."""
+        fused = self.fused[layer]
+        if fused is not None and fused.takes_rows(hidden):
+            return fused.mlp(hidden)
         block = self.layers[layer]
         return hidden + block.mlp(block.post_attention_layernorm(hidden))
 
@@ -155,34 +169,28 @@ class LayerwiseRunner:
         for layer in range(start, end):
             if collect is not None:
                 collect.append(hidden)
-            fused = self.fused[layer]
-            if fused is not None and not fused.takes_rows(hidden):
-                fused = None
             if mask is None or mask.runs_attn(layer):
-                if fused is not None and attention_mask is None and fused.takes(hidden, cache, pillars):
-                    hidden = fused.attention(hidden, position_embeddings, cache, kv, pillars)
-                else:
-                    layer_mask = attention_mask
-                    if layer_mask is not None and not isinstance(layer_mask, torch.Tensor):
-                        layer_mask = layer_mask[layer]
-                    if layer_mask is None:
-                        seen = cache.layers[layer].get_seq_length() if cache is not None else 0
-                        key = (self.layer_types[layer], seen)
-                        if key not in masks:
-                            masks[key] = self.causal_mask(hidden, position_ids, cache, layer)
-                        layer_mask = masks[key]
-                    hidden = self.attention(
-                        layer,
-                        hidden,
-                        position_embeddings,
-                        layer_mask,
-                        cache,
-                        kv,
-                        pillars,
-                        attention_mask is not None,
-                    )
+                layer_mask = attention_mask
+                if layer_mask is not None and not isinstance(layer_mask, torch.Tensor):
+                    layer_mask = layer_mask[layer]
+                if layer_mask is None and not self._fused_attention(layer, hidden, cache, pillars):
+                    seen = cache.layers[layer].get_seq_length() if cache is not None else 0
+                    key = (self.layer_types[layer], seen)
+                    if key not in masks:
+                        masks[key] = self.causal_mask(hidden, position_ids, cache, layer)
+                    layer_mask = masks[key]
+                hidden = self.attention(
+                    layer,
+                    hidden,
+                    position_embeddings,
+                    layer_mask,
+                    cache,
+                    kv,
+                    pillars,
+                    attention_mask is not None,
+                )
             if mask is None or mask.runs_mlp(layer):
-                hidden = fused.mlp(hidden) if fused is not None else self.mlp(layer, hidden)
+                hidden = self.mlp(layer, hidden)
         if collect is not None:
             collect.append(hidden)
         return hidden

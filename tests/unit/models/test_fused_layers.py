@@ -139,3 +139,23 @@ def test_layers_the_fused_path_would_not_compute_alike_keep_their_modules() -> N
     assert fuse_layers(narrow) == 0
     unplanned = tiny_model("llama", layers=2, hidden_size=64)
     assert fuse_layers(unplanned) == 0 and plan_kernels(unplanned)["layers"] == "modules"
+
+
+@needs_kernels
+def test_the_sub_layer_calls_the_profiler_times_run_fused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`skipsearch profile` times `runner.attention` and `runner.mlp` one by one: a profile of the
+    fused plan must time the fused path, not the modules."""
+    model = on_the_plan("llama")
+    fuse_layers(model)
+    runner = LayerwiseRunner(model)
+    calls = []
+    for name in ("attention", "mlp"):
+        monkeypatch.setattr(FusedLayer, name, lambda self, *args, name=name, **kwargs: calls.append(name))
+    cache = runner.new_cache()
+    runner.forward(torch.arange(3, 20)[None], cache=cache)
+    hidden = runner.embed(torch.tensor([[5]]))
+    positions = torch.tensor([[17]])
+    mask = runner.causal_mask(hidden, positions, cache, 0)
+    runner.attention(0, hidden, runner.rotary(hidden, positions), mask, cache)
+    runner.mlp(0, hidden)
+    assert calls == ["attention", "mlp"]

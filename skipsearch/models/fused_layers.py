@@ -129,15 +129,6 @@ class FusedLayer:
         )
 
     @staticmethod
-    def _norm(norm: KernelRMSNorm, hidden: torch.Tensor) -> torch.Tensor:
-        normed = torch.empty_like(hidden)
-        rms_norm.load_kernel().function(
-            hidden.data_ptr(), hidden.shape[1], norm.width, norm.weight.data_ptr(), norm.variance_epsilon,
-            normed.data_ptr(),
-        )  # fmt: skip
-        return normed
-
-    @staticmethod
     def _product(
         hidden: torch.Tensor, packed: torch.Tensor, out: int, bias: torch.Tensor | None
     ) -> torch.Tensor:
@@ -158,7 +149,10 @@ class FusedLayer:
         over the keys of `kv` when given; `choice` records the layer's pillar scores."""
         rows = hidden.shape[1]
         qkv = self._product(
-            self._norm(self.input_norm, hidden), self.qkv, self.q_width + 2 * self.kv_width, self.qkv_bias
+            self.input_norm.on_kernel(rms_norm.load_kernel().function, hidden),
+            self.qkv,
+            self.q_width + 2 * self.kv_width,
+            self.qkv_bias,
         )
         layer: GrowingLayer = cache.layers[self.layer]
         start = layer.claim(rows)
@@ -196,7 +190,10 @@ class FusedLayer:
     def mlp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Residual + MLP of `hidden` `[1, M, E]` (`takes_rows`)."""
         gate_up = self._product(
-            self._norm(self.mlp_norm, hidden), self.gate_up, 2 * self.intermediate, self.gate_up_bias
+            self.mlp_norm.on_kernel(rms_norm.load_kernel().function, hidden),
+            self.gate_up,
+            2 * self.intermediate,
+            self.gate_up_bias,
         )
         act = self.activation(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :]
         down = self.down_proj

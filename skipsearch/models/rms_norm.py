@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -65,6 +66,12 @@ class KernelRMSNorm(nn.Module):
             or self.width % 8
         ):
             return self.reference(self, hidden)
+        return self.on_kernel(function, hidden)
+
+    def on_kernel(self, function: Callable[..., int], hidden: torch.Tensor) -> torch.Tensor:
+        """The norm of `hidden` (float32, contiguous, on the CPU) by the kernel's `function`,
+        unchecked: `forward` checks, and so do the fused layers (`models.fused_layers`) before they
+        call it."""
         normed = torch.empty_like(hidden)
         function(
             hidden.data_ptr(), hidden.numel() // self.width, self.width, self.weight.data_ptr(),

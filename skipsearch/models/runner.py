@@ -124,7 +124,7 @@ class LayerwiseRunner:
     ) -> bool:
         """Whether this layer's attention over `hidden` runs fused (`models.fused_layers`)."""
         fused = self.fused[layer]
-        return fused is not None and fused.takes_rows(hidden) and fused.takes(hidden, cache, pillars)
+        return fused is not None and fused.takes(hidden, cache, pillars)
 
     def mlp(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
         """Residual + MLP sub-layer (fused for a short block where the layer has a fused path)."""

@@ -164,7 +164,8 @@ def main() -> None:
     args = parser.parse_args()
     threads = fit_threads_to_load()
     before = os.getloadavg()
-    source = bf16_weights.SOURCE if args.kernel == "products" else native_attention.SOURCES[torch.float32]
+    products = args.kernel == "products"
+    source = bf16_weights.kernel_source() if products else native_attention.SOURCES[torch.float32]
     head = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout

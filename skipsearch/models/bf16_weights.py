@@ -31,45 +31,86 @@ from skipsearch.models.native import KernelSource, NativeLibrary, load_native
 from skipsearch.models.replace import replace_children
 
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
-SOURCE = KernelSource(
-    path=Path(__file__).with_name("linear_rows.c"),
-    symbol="linear_rows",
-    signature=(_POINTER, _INT, _INT, _INT, _POINTER, _INT, _POINTER, _POINTER, _INT),
-    needed_flags=("avx2", "fma"),
-    compiler_flags=("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"),
-    headers=(Path(__file__).with_name("avx2_lanes.h"),),
+_SIGNATURE = (_POINTER, _INT, _INT, _INT, _POINTER, _INT, _POINTER, _POINTER, _INT)
+_COMPILE = ("-O3", "-mfma", "-fopenmp", "-shared", "-fPIC")
+_HEADERS = (Path(__file__).with_name("avx2_lanes.h"),)
+# One source, two builds, the widest this CPU runs first: 16-float vectors with AVX-512, else 8.
+SOURCES = (
+    KernelSource(
+        path=Path(__file__).with_name("linear_rows.c"),
+        symbol="linear_rows",
+        signature=_SIGNATURE,
+        needed_flags=("avx512f", "avx2", "fma"),
+        compiler_flags=(*_COMPILE, "-mavx2", "-mavx512f"),
+        headers=_HEADERS,
+    ),
+    KernelSource(
+        path=Path(__file__).with_name("linear_rows.c"),
+        symbol="linear_rows",
+        signature=_SIGNATURE,
+        needed_flags=("avx2", "fma"),
+        compiler_flags=(*_COMPILE, "-mavx2"),
+        headers=_HEADERS,
+    ),
 )
 OUT_BLOCK = 2  # weight rows the kernel streams together, in pairs (linear_rows.c)
-CHUNK = 8  # k values of one weight row per vector
 MAX_ROWS = 16  # longer blocks are compute-bound: torch's product on a float32 copy
 
 
 @functools.cache
+def _widest() -> tuple[KernelSource, NativeLibrary]:
+    for source in SOURCES:
+        library = load_native(source)
+        if library.function is not None:
+            return source, library
+    return source, library
+
+
 def load_kernel() -> NativeLibrary:
-    """The kernel for this CPU, compiled once per source, compiler and compiler flags."""
-    return load_native(SOURCE)
+    """The widest build of the kernel this CPU runs, compiled once per source, compiler and
+    compiler flags; where none loads, the narrowest's reason."""
+    return _widest()[1]
+
+
+def kernel_source() -> KernelSource:
+    """The build `load_kernel` loads (or tried last)."""
+    return _widest()[0]
+
+
+@functools.cache
+def chunk() -> int:
+    """The inputs of one chunk of the packed layout: the loaded build's vector width in floats
+    (8 where no build loads: the layout is then only read back by `unpack_weight`)."""
+    library = load_kernel()
+    if library.function is None:
+        return 8
+    lanes = library.handle.linear_rows_lanes
+    lanes.restype = ctypes.c_int
+    return int(lanes())
 
 
 def fits(weight: torch.Tensor) -> bool:
     """Whether the kernel reads this matrix: float32 on a CPU, inputs a multiple of 8."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.shape[1] % CHUNK == 0
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.shape[1] % 8 == 0
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` `[out, in]` rounded to bf16 in the kernel's blocked layout `[blocks, in / 8, 8, 2]`:
-    each block of `OUT_BLOCK` output rows is one contiguous stream, chunk by chunk of 8 inputs, and
-    a chunk holds its two rows' values in pairs (row 0's, row 1's at each input), so one 32-byte
-    load is split into both rows' float32 vectors by a shift and a mask (rows past `out` are zeros)."""
+def pack_weight(weight: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """`weight` `[out, in]` rounded to bf16 in the kernel's blocked layout `[blocks, in / c, c, 2]`
+    (`c` = `chunk()`): each block of `OUT_BLOCK` output rows is one contiguous stream, chunk by
+    chunk of `c` inputs, and a chunk holds its two rows' values in pairs (row 0's, row 1's at each
+    input), so one vector load is split into both rows' float32 vectors by a shift and a mask (rows
+    past `out` and inputs past `in`, up to a multiple of `c`, are zeros)."""
     out, inputs = weight.shape
-    padded = torch.zeros(-(-out // OUT_BLOCK) * OUT_BLOCK, inputs, dtype=torch.bfloat16)
-    padded[:out] = weight
-    return padded.view(-1, OUT_BLOCK, inputs // CHUNK, CHUNK).permute(0, 2, 3, 1).contiguous()
+    width = width or chunk()
+    padded = torch.zeros(-(-out // OUT_BLOCK) * OUT_BLOCK, -(-inputs // width) * width, dtype=torch.bfloat16)
+    padded[:out, :inputs] = weight
+    return padded.view(padded.shape[0] // OUT_BLOCK, OUT_BLOCK, -1, width).permute(0, 2, 3, 1).contiguous()
 
 
-def unpack_weight(packed: torch.Tensor, out: int) -> torch.Tensor:
-    """The float32 `[out, in]` matrix `packed` holds (the rounded weights, exactly)."""
-    blocks, chunks = packed.shape[:2]
-    return packed.permute(0, 3, 1, 2).reshape(blocks * OUT_BLOCK, chunks * CHUNK)[:out].float()
+def unpack_weight(packed: torch.Tensor, out: int, inputs: int) -> torch.Tensor:
+    """The float32 `[out, inputs]` matrix `packed` holds (the rounded weights, exactly)."""
+    blocks, chunks, width = packed.shape[:3]
+    return packed.permute(0, 3, 1, 2).reshape(blocks * OUT_BLOCK, chunks * width)[:out, :inputs].float()
 
 
 def multiply(
@@ -108,7 +149,7 @@ class Bf16WeightLinear(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        return unpack_weight(self.packed, self.out_features)
+        return unpack_weight(self.packed, self.out_features, self.in_features)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # A decode step makes ~200 of these calls on a few hundred floats each: every torch

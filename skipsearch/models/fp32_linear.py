@@ -40,7 +40,7 @@ MKL, ONEDNN, BF16_KERNEL = "mkl", "onednn", "bf16-kernel"
 LIBRARY_NAMES = {
     MKL: "fp32 weights left to MKL",
     ONEDNN: "fp32 weights packed for oneDNN",
-    BF16_KERNEL: "weights in bf16 for skipsearch's AVX2 kernel, float32 arithmetic",
+    BF16_KERNEL: "weights in bf16 for skipsearch's kernel, float32 arithmetic",
 }
 
 log = logging.getLogger(__name__)

@@ -12,16 +12,22 @@
  * so the widening is exact) and multiplies in float32: the bf16 plan's weights with fp32
  * activations, at the memory's speed.
  *
+ * One source, two builds: with -mavx512f its vectors are 16 floats wide (LANES), else 8 (AVX2).
+ * The wide build exists because a verify's extra rows are arithmetic on weights already loaded:
+ * at 4-6 rows the AVX2 build is compute-bound (on two Zen 3 cores, and at 4 rows 1.15x one row on
+ * an Intel Xeon with AVX-512), and 512-bit FMAs do twice the work per instruction.
+ *
  * Layout: x is rows x in (float32, row r at x + r * x_stride); w is bf16 bits in the blocked
  * layout of bf16_weights.pack_weight: blocks of OUT_BLOCK = 2 output rows (zeros past out), each
- * block in / 8 chunks, each chunk the two rows' values at 8 inputs in pairs (row 0's, row 1's), so
- * one 32-bit lane holds both rows' weights at one input and a shift and a mask widen them (one
- * load and two operations per 16 weights: the widening competes with the FMAs for the vector
- * pipes, and 5-6 rows are compute-bound on two Zen 3 cores); y is rows x out (float32, row r at
- * y + r * y_stride); bias is out floats or NULL; in must be a multiple of 8.
+ * block in / LANES chunks, each chunk the two rows' values at LANES inputs in pairs (row 0's,
+ * row 1's), so one 32-bit lane holds both rows' weights at one input and a shift and a mask widen
+ * them (one load and two operations per 2 x LANES weights: the widening competes with the FMAs for
+ * the vector pipes); y is rows x out (float32, row r at y + r * y_stride); bias is out floats or
+ * NULL; in must be a multiple of 8. In the wide build a block's stream is padded with zeros to a
+ * multiple of LANES inputs, and the last chunk of x is read under a mask where in is not one.
  *
- * Every output y[r][j] is one 8-lane float32 accumulator summed over k in order, then its lanes
- * summed in a fixed order and the bias added: the same operations whatever the row count, the
+ * Every output y[r][j] is one LANES-lane float32 accumulator summed over k in order, then its
+ * lanes summed in a fixed order and the bias added: the same operations whatever the row count, the
  * row's place in its block and the thread, so a verify pass's products are bit for bit the decode
  * steps' (what makes greedy SSD equal autoregressive decoding on this plan). Work is split over
  * OpenMP threads by blocks of OUT_BLOCK outputs; each block's weight rows are read from memory
@@ -35,59 +41,92 @@
 #include "avx2_lanes.h"
 
 #define OUT_BLOCK 2 /* weight rows streamed together, in pairs: the two halves of a 32-bit lane */
+
+#ifdef __AVX512F__
+#define LANES 16
+#define ROW_BLOCK 12 /* rows summed in registers together: 12 x 2 accumulators + 2 weights + x < 32 */
+typedef __m512 vec;
+#define vec_zero _mm512_setzero_ps
+#define vec_load _mm512_loadu_ps
+/* The first n < 16 floats at p, zeros after: a row's last chunk where in is not a multiple of 16. */
+static inline __m512 vec_load_first(const float *p, int64_t n) {
+    return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+}
+#define vec_fmadd _mm512_fmadd_ps
+/* The 16 lanes' sum: lane i + lane i + 8, then avx2_lanes.h's fixed order over the 8 sums. */
+static inline float vec_sum(__m512 v) {
+    __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    return lanes_sum(_mm256_add_ps(_mm512_castps512_ps256(v), high));
+}
+/* Both rows' weights of one chunk, widened exactly (a bf16 value is the top half of a float32):
+ * the low halves (row 0) shifted up and the high halves (row 1) masked. */
+static inline void widen(const uint16_t *chunk, vec weights[OUT_BLOCK]) {
+    __m512i pairs = _mm512_loadu_si512((const void *)chunk);
+    weights[0] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+    weights[1] = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+#else
+#define LANES 8
 #define ROW_BLOCK 6 /* rows summed in registers together: 6 x 2 accumulators + 2 weights + x < 16 */
+typedef __m256 vec;
+#define vec_zero _mm256_setzero_ps
+#define vec_load _mm256_loadu_ps
+#define vec_load_first(p, n) _mm256_loadu_ps(p) /* never called: in is a multiple of 8 */
+#define vec_fmadd _mm256_fmadd_ps
+#define vec_sum lanes_sum
+static inline void widen(const uint16_t *chunk, vec weights[OUT_BLOCK]) {
+    __m256i pairs = _mm256_loadu_si256((const __m256i *)chunk);
+    weights[0] = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+    weights[1] = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+#endif
 #define PREFETCH 4096 /* bf16 values (8 KB) ahead in the block's stream: measured best of 512-8192 */
 
-
-
 /* One block of OUT_BLOCK outputs of rows 0 .. NR - 1 (NR a constant where inlined): the block's
- * weights are one contiguous stream, k chunk by k chunk, each chunk its two rows' 8 values paired. */
+ * weights are one contiguous stream, k chunk by k chunk, each chunk its two rows' LANES values paired. */
 static inline __attribute__((always_inline)) void block(
-    const float *x, int64_t x_stride, int NR, int64_t in, const uint16_t *w_block, __m256 *sums) {
-    __m256 acc[ROW_BLOCK][OUT_BLOCK];
+    const float *x, int64_t x_stride, int NR, int64_t in, const uint16_t *w_block, vec *sums) {
+    vec acc[ROW_BLOCK][OUT_BLOCK];
     for (int r = 0; r < NR; r++)
-        for (int j = 0; j < OUT_BLOCK; j++) acc[r][j] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < in; k += 8) {
+        for (int j = 0; j < OUT_BLOCK; j++) acc[r][j] = vec_zero();
+    for (int64_t k = 0; k < in; k += LANES) {
         const uint16_t *chunk = w_block + k * OUT_BLOCK;
         _mm_prefetch((const char *)(chunk + PREFETCH), _MM_HINT_T0);
-        /* A bf16 value is the top half of a float32: the low halves (row 0) shifted up and the
-         * high halves (row 1) masked are both rows' weights widened exactly. */
-        __m256i pairs = _mm256_loadu_si256((const __m256i *)chunk);
-        __m256 weights[OUT_BLOCK] = {
-            _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)),
-            _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32((int)0xFFFF0000u))),
-        };
+        vec weights[OUT_BLOCK];
+        widen(chunk, weights);
         for (int r = 0; r < NR; r++) {
-            __m256 xr = _mm256_loadu_ps(x + r * x_stride + k);
+            const float *xk = x + r * x_stride + k;
+            vec xr = k + LANES <= in ? vec_load(xk) : vec_load_first(xk, in - k);
             /* Held in a register for both FMAs: folded into each as a memory operand (what GCC
              * does unasked), 5 rows make 12 loads a chunk, and Zen 3's two 256-bit loads a
              * cycle, not its two FMA pipes, set the pace (4-5 rows 18-20% slower in cache). */
-            __asm__("" : "+x"(xr));
-            for (int j = 0; j < OUT_BLOCK; j++) acc[r][j] = _mm256_fmadd_ps(xr, weights[j], acc[r][j]);
+            __asm__("" : "+v"(xr));
+            for (int j = 0; j < OUT_BLOCK; j++) acc[r][j] = vec_fmadd(xr, weights[j], acc[r][j]);
         }
     }
     for (int r = 0; r < NR; r++)
         for (int j = 0; j < OUT_BLOCK; j++) sums[r * OUT_BLOCK + j] = acc[r][j];
 }
 
+#define ROWS_CASE(n) case n: block(xr, x_stride, n, in, w_block, sums); break;
+
 static void output_block(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w,
                          int64_t out, int64_t b, const float *bias, float *y, int64_t y_stride) {
-    const uint16_t *w_block = w + b * OUT_BLOCK * in;
-    __m256 sums[ROW_BLOCK * OUT_BLOCK];
+    const uint16_t *w_block = w + b * OUT_BLOCK * ((in + LANES - 1) / LANES * LANES);
+    vec sums[ROW_BLOCK * OUT_BLOCK];
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
         int64_t nr = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK;
         const float *xr = x + r0 * x_stride;
         switch (nr) {
-        case 6: block(xr, x_stride, 6, in, w_block, sums); break;
-        case 5: block(xr, x_stride, 5, in, w_block, sums); break;
-        case 4: block(xr, x_stride, 4, in, w_block, sums); break;
-        case 3: block(xr, x_stride, 3, in, w_block, sums); break;
-        case 2: block(xr, x_stride, 2, in, w_block, sums); break;
+#if ROW_BLOCK > 6
+        ROWS_CASE(12) ROWS_CASE(11) ROWS_CASE(10) ROWS_CASE(9) ROWS_CASE(8) ROWS_CASE(7)
+#endif
+        ROWS_CASE(6) ROWS_CASE(5) ROWS_CASE(4) ROWS_CASE(3) ROWS_CASE(2)
         default: block(xr, x_stride, 1, in, w_block, sums);
         }
         for (int64_t r = 0; r < nr; r++)
             for (int64_t j = 0, o = b * OUT_BLOCK; j < OUT_BLOCK && o < out; j++, o++)
-                y[(r0 + r) * y_stride + o] = lanes_sum(sums[r * OUT_BLOCK + j]) + (bias ? bias[o] : 0.0f);
+                y[(r0 + r) * y_stride + o] = vec_sum(sums[r * OUT_BLOCK + j]) + (bias ? bias[o] : 0.0f);
     }
 }
 
@@ -101,3 +140,6 @@ int linear_rows(const float *x, int64_t x_stride, int64_t rows, int64_t in, cons
     for (int64_t b = 0; b < blocks; b++) output_block(x, x_stride, rows, in, w, out, b, bias, y, y_stride);
     return 0;
 }
+
+/* The inputs of one chunk (pack_weight's layout depends on the build). */
+int linear_rows_lanes(void) { return LANES; }

@@ -27,11 +27,13 @@ from skipsearch.store import native_library_path
 @dataclass(frozen=True)
 class NativeLibrary:
     """A loaded kernel function, or None and the reason it is not there; `build` names the source,
-    compiler and flags it was built from (a changed kernel is measured again)."""
+    compiler and flags it was built from (a changed kernel is measured again); `handle` is the
+    loaded library, for the other functions it exports."""
 
     function: ctypes._CFuncPtr | None
     reason: str
     build: str = ""
+    handle: ctypes.CDLL | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ def load_native(source: KernelSource) -> NativeLibrary:
         complaint = _build(source, compiler_path, target)
         if complaint is not None:
             return NativeLibrary(None, f"{Path(compiler_path).name} could not build it: {complaint}")
-    function = getattr(ctypes.CDLL(str(target)), source.symbol)
+    handle = ctypes.CDLL(str(target))
+    function = getattr(handle, source.symbol)
     function.restype, function.argtypes = ctypes.c_int, tuple(source.signature)
-    return NativeLibrary(function, f"built by {Path(compiler_path).name} from {source.path.name}", build)
+    reason = f"built by {Path(compiler_path).name} from {source.path.name}"
+    return NativeLibrary(function, reason, build, handle)

@@ -19,6 +19,7 @@ from skipsearch.models.bf16_weights import (
     use_bf16_weights,
 )
 from skipsearch.models.kernels import step_bytes
+from skipsearch.models.native import NativeLibrary, load_native
 from tests.conftest import assert_greedy_ssd_lossless, tiny_model
 
 needs_kernel = pytest.mark.skipif(
@@ -37,7 +38,7 @@ def test_packing_keeps_the_rounded_weights_exactly(out: int) -> None:
     weight = torch.randn(out, 24)
     packed = pack_weight(weight)
     assert packed.dtype == torch.bfloat16 and packed.is_contiguous()
-    assert torch.equal(unpack_weight(packed, out), weight.bfloat16().float())
+    assert torch.equal(unpack_weight(packed, out, 24), weight.bfloat16().float())
     assert torch.equal(Bf16WeightLinear(weight, None).weight, weight.bfloat16().float())
 
 
@@ -67,6 +68,36 @@ def test_a_rows_output_does_not_depend_on_the_rows_beside_it() -> None:
     for rows in range(1, MAX_ROWS + 1):
         for start in (0, MAX_ROWS - rows):
             assert torch.equal(product(x[start : start + rows]), alone[start : start + rows]), (rows, start)
+
+
+BUILDS = [(source, load_native(source)) for source in bf16_weights.SOURCES]
+
+
+@pytest.mark.parametrize(
+    ("source", "library"),
+    [
+        pytest.param(*build, marks=pytest.mark.skipif(build[1].function is None, reason=build[1].reason))
+        for build in BUILDS
+    ],
+    ids=[" ".join(source.compiler_flags[-1:]) for source, _ in BUILDS],
+)
+@pytest.mark.parametrize("inputs", [96, 200])
+def test_every_build_this_cpu_runs_multiplies_rows_alike_and_by_the_rounded_weights(
+    source: object, library: NativeLibrary, inputs: int
+) -> None:
+    """The AVX2 build and the AVX-512 one (16 inputs a chunk; 200 leaves a masked tail of 8), each on
+    its own layout: the rounded weights' product, and a row's bits whatever the rows beside it."""
+    generator = torch.Generator().manual_seed(inputs)
+    weight, bias = torch.randn(37, inputs, generator=generator), torch.randn(37, generator=generator)
+    width = library.handle.linear_rows_lanes()
+    packed = pack_weight(weight, width)
+    assert torch.equal(unpack_weight(packed, 37, inputs), weight.bfloat16().float())
+    x = torch.randn(1, 6, inputs, generator=generator)
+    block = bf16_weights.multiply(library.function, x, 6, packed, 37, bias)
+    torch.testing.assert_close(block, rounded_product(x, weight, bias), rtol=1e-5, atol=1e-5)
+    for row in range(6):
+        alone = bf16_weights.multiply(library.function, x[:, row : row + 1].contiguous(), 1, packed, 37, bias)
+        assert torch.equal(alone, block[:, row : row + 1])
 
 
 def test_long_blocks_and_other_dtypes_multiply_the_same_rounded_weights_in_torch(

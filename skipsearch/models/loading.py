@@ -210,8 +210,20 @@ def resolve_model_dir(name: str, dtype: str = "float32") -> tuple[str, str]:
 
 
 def dtype_choice(device: str, dtype: str) -> DtypeChoice:
-    """The dtype `--dtype` resolves to on `device`, and why (`kernels.choose_dtype`)."""
-    return choose_dtype(device_type(device), dtype)
+    """The dtype `--dtype` resolves to on `device`, and why: `dtypes.choose_dtype` from the CPU's
+    flags, and on a CPU with native bf16 under `--dtype auto` the activations measured faster
+    there (`models.bf16_activations`): float32 ones run the fallback plan on bf16 weights."""
+    choice = choose_dtype(device_type(device), dtype)
+    if dtype != "auto" or device_type(device) != "cpu" or choice.name != "bfloat16":
+        return choice
+    from skipsearch.models.bf16_activations import FLOAT32, choose_activations
+
+    activations = choose_activations()
+    if activations.activations != FLOAT32:
+        return DtypeChoice(choice.name, f"{choice.reason}; {activations.describe()}")
+    return DtypeChoice(
+        "float32", f"{choice.reason}, but float32 activations measured faster: {activations.describe()}"
+    )
 
 
 def dtype_name(device: str, dtype: str) -> str:

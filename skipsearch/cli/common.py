@@ -25,8 +25,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default="auto",
-        help="auto (bfloat16 on a GPU and on a CPU that multiplies bf16 natively, else float32; "
-        "the choice and its reason are printed) or a torch dtype (default %(default)s)",
+        help="auto (bfloat16 on a GPU and on a CPU that multiplies bf16 natively, unless float32 "
+        "activations on bf16 weights measure faster there; else float32; the choice and its reason "
+        "are printed) or a torch dtype (default %(default)s)",
     )
 
 

@@ -225,15 +225,17 @@ def test_a_pillar_draft_samples_the_targets_second_token() -> None:
 
 def test_a_draft_that_stops_when_unsure_samples_the_targets_second_token(small_vocab) -> None:
     """A first round stops after its first draft unless that is the draft's favourite token (q of
-    0.39 at the threshold q.max()), so the stop depends on what was sampled: the second sampled
-    token still follows the target's marginal sum_t p(t) p(. | t)."""
+    0.39, the threshold halfway to the runner-up's q: the engine's draft step computes q over the
+    cache, whose last bits may differ from this full pass's on another CPU's kernels), so the stop
+    depends on what was sampled: the second sampled token still follows the target's marginal
+    sum_t p(t) p(. | t)."""
     setup = small_vocab
     runner, sampling = setup.runner, setup.sampling
     with torch.no_grad():
         firsts = torch.tensor([[*setup.prompt, t] for t in range(len(setup.p))])
         second = sampling.probs(runner.forward(firsts)[:, -1]).cpu()
     marginal = setup.p @ second
-    policy = GammaPolicy.fixed(2, stop_below=float(setup.q.max()))
+    policy = GammaPolicy.fixed(2, stop_below=float(setup.q.topk(2).values.mean()))
     counts, stopped = torch.zeros(len(setup.p)), 0
     for seed in range(600):
         generator = torch.Generator().manual_seed(seed)

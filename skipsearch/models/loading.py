@@ -232,11 +232,13 @@ def dtype_name(device: str, dtype: str) -> str:
     return dtype_choice(device, dtype).name
 
 
-def resolve_dtype(device: str, dtype: str) -> Any:
-    """The torch dtype `dtype_name` names."""
+def resolve_dtype(choice: DtypeChoice, dtype: str) -> Any:
+    """The torch dtype `choice` (what `--dtype` `dtype` resolved to) names. It takes the choice
+    made, not `--dtype` again: on a CPU with native bf16 a second choice may measure again (where
+    the first was not kept) and need not agree with the first."""
     import torch
 
-    resolved = getattr(torch, dtype_name(device, dtype), None)
+    resolved = getattr(torch, choice.name, None)
     if not isinstance(resolved, torch.dtype):
         raise ModelLoadError(f"unknown --dtype {dtype!r}: use auto, float32, bfloat16 or float16")
     return resolved
@@ -278,7 +280,7 @@ def load_model(
     from skipsearch.models.rotary import use_kernel_rotary
 
     choice = dtype_choice(device, dtype)
-    torch_dtype = resolve_dtype(device, dtype)
+    torch_dtype = resolve_dtype(choice, dtype)
     if random_weights is not None:
         model = random_model(name, device, torch_dtype, random_weights)
         check_architecture(model.config)

@@ -11,29 +11,29 @@ project has run on disagree: on an AMD EPYC with avx512_bf16, oneDNN's packed bf
 the bf16 plan 1.9-2.3x faster than fp32 (results/kernels/kernel_plan.md); on an Intel Xeon with
 AMX (2026-12-03), oneDNN paid about 25 µs a call whatever the matrix (a 576 -> 192 projection read
 its weights at 6 GB/s, an 8 MB matrix at 35) where the kernel read them at 14-50 GB/s, and a
-SmolLM2 step took 33 ms in bf16 against 21 ms on the fallback plan
-(results/kernels/bf16_activations-amx.md).
+SmolLM2 step took 37 ms in bf16 against 23 ms on the fallback plan
+(results/profile/step_anatomy-smollm2-135m-*-amx.md, results/kernels/kernel_plan-amx.md).
 
 So the products of a decoder layer are timed both ways, at one row (a decode or draft step) and at
 four (a verify of 3 drafts): a SmolLM2 layer's seven projections, through `PROBE_LAYERS` copies so
 each call reads its weights from memory as a step does, and the fallback plan runs where it is
 faster by `DECISIVE`. A measurement taken while other processes kept a core busy is not kept
-(`kernels.keep_choice`): the next process measures again. The float32 activations
-cost nothing in exactness: the weights are the same bf16 values, and every pass of up to 16
-positions is the same bits whatever its row count, so greedy SSD equals autoregressive decoding
-token for token with no tolerance at all.
+(`kernels.keep_choice`): this process keeps answering with it, and the next process measures
+again. The float32 activations cost nothing in exactness: the weights are the same bf16 values,
+and every pass of up to 16 positions is the same bits whatever its row count, so greedy SSD equals
+autoregressive decoding token for token with no tolerance at all.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import torch
 
 from skipsearch.models.bf16_weights import Bf16WeightLinear, load_kernel
-from skipsearch.models.kernels import DECISIVE, choice_path, keep_choice, median_ms
+from skipsearch.models.kernels import DECISIVE, choice_path, keep_choice, median_ms, read_choice
 
 # (inputs, outputs) of a SmolLM2 decoder layer's products: q, k, v, o, gate, up, down.
 PROBE_SHAPES = ((576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536), (1536, 576))
@@ -46,6 +46,12 @@ PLAN_NAMES = {
     BF16: "oneDNN's bf16 products on prepacked weights",
     FLOAT32: "skipsearch's kernel on bf16 weights, float32 activations",
 }
+
+
+# Choices measured in this process but not kept (other processes kept a core busy), by path: a run
+# asks several times (its profile's path, its preflight, its load), and must get one answer without
+# measuring each time.
+_UNKEPT: dict[Path, ActivationChoice] = {}
 
 
 @dataclass(frozen=True)
@@ -110,13 +116,11 @@ def measure_layer_products() -> dict[str, dict[str, float]]:
     return timings
 
 
-def _cached(text: str, build: str) -> ActivationChoice | None:
+def _cached(path: Path, build: str) -> ActivationChoice | None:
     """The stored choice, unless damaged, of an older form, or made with another kernel build."""
-    try:
-        cached = ActivationChoice(**json.loads(text))
-    except (ValueError, TypeError):
-        return None
-    return cached if cached.activations in PLAN_NAMES and cached.kernel_build == build else None
+    cached = read_choice(path, ActivationChoice)
+    valid = cached is not None and cached.activations in PLAN_NAMES and cached.kernel_build == build
+    return cached if valid else None
 
 
 def choose_activations() -> ActivationChoice:
@@ -128,14 +132,12 @@ def choose_activations() -> ActivationChoice:
     if kernel.function is None or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return ActivationChoice(BF16, unavailable=kernel.reason or "oneDNN runs no bf16 here")
     path = choice_path(CHOICE_NAME)
-    try:
-        cached = _cached(path.read_text(), kernel.build)
-    except OSError:
-        cached = None
+    cached = _cached(path, kernel.build) or _UNKEPT.get(path)
     if cached is not None:
         return cached
     timings = measure_layer_products()
     bf16, float32 = (sum(timings[plan].values()) for plan in (BF16, FLOAT32))
     choice = ActivationChoice(FLOAT32 if float32 < (1 - DECISIVE) * bf16 else BF16, timings, kernel.build)
-    keep_choice(path, choice, "the bf16 and float32 activations")
+    if not keep_choice(path, choice, "the bf16 and float32 activations"):
+        _UNKEPT[path] = choice
     return choice

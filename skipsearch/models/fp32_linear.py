@@ -20,16 +20,16 @@ weights to bf16, the values `--dtype auto` runs on a CPU with native bf16 too.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from skipsearch.models.bf16_weights import Bf16WeightLinear, load_kernel
-from skipsearch.models.kernels import DECISIVE, choice_path, keep_choice, median_ms
+from skipsearch.models.kernels import DECISIVE, choice_path, keep_choice, median_ms, read_choice
 
 PROBE_IN, PROBE_OUT = 1024, 4096
 PROBE_ROWS = (1, 4)
@@ -111,12 +111,11 @@ def measure_fp32_products() -> dict[str, dict[str, float]]:
     return timings
 
 
-def _cached(text: str) -> Fp32Linear | None:
+def _cached(path: Path) -> Fp32Linear | None:
     """The stored choice, unless damaged, of an older form, or made with another build of the
     kernel than the one that loads now (or without it, where it loads now)."""
-    try:
-        cached = Fp32Linear(**json.loads(text))
-    except (ValueError, TypeError):
+    cached = read_choice(path, Fp32Linear)
+    if cached is None:
         return None
     library = load_kernel()
     stale = library.function is not None and cached.kernel_build != library.build
@@ -134,10 +133,7 @@ def choose_fp32_linear() -> Fp32Linear:
     if not torch.backends.mkldnn.is_available():
         return Fp32Linear(MKL)
     path = choice_path(CHOICE_NAME)
-    try:
-        cached = _cached(path.read_text())
-    except OSError:
-        cached = None
+    cached = _cached(path)
     if cached is not None:
         return cached
     timings = measure_fp32_products()

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +58,7 @@ PROBE_HEADS, PROBE_KV_HEADS, PROBE_HEAD_DIM, PROBE_KEYS = 9, 3, 64, 2048
 PROBE_QUERIES = (1, 4)
 PROBE_REPEATS = 9
 DECISIVE = 0.15  # the least relative gap between the paths that decides
+Choice = TypeVar("Choice")  # a measured choice's dataclass (`read_choice`, `keep_choice`)
 
 log = logging.getLogger(__name__)
 
@@ -176,9 +177,8 @@ def choice_path(dtype_name: str) -> Path:
 def _cached(path: Path, dtype: torch.dtype) -> AttentionChoice | None:
     """The stored choice, unless damaged, of an older form, or made without the decode kernel that
     loads now (a compiler installed since, or another build of the kernel)."""
-    try:
-        cached = AttentionChoice(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+    cached = read_choice(path, AttentionChoice)
+    if cached is None:
         return None
     library = _kernel_library(dtype)
     stale = library.function is not None and cached.kernel_build != library.build
@@ -226,17 +226,27 @@ def choose_attention(dtype: torch.dtype, device_kind: str, fallback: bool = Fals
     return choice
 
 
-def keep_choice(path: Path, choice: Any, what: str) -> None:
+def read_choice(path: Path, kind: type[Choice]) -> Choice | None:
+    """The choice `keep_choice` kept at `path` (a `kind` dataclass), or None where there is none,
+    or it is damaged or of an older form; the caller checks that it still holds."""
+    try:
+        return kind(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def keep_choice(path: Path, choice: Any, what: str) -> bool:
     """Cache a measured choice (a dataclass) for every later process on this machine, unless
     other processes keep a core busy now: a measurement shared with them is not this machine's
     (a probe run beside a test suite read oneDNN/MKL 0.83 where idle it reads 0.45), and a cached
-    choice is never measured again."""
+    choice is never measured again. Returns whether it was kept."""
     busy = busy_cores()
     if busy >= BUSY:
         log.warning("%s were measured while other processes kept %.1f cores busy: not kept", what, busy)
-        return
+        return False
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(asdict(choice), indent=1))
+    return True
 
 
 def apply_attention(model: Any, choice: AttentionChoice) -> None:

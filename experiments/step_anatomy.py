@@ -8,9 +8,8 @@ split the step into: linear layers (the weights' bytes), attention kernels (the 
 cache writes (`cat`/`copy_`), and everything else (norms, rotary, element-wise ops, and the
 per-operator dispatch of eager PyTorch, which a 135M model pays ~20 times per layer). On the fp32
 fallback plan it also splits the step without the profiler's overhead: steps with the bf16-weight
-products' kernel calls timed one by one, alternating with steps whose kernel calls return at once
-(everything else in the step runs as usual), so the step is divided into the products' kernel and
-the rest.
+products' kernel calls timed one by one (the fused layers' C driver times its own calls), so the step
+is divided into the products' kernel and the rest.
 
     python experiments/step_anatomy.py   # ~1 min: results/profile/step_anatomy-{model}-{dtype}{--suffix}.md
 
@@ -21,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import ctypes
 import os
 import statistics
 import time
@@ -118,52 +118,47 @@ def steps(runner: LayerwiseRunner, context: int, count: int) -> tuple[list[float
 
 def kernel_split(
     runner: LayerwiseRunner, context: int, count: int, positions: int = 1
-) -> tuple[float, float, float] | None:
-    """Medians over `count` alternating pairs of passes over `positions` new positions (1: a decode
-    step; γ + 1: a verify) after `context` cached positions: (pass ms, its bf16-weight kernel calls'
-    ms, the pass ms with those calls returning at once); None where the plan has no such products.
-    Denormals are flushed in both kinds of pass: a skipped call leaves its output uninitialised,
-    and denormal arithmetic would slow the rest of that pass."""
+) -> tuple[float, float] | None:
+    """Medians over `count` passes over `positions` new positions (1: a decode step; γ + 1: a
+    verify) after `context` cached positions: (pass ms, its bf16-weight products' ms); None where
+    the plan has no such products. The fused layers' C driver times its own product calls
+    (`FusedLayer.time_products`); the modules' (the LM head's) are timed around their ctypes call."""
     function = bf16_weights.load_kernel().function
     if function is None or not any(isinstance(m, Bf16WeightLinear) for m in runner.model.modules()):
         return None
-    spent = [0.0]
+    spent = ctypes.c_double(0.0)
 
     def timed_call(*args: Any) -> int:
         began = time.perf_counter()
         failed = function(*args)
-        spent[0] += time.perf_counter() - began
+        spent.value += time.perf_counter() - began
         return failed
 
-    libraries = {
-        "timed": NativeLibrary(timed_call, "timed"),
-        "skipped": NativeLibrary(lambda *args: 0, "skipped"),
-    }
+    fused = [layer for layer in runner.fused if layer is not None]
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, runner.config.vocab_size, (1, context + positions), generator=generator)
     cache = runner.new_cache()
-    samples: dict[str, list[float]] = {"timed": [], "kernel": [], "skipped": []}
-    torch.set_flush_denormal(True)
-    try:
-        with torch.no_grad():
-            runner.forward(ids[:, :context], cache=cache)
-            for index in range(count + 2):
-                for kind in ("timed", "skipped") if index % 2 == 0 else ("skipped", "timed"):
-                    spent[0] = 0.0
-                    with mock.patch.object(bf16_weights, "load_kernel", lambda kind=kind: libraries[kind]):
-                        began = time.perf_counter()
-                        runner.forward(ids[:, context:], cache=cache)
-                        elapsed = time.perf_counter() - began
+    samples: dict[str, list[float]] = {"pass": [], "products": []}
+    with torch.no_grad():
+        runner.forward(ids[:, :context], cache=cache)
+        for layer in fused:
+            layer.time_products(spent)
+        try:
+            with mock.patch.object(bf16_weights, "load_kernel", lambda: NativeLibrary(timed_call, "timed")):
+                for index in range(count + 2):
+                    spent.value = 0.0
+                    began = time.perf_counter()
+                    runner.forward(ids[:, context:], cache=cache)
+                    elapsed = time.perf_counter() - began
                     for layer in cache.layers:
                         layer.crop(-positions)
                     if index >= 2:
-                        samples[kind].append(elapsed)
-                        if kind == "timed":
-                            samples["kernel"].append(spent[0])
-    finally:
-        torch.set_flush_denormal(False)  # torch's default
-    step, kernel, skipped = (1e3 * statistics.median(samples[k]) for k in ("timed", "kernel", "skipped"))
-    return step, kernel, skipped
+                        samples["pass"].append(elapsed)
+                        samples["products"].append(spent.value)
+        finally:
+            for layer in fused:
+                layer.time_products(None)
+    return 1e3 * statistics.median(samples["pass"]), 1e3 * statistics.median(samples["products"])
 
 
 def main() -> None:
@@ -198,11 +193,10 @@ def main() -> None:
     for context in (int(c) for c in args.contexts.split(",")):
         split = kernel_split(runner, context, args.steps)
         if split is not None:
-            step, kernel, skipped = split
-            splits.append(
-                f"| {context} | {step:.2f} | {kernel:.2f} ({kernel / step:.0%}) | {skipped:.2f} "
-                f"({skipped / step:.0%}) |"
-            )
+            step, kernel = split
+            rest = step - kernel
+            shares = f"{kernel:.2f} ({kernel / step:.0%}) | {rest:.2f} ({rest / step:.0%})"
+            splits.append(f"| {context} | {step:.2f} | {shares} |")
             print(splits[-1])
         times, groups, traced = steps(runner, context, args.steps)
         median = statistics.median(times)
@@ -225,10 +219,9 @@ def main() -> None:
         lines += [
             "",
             f"Without the profiler: {args.steps} steps with the bf16-weight products' kernel calls timed one "
-            "by one, alternating with as many whose kernel calls return at once (medians; the rest of the "
-            "step runs as usual):",
+            "by one (by the fused layers' C driver, and around the LM head's call; medians):",
             "",
-            "| context | step ms | products' kernel calls ms (share) | step without them ms (share) |",
+            "| context | step ms | products' kernel calls ms (share) | the rest ms (share) |",
             "|---|---|---|---|",
             *splits,
         ]

@@ -1,17 +1,20 @@
-"""The fallback plan's decoder sub-layers in a few kernel calls each, for the short blocks of a
-decode (docs/theory.md, "The kernel plan").
+"""The fallback plan's decoder sub-layers in one C call each, for the short blocks of a decode
+(`decoder_layer.c`; docs/theory.md, "The kernel plan").
 
 Why it exists: on the project's Zen 3 CPU a SmolLM2 decode step took 24-28 ms, of which the
 products' kernel took 11-12: the other half was transformers' attention and MLP modules calling
 ~50 torch operations a layer, each a dispatch of a few microseconds on vectors of a few hundred
 floats, plus the Python around them (results/profile/step_anatomy-smollm2-135m-float32-avx2-rotary.md).
-For blocks of up to `MAX_ROWS` positions (a decode step, a draft step, a verify) a fused layer runs
-- its attention sub-layer as the norm kernel, one product for q, k and v (their packed weights
-  become one buffer, each module's a view of it), the rotary kernel writing the keys straight into
-  the K/V cache, the value rows copied beside them, the decode-attention kernel (with a draft's KV
-  pattern and pillars, or recording a verify's pillar scores) and the output product;
-- its MLP as the norm kernel, one product for gate and up, the module's own activation and product
-  in torch, and the down product.
+Driving the kernels from Python instead still cost ~130 us a layer (4 ms of a 21 ms step on the
+project's Xeon) in the torch operations between them. For blocks of up to `MAX_ROWS` positions (a
+decode step, a draft step, a verify) a fused layer runs
+- its attention sub-layer as one call of the C driver: the norm kernel, one product for q, k and v
+  (their packed weights become one buffer, each module's a view of it), the rotary kernel writing
+  the keys straight into the K/V cache, the value rows copied beside them, the decode-attention
+  kernel (with a draft's KV pattern and pillars, or recording a verify's pillar scores), the output
+  product and the residual sum;
+- its MLP as another: the norm kernel, one product for gate and up, the SiLU kernel
+  (`models.silu`, which the modules' path runs too) times up, the down product, the residual sum.
 
 Every output goes through the same kernels and the same operations in the same order as the
 modules' path on this plan: a fused q/k/v product gives each output the bits its own product gave,
@@ -23,6 +26,9 @@ do not take run the modules.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,18 +38,75 @@ from transformers.models.mistral.modeling_mistral import MistralAttention, Mistr
 from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention, Qwen2MLP
 
 from skipsearch.masks import KVPattern
-from skipsearch.models import bf16_weights, native_attention, rms_norm, rotary
+from skipsearch.models import bf16_weights, native_attention, rms_norm, rotary, silu
 from skipsearch.models.attention import KERNEL_FP32_ATTENTION
 from skipsearch.models.bf16_weights import Bf16WeightLinear
 from skipsearch.models.cache import GrowingLayer
+from skipsearch.models.native import KernelSource, NativeLibrary, load_native
 from skipsearch.models.pillars import PillarChoice, PillarKeys
 from skipsearch.models.rms_norm import KernelRMSNorm
+from skipsearch.models.silu import KernelSiLU
 
 # The supported families' sub-layers: q/k/v/o projections (Qwen2's with biases), a gated MLP.
 ATTENTIONS = (LlamaAttention, MistralAttention, Qwen2Attention)
 MLPS = (LlamaMLP, MistralMLP, Qwen2MLP)
 MAX_ROWS = native_attention.MAX_QUERIES  # the decode kernel's longest block (the products' is longer)
 ATTRIBUTE = "fused"  # where a decoder layer keeps its FusedLayer
+_POINTER, _INT, _FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class _Layer(ctypes.Structure):
+    """decoder_layer.c's `Layer`: the kernels' function pointers and one layer's shapes and weights."""
+
+    _fields_ = [
+        *((name, _POINTER) for name in ("linear", "norm", "rotary", "attention", "silu")),
+        *((name, _INT) for name in ("hidden", "heads", "kv_heads", "dim", "intermediate")),
+        *((name, _FLOAT) for name in ("scale", "input_eps", "mlp_eps")),
+        *((name, _POINTER) for name in ("input_norm", "mlp_norm", "qkv", "o", "gate_up", "down")),
+        *((name, _POINTER) for name in ("qkv_bias", "o_bias", "gate_up_bias", "down_bias")),
+        ("product_seconds", ctypes.POINTER(ctypes.c_double)),
+    ]
+
+
+class _Attend(ctypes.Structure):
+    """decoder_layer.c's `Attend`: one attention call's cache and keys."""
+
+    _fields_ = [
+        ("keys", _POINTER),
+        ("values", _POINTER),
+        *((name, _INT) for name in ("capacity", "start", "sink", "window", "extra")),
+        *((name, _POINTER) for name in ("cos", "sin", "extra_keys", "extra_values", "scores")),
+    ]
+
+
+DRIVER = KernelSource(
+    path=Path(__file__).with_name("decoder_layer.c"),
+    symbol="layer_attention",
+    signature=(ctypes.POINTER(_Layer), ctypes.POINTER(_Attend), _POINTER, _INT, _POINTER),
+    needed_flags=("avx2",),
+    # The residual sums and the activation's product rounded one by one, as torch rounds them.
+    compiler_flags=("-O3", "-mavx2", "-ffp-contract=off", "-shared", "-fPIC"),
+)
+
+
+@functools.cache
+def load_driver() -> NativeLibrary:
+    """The C driver (`layer_attention`; `layer_mlp` through its `handle`), compiled once per source,
+    compiler and compiler flags."""
+    library = load_native(DRIVER)
+    if library.handle is not None:
+        library.handle.layer_mlp.restype = ctypes.c_int
+        library.handle.layer_mlp.argtypes = (ctypes.POINTER(_Layer), _POINTER, _INT, _POINTER)
+    return library
+
+
+def _address(library: NativeLibrary) -> int | None:
+    """The C address of a loaded kernel's function."""
+    return ctypes.cast(library.function, ctypes.c_void_p).value
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
 
 
 def _fuse(projections: list[Bf16WeightLinear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -67,8 +130,9 @@ def _fuse(projections: list[Bf16WeightLinear]) -> tuple[torch.Tensor, torch.Tens
 
 
 class FusedLayer:
-    """One decoder layer's sub-layers on the kernels (module docstring). Built by `fuse_layers`;
-    it holds the layer's modules and the fused weights, and no state of its own."""
+    """One decoder layer's sub-layers on the C driver (module docstring). Built by `fuse_layers`;
+    it holds the fused weights and the driver's `Layer`, which points into them and into the
+    block's own modules (which outlive it: it lives on the block), and no state of its own."""
 
     def __init__(self, block: nn.Module) -> None:
         attention, mlp = block.self_attn, block.mlp
@@ -76,13 +140,22 @@ class FusedLayer:
         self.heads = attention.config.num_attention_heads
         self.kv_heads = attention.config.num_key_value_heads
         self.dim = attention.head_dim
-        self.scale = float(attention.scaling)
-        self.q_width, self.kv_width = self.heads * self.dim, self.kv_heads * self.dim
-        self.intermediate = mlp.gate_proj.out_features
-        self.input_norm, self.mlp_norm = block.input_layernorm, block.post_attention_layernorm
-        self.o_proj, self.down_proj, self.activation = attention.o_proj, mlp.down_proj, mlp.act_fn
+        self.q_width = self.heads * self.dim
+        self.o_proj, self.down_proj = attention.o_proj, mlp.down_proj
         self.qkv, self.qkv_bias = _fuse([attention.q_proj, attention.k_proj, attention.v_proj])
         self.gate_up, self.gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+        norms = block.input_layernorm, block.post_attention_layernorm
+        self.spec = _Layer(
+            _address(bf16_weights.load_kernel()), _address(rms_norm.load_kernel()),
+            _address(rotary.load_kernel()), _address(native_attention.load_kernel(torch.float32)),
+            _address(silu.load_kernel()),
+            self.o_proj.out_features, self.heads, self.kv_heads, self.dim, mlp.gate_proj.out_features,
+            float(attention.scaling), norms[0].variance_epsilon, norms[1].variance_epsilon,
+            norms[0].weight.data_ptr(), norms[1].weight.data_ptr(),
+            self.qkv.data_ptr(), self.o_proj.packed.data_ptr(), self.gate_up.data_ptr(),
+            self.down_proj.packed.data_ptr(), _pointer(self.qkv_bias), _pointer(self.o_proj.bias),
+            _pointer(self.gate_up_bias), _pointer(self.down_proj.bias), None,
+        )  # fmt: skip
 
     @staticmethod
     def fits(block: nn.Module) -> bool:
@@ -99,6 +172,7 @@ class FusedLayer:
                 for p in projections
             )
             and all(type(n) is KernelRMSNorm for n in (block.input_layernorm, block.post_attention_layernorm))
+            and type(mlp.act_fn) is KernelSiLU
             and not getattr(attention, "sliding_window", None)  # Qwen2's sliding layers
             and not (type(attention) is MistralAttention and attention.config.sliding_window)
             and attention.head_dim % 16 == 0
@@ -128,14 +202,9 @@ class FusedLayer:
             and hidden.is_contiguous()
         )
 
-    @staticmethod
-    def _product(
-        hidden: torch.Tensor, packed: torch.Tensor, out: int, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        """`hidden` `[1, M, in]` times packed weights: `bf16_weights.multiply`, looked up per call
-        (the products' one entry point, which `experiments/step_anatomy.py` traces)."""
-        function = bf16_weights.load_kernel().function
-        return bf16_weights.multiply(function, hidden, hidden.shape[1], packed, out, bias)
+    def time_products(self, seconds: ctypes.c_double | None) -> None:
+        """Add the wall time of this layer's product calls to `seconds` from now on (None: stop)."""
+        self.spec.product_seconds = None if seconds is None else ctypes.pointer(seconds)
 
     def attention(
         self,
@@ -148,56 +217,32 @@ class FusedLayer:
         """Residual + self-attention of `hidden` `[1, M, E]` (`takes`), appending its K/V to `cache`,
         over the keys of `kv` when given; `choice` records the layer's pillar scores."""
         rows = hidden.shape[1]
-        qkv = self._product(
-            self.input_norm.on_kernel(rms_norm.load_kernel().function, hidden),
-            self.qkv,
-            self.q_width + 2 * self.kv_width,
-            self.qkv_bias,
-        )
         layer: GrowingLayer = cache.layers[self.layer]
         start = layer.claim(rows)
         keys, values = layer.buffers
-        capacity = keys.shape[2]
-        query = torch.empty((1, rows, self.heads, self.dim))
         cos, sin = (table.contiguous() for table in position_embeddings)
-        width = qkv.shape[-1]
-        rotary.load_kernel().function(
-            qkv.data_ptr(), self.heads, self.dim, width, query.data_ptr(), self.dim, self.q_width,
-            qkv.data_ptr() + 4 * self.q_width, self.kv_heads, self.dim, width,
-            keys.data_ptr() + 4 * start * self.dim, capacity * self.dim, self.dim,
-            rows, self.dim, cos.data_ptr(), sin.data_ptr(),
-        )  # fmt: skip
-        values[0, :, start : start + rows] = (
-            qkv[0, :, self.q_width + self.kv_width :].view(rows, self.kv_heads, self.dim).transpose(0, 1)
-        )
         pattern, pillars = (kv.pattern, kv.of_layer(self.layer)) if isinstance(kv, PillarKeys) else (kv, None)
-        sink, window = (pattern.sink, pattern.window) if pattern is not None else (0, 0)
-        scores = None
-        if choice is not None:
-            scores = torch.full((self.heads, layer.length), float("-inf"))
-        out = native_attention.decode_attention(
-            query.transpose(1, 2), layer.keys, layer.values, self.scale, sink, window, pillars, scores
-        )
-        if out is None:
-            raise RuntimeError(f"the decode kernel refused layer {self.layer}'s {rows}-row block")
+        scores = torch.full((self.heads, start + rows), float("-inf")) if choice is not None else None
+        call = _Attend(
+            keys.data_ptr(), values.data_ptr(), keys.shape[2], start,
+            pattern.sink if pattern is not None else 0, pattern.window if pattern is not None else 0,
+            0 if pillars is None else pillars[0].shape[2], cos.data_ptr(), sin.data_ptr(),
+            None if pillars is None else pillars[0].data_ptr(),
+            None if pillars is None else pillars[1].data_ptr(), _pointer(scores),
+        )  # fmt: skip
+        out = torch.empty_like(hidden)
+        if load_driver().function(self.spec, call, hidden.data_ptr(), rows, out.data_ptr()):
+            raise RuntimeError(f"the fused path refused layer {self.layer}'s {rows}-row block")
         if choice is not None:
             choice.record(self.layer, scores[None, :, None])
-        o_proj = self.o_proj
-        return hidden + self._product(
-            out.view(1, rows, self.q_width), o_proj.packed, o_proj.out_features, o_proj.bias
-        )
+        return out
 
     def mlp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Residual + MLP of `hidden` `[1, M, E]` (`takes_rows`)."""
-        gate_up = self._product(
-            self.mlp_norm.on_kernel(rms_norm.load_kernel().function, hidden),
-            self.gate_up,
-            2 * self.intermediate,
-            self.gate_up_bias,
-        )
-        act = self.activation(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :]
-        down = self.down_proj
-        return hidden + self._product(act, down.packed, down.out_features, down.bias)
+        out = torch.empty_like(hidden)
+        if load_driver().handle.layer_mlp(self.spec, hidden.data_ptr(), hidden.shape[1], out.data_ptr()):
+            raise RuntimeError(f"the fused path refused layer {self.layer}'s MLP")
+        return out
 
 
 def fuse_layers(model: nn.Module) -> int:
@@ -210,6 +255,8 @@ def fuse_layers(model: nn.Module) -> int:
             rms_norm.load_kernel(),
             rotary.load_kernel(),
             native_attention.load_kernel(torch.float32),
+            silu.load_kernel(),
+            load_driver(),
         )
     ):
         return 0

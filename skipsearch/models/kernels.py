@@ -287,8 +287,8 @@ def plan_kernels(model: Any) -> dict[str, str]:
     """The kernels a step of `model` runs, in the keys a latency profile records them under: the
     attention path, the linear layers' product (`bf16-kernel`, `onednn` or `torch`), and the
     norms' and the rotary embedding's (`kernel` or `torch`), and whether short blocks run the fused
-    decoder layers (`fused`, `models.fused_layers`) or the modules. A profile of other kernels prices
-    another plan (`LatencyProfile.warn_other_plan`)."""
+    decoder layers (`fused-c`: their C driver, `models.fused_layers`) or the modules. A profile of
+    other kernels prices another plan (`LatencyProfile.warn_other_plan`)."""
     modules = list(model.modules())
     if any(isinstance(module, Bf16WeightLinear) for module in modules):
         products = "bf16-kernel"
@@ -301,5 +301,5 @@ def plan_kernels(model: Any) -> dict[str, str]:
         "products": products,
         "norms": "kernel" if any(isinstance(module, KernelRMSNorm) for module in modules) else "torch",
         "rotary": "kernel" if runs_kernel_rotary(model) else "torch",
-        "layers": "fused" if any(fused_layer(block) for block in model.model.layers) else "modules",
+        "layers": "fused-c" if any(fused_layer(block) for block in model.model.layers) else "modules",
     }

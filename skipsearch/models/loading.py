@@ -278,6 +278,7 @@ def load_model(
     from skipsearch.models.packed import pack_linears
     from skipsearch.models.rms_norm import use_kernel_norms
     from skipsearch.models.rotary import use_kernel_rotary
+    from skipsearch.models.silu import use_kernel_silu
 
     choice = dtype_choice(device, dtype)
     torch_dtype = resolve_dtype(choice, dtype)
@@ -328,9 +329,13 @@ def load_model(
             loaded.plan += f"; {norms} RMSNorms on skipsearch's kernel"
         if use_kernel_rotary():
             loaded.plan += "; the rotary embedding on skipsearch's kernel (transformers' bits)"
+        if use_kernel_silu(loaded.model):
+            loaded.plan += "; SiLU on skipsearch's kernel"
         fused = fuse_layers(loaded.model)
         if fused:
-            loaded.plan += f"; {fused} decoder layers fused for short blocks (the modules' bits)"
+            loaded.plan += (
+                f"; {fused} decoder layers fused for short blocks, one C call a sub-layer (the modules' bits)"
+            )
         force = fp32.library == ONEDNN
     packed = pack_linears(loaded.model, force)
     if packed:

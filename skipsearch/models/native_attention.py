@@ -35,6 +35,7 @@ _SIGNATURE = (
 )  # fmt: skip
 _KEYS = Path(__file__).with_name("decode_attention_keys.h")  # which keys a block sees, for both
 _LANES = Path(__file__).with_name("avx2_lanes.h")  # the fixed-order lane sums, shared with linear_rows.c
+_EXP = Path(__file__).with_name("avx2_exp.h")  # e^x, shared with silu.c
 _BF16_FLAGS = (
     "-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16",
     "-fopenmp", "-shared", "-fPIC",
@@ -54,7 +55,7 @@ SOURCES = {
         signature=_SIGNATURE,
         needed_flags=("avx2", "fma"),
         compiler_flags=("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"),
-        headers=(_KEYS, _LANES),
+        headers=(_KEYS, _LANES, _EXP),
     ),
 }
 # Longer blocks (prefills, the estimator's teacher-forced passes) stay on SDPA, compute-bound there.

@@ -8,8 +8,10 @@ from types import ModuleType
 import pytest
 
 from skipsearch.models.bf16_weights import load_kernel, use_bf16_weights
+from skipsearch.models.fused_layers import fuse_layers
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model
+from tests.unit.models.test_fused_layers import on_the_plan
 
 EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments"
 
@@ -23,13 +25,22 @@ def anatomy(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 @pytest.mark.skipif(
     load_kernel().function is None, reason=f"linear kernel unavailable: {load_kernel().reason}"
 )
-def test_a_step_splits_into_the_products_kernel_and_the_rest(anatomy: ModuleType) -> None:
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_step_splits_into_the_products_kernel_and_the_rest(anatomy: ModuleType, fused: bool) -> None:
+    """On the modules' products and on the fused layers' C driver, which times its own calls and
+    stops timing after the split."""
     model = tiny_model("llama", layers=2, hidden_size=256, intermediate_size=1024)
-    use_bf16_weights(model)
-    split = anatomy.kernel_split(LayerwiseRunner(model), context=16, count=4)
+    if fused:
+        model = on_the_plan("llama")
+        assert fuse_layers(model) > 0
+    else:
+        use_bf16_weights(model)
+    runner = LayerwiseRunner(model)
+    split = anatomy.kernel_split(runner, context=16, count=4)
     assert split is not None
-    step, kernel, skipped = split
-    assert 0 < kernel < step and 0 < skipped < step
+    step, kernel = split
+    assert 0 < kernel < step
+    assert all(not layer.spec.product_seconds for layer in runner.fused if layer is not None)
 
 
 def test_a_plan_without_the_products_kernel_has_no_split(anatomy: ModuleType) -> None:

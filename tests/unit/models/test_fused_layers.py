@@ -1,12 +1,14 @@
 """The fused decoder layers (`models.fused_layers`): the modules' bits exactly, in every pass the
 engine makes (decode steps, verifies, KV-pattern drafts, pillar choices), and lossless decoding."""
 
+import ctypes
+
 import pytest
 import torch
 
 from skipsearch.engine import autoregressive_decode, speculative_decode
 from skipsearch.masks import KVPattern, SkipMask
-from skipsearch.models import bf16_weights, native_attention, rms_norm, rotary
+from skipsearch.models import bf16_weights, fused_layers, native_attention, rms_norm, rotary, silu
 from skipsearch.models.attention import KERNEL_FP32_ATTENTION
 from skipsearch.models.bf16_weights import use_bf16_weights
 from skipsearch.models.fused_layers import FusedLayer, fuse_layers, fused_layer
@@ -15,10 +17,12 @@ from skipsearch.models.pillars import PillarChoice, PillarKeys
 from skipsearch.models.rms_norm import use_kernel_norms
 from skipsearch.models.rotary import use_kernel_rotary
 from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.models.silu import use_kernel_silu
 from tests.conftest import assert_greedy_ssd_lossless, tiny_model
 
 KERNELS = (bf16_weights.load_kernel(), rms_norm.load_kernel(), rotary.load_kernel(),
-           native_attention.load_kernel(torch.float32))  # fmt: skip
+           native_attention.load_kernel(torch.float32), silu.load_kernel(),
+           fused_layers.load_driver())  # fmt: skip
 needs_kernels = pytest.mark.skipif(
     any(kernel.function is None for kernel in KERNELS),
     reason="; ".join(kernel.reason for kernel in KERNELS if kernel.function is None),
@@ -33,6 +37,7 @@ def on_the_plan(family: str, **overrides: int) -> torch.nn.Module:
     use_bf16_weights(model)
     use_kernel_norms(model)
     use_kernel_rotary()
+    use_kernel_silu(model)
     return model
 
 
@@ -121,7 +126,7 @@ def test_fusing_shares_the_projections_weights_and_is_recorded() -> None:
     assert plan_kernels(model)["layers"] == "modules"
     assert fuse_layers(model) == LAYERS and fuse_layers(model) == 0  # once per layer
     fused = fused_layer(model.model.layers[0])
-    assert fused is not None and plan_kernels(model)["layers"] == "fused"
+    assert fused is not None and plan_kernels(model)["layers"] == "fused-c"
     assert attention.q_proj.packed.data_ptr() == fused.qkv.data_ptr()  # a view, not a copy
     assert attention.v_proj.packed.untyped_storage().data_ptr() == fused.qkv.untyped_storage().data_ptr()
     assert all(
@@ -159,3 +164,25 @@ def test_the_sub_layer_calls_the_profiler_times_run_fused(monkeypatch: pytest.Mo
     runner.attention(0, hidden, runner.rotary(hidden, positions), mask, cache)
     runner.mlp(0, hidden)
     assert calls == ["attention", "mlp"]
+
+
+@needs_kernels
+def test_the_driver_times_its_products_only_where_asked() -> None:
+    """`experiments/step_anatomy.py` splits a step into the products and the rest this way."""
+    model = on_the_plan("llama")
+    fuse_layers(model)
+    runner = LayerwiseRunner(model)
+    layers = [fused_layer(block) for block in model.model.layers]
+    seconds = ctypes.c_double(0.0)
+    for layer in layers:
+        layer.time_products(seconds)
+    cache = runner.new_cache()
+    runner.forward(torch.arange(3, 30)[None], cache=cache)  # a prefill: the modules, not the driver
+    assert seconds.value == 0.0
+    runner.forward(torch.tensor([[7]]), cache=cache)
+    timed = seconds.value
+    assert timed > 0.0
+    for layer in layers:
+        layer.time_products(None)
+    runner.forward(torch.tensor([[8]]), cache=cache)
+    assert seconds.value == timed

@@ -1,0 +1,132 @@
+/* A decoder layer's sub-layers for a short block, each in one call: the C driver of the fused
+ * layers (skipsearch/models/fused_layers.py builds the Layer and loads this; docs/theory.md, "The
+ * kernel plan").
+ *
+ * Why it exists: a fused layer's attention sub-layer is seven kernel calls and its MLP four, and
+ * driving them from Python cost ~130 us a layer on the project's Xeon, in torch's dispatch of the
+ * small operations between them (allocations, the value rows' copy, the activation's slices, the
+ * residual sums) and ctypes' argument conversion: 4 ms of SmolLM2's 21 ms decode step, whose
+ * kernels read the weights in the rest. Here the same kernels run in the same order on the same
+ * buffers, called through the function pointers the Python side loaded (each keeps its own build
+ * and flags), and what lay between them is plain C: so every output is the bits the Python driver
+ * computed (tested against the modules' path).
+ *
+ * Layout: hidden and out are rows x hidden floats; the K/V buffers are [kv_heads][capacity][dim]
+ * and the block's rows go to positions [start, start + rows); cos and sin are rows x dim; the
+ * pillars [kv_heads][extra][dim]; scores, where given, [heads][start + rows] (decode_attention_fp32.c).
+ * Returns 0, or the first nonzero status of a kernel (or -1 when memory runs out), the cache rows
+ * then partly written.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int (*linear_rows_fn)(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w,
+                              int64_t out, const float *bias, float *y, int64_t y_stride);
+typedef int (*rms_norm_fn)(const float *x, int64_t rows, int64_t n, const float *weight, float eps, float *y);
+typedef int (*rotary_fn)(const float *q, int64_t q_heads, int64_t q_head_stride, int64_t q_row_stride,
+                         float *q_out, int64_t q_out_head_stride, int64_t q_out_row_stride, const float *k,
+                         int64_t k_heads, int64_t k_head_stride, int64_t k_row_stride, float *k_out,
+                         int64_t k_out_head_stride, int64_t k_out_row_stride, int64_t rows, int64_t dim,
+                         const float *cos, const float *sin);
+typedef int (*attention_fn)(const float *q, int64_t q_head_stride, int64_t q_row_stride, const float *k,
+                            const float *v, int64_t kv_stride, float *out, int64_t heads, int64_t kv_heads,
+                            int64_t queries, int64_t dim, int64_t length, int64_t sink, int64_t window,
+                            float scale, const float *extra_k, const float *extra_v, int64_t extra,
+                            float *scores);
+typedef int (*silu_fn)(const float *x, int64_t rows, int64_t n, int64_t x_stride, float *y, int64_t y_stride);
+
+/* The kernels and one layer's shapes and weights (the products' in linear_rows.c's packed layout;
+ * a bias may be NULL), fixed for the layer's life. */
+typedef struct {
+    linear_rows_fn linear;
+    rms_norm_fn norm;
+    rotary_fn rotary;
+    attention_fn attention;
+    silu_fn silu;
+    int64_t hidden, heads, kv_heads, dim, intermediate;
+    float scale, input_eps, mlp_eps;
+    const float *input_norm, *mlp_norm;
+    const uint16_t *qkv, *o, *gate_up, *down;
+    const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias;
+    double *product_seconds; /* NULL, or where the products' wall time is added (experiments/step_anatomy.py) */
+} Layer;
+
+/* One attention call's cache and keys. */
+typedef struct {
+    float *keys, *values;
+    int64_t capacity, start, sink, window, extra;
+    const float *cos, *sin, *extra_keys, *extra_values;
+    float *scores;
+} Attend;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The layer's product of `rows` rows of x (`in` floats each) with `w`: linear_rows, timed where asked. */
+static int product(const Layer *l, const float *x, int64_t rows, int64_t in, const uint16_t *w, int64_t out,
+                   const float *bias, float *y) {
+    double began = l->product_seconds ? now() : 0.0;
+    int status = l->linear(x, in, rows, in, w, out, bias, y, out);
+    if (l->product_seconds) *l->product_seconds += now() - began;
+    return status;
+}
+
+/* out = x + out, element by element (the residual: torch's `hidden + y`, the same IEEE sums). */
+static void add_residual(const float *x, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] + out[i];
+}
+
+int layer_attention(const Layer *l, const Attend *a, const float *hidden, int64_t rows, float *out) {
+    const int64_t q_width = l->heads * l->dim, kv_width = l->kv_heads * l->dim;
+    const int64_t width = q_width + 2 * kv_width, head_stride = a->capacity * l->dim;
+    float *normed = malloc(sizeof(float) * rows * l->hidden), *qkv = malloc(sizeof(float) * rows * width);
+    float *query = malloc(sizeof(float) * rows * q_width), *attended = malloc(sizeof(float) * rows * q_width);
+    int status = -1;
+    if (normed && qkv && query && attended) {
+        status = l->norm(hidden, rows, l->hidden, l->input_norm, l->input_eps, normed);
+        if (!status) status = product(l, normed, rows, l->hidden, l->qkv, width, l->qkv_bias, qkv);
+        if (!status)
+            status = l->rotary(qkv, l->heads, l->dim, width, query, l->dim, q_width, qkv + q_width, l->kv_heads,
+                               l->dim, width, a->keys + a->start * l->dim, head_stride, l->dim, rows, l->dim,
+                               a->cos, a->sin);
+        if (!status) {
+            for (int64_t h = 0; h < l->kv_heads; h++)
+                for (int64_t r = 0; r < rows; r++)
+                    memcpy(a->values + h * head_stride + (a->start + r) * l->dim,
+                           qkv + r * width + q_width + kv_width + h * l->dim, sizeof(float) * l->dim);
+            status = l->attention(query, l->dim, q_width, a->keys, a->values, head_stride, attended, l->heads,
+                                  l->kv_heads, rows, l->dim, a->start + rows, a->sink, a->window, l->scale,
+                                  a->extra_keys, a->extra_values, a->extra, a->scores);
+        }
+        if (!status) status = product(l, attended, rows, q_width, l->o, l->hidden, l->o_bias, out);
+        if (!status) add_residual(hidden, rows * l->hidden, out);
+    }
+    free(normed), free(qkv), free(query), free(attended);
+    return status;
+}
+
+int layer_mlp(const Layer *l, const float *hidden, int64_t rows, float *out) {
+    const int64_t inner = l->intermediate;
+    float *normed = malloc(sizeof(float) * rows * l->hidden), *gate_up = malloc(sizeof(float) * rows * 2 * inner);
+    float *act = malloc(sizeof(float) * rows * inner);
+    int status = -1;
+    if (normed && gate_up && act) {
+        status = l->norm(hidden, rows, l->hidden, l->mlp_norm, l->mlp_eps, normed);
+        if (!status)
+            status = product(l, normed, rows, l->hidden, l->gate_up, 2 * inner, l->gate_up_bias, gate_up);
+        if (!status) status = l->silu(gate_up, rows, inner, 2 * inner, act, inner);
+        if (!status) {
+            for (int64_t r = 0; r < rows; r++) /* act_fn(gate) * up: the activation rounded, then the product */
+                for (int64_t j = 0; j < inner; j++) act[r * inner + j] *= gate_up[r * 2 * inner + inner + j];
+            status = product(l, act, rows, inner, l->down, l->hidden, l->down_bias, out);
+        }
+        if (!status) add_residual(hidden, rows * l->hidden, out);
+    }
+    free(normed), free(gate_up), free(act);
+    return status;
+}

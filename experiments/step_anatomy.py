@@ -215,6 +215,12 @@ def main() -> None:
         "Group columns are self CPU time per step from `torch.profiler`, which adds overhead of its own; "
         "Python time between operators is in no group.",
     ]
+    if any(layer is not None for layer in runner.fused):
+        lines.append(
+            "The fused layers' C driver calls its kernels where `torch.profiler` does not see them: on "
+            "this plan the group columns hold the embedding's and the head's operators only, and the "
+            "split below is the step's anatomy."
+        )
     if splits:
         lines += [
             "",

@@ -137,24 +137,21 @@ class FusedLayer:
     def __init__(self, block: nn.Module) -> None:
         attention, mlp = block.self_attn, block.mlp
         self.layer = attention.layer_idx
-        self.heads = attention.config.num_attention_heads
-        self.kv_heads = attention.config.num_key_value_heads
-        self.dim = attention.head_dim
-        self.q_width = self.heads * self.dim
-        self.o_proj, self.down_proj = attention.o_proj, mlp.down_proj
         self.qkv, self.qkv_bias = _fuse([attention.q_proj, attention.k_proj, attention.v_proj])
         self.gate_up, self.gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+        config, o_proj, down_proj = attention.config, attention.o_proj, mlp.down_proj
         norms = block.input_layernorm, block.post_attention_layernorm
         self.spec = _Layer(
             _address(bf16_weights.load_kernel()), _address(rms_norm.load_kernel()),
             _address(rotary.load_kernel()), _address(native_attention.load_kernel(torch.float32)),
             _address(silu.load_kernel()),
-            self.o_proj.out_features, self.heads, self.kv_heads, self.dim, mlp.gate_proj.out_features,
+            o_proj.out_features, config.num_attention_heads, config.num_key_value_heads, attention.head_dim,
+            mlp.gate_proj.out_features,
             float(attention.scaling), norms[0].variance_epsilon, norms[1].variance_epsilon,
             norms[0].weight.data_ptr(), norms[1].weight.data_ptr(),
-            self.qkv.data_ptr(), self.o_proj.packed.data_ptr(), self.gate_up.data_ptr(),
-            self.down_proj.packed.data_ptr(), _pointer(self.qkv_bias), _pointer(self.o_proj.bias),
-            _pointer(self.gate_up_bias), _pointer(self.down_proj.bias), None,
+            self.qkv.data_ptr(), o_proj.packed.data_ptr(), self.gate_up.data_ptr(),
+            down_proj.packed.data_ptr(), _pointer(self.qkv_bias), _pointer(o_proj.bias),
+            _pointer(self.gate_up_bias), _pointer(down_proj.bias), None,
         )  # fmt: skip
 
     @staticmethod
@@ -222,7 +219,7 @@ class FusedLayer:
         keys, values = layer.buffers
         cos, sin = (table.contiguous() for table in position_embeddings)
         pattern, pillars = (kv.pattern, kv.of_layer(self.layer)) if isinstance(kv, PillarKeys) else (kv, None)
-        scores = torch.full((self.heads, start + rows), float("-inf")) if choice is not None else None
+        scores = torch.full((self.spec.heads, start + rows), float("-inf")) if choice is not None else None
         call = _Attend(
             keys.data_ptr(), values.data_ptr(), keys.shape[2], start,
             pattern.sink if pattern is not None else 0, pattern.window if pattern is not None else 0,

@@ -133,7 +133,8 @@ def test_fusing_shares_the_projections_weights_and_is_recorded() -> None:
         torch.equal(w, p.weight)
         for w, p in zip(weights, (attention.q_proj, attention.k_proj, attention.v_proj), strict=True)
     )
-    assert fused.qkv_bias is not None and torch.equal(fused.qkv_bias[: fused.q_width], attention.q_proj.bias)
+    q_width = fused.spec.heads * fused.spec.dim
+    assert fused.qkv_bias is not None and torch.equal(fused.qkv_bias[:q_width], attention.q_proj.bias)
 
 
 @needs_kernels

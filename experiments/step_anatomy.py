@@ -9,9 +9,11 @@ cache writes (`cat`/`copy_`), and everything else (norms, rotary, element-wise o
 per-operator dispatch of eager PyTorch, which a 135M model pays ~20 times per layer). On the fp32
 fallback plan it also splits the step without the profiler's overhead: steps with the bf16-weight
 products' kernel calls timed one by one (the fused layers' C driver times its own calls), so the step
-is divided into the products' kernel and the rest.
+is divided into the products' kernel and the rest, and the same split of a pass over 1 to 5
+positions (a verify of γ + 1) says which part of f(γ) the products' extra rows take and which the
+rest (attention's extra query rows above all).
 
-    python experiments/step_anatomy.py   # ~1 min: results/profile/step_anatomy-{model}-{dtype}{--suffix}.md
+    python experiments/step_anatomy.py   # ~5 min: results/profile/step_anatomy-{model}-{dtype}{--suffix}.md
 
 Run it alone on an idle machine; the load average is recorded before and after.
 """
@@ -161,6 +163,39 @@ def kernel_split(
     return 1e3 * statistics.median(samples["pass"]), 1e3 * statistics.median(samples["products"])
 
 
+def verify_split(
+    runner: LayerwiseRunner, context: int, count: int, positions: list[int], repeats: int = 3
+) -> dict[int, tuple[float, float]]:
+    """`kernel_split` of a pass over each of `positions` new positions after `context` cached ones,
+    the position counts interleaved `repeats` times in alternating order: {positions: (pass ms,
+    products ms)}, each the median over the repeats. What a verify of γ + 1 positions adds to a
+    step, split into the products' extra rows and the rest (attention's extra query rows, norms,
+    rotary, SiLU); empty where the plan has no products' kernel."""
+    samples: dict[int, list[tuple[float, float]]] = {p: [] for p in positions}
+    for repeat in range(repeats):
+        for p in positions if repeat % 2 == 0 else positions[::-1]:
+            split = kernel_split(runner, context, count, p)
+            if split is None:
+                return {}
+            samples[p].append(split)
+    return {
+        p: (statistics.median(s[0] for s in splits), statistics.median(s[1] for s in splits))
+        for p, splits in samples.items()
+    }
+
+
+def verify_table(context: int, split: dict[int, tuple[float, float]]) -> list[str]:
+    """Rows of the report's per-position table: each pass against the fewest positions' (a step)."""
+    if not split:
+        return []
+    step, products = split[min(split)]
+    return [
+        f"| {context} | {p} | {ms:.2f} | {ms / step:.3f} | {kernel:.2f} (+{kernel - products:.2f}) | "
+        f"{ms - kernel:.2f} (+{ms - kernel - (step - products):.2f}) |"
+        for p, (ms, kernel) in sorted(split.items())
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -168,7 +203,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--suffix", default="", help="appended to the report's name (another CPU)")
+    parser.add_argument(
+        "--positions", default="1,2,3,4,5", help="positions per pass in the verify split (1: a step)"
+    )
     args = parser.parse_args()
+    positions = sorted({int(p) for p in args.positions.split(",")})
     load_before = os.getloadavg()
     loaded = load_model(args.model, dtype=args.dtype)
     runner = LayerwiseRunner(loaded.model)
@@ -189,8 +228,9 @@ def main() -> None:
         + " |",
         "|---|---|---|---|" + "---|" * (len(GROUPS) + 1),
     ]
-    splits = []
+    splits, verifies = [], []
     for context in (int(c) for c in args.contexts.split(",")):
+        verifies += verify_table(context, verify_split(runner, context, args.steps, positions))
         split = kernel_split(runner, context, args.steps)
         if split is not None:
             step, kernel = split
@@ -230,6 +270,18 @@ def main() -> None:
             "| context | step ms | products' kernel calls ms (share) | the rest ms (share) |",
             "|---|---|---|---|",
             *splits,
+        ]
+    if verifies:
+        lines += [
+            "",
+            f"A pass over each number of positions (a verify of γ + 1 = positions), split the same way "
+            f"({args.steps} passes a sample, the position counts interleaved three times in alternating "
+            "order, medians), against the one-position step: the products' kernel calls and the rest "
+            "(attention's query rows, norms, rotary, SiLU), each with what it adds to the step's:",
+            "",
+            "| context | positions | pass ms | ÷ step (f) | products ms (+ over the step) | rest ms (+) |",
+            "|---|---|---|---|---|---|",
+            *verifies,
         ]
     lines += ["", load_line(load_before, load_after) + "."]
     RESULTS.mkdir(parents=True, exist_ok=True)

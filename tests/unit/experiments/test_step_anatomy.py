@@ -45,3 +45,24 @@ def test_a_step_splits_into_the_products_kernel_and_the_rest(anatomy: ModuleType
 
 def test_a_plan_without_the_products_kernel_has_no_split(anatomy: ModuleType) -> None:
     assert anatomy.kernel_split(LayerwiseRunner(tiny_model("llama", layers=2)), context=8, count=2) is None
+
+
+@pytest.mark.skipif(
+    load_kernel().function is None, reason=f"linear kernel unavailable: {load_kernel().reason}"
+)
+def test_a_verify_splits_by_positions_against_the_step(anatomy: ModuleType) -> None:
+    """Every position count gets a pass and its products; the table sets each against the step
+    (f = 1 and nothing added at one position) and has one row per count."""
+    runner = LayerwiseRunner(on_the_plan("llama"))
+    assert fuse_layers(runner.model) > 0
+    split = anatomy.verify_split(runner, context=16, count=2, positions=[1, 3], repeats=2)
+    assert sorted(split) == [1, 3]
+    assert all(0 < kernel < ms for ms, kernel in split.values())
+    rows = anatomy.verify_table(16, split)
+    assert (
+        len(rows) == 2
+        and rows[0].startswith("| 16 | 1 |")
+        and "| 1.000 |" in rows[0]
+        and "(+0.00)" in rows[0]
+    )
+    assert anatomy.verify_table(16, {}) == []

@@ -204,10 +204,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--suffix", default="", help="appended to the report's name (another CPU)")
     parser.add_argument(
-        "--positions", default="1,2,3,4,5", help="positions per pass in the verify split (1: a step)"
+        "--positions",
+        default="1,2,3,4,5",
+        help="positions per pass in the verify split (1, the step, is always in)",
     )
     args = parser.parse_args()
-    positions = sorted({int(p) for p in args.positions.split(",")})
+    positions = sorted({1, *(int(p) for p in args.positions.split(","))})  # f is against the step
     load_before = os.getloadavg()
     loaded = load_model(args.model, dtype=args.dtype)
     runner = LayerwiseRunner(loaded.model)

@@ -12,6 +12,11 @@ wait policy once, at start-up):
   start-up (`models.threads`: one thread per core that other processes leave free);
 - load: idle, or one core kept at 100% by a spinning Python process.
 
+Each process also times a large copy on its threads after its steps, and sets the step against
+the floor that copy bandwidth gives (the bytes a step must read: the weights and the K/V at the
+context). One core reads less than two: a memory-bound step on one thread is slower by about the
+ratio of the two bandwidths, which says how far the one-thread plan can be from the idle step.
+
 Configurations are interleaved, each repeated `--rounds` times in new processes; the table gives
 the median of the per-process medians and their range. Run it alone on an idle machine:
 
@@ -41,9 +46,13 @@ LOADS = ("idle", "one core busy")
 
 
 def child() -> None:
-    """Median ms of `STEPS` one-position steps after a `CONTEXT`-token cache, printed as JSON."""
+    """Median ms of `STEPS` one-position steps after a `CONTEXT`-token cache, then the copy
+    bandwidth on the same threads and the step's floor at it, printed as JSON."""
     import torch
 
+    from skipsearch.bench.clock import WallClock
+    from skipsearch.bench.profiler import copy_bandwidth
+    from skipsearch.models.kernels import step_bytes
     from skipsearch.models.loading import load_model
     from skipsearch.models.runner import LayerwiseRunner
 
@@ -61,8 +70,12 @@ def child() -> None:
                 times.append(time.perf_counter() - began)
             for layer in cache.layers:
                 layer.crop(-1)
+    weights, per_position = step_bytes(loaded.model)
+    bandwidth = copy_bandwidth(runner.device, WallClock())
     result = {
         "median_ms": 1e3 * statistics.median(times),
+        "copy_gbs": bandwidth / 1e9,
+        "floor_ms": 1e3 * (weights + CONTEXT * per_position) / bandwidth,
         "plan": loaded.plan,
         "threads": torch.get_num_threads(),
     }
@@ -97,6 +110,8 @@ def main() -> None:
     load_before = os.getloadavg()
     samples: dict[tuple[str, str, str], list[float]] = {}
     chosen: dict[tuple[str, str, str], list[int]] = {}
+    copies: dict[tuple[str, str, str], list[float]] = {}
+    floors: dict[tuple[str, str, str], list[float]] = {}
     plan = ""
     for round_index in range(args.rounds):
         for load in LOADS:
@@ -111,6 +126,8 @@ def main() -> None:
                 plan = result["plan"]
                 samples.setdefault((policy, threads, load), []).append(result["median_ms"])
                 chosen.setdefault((policy, threads, load), []).append(result["threads"])
+                copies.setdefault((policy, threads, load), []).append(result["copy_gbs"])
+                floors.setdefault((policy, threads, load), []).append(result["floor_ms"])
                 ms = result["median_ms"]
                 print(f"round {round_index + 1} {load:14} {policy:8} {threads} thread(s): {ms:.1f} ms")
             if spinner is not None:
@@ -130,8 +147,8 @@ def main() -> None:
         load_line(load_before, load_after) + " (the busy phases add one).",
         "",
         "| wait policy | threads | load | threads used | step ms (median of processes) | range "
-        "| ÷ its idle step | ÷ best idle step |",
-        "|---|---|---|---|---|---|---|---|",
+        "| ÷ its idle step | ÷ best idle step | copy GB/s on its threads | step ÷ its floor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     best = min(idle.values())
     for (policy, threads, load), values in sorted(samples.items()):
@@ -140,7 +157,9 @@ def main() -> None:
         lines.append(
             f"| {policy} | {threads} | {load} | {used} | {median:.1f} | "
             f"{min(values):.1f}–{max(values):.1f} | "
-            f"{median / idle[(policy, threads)]:.2f} | {median / best:.2f} |"
+            f"{median / idle[(policy, threads)]:.2f} | {median / best:.2f} | "
+            f"{statistics.median(copies[policy, threads, load]):.1f} | "
+            f"{median / statistics.median(floors[policy, threads, load]):.2f} |"
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"busy_core{args.suffix}.md").write_text("\n".join(lines) + "\n")

@@ -22,12 +22,19 @@ and the rotary kernel is transformers' bits. So the logits are the modules' bits
 and choosing this path changes no result, only the time. Longer blocks (prefills, the estimator's
 teacher-forced passes), a caller's own attention mask, sliding-window layers and inputs the kernels
 do not take run the modules.
+
+`LayerwiseRunner` (the engine, the estimator) calls the fused sub-layers itself. A whole-model
+forward (transformers' `generate`, the comparison every decode reports) calls the decoder layers,
+so `fuse_layers` also gives each fused block a forward that takes the same path for the blocks
+the runner would fuse: HF's decode steps then run the plan's driver too, and an `HF generate`
+figure compares decoding loops, not one loop on the driver against one on the modules.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -260,9 +267,36 @@ def fuse_layers(model: nn.Module) -> int:
     fused = 0
     for block in getattr(getattr(model, "model", None), "layers", []):
         if getattr(block, ATTRIBUTE, None) is None and FusedLayer.fits(block):
-            setattr(block, ATTRIBUTE, FusedLayer(block))
+            layer = FusedLayer(block)
+            setattr(block, ATTRIBUTE, layer)
+            block.forward = _fused_forward(layer, block.forward)
             fused += 1
     return fused
+
+
+def _fused_forward(layer: FusedLayer, modules: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A decoder layer's forward (transformers' signature) that runs `layer` where the runner
+    would (`FusedLayer.takes`, no extra keywords: a KV pattern, pillars or attention outputs go to
+    the modules) and the block's own forward, `modules`, otherwise. The causal mask is not read,
+    as the modules' decode kernel does not read it either (`models.attention`)."""
+
+    def forward(
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+        use_cache: bool | None = False,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        if position_embeddings is not None and not kwargs and layer.takes(hidden_states, cache, None):
+            return layer.mlp(layer.attention(hidden_states, position_embeddings, cache))
+        return modules(
+            hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+            use_cache=use_cache, position_embeddings=position_embeddings, **kwargs,
+        )  # fmt: skip
+
+    return forward
 
 
 def fused_layer(block: nn.Module) -> FusedLayer | None:

@@ -12,7 +12,7 @@ from skipsearch.models import bf16_weights, fused_layers, native_attention, rms_
 from skipsearch.models.attention import KERNEL_FP32_ATTENTION
 from skipsearch.models.bf16_weights import use_bf16_weights
 from skipsearch.models.fused_layers import FusedLayer, fuse_layers, fused_layer
-from skipsearch.models.kernels import AttentionChoice, apply_attention, plan_kernels
+from skipsearch.models.kernels import AttentionChoice, apply_attention, new_cache, plan_kernels
 from skipsearch.models.pillars import PillarChoice, PillarKeys
 from skipsearch.models.rms_norm import use_kernel_norms
 from skipsearch.models.rotary import use_kernel_rotary
@@ -187,3 +187,38 @@ def test_the_driver_times_its_products_only_where_asked() -> None:
         layer.time_products(None)
     runner.forward(torch.tensor([[8]]), cache=cache)
     assert seconds.value == timed
+
+
+@needs_kernels
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_transformers_generate_decodes_on_the_fused_layers(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole-model forward (HF `generate`) takes the fused path for its decode steps, and its
+    logits are the modules' bits."""
+    model = on_the_plan(family)
+    fuse_layers(model)
+    calls = []
+    fused_mlp = FusedLayer.mlp
+
+    def counted(layer: FusedLayer, hidden: torch.Tensor) -> torch.Tensor:
+        calls.append(layer)
+        return fused_mlp(layer, hidden)
+
+    monkeypatch.setattr(FusedLayer, "mlp", counted)
+    ids = torch.randint(3, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(2))
+
+    def generated() -> tuple[torch.Tensor, ...]:
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), cache=new_cache(model.config),
+                             max_new_tokens=6, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
+        return out.logits
+
+    fused = generated()
+    assert len(calls) == 5 * LAYERS  # every decode step after the prefill, every layer
+    for block in model.model.layers:
+        del block.forward  # the modules' forward again
+    calls.clear()
+    modules = generated()
+    assert not calls
+    assert all(torch.equal(f, m) for f, m in zip(fused, modules, strict=True))

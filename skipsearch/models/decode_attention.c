@@ -43,7 +43,6 @@
 #define TILE 64        /* keys scored, weighted and summed together: 64 x dim bf16 stays in L1 */
 #define ROW_BLOCK 6    /* rows whose outputs are summed in registers together (6 x 4 vectors at 64) */
 #define MAX_DIM 256    /* 16 vectors of 16 floats */
-#define CHUNK 512      /* keys per unit of work; chunks start at multiples of CHUNK (see below) */
 
 static inline __m512 widen(const uint16_t *bits) {
     __m256i half = _mm256_loadu_si256((const __m256i *)bits);
@@ -289,7 +288,7 @@ int decode_attention(const uint16_t *q, int64_t q_head_stride, int64_t q_row_str
     Visibility vis = {length, queries, sink, window};
     int64_t ranges[2][2];
     int count = visible_ranges(&vis, ranges);
-    int64_t chunks, *chunk = visible_chunks(&vis, ranges, count, CHUNK, &chunks);
+    int64_t chunks, *chunk = visible_chunks(&vis, ranges, count, &chunks);
     /* the extra keys (a draft's pillars, [kv_heads][extra][dim]) are one more unit, seen by every row */
     int64_t units = chunks + (extra > 0), stride = rows * (dim + 2); /* per unit and head: m, l, acc */
     Visibility everything = {extra + queries, queries, 0, 0};
@@ -300,25 +299,26 @@ int decode_attention(const uint16_t *q, int64_t q_head_stride, int64_t q_row_str
         return -1;
     }
     gather_rows(q, q_head_stride, q_row_stride, heads, queries, dim, query);
-#pragma omp parallel for collapse(2) schedule(static) if (units * kv_heads > 1)
-    for (int64_t c = 0; c < units; c++) {
-        for (int64_t h = 0; h < kv_heads; h++) {
-            float *base = partial + (c * kv_heads + h) * stride;
-            float *m = base, *l = base + rows, *acc = base + 2 * rows;
-            for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
-            memset(acc, 0, sizeof(float) * rows * dim);
-            if (c == chunks) {
-                attend_chunk(query + h * rows * dim, extra_k + h * extra * dim, extra_v + h * extra * dim, dim,
-                             rows, 0, extra, &everything, scale, m, l, acc, NULL);
-                continue;
-            }
-            float *head_scores = scores ? scores + h * (heads / kv_heads) * length : NULL;
-            for (int range = 0; range < count; range++) {
-                int64_t begin, end;
-                if (chunk_in_range(chunk[c], CHUNK, ranges[range], &begin, &end))
-                    attend_chunk(query + h * rows * dim, k + h * kv_stride, v + h * kv_stride, dim, rows, begin,
-                                 end, &vis, scale, m, l, acc, head_scores);
-            }
+    /* Units of unequal size (decode_attention_keys.h), taken by the threads as they finish; the
+     * merge below reads them in order, so which thread ran one changes nothing. */
+#pragma omp parallel for schedule(dynamic) if (units * kv_heads > 1)
+    for (int64_t unit = 0; unit < units * kv_heads; unit++) {
+        int64_t c = unit / kv_heads, h = unit % kv_heads;
+        float *base = partial + (c * kv_heads + h) * stride;
+        float *m = base, *l = base + rows, *acc = base + 2 * rows;
+        for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
+        memset(acc, 0, sizeof(float) * rows * dim);
+        if (c == chunks) {
+            attend_chunk(query + h * rows * dim, extra_k + h * extra * dim, extra_v + h * extra * dim, dim,
+                         rows, 0, extra, &everything, scale, m, l, acc, NULL);
+            continue;
+        }
+        float *head_scores = scores ? scores + h * (heads / kv_heads) * length : NULL;
+        for (int range = 0; range < count; range++) {
+            int64_t begin, end;
+            if (chunk_in_range(chunk[c], ranges[range], &begin, &end))
+                attend_chunk(query + h * rows * dim, k + h * kv_stride, v + h * kv_stride, dim, rows, begin,
+                             end, &vis, scale, m, l, acc, head_scores);
         }
     }
     int64_t group = heads / kv_heads;

@@ -43,7 +43,6 @@
 
 #define TILE 32      /* keys scored, weighted and summed together: 32 keys and values of 64 are 16 KB */
 #define MAX_DIM 256  /* 32 vectors of 8 floats */
-#define CHUNK 512    /* keys per unit of work; chunks start at multiples of CHUNK (see above) */
 
 
 static inline float lanes_max(__m256 v) {
@@ -209,7 +208,7 @@ int decode_attention_fp32(const float *q, int64_t q_head_stride, int64_t q_row_s
     Visibility vis = {length, queries, sink, window};
     int64_t ranges[2][2];
     int count = visible_ranges(&vis, ranges);
-    int64_t chunks, *chunk = visible_chunks(&vis, ranges, count, CHUNK, &chunks);
+    int64_t chunks, *chunk = visible_chunks(&vis, ranges, count, &chunks);
     /* the extra keys (a draft's pillars) are one more unit, seen by every row */
     int64_t units = chunks + (extra > 0), stride = rows * (dim + 2); /* per unit and head: m, l, acc */
     Visibility everything = {extra + queries, queries, 0, 0};
@@ -223,25 +222,26 @@ int decode_attention_fp32(const float *q, int64_t q_head_stride, int64_t q_row_s
     for (int64_t head = 0; head < heads; head++)
         for (int64_t i = 0; i < queries; i++)
             memcpy(query + (head * queries + i) * dim, q + head * q_head_stride + i * q_row_stride, 4 * dim);
-#pragma omp parallel for collapse(2) schedule(static) if (units * kv_heads > 1)
-    for (int64_t c = 0; c < units; c++) {
-        for (int64_t h = 0; h < kv_heads; h++) {
-            float *base = partial + (c * kv_heads + h) * stride;
-            float *m = base, *l = base + rows, *acc = base + 2 * rows;
-            for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
-            memset(acc, 0, sizeof(float) * rows * dim);
-            if (c == chunks) {
-                attend_chunk(query + h * rows * dim, extra_k + h * extra * dim, extra_v + h * extra * dim, dim,
-                             rows, 0, extra, &everything, scale, m, l, acc, NULL);
-                continue;
-            }
-            float *head_scores = scores ? scores + h * group * length : NULL;
-            for (int range = 0; range < count; range++) {
-                int64_t begin, end;
-                if (chunk_in_range(chunk[c], CHUNK, ranges[range], &begin, &end))
-                    attend_chunk(query + h * rows * dim, k + h * kv_stride, v + h * kv_stride, dim, rows, begin,
-                                 end, &vis, scale, m, l, acc, head_scores);
-            }
+    /* Units of unequal size (decode_attention_keys.h), taken by the threads as they finish; the
+     * merge below reads them in order, so which thread ran one changes nothing. */
+#pragma omp parallel for schedule(dynamic) if (units * kv_heads > 1)
+    for (int64_t unit = 0; unit < units * kv_heads; unit++) {
+        int64_t c = unit / kv_heads, h = unit % kv_heads;
+        float *base = partial + (c * kv_heads + h) * stride;
+        float *m = base, *l = base + rows, *acc = base + 2 * rows;
+        for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
+        memset(acc, 0, sizeof(float) * rows * dim);
+        if (c == chunks) {
+            attend_chunk(query + h * rows * dim, extra_k + h * extra * dim, extra_v + h * extra * dim, dim,
+                         rows, 0, extra, &everything, scale, m, l, acc, NULL);
+            continue;
+        }
+        float *head_scores = scores ? scores + h * group * length : NULL;
+        for (int range = 0; range < count; range++) {
+            int64_t begin, end;
+            if (chunk_in_range(chunk[c], ranges[range], &begin, &end))
+                attend_chunk(query + h * rows * dim, k + h * kv_stride, v + h * kv_stride, dim, rows, begin,
+                             end, &vis, scale, m, l, acc, head_scores);
         }
     }
     for (int64_t h = 0; h < kv_heads; h++)

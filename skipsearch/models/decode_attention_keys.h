@@ -4,9 +4,15 @@
  * header into both builds).
  *
  * Query i of a block of `queries` sits at position length - queries + i and sees the keys
- * n <= its position with n < sink or n > position - window (window <= 0: every key). Chunks of
- * `chunk_keys` keys start at fixed multiples of it whatever the cache length, so a query's chunks
- * are the same alone or in a block. */
+ * n <= its position with n < sink or n > position - window (window <= 0: every key). The keys are
+ * split into chunks at fixed positions whatever the cache length, so a query's chunks are the same
+ * alone or in a block: SMALL_CHUNK keys each up to SPLIT, LARGE_CHUNK keys each after. A chunk of
+ * one K/V head is a unit of work, which the kernels hand to the threads as they finish. With 512
+ * keys a chunk and a static split, a decode step at a 512-token context (513 keys) was one chunk of
+ * work and one of a single key: its attention ran on one of two threads. The small chunks make it
+ * two of work per head, and they stop early: each chunk is another short stream to read and one
+ * more partial result to merge, and with 256 keys a chunk everywhere 8,000 keys took 1.04-1.11x
+ * longer (experiments/kernel_builds.py --kernel attention, results/kernels/builds-attention-*). */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -28,22 +34,34 @@ static int visible_ranges(const Visibility *vis, int64_t ranges[2][2]) {
     return count;
 }
 
-/* The chunks [chunk_keys c, chunk_keys (c + 1)) that hold a key of the `count` ranges, in order
- * (malloc'd, `*chunks` of them), or NULL when memory runs out. */
-static int64_t *visible_chunks(const Visibility *vis, int64_t ranges[2][2], int count, int64_t chunk_keys,
-                               int64_t *chunks) {
-    int64_t *chunk = malloc(sizeof(int64_t) * ((vis->length + chunk_keys - 1) / chunk_keys + 1));
+#define SMALL_CHUNK 256  /* keys per chunk before SPLIT */
+#define LARGE_CHUNK 512  /* keys per chunk from SPLIT on */
+#define SPLIT 512        /* a multiple of both */
+
+/* The chunk that holds key n. */
+static inline int64_t chunk_of(int64_t n) {
+    return n < SPLIT ? n / SMALL_CHUNK : SPLIT / SMALL_CHUNK + (n - SPLIT) / LARGE_CHUNK;
+}
+
+/* The first key of chunk c. */
+static inline int64_t chunk_start(int64_t c) {
+    return c < SPLIT / SMALL_CHUNK ? c * SMALL_CHUNK : SPLIT + (c - SPLIT / SMALL_CHUNK) * LARGE_CHUNK;
+}
+
+/* The chunks that hold a key of the `count` ranges, in order (malloc'd, `*chunks` of them), or NULL
+ * when memory runs out. */
+static int64_t *visible_chunks(const Visibility *vis, int64_t ranges[2][2], int count, int64_t *chunks) {
+    int64_t *chunk = malloc(sizeof(int64_t) * (chunk_of(vis->length > 0 ? vis->length - 1 : 0) + 2));
     *chunks = 0;
     for (int range = 0; chunk && range < count; range++)
-        for (int64_t c = ranges[range][0] / chunk_keys; c * chunk_keys < ranges[range][1]; c++)
+        for (int64_t c = chunk_of(ranges[range][0]); chunk_start(c) < ranges[range][1]; c++)
             if (*chunks == 0 || chunk[*chunks - 1] != c) chunk[(*chunks)++] = c;
     return chunk;
 }
 
 /* The keys of chunk `c` inside `range`, as [*begin, *end); whether there are any. */
-static inline int chunk_in_range(int64_t c, int64_t chunk_keys, const int64_t range[2], int64_t *begin,
-                                 int64_t *end) {
-    *begin = c * chunk_keys > range[0] ? c * chunk_keys : range[0];
-    *end = (c + 1) * chunk_keys < range[1] ? (c + 1) * chunk_keys : range[1];
+static inline int chunk_in_range(int64_t c, const int64_t range[2], int64_t *begin, int64_t *end) {
+    *begin = chunk_start(c) > range[0] ? chunk_start(c) : range[0];
+    *end = chunk_start(c + 1) < range[1] ? chunk_start(c + 1) : range[1];
     return *begin < *end;
 }

@@ -37,6 +37,7 @@ static int visible_ranges(const Visibility *vis, int64_t ranges[2][2]) {
 #define SMALL_CHUNK 256  /* keys per chunk before SPLIT */
 #define LARGE_CHUNK 512  /* keys per chunk from SPLIT on */
 #define SPLIT 512        /* a multiple of both */
+#define MANY_UNITS 16    /* units per thread from which the kernels split them statically */
 
 /* The chunk that holds key n. */
 static inline int64_t chunk_of(int64_t n) {

@@ -11,8 +11,8 @@
  * keys a chunk and a static split, a decode step at a 512-token context (513 keys) was one chunk of
  * work and one of a single key: its attention ran on one of two threads. The small chunks make it
  * two of work per head, and they stop early: each chunk is another short stream to read and one
- * more partial result to merge, and with 256 keys a chunk everywhere 8,000 keys took 1.04-1.11x
- * longer (experiments/kernel_builds.py --kernel attention, results/kernels/builds-attention-*). */
+ * more partial result to merge, and with 256 keys a chunk everywhere 8,000 keys took 1.04-1.12x
+ * longer on the project's Xeon (experiments/kernel_builds.py --kernel attention). */
 #include <stdint.h>
 #include <stdlib.h>
 

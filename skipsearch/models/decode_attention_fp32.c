@@ -222,15 +222,8 @@ int decode_attention_fp32(const float *q, int64_t q_head_stride, int64_t q_row_s
     for (int64_t head = 0; head < heads; head++)
         for (int64_t i = 0; i < queries; i++)
             memcpy(query + (head * queries + i) * dim, q + head * q_head_stride + i * q_row_stride, 4 * dim);
-    /* Few units (a short cache: decode_attention_keys.h) go to the threads as they finish, since
-     * they differ in size; many go in two contiguous halves, which read faster (dynamic took
-     * 1.11x as long at 8,000 keys). The merge below reads them in order either way, so which
-     * thread ran one changes nothing. */
-    omp_sched_t caller_kind;
-    int caller_chunk;
-    omp_get_schedule(&caller_kind, &caller_chunk);
-    int many = units * kv_heads >= MANY_UNITS * omp_get_max_threads();
-    omp_set_schedule(many ? omp_sched_static : omp_sched_dynamic, 0);
+    /* the merge below reads the units in order, so which thread ran one changes nothing */
+    Schedule caller = schedule_units(units * kv_heads);
 #pragma omp parallel for schedule(runtime) if (units * kv_heads > 1)
     for (int64_t unit = 0; unit < units * kv_heads; unit++) {
         int64_t c = unit / kv_heads, h = unit % kv_heads;
@@ -251,7 +244,7 @@ int decode_attention_fp32(const float *q, int64_t q_head_stride, int64_t q_row_s
                              end, &vis, scale, m, l, acc, head_scores);
         }
     }
-    omp_set_schedule(caller_kind, caller_chunk);
+    omp_set_schedule(caller.kind, caller.chunk);
     for (int64_t h = 0; h < kv_heads; h++)
         for (int64_t r = 0; r < rows; r++)
             merge_row(partial + h * stride, units, kv_heads * stride, rows, dim, r,

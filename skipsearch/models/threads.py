@@ -7,18 +7,23 @@ mid-kernel and every parallel region waits for it: on the project's 2-core CPU a
 went from 22 ms to 47 ms. One thread fewer than the cores that are free does not wait for anyone
 (30 ms), and sleeping instead of spinning (`OMP_WAIT_POLICY=PASSIVE`) helps less when busy
 (34 ms) and costs an idle machine 64% (36 ms): results/threads/busy_core.md. So at start-up the
-busy cores are read from /proc/stat over a short window and torch gets one thread per free core;
-a thread count the user chose (`OMP_NUM_THREADS`, or fewer threads than cores already set) is kept.
+busy cores are read from /proc/stat and torch gets one thread per free core; a thread count the
+user chose (`OMP_NUM_THREADS`, or fewer threads than cores already set) is kept. The reading is the
+least busy of a few short windows: a process that keeps a core busy shows in each, a command that
+ran for a moment in one. Read over one 0.2 s window, a shell command run beside a decode's start
+once counted as 0.6 of a core and gave an idle machine one thread, 1.8x slower.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SAMPLE_SECONDS = 0.2
+SAMPLE_SECONDS = 0.1  # one window
+WINDOWS = 3  # consecutive windows; the least busy counts
 PROC_STAT = Path("/proc/stat")
 
 
@@ -33,19 +38,27 @@ def _cpu_times(path: Path) -> tuple[int, int] | None:
     return sum(values) - idle, sum(values)
 
 
-def busy_cores(seconds: float = SAMPLE_SECONDS, path: Path = PROC_STAT) -> float:
-    """Cores other processes keep busy now: the busy share of all cores over `seconds` (this
-    process sleeps meanwhile), times the core count; the 1-minute load average where /proc/stat
-    is unreadable."""
+def busy_cores(seconds: float = SAMPLE_SECONDS, path: Path = PROC_STAT, windows: int = WINDOWS) -> float:
+    """Cores other processes keep busy now: the busy share of all cores in the least busy of
+    `windows` consecutive windows of `seconds` (this process sleeps meanwhile), times the core
+    count; the 1-minute load average where /proc/stat is unreadable."""
     cores = os.cpu_count() or 1
     first = _cpu_times(path)
     if first is None:
         return min(os.getloadavg()[0], cores)
-    time.sleep(seconds)
-    second = _cpu_times(path)
-    if second is None or second[1] == first[1]:
-        return 0.0
-    return cores * (second[0] - first[0]) / (second[1] - first[1])
+    readings = [first]
+    for _ in range(windows):
+        time.sleep(seconds)
+        reading = _cpu_times(path)
+        if reading is None:
+            break
+        readings.append(reading)
+    shares = [
+        (after[0] - before[0]) / (after[1] - before[1])
+        for before, after in itertools.pairwise(readings)
+        if after[1] != before[1]
+    ]
+    return cores * min(shares) if shares else 0.0
 
 
 BUSY = 0.5  # cores other processes use, from which timings are flagged as shared

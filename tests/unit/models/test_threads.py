@@ -30,7 +30,21 @@ def test_busy_cores_come_from_the_kernels_cpu_counters(
     monkeypatch.setattr(Path, "read_text", read_text)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     # 50 busy jiffies of 100 on all cores together: half of two cores, one core's worth
-    assert busy_cores(seconds=0, path=stat) == pytest.approx(1.0)
+    assert busy_cores(seconds=0, path=stat, windows=1) == pytest.approx(1.0)
+
+
+def test_a_moment_of_work_is_not_a_busy_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A core counts as busy only if it is busy in every window: a command that ran for a moment
+    beside a decode's start must not take the decode to one thread."""
+    stat = tmp_path / "stat"
+    totals = [(100, 1000), (160, 1100), (165, 1200), (170, 1300)]  # busy 60, then 5 and 5 of 100
+    readings = iter(f"cpu  {busy} 0 0 {total - busy} 0 0 0 0 0 0\n" for busy, total in totals)
+    monkeypatch.setattr(Path, "read_text", lambda self: next(readings))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert busy_cores(seconds=0, path=stat, windows=3) == pytest.approx(0.1)
+    readings = iter(f"cpu  {busy} 0 0 {total - busy} 0 0 0 0 0 0\n" for busy, total in
+                    [(0, 0), (50, 100), (100, 200)])  # fmt: skip
+    assert busy_cores(seconds=0, path=stat, windows=2) == pytest.approx(1.0)  # busy in both
 
 
 def test_the_load_average_stands_in_without_proc_stat(

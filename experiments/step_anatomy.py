@@ -232,8 +232,9 @@ def main() -> None:
     ]
     splits, verifies = [], []
     for context in (int(c) for c in args.contexts.split(",")):
-        verifies += verify_table(context, verify_split(runner, context, args.steps, positions))
-        split = kernel_split(runner, context, args.steps)
+        by_positions = verify_split(runner, context, args.steps, positions)
+        verifies += verify_table(context, by_positions)
+        split = by_positions.get(1)  # the step: the verify split's one-position passes
         if split is not None:
             step, kernel = split
             rest = step - kernel
@@ -266,8 +267,9 @@ def main() -> None:
     if splits:
         lines += [
             "",
-            f"Without the profiler: {args.steps} steps with the bf16-weight products' kernel calls timed one "
-            "by one (by the fused layers' C driver, and around the LM head's call; medians):",
+            f"Without the profiler: steps with the bf16-weight products' kernel calls timed one by one (by "
+            "the fused layers' C driver, and around the LM head's call): the one-position passes of the "
+            f"split below (three samples of {args.steps} steps, medians):",
             "",
             "| context | step ms | products' kernel calls ms (share) | the rest ms (share) |",
             "|---|---|---|---|",

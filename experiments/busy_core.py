@@ -108,10 +108,7 @@ def main() -> None:
         child()
         return
     load_before = os.getloadavg()
-    samples: dict[tuple[str, str, str], list[float]] = {}
-    chosen: dict[tuple[str, str, str], list[int]] = {}
-    copies: dict[tuple[str, str, str], list[float]] = {}
-    floors: dict[tuple[str, str, str], list[float]] = {}
+    results: dict[tuple[str, str, str], list[dict]] = {}  # each process's `child` result, by cell
     plan = ""
     for round_index in range(args.rounds):
         for load in LOADS:
@@ -124,16 +121,14 @@ def main() -> None:
             for policy, threads in configs[shift:] + configs[:shift]:
                 result = run_child(policy, threads)
                 plan = result["plan"]
-                samples.setdefault((policy, threads, load), []).append(result["median_ms"])
-                chosen.setdefault((policy, threads, load), []).append(result["threads"])
-                copies.setdefault((policy, threads, load), []).append(result["copy_gbs"])
-                floors.setdefault((policy, threads, load), []).append(result["floor_ms"])
+                results.setdefault((policy, threads, load), []).append(result)
                 ms = result["median_ms"]
                 print(f"round {round_index + 1} {load:14} {policy:8} {threads} thread(s): {ms:.1f} ms")
             if spinner is not None:
                 spinner.kill()
                 spinner.wait()
     load_after = os.getloadavg()
+    samples = {cell: [r["median_ms"] for r in rs] for cell, rs in results.items()}
     cells = list(itertools.product(POLICIES, THREADS))
     idle = {(p, t): statistics.median(samples[(p, t, "idle")]) for p, t in cells}
     lines = [
@@ -153,13 +148,14 @@ def main() -> None:
     best = min(idle.values())
     for (policy, threads, load), values in sorted(samples.items()):
         median = statistics.median(values)
-        used = sorted(set(chosen[policy, threads, load]))
+        cell = results[policy, threads, load]
+        used = sorted({r["threads"] for r in cell})
         lines.append(
             f"| {policy} | {threads} | {load} | {used} | {median:.1f} | "
             f"{min(values):.1f}–{max(values):.1f} | "
             f"{median / idle[(policy, threads)]:.2f} | {median / best:.2f} | "
-            f"{statistics.median(copies[policy, threads, load]):.1f} | "
-            f"{median / statistics.median(floors[policy, threads, load]):.2f} |"
+            f"{statistics.median(r['copy_gbs'] for r in cell):.1f} | "
+            f"{median / statistics.median(r['floor_ms'] for r in cell):.2f} |"
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"busy_core{args.suffix}.md").write_text("\n".join(lines) + "\n")

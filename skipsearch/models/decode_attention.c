@@ -1,6 +1,5 @@
 /* Attention of a short query block over a bf16 K/V cache, in float32 arithmetic, for CPUs with
- * AVX-512 and AVX-512 BF16, and (a second build, below) over a float32 cache for CPUs with AVX-512
- * (skipsearch/models/native_attention.py builds and loads both;
+ * AVX-512 and AVX-512 BF16 (skipsearch/models/native_attention.py builds and loads it;
  * docs/theory.md, "The kernel plan").
  *
  * Why it exists: a decode step, a draft step and a verify pass attend with 1 to ~16 queries to
@@ -41,42 +40,13 @@
 
 #include "decode_attention_keys.h"
 
-/* One source, two builds. By default the cache (and the query and output) is bf16; built with
- * -DFLOAT32_CACHE it is float32, the fallback plan's cache (whose K/V come from float32
- * activations), read in place: the AVX-512 sibling of decode_attention_fp32.c, with the same design
- * (keys turned so that no score needs a horizontal sum, values summed for blocks of rows in
- * registers), which at a verify's 4 queries did a third of that AVX2 kernel's arithmetic per key. */
-#ifdef FLOAT32_CACHE
-typedef float element; /* the query's, the cache's and the output's values */
-#define KERNEL decode_attention_fp32
-#define WORD_ELEMENTS 1 /* elements per 32-bit word of a turned key */
-#else
-typedef uint16_t element;
-#define KERNEL decode_attention
-#define WORD_ELEMENTS 2
-#endif
-#define HEAD_MULTIPLE (16 * WORD_ELEMENTS) /* a head is whole 16-word vectors (one turn of 16 keys) */
-
 #define TILE 64        /* keys scored, weighted and summed together: 64 x dim bf16 stays in L1 */
 #define ROW_BLOCK 6    /* rows whose outputs are summed in registers together (6 x 4 vectors at 64) */
 #define MAX_DIM 256    /* 16 vectors of 16 floats */
 
-#ifndef FLOAT32_CACHE
 static inline __m512 widen(const uint16_t *bits) {
     __m256i half = _mm256_loadu_si256((const __m256i *)bits);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-#endif
-
-/* acc + one word of a query (a pair of bf16, or a float) times the same word of 16 turned keys:
- * VDPBF16PS sums the exact float32 products of a pair; a float is one FMA. */
-static inline __m512 word_products(__m512 acc, uint32_t query_word, __m512i keys) {
-#ifdef FLOAT32_CACHE
-    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_set1_epi32((int32_t)query_word)), _mm512_castsi512_ps(keys),
-                           acc);
-#else
-    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int32_t)query_word), (__m512bh)keys);
-#endif
 }
 
 /* e^x for x <= 0 (x - max of the tile), ~1 ulp: range reduction by ln 2, degree-7 polynomial. */
@@ -123,9 +93,9 @@ static inline void transpose16(__m512i r[16]) {
 }
 
 /* A tile's keys [start, start + width) turned so that a query scores 16 keys in one vector:
- * `turned[g * words + w]` holds, in lane j, the w-th 32-bit word (a pair of bf16 elements, or a
- * float) of key 16 g + j (keys past `width` are zero). Done once per tile for every row of the head. */
-static void turn_tile(const element *k, int64_t words, int64_t start, int64_t width, __m512i *turned) {
+ * `turned[g * words + w]` holds, in lane j, the w-th pair of bf16 elements of key 16 g + j (keys
+ * past `width` are zero). Done once per tile for every row of the head. */
+static void turn_tile(const uint16_t *k, int64_t words, int64_t start, int64_t width, __m512i *turned) {
     const uint32_t *keys = (const uint32_t *)k;
     for (int64_t g = 0; g * 16 < width; g++)
         for (int64_t w0 = 0; w0 < words; w0 += 16) {
@@ -138,7 +108,7 @@ static void turn_tile(const element *k, int64_t words, int64_t start, int64_t wi
         }
 }
 
-/* Scaled scores of one query row (`words` 32-bit words) against a turned tile of `width` keys
+/* Scaled scores of one query row (`words` pairs of bf16) against a turned tile of `width` keys
  * from `start`, -inf where the row's query does not see the key. bf16 products are exact in
  * float32 and VDPBF16PS accumulates them in float32, so this is float32 attention's dot product. */
 static void score_row(const uint32_t *query, const __m512i *turned, int64_t words, int64_t start,
@@ -148,8 +118,8 @@ static void score_row(const uint32_t *query, const __m512i *turned, int64_t word
         const __m512i *group = turned + (t / 16) * words;
         __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();
         for (int64_t w = 0; w < words; w += 2) {
-            even = word_products(even, query[w], group[w]);
-            odd = word_products(odd, query[w + 1], group[w + 1]);
+            even = _mm512_dpbf16_ps(even, (__m512bh)_mm512_set1_epi32((int32_t)query[w]), (__m512bh)group[w]);
+            odd = _mm512_dpbf16_ps(odd, (__m512bh)_mm512_set1_epi32((int32_t)query[w + 1]), (__m512bh)group[w + 1]);
         }
         __m512i index = _mm512_add_epi32(_mm512_set1_epi32((int32_t)(start + t)), lane);
         __mmask16 seen = _mm512_cmple_epi32_mask(index, _mm512_set1_epi32((int32_t)position));
@@ -199,7 +169,7 @@ static void accumulate(const float *values, int64_t width, int64_t dim, float we
         for (int64_t j = 0; j < dim; j += 16) {
             __m512 sum = _mm512_loadu_ps(acc + r * dim + j);
             for (int64_t t = 0; t < width; t++)
-                sum = _mm512_fmadd_ps(_mm512_set1_ps(weights[r][t]), _mm512_loadu_ps(values + t * dim + j), sum);
+                sum = _mm512_fmadd_ps(_mm512_set1_ps(weights[r][t]), _mm512_load_ps(values + t * dim + j), sum);
             _mm512_storeu_ps(acc + r * dim + j, sum);
         }
 }
@@ -213,7 +183,7 @@ static void accumulate(const float *values, int64_t width, int64_t dim, float we
             for (int j = 0; j < 4; j++) sum[r][j] = _mm512_loadu_ps(acc + r * 64 + 16 * j);               \
         for (int64_t t = 0; t < width; t++) {                                                            \
             __m512 value[4];                                                                             \
-            for (int j = 0; j < 4; j++) value[j] = _mm512_loadu_ps(values + t * 64 + 16 * j);             \
+            for (int j = 0; j < 4; j++) value[j] = _mm512_load_ps(values + t * 64 + 16 * j);             \
             for (int r = 0; r < ROWS; r++) {                                                             \
                 __m512 weight = _mm512_set1_ps(weights[r][t]);                                           \
                 for (int j = 0; j < 4; j++) sum[r][j] = _mm512_fmadd_ps(weight, value[j], sum[r][j]);    \
@@ -232,34 +202,27 @@ static void (*const accumulate_64[ROW_BLOCK + 1])(const float *, int64_t, float[
     NULL, accumulate_64x1, accumulate_64x2, accumulate_64x3, accumulate_64x4, accumulate_64x5, accumulate_64x6,
 };
 
-/* A tile's values [start, start + width) as float32, for every block of rows: a float32 cache's
- * in place, a bf16 cache's widened once into `values`. */
-static const float *tile_values(const element *v, int64_t dim, int64_t start, int64_t width, float *values) {
-#ifdef FLOAT32_CACHE
-    (void)width, (void)values;
-    return v + start * dim;
-#else
+/* A tile's values [start, start + width) widened to float32 once, for every block of rows. */
+static void widen_tile(const uint16_t *v, int64_t dim, int64_t start, int64_t width, float *values) {
     for (int64_t t = 0; t < width; t++)
         for (int64_t j = 0; j < dim; j += 16) _mm512_store_ps(values + t * dim + j, widen(v + (start + t) * dim + j));
-    return values;
-#endif
 }
 
 /* Keys [begin, end) of one K/V head for all its rows: the running max `m`, denominator `l` and
  * unnormalised output `acc` of each row, updated tile by tile; a tile's keys and values are read
  * from memory once (turned and widened), then from L1 for every block of rows. With `scores`
  * (the head group's [group][length] floats), query 0's scaled scores are copied out as well. */
-static void attend_chunk(const element *q, const element *k, const element *v, int64_t dim,
+static void attend_chunk(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t dim,
                          int64_t rows, int64_t begin, int64_t end, const Visibility *vis, float scale,
                          float *m, float *l, float *acc, float *scores) {
-    const int64_t words = dim / WORD_ELEMENTS;
+    const int64_t words = dim / 2;
     float weights[ROW_BLOCK][TILE] __attribute__((aligned(64)));
     float values[TILE * MAX_DIM] __attribute__((aligned(64)));
     __m512i turned[TILE / 16 * MAX_DIM / 2];
     for (int64_t start = begin; start < end; start += TILE) {
         int64_t width = end - start < TILE ? end - start : TILE;
         turn_tile(k, words, start, width, turned);
-        const float *tile = tile_values(v, dim, start, width, values);
+        widen_tile(v, dim, start, width, values);
         for (int64_t row0 = 0; row0 < rows; row0 += ROW_BLOCK) {
             int64_t count = rows - row0 < ROW_BLOCK ? rows - row0 : ROW_BLOCK;
             for (int64_t r = 0; r < count; r++) {
@@ -271,26 +234,26 @@ static void attend_chunk(const element *q, const element *k, const element *v, i
                 weigh_row(weights[r], width, dim, m + row, l + row, acc + row * dim);
             }
             if (dim == 64)
-                accumulate_64[count](tile, width, weights, acc + row0 * dim);
+                accumulate_64[count](values, width, weights, acc + row0 * dim);
             else
-                accumulate(tile, width, dim, weights, count, acc + row0 * dim);
+                accumulate(values, width, dim, weights, count, acc + row0 * dim);
         }
     }
 }
 
-/* Rows [kv_heads][rows][dim] of the query (element (head, i, d) at head * head_stride +
+/* Rows [kv_heads][rows][dim] of the query (bf16, element (head, i, d) at head * head_stride +
  * i * row_stride + d), a small copy that lets every chunk read its rows contiguously. */
-static void gather_rows(const element *q, int64_t head_stride, int64_t row_stride, int64_t heads,
-                        int64_t queries, int64_t dim, element *rows) {
+static void gather_rows(const uint16_t *q, int64_t head_stride, int64_t row_stride, int64_t heads,
+                        int64_t queries, int64_t dim, uint16_t *rows) {
     for (int64_t head = 0; head < heads; head++)
         for (int64_t i = 0; i < queries; i++)
-            memcpy(rows + (head * queries + i) * dim, q + head * head_stride + i * row_stride, sizeof(element) * dim);
+            memcpy(rows + (head * queries + i) * dim, q + head * head_stride + i * row_stride, 2 * dim);
 }
 
-/* The chunks' partial results of row r of K/V head h merged, normalised and stored into `o`
- * (a bf16 output rounded to nearest even, as torch rounds). */
+/* The chunks' partial results of row r of K/V head h merged, normalised and rounded to bf16
+ * (round to nearest even, as torch rounds) into `o`. */
 static void merge_row(const float *partial, int64_t chunks, int64_t stride, int64_t rows, int64_t dim,
-                      int64_t r, element *o) {
+                      int64_t r, uint16_t *o) {
     float top = -INFINITY, total = 0.0f, sum[MAX_DIM] __attribute__((aligned(64)));
     for (int64_t c = 0; c < chunks; c++) top = partial[c * stride + r] > top ? partial[c * stride + r] : top;
     memset(sum, 0, sizeof(float) * dim);
@@ -303,28 +266,23 @@ static void merge_row(const float *partial, int64_t chunks, int64_t stride, int6
     }
     for (int64_t j = 0; j < dim; j += 16) {
         __m512 x = _mm512_div_ps(_mm512_load_ps(sum + j), _mm512_set1_ps(total));
-#ifdef FLOAT32_CACHE
-        _mm512_storeu_ps(o + j, x);
-#else
         _mm256_storeu_si256((__m256i *)(o + j), (__m256i)_mm512_cvtneps_pbh(x));
-#endif
     }
 }
 
-/* Attention output of `heads` query heads of `queries` positions over a K/V cache of `length`
+/* Attention output of `heads` query heads of `queries` positions over a bf16 K/V cache of `length`
  * positions (`kv_heads` heads, head h at k + h * kv_stride, rows of `dim`), plus `extra` keys per
  * K/V head that every query sees (`extra_k`/`extra_v`, [kv_heads][extra][dim]: a draft's pillars),
- * written to `out` [queries][heads][dim] (the layout the output projection reads); all in the
- * build's element type. With `scores` ([heads][length] floats, filled with -inf by the caller),
- * query 0's scaled scores of the cache's keys it sees are written there too (a verify's pillar
- * choice). Returns 0, or -1 when the shape is outside what the kernel handles (dim not a multiple
- * of HEAD_MULTIPLE up to MAX_DIM, heads not a multiple of kv_heads) or memory for the partial
- * results runs out. */
-int KERNEL(const element *q, int64_t q_head_stride, int64_t q_row_stride, const element *k, const element *v,
-           int64_t kv_stride, element *out, int64_t heads, int64_t kv_heads, int64_t queries, int64_t dim,
-           int64_t length, int64_t sink, int64_t window, float scale, const element *extra_k,
-           const element *extra_v, int64_t extra, float *scores) {
-    if (dim % HEAD_MULTIPLE != 0 || dim > MAX_DIM || kv_heads < 1 || heads % kv_heads != 0 || queries < 1 || extra < 0)
+ * written bf16 to `out` [queries][heads][dim] (the layout the output projection reads). With
+ * `scores` ([heads][length] floats, filled with -inf by the caller), query 0's scaled scores of
+ * the cache's keys it sees are written there too (a verify's pillar choice). Returns 0, or -1 when
+ * the shape is outside what the kernel handles (dim not a multiple of 32 up to MAX_DIM, heads not a
+ * multiple of kv_heads) or memory for the partial results runs out. */
+int decode_attention(const uint16_t *q, int64_t q_head_stride, int64_t q_row_stride, const uint16_t *k,
+                     const uint16_t *v, int64_t kv_stride, uint16_t *out, int64_t heads, int64_t kv_heads,
+                     int64_t queries, int64_t dim, int64_t length, int64_t sink, int64_t window, float scale,
+                     const uint16_t *extra_k, const uint16_t *extra_v, int64_t extra, float *scores) {
+    if (dim % 32 != 0 || dim > MAX_DIM || kv_heads < 1 || heads % kv_heads != 0 || queries < 1 || extra < 0)
         return -1;
     int64_t rows = heads / kv_heads * queries;
     Visibility vis = {length, queries, sink, window};
@@ -335,7 +293,7 @@ int KERNEL(const element *q, int64_t q_head_stride, int64_t q_row_stride, const 
     int64_t units = chunks + (extra > 0), stride = rows * (dim + 2); /* per unit and head: m, l, acc */
     Visibility everything = {extra + queries, queries, 0, 0};
     float *partial = malloc(sizeof(float) * (units ? units : 1) * kv_heads * stride);
-    element *query = malloc(sizeof(element) * heads * queries * dim);
+    uint16_t *query = malloc(2 * heads * queries * dim);
     if (!chunk || !partial || !query) {
         free(chunk), free(partial), free(query);
         return -1;
@@ -367,12 +325,9 @@ int KERNEL(const element *q, int64_t q_head_stride, int64_t q_row_stride, const 
     int64_t group = heads / kv_heads;
     for (int64_t h = 0; h < kv_heads; h++)
         for (int64_t r = 0; r < rows; r++) {
-            element *o = out + ((r % queries) * heads + h * group + r / queries) * dim;
+            uint16_t *o = out + ((r % queries) * heads + h * group + r / queries) * dim;
             merge_row(partial + h * stride, units, kv_heads * stride, rows, dim, r, o);
         }
     free(chunk), free(partial), free(query);
     return 0;
 }
-
-/* The head sizes this build reads are multiples of this (skipsearch/models/native_attention.py). */
-int decode_attention_head_multiple(void) { return HEAD_MULTIPLE; }

@@ -1,7 +1,7 @@
 /* Attention of a short query block over a float32 K/V cache, for CPUs with AVX2 and FMA: the
- * decode-attention kernel of the fp32 fallback plan on a CPU without AVX-512
- * (skipsearch/models/native_attention.py builds and loads it; docs/theory.md, "The kernel plan").
- * decode_attention.c is its AVX-512 sibling, built for a bf16 cache and for a float32 one.
+ * decode-attention kernel of the fp32 fallback plan (skipsearch/models/native_attention.py builds
+ * and loads it; docs/theory.md, "The kernel plan"). decode_attention.c is its AVX-512 sibling,
+ * which reads a bf16 cache.
  *
  * Why it exists: a decode step, a draft step and a verify pass attend with 1 to ~16 queries to
  * the whole cache, which makes attention a stream over the K/V: it should run at the memory's
@@ -252,6 +252,3 @@ int decode_attention_fp32(const float *q, int64_t q_head_stride, int64_t q_row_s
     free(chunk), free(partial), free(query);
     return 0;
 }
-
-/* The head sizes this kernel reads are multiples of this (skipsearch/models/native_attention.py). */
-int decode_attention_head_multiple(void) { return 8; }

@@ -7,16 +7,15 @@ cache, so their attention should stream the K/V at the memory's bandwidth. torch
 not (10-16 GB/s over an fp32 cache against 39 GB/s for a copy on the project's AVX-512 EPYC, and
 bf16 is slower still, results/kernels/attention_rows.md; a third of the copy bandwidth on a Zen 3
 EPYC, results/profile/step_anatomy-smollm2-135m-float32-avx2.md), and neither torch nor
-transformers ships another CPU path for it. The kernels, by cache dtype:
+transformers ships another CPU path for it. One kernel per cache dtype:
 - bf16 (AVX-512 BF16): reads a bf16 cache, which holds the bf16 projections' K/V exactly, in
   float32 arithmetic, so it computes the fp32 path's attention from half its bytes;
-- float32: the fp32 fallback plan's cache, whose K/V come from float32 activations, read in place;
-  with AVX-512 by a second build of the bf16 kernel's source (its keys turned so that a score
-  needs no horizontal sum), else by the AVX2 and FMA kernel.
+- float32 (AVX2 and FMA): the fp32 fallback plan's cache, whose K/V come from float32 activations,
+  read in place.
 
-Each build is built and loaded by `models.native`, used only where the CPU has the features it is
-written for and a compiler is found; the widest that loads serves its dtype. Otherwise
-`load_kernel(dtype).reason` says why, the kernel plan prints it, and the plan keeps torch's SDPA.
+Each is built and loaded by `models.native`, used only where the CPU has the features it is
+written for and a compiler is found; otherwise `load_kernel(dtype).reason` says why, the kernel
+plan prints it, and the plan keeps torch's SDPA.
 """
 
 from __future__ import annotations
@@ -37,75 +36,36 @@ _SIGNATURE = (
 _KEYS = Path(__file__).with_name("decode_attention_keys.h")  # which keys a block sees, for both
 _LANES = Path(__file__).with_name("avx2_lanes.h")  # the fixed-order lane sums, shared with linear_rows.c
 _EXP = Path(__file__).with_name("avx2_exp.h")  # e^x, shared with silu.c
-_AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
-_AVX512_FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-fopenmp", "-shared", "-fPIC")
-# The builds over each cache dtype, the widest this CPU runs first: decode_attention.c is one
-# source built for a bf16 cache and for a float32 one; decode_attention_fp32.c is the float32
-# cache's kernel for CPUs without AVX-512.
+_BF16_FLAGS = (
+    "-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512bf16",
+    "-fopenmp", "-shared", "-fPIC",
+)  # fmt: skip
 SOURCES = {
-    torch.bfloat16: (
-        KernelSource(
-            path=Path(__file__).with_name("decode_attention.c"),
-            symbol="decode_attention",
-            signature=_SIGNATURE,
-            needed_flags=(*_AVX512, "avx512_bf16"),
-            compiler_flags=(*_AVX512_FLAGS, "-mavx512bf16"),
-            headers=(_KEYS,),
-        ),
+    torch.bfloat16: KernelSource(
+        path=Path(__file__).with_name("decode_attention.c"),
+        symbol="decode_attention",
+        signature=_SIGNATURE,
+        needed_flags=("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"),
+        compiler_flags=_BF16_FLAGS,
+        headers=(_KEYS,),
     ),
-    torch.float32: (
-        KernelSource(
-            path=Path(__file__).with_name("decode_attention.c"),
-            symbol="decode_attention_fp32",
-            signature=_SIGNATURE,
-            needed_flags=_AVX512,
-            compiler_flags=(*_AVX512_FLAGS, "-DFLOAT32_CACHE"),
-            headers=(_KEYS,),
-        ),
-        KernelSource(
-            path=Path(__file__).with_name("decode_attention_fp32.c"),
-            symbol="decode_attention_fp32",
-            signature=_SIGNATURE,
-            needed_flags=("avx2", "fma"),
-            compiler_flags=("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"),
-            headers=(_KEYS, _LANES, _EXP),
-        ),
+    torch.float32: KernelSource(
+        path=Path(__file__).with_name("decode_attention_fp32.c"),
+        symbol="decode_attention_fp32",
+        signature=_SIGNATURE,
+        needed_flags=("avx2", "fma"),
+        compiler_flags=("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"),
+        headers=(_KEYS, _LANES, _EXP),
     ),
 }
 # Longer blocks (prefills, the estimator's teacher-forced passes) stay on SDPA, compute-bound there.
 MAX_QUERIES = 16
 
 
-def _widest(dtype: torch.dtype) -> tuple[KernelSource, NativeLibrary]:
-    for source in SOURCES[dtype]:
-        library = load_native(source)
-        if library.function is not None:
-            return source, library
-    return source, library
-
-
 @functools.cache
 def load_kernel(dtype: torch.dtype = torch.bfloat16) -> NativeLibrary:
-    """The widest build of the kernel over a `dtype` cache that this CPU runs, compiled once per
-    source, compiler and flags; where none loads, the narrowest's reason."""
-    return _widest(dtype)[1]
-
-
-@functools.cache
-def kernel_source(dtype: torch.dtype = torch.bfloat16) -> KernelSource:
-    """The build `load_kernel(dtype)` loads (or tried last)."""
-    return _widest(dtype)[0]
-
-
-def head_multiple(dtype: torch.dtype) -> int:
-    """The head sizes the loaded kernel over a `dtype` cache reads are multiples of this (0 where
-    none loads)."""
-    library = load_kernel(dtype)
-    if library.function is None:
-        return 0
-    multiple = library.handle.decode_attention_head_multiple
-    multiple.restype = ctypes.c_int
-    return int(multiple())
+    """The kernel over a `dtype` cache for this CPU, compiled once per source, compiler and flags."""
+    return load_native(SOURCES[dtype])
 
 
 def decode_attention(

@@ -65,6 +65,13 @@ def resolve_draft_choices(config: RunConfig) -> RunConfig:
     return replace(config, draft_vocab=tuple(vocabs), kv=tuple(patterns), measure=measure)
 
 
+def _drafts_beyond_layers(config: RunConfig) -> bool:
+    """Whether drafts also differ by draft vocabulary or KV pattern: then the draft that skips no
+    layer is a candidate too (SmolLM2's best on the Xeon: every layer with a 16,384-id head,
+    results/draft_stop/smollm2-135m-amx-vocab-only-24prompts.md)."""
+    return bool(config.measure.draft_vocabs or config.measure.kv_patterns)
+
+
 def _searches_kv(config: RunConfig) -> bool:
     return any(kv is not None for kv in config.kv or ())
 
@@ -211,7 +218,9 @@ def search_one(
         owned = local_executor(config.measure, config.temperature, measurement) if executor is None else None
         with owned or nullcontext(executor) as evaluating:
             strategy, budget = _strategy(config, context, setup, out, evaluating, cache)
-            search = SearchConfig(budget=budget, seed=config.seed, pareto=config.pareto)
+            search = SearchConfig(
+                budget=budget, seed=config.seed, pareto=config.pareto, every_layer=_drafts_beyond_layers(config)
+            )
             result = run_search(
                 setup.space,
                 strategy,

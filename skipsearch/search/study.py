@@ -48,6 +48,7 @@ from skipsearch.store import CACHE_DIR, JOURNAL_FILE, refuse_symlinks
 logger = logging.getLogger(__name__)
 
 CONSTRAINT = "infeasibility"
+EVERY_LAYER = "every-layer"  # the origin of the trial that scores the draft skipping no layer
 # Trial attrs set when a trial is asked; the rest describe its score and are copied to repeats.
 _ASK_ATTRS = ("mask", "num_layers", "strategy", "seed", "origin")
 
@@ -78,6 +79,10 @@ class SearchConfig:
     `pareto`: maximise the score and minimise r_draft (weighted by `r_draft_weights`, e.g. from a
     LatencyProfile; by sub-layer count without). `max_idle_asks`: after this many asks in a row
     that cost no budget (repeats, infeasible), the next mask is a random unseen feasible one.
+    `every_layer`: score the draft that skips no layer first, outside the space (whose masks skip
+    at least one): a candidate where drafts also differ by vocabulary or KV pattern, whose
+    savings need no skipped layer (its verify reuses every layer's K/V). It costs one mask of the
+    budget.
     """
 
     budget: int
@@ -86,6 +91,7 @@ class SearchConfig:
     r_draft_weights: SublayerWeights | None = None
     infeasible_value: float = 0.0
     max_idle_asks: int = 20
+    every_layer: bool = False
 
     def __post_init__(self) -> None:
         if self.budget <= 0:
@@ -233,7 +239,8 @@ class _Search:
         self.idle_asks = 0
         self.evaluations = 0
         self.best_value: float | None = None
-        self.space_size = space.size()
+        self.every_layer = SkipMask(space.num_layers) if config.every_layer else None
+        self.space_size = space.size() + (self.every_layer is not None)
         self.learns = strategy.sampler(config.seed, config.pareto) is not None
         self.plan = strategy.plan(
             PlanContext(space, config.seed, config.budget, self.seen, self._cached_value)
@@ -288,6 +295,10 @@ class _Search:
         """Enqueue the next plan or guard mask when the queue is empty, then ask; None: done."""
         if self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             return self.study.ask()
+        if self.every_layer is not None and str(self.every_layer) not in self.seen:
+            trial = self.study.ask()  # no params: its mask is not one of the space's
+            trial.set_user_attr("origin", EVERY_LAYER)
+            return trial
         if len(self.seen) >= self.space_size:
             return None
         if self.idle_asks >= self.config.max_idle_asks:
@@ -310,7 +321,8 @@ class _Search:
         trial = self._next_trial()
         if trial is None:
             return False
-        mask = self.space.suggest(trial)
+        every_layer = trial.user_attrs.get("origin") == EVERY_LAYER
+        mask = self.every_layer if every_layer else self.space.suggest(trial)
         key = str(mask)
         attrs = {
             "mask": key,
@@ -321,7 +333,7 @@ class _Search:
         attrs["origin"] = trial.user_attrs.get("origin", "sampler")
         for name, value in attrs.items():
             trial.set_user_attr(name, value)
-        violation = self.space.violation(mask)
+        violation = 0.0 if every_layer else self.space.violation(mask)
         if violation > 0:
             self.idle_asks += 1
             values = [self.config.infeasible_value, *self._cost(mask)]

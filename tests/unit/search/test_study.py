@@ -220,6 +220,21 @@ def test_repeats_are_free_and_the_guard_breaks_a_stuck_sampler(tmp_path: Path) -
     assert list(frame[~frame["repeat"]]["origin"]) == ["sampler", "guard", "guard", "guard"]
 
 
+@pytest.mark.parametrize("strategy", ["random", "learned"])
+def test_every_layer_scores_the_draft_that_skips_no_layer_first_and_once(tmp_path: Path, strategy: str) -> None:
+    """Outside the space (which skips at least one layer), one mask of the budget, never again on
+    resume; without `every_layer` the space's masks only (test_random_strategy_...)."""
+    evaluate, empty = CountingEvaluator(), str(SkipMask(NUM_LAYERS))
+    result = search(tmp_path, strategy, evaluate, budget=6, every_layer=True)
+    assert evaluate.calls[0] == empty and evaluate.calls.count(empty) == 1
+    assert result.budget_used == 6 and len(evaluate.calls) == 6
+    frame = study_trials_frame(load_study(tmp_path, strategy))
+    assert frame.loc[frame["mask"] == empty, "origin"].tolist() == ["every-layer"]
+    more = CountingEvaluator()
+    result = search(tmp_path, strategy, more, budget=8, every_layer=True, resume=True)
+    assert result.budget_used == 8 and empty not in more.calls and len(more.calls) == 2
+
+
 def test_infeasible_asks_are_constrained_and_cost_no_budget(tmp_path: Path) -> None:
     evaluate = CountingEvaluator()
     result = search(tmp_path, StuckStrategy(), evaluate, budget=3, max_idle_asks=2)

@@ -219,7 +219,10 @@ def search_one(
         with owned or nullcontext(executor) as evaluating:
             strategy, budget = _strategy(config, context, setup, out, evaluating, cache)
             search = SearchConfig(
-                budget=budget, seed=config.seed, pareto=config.pareto, every_layer=_drafts_beyond_layers(config)
+                budget=budget,
+                seed=config.seed,
+                pareto=config.pareto,
+                every_layer=_drafts_beyond_layers(config),
             )
             result = run_search(
                 setup.space,

@@ -221,7 +221,7 @@ def test_repeats_are_free_and_the_guard_breaks_a_stuck_sampler(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("strategy", ["random", "learned"])
-def test_every_layer_scores_the_draft_that_skips_no_layer_first_and_once(tmp_path: Path, strategy: str) -> None:
+def test_every_layer_scores_the_no_skip_draft_first_and_once(tmp_path: Path, strategy: str) -> None:
     """Outside the space (which skips at least one layer), one mask of the budget, never again on
     resume; without `every_layer` the space's masks only (test_random_strategy_...)."""
     evaluate, empty = CountingEvaluator(), str(SkipMask(NUM_LAYERS))

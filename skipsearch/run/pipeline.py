@@ -66,10 +66,14 @@ def resolve_draft_choices(config: RunConfig) -> RunConfig:
 
 
 def _drafts_beyond_layers(config: RunConfig) -> bool:
-    """Whether drafts also differ by draft vocabulary or KV pattern: then the draft that skips no
-    layer is a candidate too (SmolLM2's best on the Xeon: every layer with a 16,384-id head,
-    results/draft_stop/smollm2-135m-amx-vocab-only-24prompts.md)."""
-    return bool(config.measure.draft_vocabs or config.measure.kv_patterns)
+    """Whether drafts also differ by draft vocabulary or KV pattern, ranked by the calibrated cost
+    model: then the draft that skips no layer is a candidate too (SmolLM2's best on the Xeon: every
+    layer with a 16,384-id head, results/draft_stop/smollm2-135m-amx-vocab-only-24prompts.md). The
+    closed form cannot rank it: its round, `γ r_draft + (1 − r_reuse) f(γ)`, leaves out the verify's
+    pass of the last draft token through the reused layers, so at `r_reuse` = 1 it prices the verify
+    at nothing (the calibrated model and the engine pay it)."""
+    has_more = bool(config.measure.draft_vocabs or config.measure.kv_patterns)
+    return has_more and config.cost == "calibrated"
 
 
 def _searches_kv(config: RunConfig) -> bool:

@@ -134,8 +134,9 @@ def _details(mask: SkipMask, profile: AcceptanceProfile, prediction: Prediction)
         "r_reuse": mask.r_reuse if profile.kv is None else 0.0,  # a KV pattern leaves verify nothing
         "skipped_attn": sorted(mask.attn),
         "skipped_mlp": sorted(mask.mlp),
-        "speedup_closed_form": prediction.best_closed_form.speedup,
-        "gamma_closed_form": prediction.best_closed_form.gamma,
+        # the closed form prices a draft that skips no layer's verify at nothing (run.pipeline)
+        "speedup_closed_form": prediction.best_closed_form.speedup if mask.attn or mask.mlp else None,
+        "gamma_closed_form": prediction.best_closed_form.gamma if mask.attn or mask.mlp else None,
         **{f"tokens_per_round_{g}": t for g, t in enumerate(prediction.tokens_per_round, start=1)},
     }
     if prediction.best_calibrated is not None:

@@ -46,9 +46,11 @@ def test_a_search_records_its_vocabulary_and_an_older_run_resumes(tmp_path: Path
     assert best["draft_vocab"] in ("full", 8192, 2048)
     assert set(best["score_by_draft_vocab"]) == {"full", "8192", "2048"}
     assert (out / "draft_vocab.json").is_file()
-    # with vocabularies the draft that skips no layer is scored too, once, outside the space
+    # with vocabularies and the calibrated cost model the draft that skips no layer is scored too,
+    # once, outside the space; the closed form cannot price it (run.pipeline) and leaves it out
     trials = list(csv.DictReader((out / "trials.csv").open()))
-    assert [t["mask"] for t in trials if t["origin"] == "every-layer"] == ["a:|m:"]
+    every_layer = [t["mask"] for t in trials if t["origin"] == "every-layer"]
+    assert every_layer == (["a:|m:"] if best["cost"] == "calibrated" else [])
     done = skipsearch("export", str(out), "--format", "all", "--out", str(out / "exports"))
     assert done.returncode == 0, done.stderr
     exported = json.loads((out / "exports" / "skipsearch.json").read_text())

@@ -174,8 +174,13 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
     lines = [
         f"# skipsearch run: {summary['model']}",
         "",
-        f"Best mask, with draft length γ = {summary['gamma_best']} (attention skipped at "
-        f"{summary['skipped_attn']}, MLP at {summary['skipped_mlp']}):",
+        f"Best mask, with draft length γ = {summary['gamma_best']} ("
+        + (
+            f"attention skipped at {summary['skipped_attn']}, MLP at {summary['skipped_mlp']}"
+            if summary["skipped_attn"] != [] or summary["skipped_mlp"] != []
+            else "no layer skipped: the draft differs by its vocabulary or KV pattern only"
+        )
+        + "):",
         "",
         f"    {summary['mask']}",
         *(

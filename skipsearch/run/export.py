@@ -31,8 +31,10 @@ def draft_for(source: ExportSource, fmt: Format) -> ExportedDraft:
         return source.best
     if source.contiguous is None:
         where = "its best.json has no run beside it" if source.run_dir is None else "no trial exits early"
+        best = source.best.mask
+        shape = "is sparse" if best.attn or best.mlp else "skips no layer"
         raise ConfigError(
-            f"format {fmt.name} runs only an early exit but the best mask {source.best.mask} is sparse and "
+            f"format {fmt.name} runs only an early exit but the best mask {best} {shape} and "
             f"{where}: export a contiguous run (`skipsearch run --space contiguous --strategy exhaustive`) "
             "or use --format skipsearch or skip-layers"
         )

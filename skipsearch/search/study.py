@@ -41,7 +41,7 @@ from skipsearch.search.cache import EvaluationCache
 from skipsearch.search.journal import FlockLock, repair_journal
 from skipsearch.search.results import DETAIL_PREFIX, TrialRecord, best_trial, pareto_front
 from skipsearch.search.score import Scorer
-from skipsearch.search.spaces import ConcreteSpace
+from skipsearch.search.spaces import ConcreteSpace, SubsetSpace
 from skipsearch.search.strategies import PlanContext, Strategy
 from skipsearch.store import CACHE_DIR, JOURNAL_FILE, refuse_symlinks
 
@@ -240,6 +240,13 @@ class _Search:
         self.evaluations = 0
         self.best_value: float | None = None
         self.every_layer = SkipMask(space.num_layers) if config.every_layer else None
+        # A subset space expresses that draft in its own params (every unit kept): samplers that
+        # need one search space over all trials (GP, CMA-ES) would otherwise sample the rest at random.
+        self.every_layer_params = (
+            space.params_for(self.every_layer)
+            if self.every_layer is not None and isinstance(space, SubsetSpace)
+            else None
+        )
         self.space_size = space.size() + (self.every_layer is not None)
         self.learns = strategy.sampler(config.seed, config.pareto) is not None
         self.plan = strategy.plan(
@@ -296,7 +303,10 @@ class _Search:
         if self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             return self.study.ask()
         if self.every_layer is not None and str(self.every_layer) not in self.seen:
-            trial = self.study.ask()  # no params: its mask is not one of the space's
+            if self.every_layer_params is not None:
+                self.study.enqueue_trial(self.every_layer_params, user_attrs={"origin": EVERY_LAYER})
+                return self.study.ask()
+            trial = self.study.ask()  # no params: the space cannot express the mask
             trial.set_user_attr("origin", EVERY_LAYER)
             return trial
         if len(self.seen) >= self.space_size:
@@ -322,7 +332,9 @@ class _Search:
         if trial is None:
             return False
         every_layer = trial.user_attrs.get("origin") == EVERY_LAYER
-        mask = self.every_layer if every_layer else self.space.suggest(trial)
+        mask = (
+            self.every_layer if every_layer and self.every_layer_params is None else self.space.suggest(trial)
+        )
         key = str(mask)
         attrs = {
             "mask": key,

@@ -230,6 +230,9 @@ def test_every_layer_scores_the_no_skip_draft_first_and_once(tmp_path: Path, str
     assert result.budget_used == 6 and len(evaluate.calls) == 6
     frame = study_trials_frame(load_study(tmp_path, strategy))
     assert frame.loc[frame["mask"] == empty, "origin"].tolist() == ["every-layer"]
+    # in the sparse space's own params (every layer kept), so GP and CMA-ES keep one search space
+    first = load_study(tmp_path, strategy).trials[0]
+    assert first.user_attrs["mask"] == empty and first.params and not any(first.params.values())
     more = CountingEvaluator()
     result = search(tmp_path, strategy, more, budget=8, every_layer=True, resume=True)
     assert result.budget_used == 8 and empty not in more.calls and len(more.calls) == 2

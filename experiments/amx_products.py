@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", choices=shipped_configs())
     parser.add_argument("--repeats", type=int, default=15, help="timed passes per kernel and row count")
     parser.add_argument("--suffix", default="", help="appended to the report's name (another CPU)")
+    parser.add_argument("--out", type=Path, default=OUT, help="the report's folder")
     args = parser.parse_args()
     missing = [flag for flag in NEEDED if flag not in (cpu_flags() or ())]
     if missing:
@@ -134,7 +135,7 @@ def main() -> None:
         load_line(before, after) + ".",
         "",
     ]
-    path = OUT / f"amx_products-{args.model}{args.suffix}.md"
+    path = args.out / f"amx_products-{args.model}{args.suffix}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(report))
     print("\n".join(report))

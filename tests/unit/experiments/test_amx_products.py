@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from skipsearch.models.dtypes import cpu_flags
+from skipsearch.models.native import compiler
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "experiments" / "amx_products.py"
@@ -20,7 +21,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
 
 
-@pytest.mark.skipif(not HAS_AMX, reason="the prototype needs AMX")
+@pytest.mark.skipif(not HAS_AMX or compiler() is None, reason="the prototype needs AMX and a C compiler")
 def test_the_prototype_keeps_a_rows_bits_and_reports_both_kernels(tmp_path: Path) -> None:
     done = run("--model", "smollm2-135m", "--repeats", "2", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr

@@ -182,7 +182,15 @@ def start_run(
         console.print(cost_note(config, context))
         save_run(config, context, out)
         with make_executor(config.measure, config.temperature, context.measurement) as executor:
-            result = search_one(config, context, out, resume, on_trial=on_start(config), executor=executor)
+            result = search_one(
+                config,
+                context,
+                out,
+                resume,
+                on_trial=on_start(config),
+                executor=executor,
+                every_layer=_drafts_beyond_layers(config),
+            )
         rescore_finalists(config, context, out)  # still the owner: it writes into the run
     return result
 
@@ -206,10 +214,14 @@ def search_one(
     cache: EvaluationCache | None = None,
     on_trial: ProgressCallback | None = None,
     executor: Executor | None = None,
+    every_layer: bool = False,
 ) -> SearchResult:
     """Run one strategy's study in `out` (validated constraints first, then the journal).
 
-    Masks are evaluated on `executor` (the caller closes it), by default in this process."""
+    Masks are evaluated on `executor` (the caller closes it), by default in this process.
+    `every_layer` scores the draft that skips no layer first (`SearchConfig.every_layer`): `run`
+    asks for it (`_drafts_beyond_layers`); `compare` does not, since a candidate every strategy
+    scores first would make them all find the same best when it wins."""
     from skipsearch.search import EvaluationCache, SearchConfig, run_search
     from skipsearch.search.space_spec import TierSpace
     from skipsearch.search.study import quiet_optuna
@@ -226,7 +238,7 @@ def search_one(
                 budget=budget,
                 seed=config.seed,
                 pareto=config.pareto,
-                every_layer=_drafts_beyond_layers(config),
+                every_layer=every_layer,
             )
             result = run_search(
                 setup.space,

@@ -1,5 +1,5 @@
-"""The products on AMX tiles (a prototype, `experiments/amx_products.c`) against skipsearch's
-AVX-512 products kernel, at 1, 3 and 5 rows, on a model's decode-step products (issue 19).
+"""skipsearch's AMX products kernel (`skipsearch/models/linear_rows_amx.c`) against its AVX-512
+products kernel, at 1, 3 and 5 rows, on a model's decode-step products (issue 19).
 
 A verify of γ + 1 positions costs 1.2-1.3 steps on the project's Xeon (f(4) in
 `results/profile/amx-chunks/`), and half of what each extra row adds is the products' arithmetic:
@@ -7,14 +7,14 @@ the AVX-512 kernel widens the bf16 weights and does one FMA per weight and row. 
 16 x 32 block of bf16 by 32 x 16 in one instruction whatever the row count up to 16, so the extra
 rows would be free, if the tiles streamed the weights as fast as the vector kernel at one row
 (the autoregressive baseline must run the fastest one-row kernel, and the verify the same bits as
-the steps). This experiment builds both (the package's `linear_rows.c` AVX-512 build under another
-name, and the prototype with a harness, `amx_products.c`), runs one pass of every product of a
+the steps). This experiment builds both kernels of the package under other names with a harness
+(`amx_products.c`), runs one pass of every product of a
 decode step (the model's layers' q+k+v, o, gate+up and down, and the LM head; distinct weights
 per layer, so each pass reads them from memory), alternating the kernels, and writes each
 kernel's median ms a pass with the quartiles, the AMX outputs' bits alone and in a block, and
-their distance from a float64 product. The AMX prototype rounds its inputs to bf16, which the
-kernel plan's float32 activations do not: adopting it changes the plan's numbers, not only its
-speed.
+their distance from a float64 product. The AMX kernel rounds its inputs to bf16, which the
+vector kernel's float32 activations do not: choosing it changes the plan's numbers, not only its
+speed (`skipsearch.models.products_choice` chooses per model).
 
     python experiments/amx_products.py --model smollm2-135m   # ~1 min
     # -> results/kernels/amx_products-{model}{--suffix}.md
@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "kernels"
 HARNESS = Path(__file__).with_name("amx_products.c")
 KERNEL = ROOT / "skipsearch" / "models" / "linear_rows.c"
+AMX_KERNEL = ROOT / "skipsearch" / "models" / "linear_rows_amx.c"
 NEEDED = ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx512bw", "avx512vl")
 FLAGS = (
     "-O3", "-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile",
@@ -67,12 +68,18 @@ def step_products(config: dict) -> list[tuple[int, int, int]]:
 
 
 def build(directory: Path, cc: str) -> Path:
-    """The harness linked with the package's kernel renamed `avx512_rows`; its path."""
-    kernel = directory / "linear_rows.o"
-    renamed = ("-Dlinear_rows=avx512_rows", "-Dlinear_rows_lanes=avx512_rows_lanes")
-    subprocess.run([cc, *FLAGS, "-c", *renamed, "-o", str(kernel), str(KERNEL)], check=True)
+    """The harness linked with the package's kernels renamed `avx512_rows` and `amx_rows`; its path."""
+    objects = []
+    for source, name in ((KERNEL, "avx512_rows"), (AMX_KERNEL, "amx_rows")):
+        renamed = (
+            f"-Dlinear_rows={name}",
+            f"-Dlinear_rows_lanes={name}_lanes",
+            f"-Dlinear_rows_amx_ready={name}_ready",
+        )
+        objects.append(directory / f"{name}.o")
+        subprocess.run([cc, *FLAGS, "-c", *renamed, "-o", str(objects[-1]), str(source)], check=True)
     binary = directory / "amx_products"
-    subprocess.run([cc, *FLAGS, "-o", str(binary), str(HARNESS), str(kernel)], check=True)
+    subprocess.run([cc, *FLAGS, "-o", str(binary), str(HARNESS), *map(str, objects)], check=True)
     return binary
 
 
@@ -85,7 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     missing = [flag for flag in NEEDED if flag not in (cpu_flags() or ())]
     if missing:
-        parser.error(f"this CPU lacks {', '.join(missing)}: the prototype needs AMX")
+        parser.error(f"this CPU lacks {', '.join(missing)}: the AMX kernel needs AMX")
     cc = compiler()
     if cc is None:
         parser.error("no C compiler (cc or gcc) on PATH")
@@ -123,7 +130,7 @@ def main() -> None:
         f"({', '.join(f'{n} x {i}→{o}' for i, o, n in products)}), distinct weights per layer; "
         f"median ms a pass of {args.repeats}, the kernels alternating, with the quartiles.",
         "",
-        *markdown_table(["rows", "AVX-512 kernel ms", "AMX prototype ms"], rows_table),
+        *markdown_table(["rows", "AVX-512 kernel ms", "AMX kernel ms"], rows_table),
         "",
         "AMX ÷ AVX-512 at 1 / 3 / 5 rows: "
         + " / ".join(f"{medians['amx', r] / medians['avx512', r]:.2f}" for r in (1, 3, 5))

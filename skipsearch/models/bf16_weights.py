@@ -14,6 +14,13 @@ K/V and attention stay float32, and every output row comes out of the same opera
 the row count: a verify pass's products equal the decode steps' bit for bit. Blocks longer than
 `MAX_ROWS` (prefills, the estimator's teacher-forced passes) are compute-bound, not
 memory-bound: they multiply a float32 copy of the same rounded weights with torch's product.
+
+A CPU with AMX-BF16 has a second kernel for the same products, `linear_rows_amx.c` (`TILES`): tile
+products, whose extra rows are nearly free where the vector kernel's (`VECTOR`) cost FMAs, at the
+price of rounding each input row to bf16 too. It reads its own layout (`pack_tiles`), and a
+module's `kernel` names which of the two it runs; which one a model runs is measured on its own
+matrices (`models.products_choice`). Its long blocks round their inputs the same way, so a
+prefill multiplies what the kernel would.
 """
 
 from __future__ import annotations
@@ -55,6 +62,18 @@ SOURCES = (
 )
 OUT_BLOCK = 2  # weight rows the kernel streams together, in pairs (linear_rows.c)
 MAX_ROWS = 16  # longer blocks are compute-bound: torch's product on a float32 copy
+TILE_SOURCE = KernelSource(
+    path=Path(__file__).with_name("linear_rows_amx.c"),
+    symbol="linear_rows",
+    signature=_SIGNATURE,
+    needed_flags=("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx512bw", "avx512vl"),
+    compiler_flags=(
+        "-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16",
+        "-fopenmp", "-shared", "-fPIC",
+    ),
+)  # fmt: skip
+TILE_OUT, TILE_IN, TILE_UNIT = 16, 32, 2  # a tile column's outputs, a tile product's inputs, columns a unit
+VECTOR, TILES = "vector", "tiles"  # the two kernels (`Bf16WeightLinear.kernel`)
 
 
 @functools.cache
@@ -89,6 +108,30 @@ def chunk() -> int:
     return int(lanes())
 
 
+@functools.cache
+def load_tile_kernel() -> NativeLibrary:
+    """The AMX kernel, compiled once per source, compiler and compiler flags; where it does not
+    load, or Linux does not lend this process the tile state, the reason."""
+    library = load_native(TILE_SOURCE)
+    if library.function is None:
+        return library
+    ready = library.handle.linear_rows_amx_ready
+    ready.restype = ctypes.c_int
+    if not ready():
+        return NativeLibrary(None, "Linux did not lend this process the AMX tile state (arch_prctl)")
+    return library
+
+
+def kernel_library(kernel: str) -> NativeLibrary:
+    """The library of the kernel `kernel` names (`VECTOR` or `TILES`)."""
+    return load_kernel() if kernel == VECTOR else load_tile_kernel()
+
+
+def out_block(kernel: str) -> int:
+    """The outputs `kernel`'s layout packs together: a fused projection's parts must be multiples."""
+    return OUT_BLOCK if kernel == VECTOR else TILE_OUT * TILE_UNIT
+
+
 def fits(weight: torch.Tensor) -> bool:
     """Whether the kernel reads this matrix: float32 on a CPU, inputs a multiple of 8."""
     return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.shape[1] % 8 == 0
@@ -113,6 +156,27 @@ def unpack_weight(packed: torch.Tensor, out: int, inputs: int) -> torch.Tensor:
     return packed.permute(0, 3, 1, 2).reshape(blocks * OUT_BLOCK, chunks * width)[:out, :inputs].float()
 
 
+def pack_tiles(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` `[out, in]` rounded to bf16 in the AMX kernel's layout `[units, chunks, TILE_UNIT,
+    TILE_IN / 2, TILE_OUT, 2]`: each unit of `TILE_UNIT` tile columns (`TILE_OUT` outputs each) is one
+    contiguous stream, chunk by chunk of `TILE_IN` inputs, and a chunk holds each column's tile with
+    the two values of an input pair side by side, as the tile product reads them (outputs past `out`
+    and inputs past `in`, up to whole units and chunks, are zeros)."""
+    out, inputs = weight.shape
+    unit = TILE_OUT * TILE_UNIT
+    padded = torch.zeros(-(-out // unit) * unit, -(-inputs // TILE_IN) * TILE_IN, dtype=torch.bfloat16)
+    padded[:out, :inputs] = weight
+    shape = (padded.shape[0] // unit, TILE_UNIT, TILE_OUT, padded.shape[1] // TILE_IN, TILE_IN // 2, 2)
+    return padded.view(shape).permute(0, 3, 1, 4, 2, 5).contiguous()
+
+
+def unpack_tiles(packed: torch.Tensor, out: int, inputs: int) -> torch.Tensor:
+    """The float32 `[out, inputs]` matrix `packed` (`pack_tiles`' layout) holds."""
+    units, chunks = packed.shape[:2]
+    matrix = packed.permute(0, 2, 4, 1, 3, 5).reshape(units * TILE_UNIT * TILE_OUT, chunks * TILE_IN)
+    return matrix[:out, :inputs].float()
+
+
 def multiply(
     function: Callable[..., int],
     hidden: torch.Tensor,
@@ -135,30 +199,35 @@ def multiply(
 
 
 class Bf16WeightLinear(nn.Module):
-    """`nn.Linear`'s product with the weight rounded to bf16, in float32 arithmetic, on the kernel.
+    """`nn.Linear`'s product with the weight rounded to bf16, in float32 arithmetic, on the kernel
+    `kernel` names (`VECTOR`, or `TILES`, which rounds the inputs to bf16 too).
 
     `weight` is the float32 matrix the product multiplies by (the rounded weights), unpacked on
     each read: read it once, not per step.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: str = VECTOR) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.packed = pack_weight(weight.detach())
+        self.kernel = kernel
+        self.packed = (pack_weight if kernel == VECTOR else pack_tiles)(weight.detach())
         self.bias = None if bias is None else bias.detach().float().contiguous()
 
     @property
     def weight(self) -> torch.Tensor:
-        return unpack_weight(self.packed, self.out_features, self.in_features)
+        unpack = unpack_weight if self.kernel == VECTOR else unpack_tiles
+        return unpack(self.packed, self.out_features, self.in_features)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # A decode step makes ~200 of these calls on a few hundred floats each: every torch
         # operation here costs a dispatch of a few microseconds, so the fast path makes one (the
         # output's allocation) besides the kernel call.
         rows = hidden.numel() // self.in_features
-        function = load_kernel().function
+        function = kernel_library(self.kernel).function
         if function is None or not 1 <= rows <= MAX_ROWS or hidden.dtype is not torch.float32:
             bias = None if self.bias is None else self.bias.to(hidden.dtype)
+            if self.kernel == TILES and hidden.dtype is torch.float32:
+                hidden = hidden.bfloat16().float()  # the tile kernel's inputs, rounded as it rounds them
             return F.linear(hidden, self.weight.to(hidden.dtype), bias)
         if not hidden.is_contiguous():
             hidden = hidden.contiguous()
@@ -168,17 +237,19 @@ class Bf16WeightLinear(nn.Module):
         return self.packed.numel() * self.packed.element_size()
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bf16 weights"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bf16 weights ({self.kernel})"
+        )
 
 
-def use_bf16_weights(model: nn.Module) -> int:
-    """Replace every `nn.Linear` of `model` that the kernel reads (`fits`) by a `Bf16WeightLinear`;
-    returns how many. A head tied to the input embedding gets its own packed copy; the lookup
-    keeps reading the embedding."""
+def use_bf16_weights(model: nn.Module, kernel: str = VECTOR) -> int:
+    """Replace every `nn.Linear` of `model` that the kernel reads (`fits`) by a `Bf16WeightLinear`
+    on `kernel`; returns how many. A head tied to the input embedding gets its own packed copy; the
+    lookup keeps reading the embedding."""
     return replace_children(
         model,
         lambda child: (
-            Bf16WeightLinear(child.weight, child.bias)
+            Bf16WeightLinear(child.weight, child.bias, kernel)
             if type(child) is nn.Linear and fits(child.weight)
             else None
         ),

@@ -48,7 +48,7 @@ class DraftHead:
             weight = full.index_select(0, index).contiguous()
             bias = None if head.bias is None else head.bias.index_select(0, index).contiguous()
         if isinstance(head, Bf16WeightLinear):
-            product: torch.nn.Module = Bf16WeightLinear(weight, bias)
+            product: torch.nn.Module = Bf16WeightLinear(weight, bias, head.kernel)
         else:
             product = linear_product(weight, bias, pack=isinstance(head, PackedLinear))
         return cls(runner, index, product, vocab_size)

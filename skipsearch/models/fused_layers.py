@@ -149,7 +149,7 @@ class FusedLayer:
         config, o_proj, down_proj = attention.config, attention.o_proj, mlp.down_proj
         norms = block.input_layernorm, block.post_attention_layernorm
         self.spec = _Layer(
-            _address(bf16_weights.load_kernel()), _address(rms_norm.load_kernel()),
+            _address(bf16_weights.kernel_library(o_proj.kernel)), _address(rms_norm.load_kernel()),
             _address(rotary.load_kernel()), _address(native_attention.load_kernel(torch.float32)),
             _address(silu.load_kernel()),
             o_proj.out_features, config.num_attention_heads, config.num_key_value_heads, attention.head_dim,
@@ -170,11 +170,12 @@ class FusedLayer:
             return False
         projections = [getattr(attention, f"{name}_proj") for name in "qkvo"]
         projections += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        kernels = {getattr(p, "kernel", None) for p in projections}
         return (
-            all(
-                type(p) is Bf16WeightLinear and p.out_features % bf16_weights.OUT_BLOCK == 0
-                for p in projections
-            )
+            all(type(p) is Bf16WeightLinear for p in projections)
+            and len(kernels) == 1  # one product function for the layer
+            and all(p.out_features % bf16_weights.out_block(p.kernel) == 0 for p in projections)
+            and bf16_weights.kernel_library(projections[0].kernel).function is not None
             and all(type(n) is KernelRMSNorm for n in (block.input_layernorm, block.post_attention_layernorm))
             and type(mlp.act_fn) is KernelSiLU
             and not getattr(attention, "sliding_window", None)  # Qwen2's sliding layers

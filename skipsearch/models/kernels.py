@@ -42,7 +42,7 @@ from skipsearch.models.attention import (
     NATIVE_ATTENTION,
     uses_fp32_attention,
 )
-from skipsearch.models.bf16_weights import Bf16WeightLinear
+from skipsearch.models.bf16_weights import TILES, Bf16WeightLinear
 from skipsearch.models.cache import PlanCache
 from skipsearch.models.fused_layers import fused_layer
 from skipsearch.models.native_attention import decode_attention, load_kernel
@@ -285,13 +285,15 @@ def step_bytes(model: Any) -> tuple[int, int]:
 
 def plan_kernels(model: Any) -> dict[str, str]:
     """The kernels a step of `model` runs, in the keys a latency profile records them under: the
-    attention path, the linear layers' product (`bf16-kernel`, `onednn` or `torch`), and the
+    attention path, the linear layers' product (`bf16-kernel`, its AMX build `amx-kernel`, `onednn`
+    or `torch`), and the
     norms' and the rotary embedding's (`kernel` or `torch`), and whether short blocks run the fused
     decoder layers (`fused-c`: their C driver, `models.fused_layers`) or the modules. A profile of
     other kernels prices another plan (`LatencyProfile.warn_other_plan`)."""
     modules = list(model.modules())
-    if any(isinstance(module, Bf16WeightLinear) for module in modules):
-        products = "bf16-kernel"
+    kernels = {module.kernel for module in modules if isinstance(module, Bf16WeightLinear)}
+    if kernels:
+        products = "amx-kernel" if TILES in kernels else "bf16-kernel"
     elif any(isinstance(module, PackedLinear) for module in modules):
         products = "onednn"
     else:

@@ -262,7 +262,8 @@ def load_model(
     path measured fastest for it (`models.kernels`), and in bf16 on a CPU weights prepacked for
     oneDNN (`models.packed`); the fp32 fallback's linear layers run the product measured fastest
     on this CPU (`models.fp32_linear`): MKL's, oneDNN's on packed weights, or skipsearch's kernel
-    on bf16 copies of the weights (`models.bf16_weights`), and its RMSNorms and rotary embedding one
+    on bf16 copies of the weights (`models.bf16_weights`; on AMX tiles where they measured faster
+    for this model, `models.products_choice`), and its RMSNorms and rotary embedding one
     kernel call each (`models.rms_norm`, `models.rotary`); with
     `announce` it is printed as one line on stdout, so every command says what it runs. With
     `random_weights` the architecture is built from its config with seeded random weights and no
@@ -276,6 +277,7 @@ def load_model(
     from skipsearch.models.fused_layers import fuse_layers
     from skipsearch.models.kernels import apply_attention, choose_attention
     from skipsearch.models.packed import pack_linears
+    from skipsearch.models.products_choice import choose_products
     from skipsearch.models.rms_norm import use_kernel_norms
     from skipsearch.models.rotary import use_kernel_rotary
     from skipsearch.models.silu import use_kernel_silu
@@ -323,7 +325,9 @@ def load_model(
         fp32 = choose_fp32_linear()  # the fallback plan: MKL, oneDNN or the kernel, measured on this CPU
         loaded.plan += f"; {fp32.describe()}"
         if fp32.library == BF16_KERNEL:
-            loaded.plan += f"; {use_bf16_weights(loaded.model)} weight matrices in bf16"
+            products = choose_products(loaded.model)  # the vector kernel or AMX tiles, measured
+            loaded.plan += f"; {use_bf16_weights(loaded.model, products.kernel)} weight matrices in bf16"
+            loaded.plan += f"; {products.describe()}"
         norms = use_kernel_norms(loaded.model)
         if norms:
             loaded.plan += f"; {norms} RMSNorms on skipsearch's kernel"

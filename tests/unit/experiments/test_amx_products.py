@@ -1,4 +1,4 @@
-"""`experiments/amx_products.py`: the AMX prototype of the products against the AVX-512 kernel."""
+"""`experiments/amx_products.py`: the AMX products kernel against the AVX-512 kernel."""
 
 import subprocess
 import sys
@@ -21,8 +21,8 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
 
 
-@pytest.mark.skipif(not HAS_AMX or compiler() is None, reason="the prototype needs AMX and a C compiler")
-def test_the_prototype_keeps_a_rows_bits_and_reports_both_kernels(tmp_path: Path) -> None:
+@pytest.mark.skipif(not HAS_AMX or compiler() is None, reason="the AMX kernel needs AMX and a C compiler")
+def test_the_amx_kernel_keeps_a_rows_bits_and_reports_both_kernels(tmp_path: Path) -> None:
     done = run("--model", "smollm2-135m", "--repeats", "2", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     report = (tmp_path / "amx_products-smollm2-135m.md").read_text()
@@ -34,5 +34,5 @@ def test_the_prototype_keeps_a_rows_bits_and_reports_both_kernels(tmp_path: Path
 @pytest.mark.skipif(HAS_AMX, reason="this CPU has AMX")
 def test_a_cpu_without_amx_is_one_line_exit_2(tmp_path: Path) -> None:
     done = run("--out", str(tmp_path))
-    assert done.returncode == 2 and "the prototype needs AMX" in done.stderr.splitlines()[-1]
+    assert done.returncode == 2 and "the AMX kernel needs AMX" in done.stderr.splitlines()[-1]
     assert list(tmp_path.iterdir()) == []

@@ -12,9 +12,13 @@ from torch import nn
 from skipsearch.models import bf16_weights
 from skipsearch.models.bf16_weights import (
     MAX_ROWS,
+    TILES,
     Bf16WeightLinear,
     load_kernel,
+    load_tile_kernel,
+    pack_tiles,
     pack_weight,
+    unpack_tiles,
     unpack_weight,
     use_bf16_weights,
 )
@@ -24,6 +28,11 @@ from tests.conftest import assert_greedy_ssd_lossless, tiny_model
 
 needs_kernel = pytest.mark.skipif(
     load_kernel().function is None, reason=f"linear kernel unavailable: {load_kernel().reason}"
+)
+
+
+needs_tiles = pytest.mark.skipif(
+    load_tile_kernel().function is None, reason=f"AMX kernel unavailable: {load_tile_kernel().reason}"
 )
 
 
@@ -153,3 +162,53 @@ def test_inputs_not_contiguous_multiply_like_their_contiguous_copies() -> None:
     for x in (rows_apart, every_other):
         assert not x.is_contiguous()
         assert torch.equal(product(x), product(x.contiguous()))
+
+
+@pytest.mark.parametrize(("out", "inputs"), [(4, 24), (37, 40), (130, 96)])
+def test_the_tile_layout_keeps_the_rounded_weights_exactly(out: int, inputs: int) -> None:
+    weight = torch.randn(out, inputs)
+    packed = pack_tiles(weight)
+    assert packed.dtype == torch.bfloat16 and packed.is_contiguous()
+    assert torch.equal(unpack_tiles(packed, out, inputs), weight.bfloat16().float())
+    assert torch.equal(Bf16WeightLinear(weight, None, TILES).weight, weight.bfloat16().float())
+
+
+@needs_tiles
+@pytest.mark.parametrize("rows", [1, 3, 5, MAX_ROWS])
+@pytest.mark.parametrize(("inputs", "out", "bias"), [(64, 37, True), (200, 130, False), (8, 4, True)])
+def test_the_tile_kernel_multiplies_the_rounded_inputs_by_the_rounded_weights(
+    rows: int, inputs: int, out: int, bias: bool
+) -> None:
+    """AMX multiplies bf16 pairs: the product is the float64 one of both rounded, to float32 sums."""
+    generator = torch.Generator().manual_seed(rows * out)
+    weight = torch.randn(out, inputs, generator=generator)
+    b = torch.randn(out, generator=generator) if bias else None
+    x = torch.randn(1, rows, inputs, generator=generator)
+    y = Bf16WeightLinear(weight, b, TILES)(x)
+    assert y.shape == (1, rows, out) and y.dtype == torch.float32
+    torch.testing.assert_close(y, rounded_product(x.bfloat16().float(), weight, b), rtol=1e-5, atol=1e-5)
+
+
+@needs_tiles
+def test_a_rows_output_on_tiles_does_not_depend_on_the_rows_beside_it() -> None:
+    """As for the vector kernel: what makes greedy SSD on the tile kernel equal autoregressive
+    decoding token for token."""
+    generator = torch.Generator().manual_seed(1)
+    product = Bf16WeightLinear(
+        torch.randn(150, 100, generator=generator), torch.randn(150, generator=generator), TILES
+    )
+    x = torch.randn(MAX_ROWS, 100, generator=generator)
+    alone = torch.cat([product(x[r : r + 1]) for r in range(MAX_ROWS)])
+    for rows in range(1, MAX_ROWS + 1):
+        for start in (0, MAX_ROWS - rows):
+            assert torch.equal(product(x[start : start + rows]), alone[start : start + rows]), (rows, start)
+
+
+def test_long_blocks_on_tiles_round_their_inputs_as_the_kernel_does() -> None:
+    """A prefill beside the tile kernel multiplies the rounded inputs too, so it computes what the
+    kernel would, up to the order of the sums."""
+    weight, bias = torch.randn(40, 32), torch.randn(40)
+    product = Bf16WeightLinear(weight, bias, TILES)
+    long = torch.randn(1, MAX_ROWS + 3, 32)
+    expected = rounded_product(long.bfloat16().float(), weight, bias)
+    torch.testing.assert_close(product(long), expected, rtol=1e-5, atol=1e-5)

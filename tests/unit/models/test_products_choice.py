@@ -1,0 +1,106 @@
+"""Which kernel multiplies a model's bf16 weights (`models.products_choice`): the rule, the products
+it measures, the fallback without AMX, and a model moved to the tile kernel decoding losslessly on
+the fused layers."""
+
+import pytest
+import torch
+
+from skipsearch.models import products_choice
+from skipsearch.models.attention import KERNEL_FP32_ATTENTION
+from skipsearch.models.bf16_weights import TILES, VECTOR, Bf16WeightLinear, load_tile_kernel, use_bf16_weights
+from skipsearch.models.fused_layers import fuse_layers
+from skipsearch.models.kernels import AttentionChoice, apply_attention, plan_kernels
+from skipsearch.models.native import NativeLibrary
+from skipsearch.models.products_choice import (
+    ProductsChoice,
+    choose_products,
+    decide,
+    step_products,
+)
+from skipsearch.models.rms_norm import use_kernel_norms
+from skipsearch.models.rotary import use_kernel_rotary
+from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.models.silu import use_kernel_silu
+from tests.conftest import assert_greedy_ssd_lossless, tiny_model
+
+LAYERS = 3
+
+
+def timings(vector: tuple[float, float], tiles: tuple[float, float]) -> dict[str, dict[str, float]]:
+    return {
+        VECTOR: dict(zip(("1", "4"), vector, strict=True)),
+        TILES: dict(zip(("1", "4"), tiles, strict=True)),
+    }
+
+
+@pytest.mark.parametrize(
+    ("vector", "tiles", "expected"),
+    [
+        ((29.0, 37.4), (28.9, 30.7), TILES),  # Qwen2.5-0.5B's products on the project's Xeon
+        ((7.26, 9.0), (7.87, 8.2), VECTOR),  # SmolLM2's: slower at one row, so the baseline would be
+        ((7.0, 8.0), (7.0, 8.5), VECTOR),  # no gain where a verify runs
+    ],
+)
+def test_tiles_run_only_where_no_slower_at_one_row_and_faster_at_four(
+    vector: tuple[float, float], tiles: tuple[float, float], expected: str
+) -> None:
+    assert decide(timings(vector, tiles)) == expected
+
+
+def test_a_steps_products_are_grouped_as_the_fused_layers_call_them() -> None:
+    model = tiny_model("llama", layers=LAYERS, hidden_size=64, intermediate_size=128)
+    groups = step_products(model)
+    attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert groups[0] == [attention.q_proj, attention.k_proj, attention.v_proj]
+    assert groups[2] == [mlp.gate_proj, mlp.up_proj]
+    assert len(groups) == 4 * LAYERS + 1 and groups[-1] == [model.lm_head]
+
+
+def test_without_the_tile_kernel_the_vector_kernel_runs_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        products_choice, "load_tile_kernel", lambda: NativeLibrary(None, "this CPU lacks amx_tile")
+    )
+    choice = choose_products(tiny_model("llama", layers=1))
+    assert choice == ProductsChoice(VECTOR, unavailable="this CPU lacks amx_tile")
+    assert (
+        choice.describe()
+        == "products on skipsearch's vector kernel (AMX kernel not used: this CPU lacks amx_tile)"
+    )
+
+
+def test_a_measured_choice_names_both_kernels_timings() -> None:
+    choice = ProductsChoice(TILES, timings((29.02, 37.40), (28.95, 30.71)), "a+b")
+    assert choice.describe() == (
+        "products on skipsearch's AMX kernel (ms per pass of the model's products at 1/4 rows: "
+        "vector 29.02, 37.40; AMX 28.95, 30.71)"
+    )
+
+
+@pytest.mark.skipif(load_tile_kernel().function is None, reason=f"no AMX kernel: {load_tile_kernel().reason}")
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_model_on_tiles_fuses_its_layers_and_decodes_losslessly(family: str) -> None:
+    """On the tile kernel, every product holds its layout, the fused layers call it and compute the
+    modules' bits, and greedy SSD equals autoregressive decoding token for token."""
+    model = tiny_model(family, layers=LAYERS, hidden_size=64, intermediate_size=128)
+    apply_attention(model, AttentionChoice("float32", KERNEL_FP32_ATTENTION))
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert use_bf16_weights(model, TILES) == len(weights)
+    products = [m for m in model.modules() if isinstance(m, Bf16WeightLinear)]
+    assert all(m.kernel == TILES for m in products)
+    assert all(torch.equal(m.weight, w.bfloat16().float()) for m, w in zip(products, weights, strict=True))
+    use_kernel_norms(model)
+    use_kernel_rotary()
+    use_kernel_silu(model)
+    assert fuse_layers(model) == LAYERS and plan_kernels(model)["products"] == "amx-kernel"
+    ids = torch.randint(0, model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    fused, modules = LayerwiseRunner(model), LayerwiseRunner(model)
+    modules.fused = [None] * modules.num_layers
+    logits = []
+    for runner in (fused, modules):
+        cache = runner.new_cache()
+        runner.forward(ids[:, :16], cache=cache)
+        logits.append(
+            [runner.forward(ids[:, 16:17], cache=cache), runner.forward(ids[:, 17:21], cache=cache)]
+        )
+    assert all(torch.equal(a, b) for a, b in zip(*logits, strict=True))
+    assert_greedy_ssd_lossless(model)

@@ -39,6 +39,12 @@ without them running transformers' modules:
 
     python experiments/kernel_change.py --change layers --dtypes auto --suffix=-avx2
 
+`--change tiles` tests the products on AMX tiles (`models.products_choice`) against the vector
+kernel, on a CPU with AMX; the logits differ (the tiles round the inputs to bf16), by the figure
+the report prints:
+
+    python experiments/kernel_change.py --change tiles --models qwen2.5-coder-0.5b --dtypes auto
+
 Stacked q/k/v and gate/up projections were the other step until packing made them 5-6% slower;
 their report and module were removed with them (re-run from commit fadcaca).
 
@@ -75,8 +81,20 @@ RESULTS = Path(__file__).resolve().parents[1] / "results" / "kernels"
 POSITIONS = (1, 4)
 # The plan's steps after the attention path, in `load_model`'s order: (module, function, the step
 # applied to a model with `force`, the fp32 fallback's packing).
+def on_tiles(model: Any) -> int:
+    """Every bf16-weight product of `model` moved to the AMX kernel, repacked for it (`load_model`
+    packs for it directly where `models.products_choice` measured it faster); how many."""
+    moved = 0
+    for module in model.modules():
+        if isinstance(module, bf16_weights.Bf16WeightLinear):
+            module.packed, module.kernel = bf16_weights.pack_tiles(module.weight), bf16_weights.TILES
+            moved += 1
+    return moved
+
+
 STEPS = {
     "bf16-weights": (bf16_weights, "use_bf16_weights", lambda model, _: bf16_weights.use_bf16_weights(model)),
+    "tiles": (bf16_weights, "use_bf16_weights", lambda model, _: on_tiles(model)),
     "norms": (rms_norm, "use_kernel_norms", lambda model, _: rms_norm.use_kernel_norms(model)),
     "layers": (fused_layers, "fuse_layers", lambda model, _: fused_layers.fuse_layers(model)),
     "packed": (packed, "pack_linears", lambda model, force: packed.pack_linears(model, force)),
@@ -125,6 +143,7 @@ REPORTS = {
     "norms": "rms_norm.md",
     "rotary": "rotary.md",
     "layers": "fused_layers.md",
+    "tiles": "amx_tiles.md",
 }
 TITLES = {
     "bf16-weights": "bf16 weights on skipsearch's AVX2 kernel against the fp32 plan's products",
@@ -132,6 +151,7 @@ TITLES = {
     "rotary": "The rotary embedding on skipsearch's kernel against transformers' operations",
     "layers": "Fused decoder layers (a few kernel calls a sub-layer) against transformers' modules",
     "packed": "Weights prepacked for oneDNN against F.linear's plain weights",
+    "tiles": "The products on skipsearch's AMX kernel against its vector kernel",
     "kernel": "The decode kernel over the plan's cache against fp32 SDPA over an fp32 cache",
 }
 

@@ -79,8 +79,8 @@ from skipsearch.models.runner import LayerwiseRunner
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "kernels"
 POSITIONS = (1, 4)
-# The plan's steps after the attention path, in `load_model`'s order: (module, function, the step
-# applied to a model with `force`, the fp32 fallback's packing).
+
+
 def on_tiles(model: Any) -> int:
     """Every bf16-weight product of `model` moved to the AMX kernel, repacked for it (`load_model`
     packs for it directly where `models.products_choice` measured it faster); how many."""
@@ -92,6 +92,8 @@ def on_tiles(model: Any) -> int:
     return moved
 
 
+# The plan's steps after the attention path, in `load_model`'s order: (module, function, the step
+# applied to a model with `force`, the fp32 fallback's packing).
 STEPS = {
     "bf16-weights": (bf16_weights, "use_bf16_weights", lambda model, _: bf16_weights.use_bf16_weights(model)),
     "tiles": (bf16_weights, "use_bf16_weights", lambda model, _: on_tiles(model)),

@@ -19,8 +19,9 @@ A CPU with AMX-BF16 has a second kernel for the same products, `linear_rows_amx.
 products, whose extra rows are nearly free where the vector kernel's (`VECTOR`) cost FMAs, at the
 price of rounding each input row to bf16 too. It reads its own layout (`pack_tiles`), and a
 module's `kernel` names which of the two it runs; which one a model runs is measured on its own
-matrices (`models.products_choice`). Its long blocks round their inputs the same way, so a
-prefill multiplies what the kernel would.
+matrices (`models.products_choice`). It multiplies long blocks too, 16 rows at a time: a
+16-row tile product costs about what a one-row one does, and a prefill then computes each
+position's products with the same bits a decode step would.
 """
 
 from __future__ import annotations
@@ -186,15 +187,18 @@ def multiply(
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """`hidden` `[..., in]` (float32, contiguous, `rows` rows) times the `out` weight rows of
-    `packed` (`pack_weight`'s layout), plus `bias`: `[..., out]`, by the kernel's `function`."""
+    `packed` (the layout `function`'s kernel reads), plus `bias`: `[..., out]`, by the kernel's
+    `function`, in blocks of up to `MAX_ROWS` rows (each row's bits are the same in any block)."""
     inputs = hidden.shape[-1]
     y = torch.empty((*hidden.shape[:-1], out))
-    failed = function(
-        hidden.data_ptr(), inputs, rows, inputs, packed.data_ptr(), out,
-        None if bias is None else bias.data_ptr(), y.data_ptr(), out,
-    )  # fmt: skip
-    if failed:
-        raise RuntimeError(f"linear_rows refused a {rows}x{inputs} block")
+    for start in range(0, rows, MAX_ROWS):
+        block = min(MAX_ROWS, rows - start)
+        failed = function(
+            hidden.data_ptr() + 4 * start * inputs, inputs, block, inputs, packed.data_ptr(), out,
+            None if bias is None else bias.data_ptr(), y.data_ptr() + 4 * start * out, out,
+        )  # fmt: skip
+        if failed:
+            raise RuntimeError(f"linear_rows refused a {block}x{inputs} block")
     return y
 
 
@@ -224,10 +228,11 @@ class Bf16WeightLinear(nn.Module):
         # output's allocation) besides the kernel call.
         rows = hidden.numel() // self.in_features
         function = kernel_library(self.kernel).function
-        if function is None or not 1 <= rows <= MAX_ROWS or hidden.dtype is not torch.float32:
+        # Long blocks: the tiles multiply 16 rows at the price of one, in blocks of 16 (each row
+        # the same bits as in a step); the vector kernel's would cost a product per row, so torch's.
+        longest = rows if self.kernel == TILES else MAX_ROWS
+        if function is None or not 1 <= rows <= longest or hidden.dtype is not torch.float32:
             bias = None if self.bias is None else self.bias.to(hidden.dtype)
-            if self.kernel == TILES and hidden.dtype is torch.float32:
-                hidden = hidden.bfloat16().float()  # the tile kernel's inputs, rounded as it rounds them
             return F.linear(hidden, self.weight.to(hidden.dtype), bias)
         if not hidden.is_contiguous():
             hidden = hidden.contiguous()

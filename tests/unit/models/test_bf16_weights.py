@@ -204,11 +204,15 @@ def test_a_rows_output_on_tiles_does_not_depend_on_the_rows_beside_it() -> None:
             assert torch.equal(product(x[start : start + rows]), alone[start : start + rows]), (rows, start)
 
 
-def test_long_blocks_on_tiles_round_their_inputs_as_the_kernel_does() -> None:
-    """A prefill beside the tile kernel multiplies the rounded inputs too, so it computes what the
-    kernel would, up to the order of the sums."""
+@needs_tiles
+def test_long_blocks_on_tiles_are_the_steps_bits() -> None:
+    """A prefill on the tile kernel runs in blocks of 16 rows: each position's products are the
+    bits a one-row step computes, so a prefill and the steps after it agree exactly."""
     weight, bias = torch.randn(40, 32), torch.randn(40)
     product = Bf16WeightLinear(weight, bias, TILES)
-    long = torch.randn(1, MAX_ROWS + 3, 32)
-    expected = rounded_product(long.bfloat16().float(), weight, bias)
-    torch.testing.assert_close(product(long), expected, rtol=1e-5, atol=1e-5)
+    long = torch.randn(1, 2 * MAX_ROWS + 3, 32)
+    y = product(long)
+    torch.testing.assert_close(
+        y, rounded_product(long.bfloat16().float(), weight, bias), rtol=1e-5, atol=1e-5
+    )
+    assert torch.equal(y, torch.cat([product(long[:, r : r + 1]) for r in range(long.shape[1])], dim=1))

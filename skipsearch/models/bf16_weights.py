@@ -13,7 +13,8 @@ So the weights are the bf16 plan's (the values a CPU with native bf16 runs), the
 K/V and attention stay float32, and every output row comes out of the same operations whatever
 the row count: a verify pass's products equal the decode steps' bit for bit. Blocks longer than
 `MAX_ROWS` (prefills, the estimator's teacher-forced passes) are compute-bound, not
-memory-bound: they multiply a float32 copy of the same rounded weights with torch's product.
+memory-bound: on this kernel they multiply a float32 copy of the same rounded weights with
+torch's product.
 
 A CPU with AMX-BF16 has a second kernel for the same products, `linear_rows_amx.c` (`TILES`): tile
 products, whose extra rows are nearly free where the vector kernel's (`VECTOR`) cost FMAs, at the
@@ -62,7 +63,7 @@ SOURCES = (
     ),
 )
 OUT_BLOCK = 2  # weight rows the kernel streams together, in pairs (linear_rows.c)
-MAX_ROWS = 16  # longer blocks are compute-bound: torch's product on a float32 copy
+MAX_ROWS = 16  # a kernel call's most rows; longer: the tiles in calls of 16, else torch's product
 TILE_SOURCE = KernelSource(
     path=Path(__file__).with_name("linear_rows_amx.c"),
     symbol="linear_rows",

@@ -16,7 +16,7 @@ from transformers import (
 from skipsearch.acceptance.prompts import EncodedPrompt
 from skipsearch.acceptance.reference import build_reference
 from skipsearch.models.kernels import apply_attention, choose_attention
-from skipsearch.models.native_attention import load_kernel
+from skipsearch.models.native_attention import load_amx_kernel, load_kernel
 
 TINY = {
     "vocab_size": 61,
@@ -38,6 +38,10 @@ def with_kernel(dtype: torch.dtype):
 
 # The decode kernels' cache dtypes: bf16 (AVX-512 BF16) and float32 (AVX2), each run where it loads.
 KERNEL_CACHE_DTYPES = [with_kernel(torch.bfloat16), with_kernel(torch.float32)]
+# Tests of the AMX decode kernel over a float32 cache run where it loads.
+needs_amx_attention = pytest.mark.skipif(
+    load_amx_kernel().function is None, reason=f"AMX decode kernel unavailable: {load_amx_kernel().reason}"
+)
 
 
 def tiny_model(family: str = "llama", layers: int = 6, seed: int = 0, **overrides):

@@ -8,15 +8,18 @@
   arithmetic; longer blocks (prefills) run `sdpa_fp32kv` on the cache upcast.
 - `kernel_fp32kv` (`KERNEL_FP32_ATTENTION`): the fp32 fallback plan's decode kernel, over its float32
   K/V cache, for the same short blocks; longer blocks run `sdpa_fp32kv`.
+- `kernel_fp32kv_amx` (`KERNEL_AMX_ATTENTION`): the same on the AMX build of that kernel, which
+  rounds what it multiplies to bf16 and makes a verify's extra rows nearly free.
 - `sdpa_plan` (`NATIVE_ATTENTION`): transformers' own SDPA in the weights' dtype.
 
-All four read a draft step's KV pattern (`models.kv_attention`); transformers' plain names would
+All five read a draft step's KV pattern (`models.kv_attention`); transformers' plain names would
 ignore it, so a model runs one of these (`apply_attention`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -33,6 +36,12 @@ NATIVE_ATTENTION = "sdpa_plan"  # transformers' SDPA, with KV patterns; register
 FP32_ATTENTION = "sdpa_fp32kv"  # registered with transformers below
 KERNEL_ATTENTION = "kernel_bf16kv"  # registered with transformers below
 KERNEL_FP32_ATTENTION = "kernel_fp32kv"  # registered with transformers below
+KERNEL_AMX_ATTENTION = "kernel_fp32kv_amx"  # registered with transformers below
+DECODE_KERNEL_FP32_PATHS = (
+    KERNEL_FP32_ATTENTION,
+    KERNEL_AMX_ATTENTION,
+)  # the decode kernels over an fp32 cache
+FP32_KV_PATHS = (FP32_ATTENTION, *DECODE_KERNEL_FP32_PATHS)  # the paths whose K/V cache is float32
 # Query blocks up to GROUPED_QUERIES long over at least GROUPED_KEYS keys stack their grouped heads
 # (`grouped_queries`). Measured on SmolLM2 (README, "grouped query rows"): at 8k keys the step ran
 # 19% faster and a 5-position pass 27%; at 128-2k keys a 2-9 position pass ran 10-25% slower, as
@@ -131,10 +140,11 @@ def _kernel_reads(module: torch.nn.Module, kwargs: dict) -> bool:
 
 
 def with_kv_patterns(
-    attention: Callable[..., tuple[torch.Tensor, None]], kernel: bool = False
+    attention: Callable[..., tuple[torch.Tensor, None]],
+    kernel: Callable[..., torch.Tensor | None] | None = None,
 ) -> Callable[..., Any]:
-    """`attention`, or the decode kernel for short blocks where `kernel`, or `pattern_attention`
-    where the layer runs a draft step whose KV pattern (`kv_pattern` keyword: a `KVPattern`, or
+    """`attention`, or the decode kernel `kernel` (a `decode_attention`) for short blocks, or
+    `pattern_attention` where the layer runs a draft step whose KV pattern (`kv_pattern` keyword: a `KVPattern`, or
     the round's `PillarKeys`; `models.kv_attention`) leaves keys out. A `PillarChoice` under the
     `pillar_choice` keyword (a verify's, or the estimator's) records the layer's pillars from its
     rows' scores (`models.pillars`)."""
@@ -156,12 +166,17 @@ def with_kv_patterns(
             pattern, pillars = pattern.pattern, pattern.of_layer(module.layer_idx)
         scaling = kwargs.get("scaling")
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        if kernel and not own_mask and _kernel_reads(module, kwargs) and (choice is None or choice.rows == 1):
+        if (
+            kernel is not None
+            and not own_mask
+            and _kernel_reads(module, kwargs)
+            and (choice is None or choice.rows == 1)
+        ):
             sink, window = (pattern.sink, pattern.window) if pattern is not None else (0, 0)
             scores = None
             if choice is not None:
                 scores = torch.full((query.shape[1], key.shape[2]), float("-inf"), device=query.device)
-            out = decode_attention(query, key, value, scale, sink, window, pillars, scores)
+            out = kernel(query, key, value, scale, sink, window, pillars, scores)
             if out is not None:
                 if choice is not None:
                     choice.record(module.layer_idx, scores[None, :, None])
@@ -179,10 +194,11 @@ def with_kv_patterns(
 
 
 for _name, _attention, _kernel in (
-    (NATIVE_ATTENTION, sdpa_attention_forward, False),
-    (FP32_ATTENTION, sdpa_fp32kv, False),
-    (KERNEL_ATTENTION, sdpa_fp32kv, True),
-    (KERNEL_FP32_ATTENTION, sdpa_fp32kv, True),
+    (NATIVE_ATTENTION, sdpa_attention_forward, None),
+    (FP32_ATTENTION, sdpa_fp32kv, None),
+    (KERNEL_ATTENTION, sdpa_fp32kv, decode_attention),
+    (KERNEL_FP32_ATTENTION, sdpa_fp32kv, decode_attention),
+    (KERNEL_AMX_ATTENTION, sdpa_fp32kv, partial(decode_attention, amx=True)),
 ):
     AttentionInterface.register(_name, with_kv_patterns(_attention, _kernel))
     AttentionMaskInterface.register(_name, sdpa_mask)
@@ -196,9 +212,10 @@ def supports_kv_patterns(config: Any) -> bool:
         FP32_ATTENTION,
         KERNEL_ATTENTION,
         KERNEL_FP32_ATTENTION,
+        KERNEL_AMX_ATTENTION,
     )
 
 
 def uses_fp32_attention(config: Any) -> bool:
     """Whether the plan keeps an fp32 K/V cache (the bf16 kernel path reads its bf16 cache as it is)."""
-    return getattr(config, "_attn_implementation", None) in (FP32_ATTENTION, KERNEL_FP32_ATTENTION)
+    return getattr(config, "_attn_implementation", None) in FP32_KV_PATHS

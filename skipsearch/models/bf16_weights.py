@@ -73,6 +73,7 @@ TILE_SOURCE = KernelSource(
         "-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16",
         "-fopenmp", "-shared", "-fPIC",
     ),
+    headers=(Path(__file__).with_name("amx_tiles.h"),),
 )  # fmt: skip
 TILE_OUT, TILE_IN, TILE_UNIT = 16, 32, 2  # a tile column's outputs, a tile product's inputs, columns a unit
 VECTOR, TILES = "vector", "tiles"  # the two kernels (`Bf16WeightLinear.kernel`)

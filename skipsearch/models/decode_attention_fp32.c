@@ -40,6 +40,7 @@
 #include "avx2_exp.h"
 #include "avx2_lanes.h"
 #include "decode_attention_keys.h"
+#include "decode_attention_merge.h"
 
 #define TILE 32      /* keys scored, weighted and summed together: 32 keys and values of 64 are 16 KB */
 #define MAX_DIM 256  /* 32 vectors of 8 floats */
@@ -172,22 +173,6 @@ static void attend_chunk(const float *q, const float *k, const float *v, int64_t
                 accumulate(v + start * dim, width, dim, weights, acc + row * dim);
         }
     }
-}
-
-/* The chunks' partial results of row r merged in order and normalised into `o`. */
-static void merge_row(const float *partial, int64_t chunks, int64_t stride, int64_t rows, int64_t dim,
-                      int64_t r, float *o) {
-    float top = -INFINITY, total = 0.0f;
-    for (int64_t c = 0; c < chunks; c++) top = partial[c * stride + r] > top ? partial[c * stride + r] : top;
-    memset(o, 0, sizeof(float) * dim);
-    for (int64_t c = 0; c < chunks; c++) {
-        const float *base = partial + c * stride;
-        if (base[r] == -INFINITY) continue;
-        float w = expf(base[r] - top);
-        total += w * base[rows + r];
-        for (int64_t j = 0; j < dim; j++) o[j] += w * base[2 * rows + r * dim + j];
-    }
-    for (int64_t j = 0; j < dim; j++) o[j] /= total;
 }
 
 /* Attention output of `heads` query heads of `queries` positions over a float32 K/V cache of

@@ -46,7 +46,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention, Qwen2MLP
 
 from skipsearch.masks import KVPattern
 from skipsearch.models import bf16_weights, native_attention, rms_norm, rotary, silu
-from skipsearch.models.attention import KERNEL_FP32_ATTENTION
+from skipsearch.models.attention import DECODE_KERNEL_FP32_PATHS, KERNEL_AMX_ATTENTION
 from skipsearch.models.bf16_weights import Bf16WeightLinear
 from skipsearch.models.cache import GrowingLayer
 from skipsearch.models.native import KernelSource, NativeLibrary, load_native
@@ -136,6 +136,13 @@ def _fuse(projections: list[Bf16WeightLinear]) -> tuple[torch.Tensor, torch.Tens
     )
 
 
+def _attention_library(config: Any) -> NativeLibrary:
+    """The decode-attention kernel over the float32 cache that the model's plan runs (AVX2 or AMX)."""
+    if config._attn_implementation == KERNEL_AMX_ATTENTION:
+        return native_attention.load_amx_kernel()
+    return native_attention.load_kernel(torch.float32)
+
+
 class FusedLayer:
     """One decoder layer's sub-layers on the C driver (module docstring). Built by `fuse_layers`;
     it holds the fused weights and the driver's `Layer`, which points into them and into the
@@ -150,7 +157,7 @@ class FusedLayer:
         norms = block.input_layernorm, block.post_attention_layernorm
         self.spec = _Layer(
             _address(bf16_weights.kernel_library(o_proj.kernel)), _address(rms_norm.load_kernel()),
-            _address(rotary.load_kernel()), _address(native_attention.load_kernel(torch.float32)),
+            _address(rotary.load_kernel()), _address(_attention_library(config)),
             _address(silu.load_kernel()),
             o_proj.out_features, config.num_attention_heads, config.num_key_value_heads, attention.head_dim,
             mlp.gate_proj.out_features,
@@ -181,7 +188,11 @@ class FusedLayer:
             and not getattr(attention, "sliding_window", None)  # Qwen2's sliding layers
             and not (type(attention) is MistralAttention and attention.config.sliding_window)
             and attention.head_dim % 16 == 0
-            and attention.config._attn_implementation == KERNEL_FP32_ATTENTION
+            and attention.config._attn_implementation in DECODE_KERNEL_FP32_PATHS
+            and _attention_library(attention.config).function is not None
+            and (
+                attention.head_dim % 32 == 0 or attention.config._attn_implementation != KERNEL_AMX_ATTENTION
+            )
         )
 
     def takes(self, hidden: torch.Tensor, cache: Any, choice: PillarChoice | None) -> bool:

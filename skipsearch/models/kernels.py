@@ -3,19 +3,20 @@
 
 A speedup is a ratio of two decoders, so both must run on the fastest kernels the device offers.
 The dtype of weights and activations is chosen from the CPU's flags (`models.dtypes`); then:
-- **Attention** on the fastest of three paths (`PATH_NAMES`): SDPA in the weights' dtype; SDPA in
+- **Attention** on the fastest of the paths (`PATH_NAMES`): SDPA in the weights' dtype; SDPA in
   float32 over a float32 K/V cache (torch's bf16 SDPA at one query reads bf16 keys slowly on such
   CPUs: 8x slower than fp32 at 8k keys on an EPYC); or the decode kernel
   (`models.native_attention`), which reads a bf16 cache at the memory's bandwidth in float32
   arithmetic. The fp32 fallback of `--dtype auto` (a CPU without native bf16) weighs fp32 SDPA
-  against the decode kernel over its float32 cache (AVX2). The choice is measured once per machine
+  against the decode kernel over its float32 cache (AVX2) and, on a CPU with AMX, its AMX build
+  (which makes a verify's extra query rows nearly free). The choice is measured once per machine
   on a fixed shape, at one query (a decode or draft step) and at four (a verify of 3 drafts), and
   cached beside the converted models, so every process of a run — driver, profile processes, Ray
   workers — runs the same plan, and the measurement is shown next to the choice.
 
 K and V come out of bf16 projections, so a bf16 cache holds them exactly and an fp32 cache holds
-them exactly upcast: every path attends over the same K/V, and the two float32 paths differ only
-in summation order. The draft, the verify, the
+them exactly upcast: every path attends over the same K/V; the float32 paths differ in summation
+order, and the AMX kernel also rounds what it multiplies to bf16. The draft, the verify, the
 autoregressive baseline, the estimator and HF `generate` all run through the model's attention
 implementation and `new_cache`, so they share the plan.
 """
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 
 from skipsearch.models.attention import (
     FP32_ATTENTION,
+    KERNEL_AMX_ATTENTION,
     KERNEL_ATTENTION,
     KERNEL_FP32_ATTENTION,
     NATIVE_ATTENTION,
@@ -45,7 +47,7 @@ from skipsearch.models.attention import (
 from skipsearch.models.bf16_weights import TILES, Bf16WeightLinear
 from skipsearch.models.cache import PlanCache
 from skipsearch.models.fused_layers import fused_layer
-from skipsearch.models.native_attention import decode_attention, load_kernel
+from skipsearch.models.native_attention import decode_attention, load_amx_kernel, load_kernel
 from skipsearch.models.packed import PackedLinear
 from skipsearch.models.rms_norm import KernelRMSNorm
 from skipsearch.models.rotary import runs_kernel_rotary
@@ -75,6 +77,7 @@ PATH_NAMES = {
     FP32_ATTENTION: "SDPA in float32 over a float32 K/V cache",
     KERNEL_ATTENTION: "the decode kernel over a bf16 K/V cache, float32 arithmetic",
     KERNEL_FP32_ATTENTION: "the decode kernel over a float32 K/V cache",
+    KERNEL_AMX_ATTENTION: "the AMX decode kernel over a float32 K/V cache, bf16 products",
 }
 
 
@@ -125,18 +128,34 @@ def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return decode_attention(q, k, v, PROBE_HEAD_DIM**-0.5)
 
 
+def _amx_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return decode_attention(q, k, v, PROBE_HEAD_DIM**-0.5, amx=True)
+
+
 def _kernel_library(dtype: torch.dtype) -> Any:
     """The decode kernel a `dtype` model's plan may run (the fp32 one for the fallback plan)."""
     return load_kernel(torch.float32 if dtype == torch.float32 else torch.bfloat16)
 
 
+def _kernel_builds(dtype: torch.dtype) -> str:
+    """The builds of the decode kernels a `dtype` model's plan may run: a changed one is measured again."""
+    libraries = [_kernel_library(dtype), *([load_amx_kernel()] if dtype == torch.float32 else [])]
+    return "+".join(library.build for library in libraries if library.function is not None)
+
+
 def candidate_paths(dtype: torch.dtype) -> list[str]:
     """The attention paths a `dtype` model may run on a CPU: for float32 (the fallback plan) fp32
-    SDPA and, where it loads, the decode kernel over the fp32 cache; for a half dtype SDPA in it,
-    fp32 SDPA and, where it loads and the dtype is bf16, the decode kernel over the bf16 cache."""
+    SDPA and, where they load, the decode kernel over the fp32 cache and its AMX build; for a half
+    dtype SDPA in it, fp32 SDPA and, where it loads and the dtype is bf16, the decode kernel over
+    the bf16 cache."""
     loads = _kernel_library(dtype).function is not None
     if dtype == torch.float32:
-        return [FP32_ATTENTION, *([KERNEL_FP32_ATTENTION] if loads else [])]
+        amx = load_amx_kernel().function is not None
+        return [
+            FP32_ATTENTION,
+            *([KERNEL_FP32_ATTENTION] if loads else []),
+            *([KERNEL_AMX_ATTENTION] if amx else []),
+        ]
     return [
         NATIVE_ATTENTION,
         FP32_ATTENTION,
@@ -158,6 +177,7 @@ def measure_attention_paths(dtype: torch.dtype) -> dict[str, dict[str, float]]:
             FP32_ATTENTION: partial(_fp32_sdpa, q, k, v, mask),
             KERNEL_ATTENTION: partial(_kernel, q, k.to(dtype), v.to(dtype), mask),
             KERNEL_FP32_ATTENTION: partial(_kernel, q, k, v, mask),
+            KERNEL_AMX_ATTENTION: partial(_amx_kernel, q, k, v, mask),
         }
         calls = {path: call for path, call in calls.items() if path in timings}
         for call in calls.values():
@@ -180,8 +200,7 @@ def _cached(path: Path, dtype: torch.dtype) -> AttentionChoice | None:
     cached = read_choice(path, AttentionChoice)
     if cached is None:
         return None
-    library = _kernel_library(dtype)
-    stale = library.function is not None and cached.kernel_build != library.build
+    stale = cached.kernel_build != _kernel_builds(dtype)
     return (
         cached if cached.path in PATH_NAMES and set(cached.timings) <= set(PATH_NAMES) and not stale else None
     )
@@ -196,7 +215,8 @@ def choose_attention(dtype: torch.dtype, device_kind: str, fallback: bool = Fals
     the cache once per query head of a group: 7 times a layer on Qwen2.5) — unless the float32 is
     `--dtype auto`'s `fallback` on a CPU without native bf16, whose plan is the fastest one, not
     the plain reference `--dtype float32` asks for. On a CPU with a half dtype, or for the
-    fallback, the path with the least summed time over one and four queries is chosen. A
+    fallback, the path with the least summed time over one and four queries is chosen
+    (`rank_paths`: the AMX kernel only where no slower at one query). A
     measurement whose two fastest paths lie within `DECISIVE` of each other says nothing (on a
     loaded CPU they all wait on the scheduler): it is not cached, and the faster of the two
     serves until a later process measures decisively. Nor is one taken while other processes
@@ -216,14 +236,26 @@ def choose_attention(dtype: torch.dtype, device_kind: str, fallback: bool = Fals
     if cached is not None:
         return cached
     timings = measure_attention_paths(dtype)
-    ranked = sorted(timings, key=lambda candidate: sum(timings[candidate].values()))
-    choice = AttentionChoice(name, ranked[0], timings, unavailable, library.build)
+    ranked = rank_paths(timings)
+    choice = AttentionChoice(name, ranked[0], timings, unavailable, _kernel_builds(dtype))
     runner_up = sum(timings[ranked[1]].values()) / sum(timings[ranked[0]].values())
     if runner_up - 1 < DECISIVE:
         log.warning("attention paths measured alike (%s); is the CPU busy? not kept", choice.describe())
         return choice
     keep_choice(path, choice, "the attention paths")
     return choice
+
+
+def rank_paths(timings: dict[str, dict[str, float]]) -> list[str]:
+    """The measured paths, fastest first by their summed time over the query counts probed; the
+    AMX kernel only where it is no slower at one query than the AVX2 kernel it would replace (the
+    autoregressive baseline, which every speedup divides by, runs one query: it must run the
+    fastest one-query kernel, as `models.products_choice` asks of the products)."""
+    one = str(PROBE_QUERIES[0])
+    vector, amx = timings.get(KERNEL_FP32_ATTENTION), timings.get(KERNEL_AMX_ATTENTION)
+    slower = vector is not None and amx is not None and amx[one] > vector[one]
+    candidates = [path for path in timings if not (slower and path == KERNEL_AMX_ATTENTION)]
+    return sorted(candidates, key=lambda candidate: sum(timings[candidate].values()))
 
 
 def read_choice(path: Path, kind: type[Choice]) -> Choice | None:

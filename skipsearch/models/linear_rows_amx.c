@@ -30,8 +30,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+
+#include "amx_tiles.h"
 
 #define TILE_OUT 16 /* outputs of one tile column */
 #define K_CHUNK 32  /* inputs of one tile product */
@@ -40,19 +40,8 @@
 #define AHEAD 8192  /* bytes prefetched into L2 ahead of the staged chunk */
 #define TILE_BYTES 1024
 
-typedef struct {
-    uint8_t palette, start;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed)) TileConfig;
-
-/* Linux lends a process the AMX tile state only once asked (arch_prctl ARCH_REQ_XCOMP_PERM). */
-int linear_rows_amx_ready(void) {
-    static int state = 0;
-    if (!state) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0 ? 1 : -1;
-    return state == 1;
-}
+/* Whether Linux lends this process the tile state (bf16_weights.load_tile_kernel asks first). */
+int linear_rows_amx_ready(void) { return amx_ready(); }
 
 /* Tiles 0-1: a unit's outputs (rows x 16 floats); 2: the rows' inputs (rows x 32 bf16); 3-4: weights. */
 static void configure(int64_t rows) {
@@ -95,7 +84,7 @@ static void store_column(const float *c, int64_t rows, int64_t o0, int64_t out, 
  * process may not use the tiles. The signature is linear_rows.c's: the fused layers call either. */
 int linear_rows(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w, int64_t out,
                 const float *bias, float *y, int64_t y_stride) {
-    if (rows < 1 || rows > MAX_ROWS || in < 1 || out < 1 || !linear_rows_amx_ready()) return 1;
+    if (rows < 1 || rows > MAX_ROWS || in < 1 || out < 1 || !amx_ready()) return 1;
     int64_t padded = (in + K_CHUNK - 1) / K_CHUNK * K_CHUNK, chunks = padded / K_CHUNK;
     int64_t units = (out + UNIT * TILE_OUT - 1) / (UNIT * TILE_OUT);
     uint16_t *inputs = aligned_alloc(64, (size_t)(rows * padded * 2 + 63) / 64 * 64);

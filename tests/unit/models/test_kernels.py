@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from skipsearch.models import attention, kernels, native_attention
 from skipsearch.models.attention import (
     FP32_ATTENTION,
+    KERNEL_AMX_ATTENTION,
     KERNEL_ATTENTION,
     KERNEL_FP32_ATTENTION,
     NATIVE_ATTENTION,
@@ -104,15 +105,46 @@ def test_the_fp32_fallback_without_its_kernel_says_why(monkeypatch: pytest.Monke
     assert chosen.path == FP32_ATTENTION and "decode kernel not used: this CPU lacks fma" in chosen.describe()
 
 
-def test_fp32_candidates_are_sdpa_and_the_fp32_kernel_where_it_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    loads = {torch.float32: True, torch.bfloat16: False}
+def test_fp32_candidates_are_sdpa_and_the_fp32_kernels_where_they_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loads = {torch.float32: True, torch.bfloat16: False, "amx": False}
     library = {True: NativeLibrary(print, ""), False: NativeLibrary(None, "")}
     monkeypatch.setattr(kernels, "load_kernel", lambda dtype=torch.bfloat16: library[loads[dtype]])
+    monkeypatch.setattr(kernels, "load_amx_kernel", lambda: library[loads["amx"]])
     assert kernels.candidate_paths(torch.float32) == [FP32_ATTENTION, KERNEL_FP32_ATTENTION]
     assert kernels.candidate_paths(torch.bfloat16) == [NATIVE_ATTENTION, FP32_ATTENTION]
-    loads.update({torch.float32: False, torch.bfloat16: True})
+    loads["amx"] = True
+    assert kernels.candidate_paths(torch.float32) == [
+        FP32_ATTENTION,
+        KERNEL_FP32_ATTENTION,
+        KERNEL_AMX_ATTENTION,
+    ]
+    assert kernels.candidate_paths(torch.bfloat16) == [NATIVE_ATTENTION, FP32_ATTENTION]
+    loads.update({torch.float32: False, torch.bfloat16: True, "amx": False})
     assert kernels.candidate_paths(torch.float32) == [FP32_ATTENTION]
     assert kernels.candidate_paths(torch.bfloat16) == [NATIVE_ATTENTION, FP32_ATTENTION, KERNEL_ATTENTION]
+
+
+def test_the_amx_kernel_runs_only_where_no_slower_at_one_query() -> None:
+    """The autoregressive baseline runs one query: the AMX kernel, faster in sum (a verify's rows),
+    must not make it slower. Figures of the project's Xeon at 2,048 keys (ms)."""
+    sdpa, vector = {"1": 0.14, "4": 0.21}, {"1": 0.074, "4": 0.191}
+    assert (
+        kernels.rank_paths(
+            {
+                FP32_ATTENTION: sdpa,
+                KERNEL_FP32_ATTENTION: vector,
+                KERNEL_AMX_ATTENTION: {"1": 0.072, "4": 0.073},
+            }
+        )[0]
+        == KERNEL_AMX_ATTENTION
+    )
+    slower_alone = {"1": 0.077, "4": 0.073}
+    ranked = kernels.rank_paths(
+        {FP32_ATTENTION: sdpa, KERNEL_FP32_ATTENTION: vector, KERNEL_AMX_ATTENTION: slower_alone}
+    )
+    assert ranked == [KERNEL_FP32_ATTENTION, FP32_ATTENTION]
 
 
 def test_the_attention_choice_is_measured_once_and_cached(

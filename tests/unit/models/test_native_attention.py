@@ -1,6 +1,7 @@
-"""The decode-attention kernels, over a bf16 cache (AVX-512 BF16) and over a float32 one (AVX2): the
-attention of float32 SDPA over the same K/V, for decode, verify and KV-pattern blocks; declined
-where they do not apply; explained where they cannot load."""
+"""The decode-attention kernels, over a bf16 cache (AVX-512 BF16) and over a float32 one (AVX2, and
+AMX): the attention of float32 SDPA over the same K/V (for AMX, of its inputs rounded to bf16), for
+decode, verify and KV-pattern blocks; declined where they do not apply; explained where they cannot
+load."""
 
 import pytest
 import torch
@@ -8,11 +9,16 @@ import torch.nn.functional as F
 
 from skipsearch.masks import KVPattern
 from skipsearch.models import bf16_weights, native, native_attention
-from skipsearch.models.attention import FP32_ATTENTION, KERNEL_ATTENTION, KERNEL_FP32_ATTENTION
+from skipsearch.models.attention import (
+    FP32_ATTENTION,
+    KERNEL_AMX_ATTENTION,
+    KERNEL_ATTENTION,
+    KERNEL_FP32_ATTENTION,
+)
 from skipsearch.models.kernels import AttentionChoice, apply_attention
-from skipsearch.models.native_attention import decode_attention, load_kernel
+from skipsearch.models.native_attention import AMX_SOURCE, decode_attention, load_amx_kernel, load_kernel
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import KERNEL_CACHE_DTYPES, tiny_model, with_kernel
+from tests.conftest import KERNEL_CACHE_DTYPES, needs_amx_attention, tiny_model, with_kernel
 
 
 def reference(
@@ -166,16 +172,22 @@ def test_a_query_gets_the_same_bits_alone_as_in_a_verify_block(dtype: torch.dtyp
         assert torch.equal(alone[:, 0], block[:, i])
 
 
-@pytest.mark.parametrize("dtype", [with_kernel(torch.float32)])
-def test_on_the_fallback_plan_a_verify_block_computes_single_steps_bit_for_bit(dtype: torch.dtype) -> None:
-    """bf16 weights in the AVX2 product beside the fp32 decode kernel (a CPU without native bf16):
-    every layer's output of a row is independent of the rows beside it, so a verify's logits are
-    the single steps' exactly, and greedy SSD cannot part from autoregressive decoding."""
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(KERNEL_FP32_ATTENTION, marks=with_kernel(torch.float32).marks),
+        pytest.param(KERNEL_AMX_ATTENTION, marks=needs_amx_attention),
+    ],
+)
+def test_on_the_fallback_plan_a_verify_block_computes_single_steps_bit_for_bit(path: str) -> None:
+    """bf16 weights in the AVX2 product beside an fp32 decode kernel (AVX2 or AMX): every layer's
+    output of a row is independent of the rows beside it, so a verify's logits are the single
+    steps' exactly, and greedy SSD cannot part from autoregressive decoding."""
     if bf16_weights.load_kernel().function is None:
         pytest.skip(f"linear kernel unavailable: {bf16_weights.load_kernel().reason}")
-    model = tiny_model("llama", layers=3, hidden_size=128, num_attention_heads=4).to(dtype)
+    model = tiny_model("llama", layers=3, hidden_size=128, num_attention_heads=4)
     bf16_weights.use_bf16_weights(model)
-    apply_attention(model, AttentionChoice("float32", KERNEL_FP32_ATTENTION))
+    apply_attention(model, AttentionChoice("float32", path))
     runner = LayerwiseRunner(model)
     ids = torch.tensor([[5, 17, 3, 42, 8, 23, 11, 2, 9, 30, 12, 7]])
     cache = runner.new_cache()
@@ -184,3 +196,80 @@ def test_on_the_fallback_plan_a_verify_block_computes_single_steps_bit_for_bit(d
     cache.crop(-4)
     steps = torch.cat([runner.forward(ids[:, i : i + 1], cache=cache)[0] for i in range(8, 12)])
     assert torch.equal(block, steps)
+
+
+def rounded_reference(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sink: int, window: int
+) -> torch.Tensor:
+    """`reference`'s attention in float64 on the inputs the AMX kernel multiplies: rounded to bf16."""
+    query, key, value = (t.bfloat16().double() for t in (query, key, value))
+    queries, length, group = query.shape[2], key.shape[2], query.shape[1] // key.shape[1]
+    position = torch.arange(length - queries, length)[:, None]
+    keys = torch.arange(length)[None]
+    seen = keys <= position
+    if window > 0:
+        seen &= (keys < sink) | (keys > position - window)
+    key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
+    scores = (query @ key.transpose(-1, -2) * query.shape[-1] ** -0.5).masked_fill(~seen, float("-inf"))
+    return (scores.softmax(-1) @ value).transpose(1, 2).float()
+
+
+@needs_amx_attention
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (14, 2, 64), (4, 4, 32), (2, 1, 128)])
+@pytest.mark.parametrize("queries", [1, 5, 16])
+@pytest.mark.parametrize("length", [16, 300, 2500])
+@pytest.mark.parametrize(("sink", "window"), [(0, 0), (4, 64), (3, 1)])
+def test_the_amx_kernel_computes_the_attention_of_its_rounded_inputs(
+    heads: int, kv_heads: int, dim: int, queries: int, length: int, sink: int, window: int
+) -> None:
+    """Queries, keys and values rounded to bf16, then exact attention: the kernel differs only by
+    its softmax weights' rounding to bf16 (2^-9 relative each) and float32 sums."""
+    generator = torch.Generator().manual_seed(length + queries)
+    buffers = [torch.randn(1, kv_heads, length + 40, dim, generator=generator) for _ in "kv"]
+    key, value = (buffer[:, :, :length] for buffer in buffers)
+    query = (3 * torch.randn(1, queries, heads, dim, generator=generator)).transpose(1, 2)
+    out = decode_attention(query, key, value, dim**-0.5, sink, window, amx=True)
+    assert out is not None and out.shape == (1, queries, heads, dim) and out.dtype == torch.float32
+    torch.testing.assert_close(out, rounded_reference(query, key, value, sink, window), rtol=0, atol=1e-2)
+
+
+@needs_amx_attention
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (14, 2)])
+@pytest.mark.parametrize("length", [40, 700, 1500])
+@pytest.mark.parametrize(("sink", "window"), [(0, 0), (4, 64)])
+def test_on_amx_a_query_gets_the_same_bits_alone_as_in_a_verify_block(
+    heads: int, kv_heads: int, length: int, sink: int, window: int
+) -> None:
+    """Each tile element sums only its own row's products, so each of a 5-position block's outputs
+    is bit for bit a single step's at that position, in blocks of 16 rows or several (14 heads x 5)."""
+    generator = torch.Generator().manual_seed(length)
+    key, value = (torch.randn(1, kv_heads, length, 64, generator=generator) for _ in "kv")
+    query = torch.randn(1, heads, 5, 64, generator=generator)
+    block = decode_attention(query, key, value, 0.125, sink, window, amx=True)
+    for i in range(5):
+        end = length - 5 + i + 1
+        alone = decode_attention(
+            query[:, :, i : i + 1], key[:, :, :end], value[:, :, :end], 0.125, sink, window, amx=True
+        )
+        assert torch.equal(alone[:, 0], block[:, i])
+
+
+@needs_amx_attention
+def test_the_amx_kernel_declines_head_sizes_that_are_not_whole_tiles() -> None:
+    key = torch.randn(1, 2, 40, 48)
+    assert decode_attention(torch.randn(1, 4, 1, 48), key, key.clone(), 0.1, amx=True) is None
+    assert (
+        decode_attention(
+            torch.randn(1, 4, 1, 64).bfloat16(),
+            *(torch.randn(1, 2, 40, 64).bfloat16() for _ in "kv"),
+            0.1,
+            amx=True,
+        )
+        is None
+    )
+
+
+def test_a_cpu_without_amx_gets_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "cpu_flags", lambda: frozenset(AMX_SOURCE.needed_flags) - {"amx_tile"})
+    library = load_amx_kernel.__wrapped__()
+    assert library.function is None and "amx_tile" in library.reason

@@ -10,14 +10,14 @@ import torch
 from skipsearch.engine import autoregressive_decode, speculative_decode
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models import native_attention
-from skipsearch.models.attention import KERNEL_ATTENTION, KERNEL_FP32_ATTENTION
+from skipsearch.models.attention import KERNEL_AMX_ATTENTION, KERNEL_ATTENTION, KERNEL_FP32_ATTENTION
 from skipsearch.models.kernels import AttentionChoice, apply_attention
 from skipsearch.models.kv_attention import pattern_attention
 from skipsearch.models.native import NativeLibrary
 from skipsearch.models.native_attention import decode_attention
 from skipsearch.models.pillars import PillarChoice, PillarKeys, choose_pillars, query_scores
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import KERNEL_CACHE_DTYPES, tiny_model
+from tests.conftest import KERNEL_CACHE_DTYPES, needs_amx_attention, tiny_model
 
 
 def test_pillars_are_the_keys_of_most_mass_between_sink_and_window() -> None:
@@ -85,28 +85,35 @@ def test_the_kernel_writes_the_first_querys_scores(dtype: torch.dtype) -> None:
     torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", KERNEL_CACHE_DTYPES)
+@pytest.mark.parametrize(
+    ("dtype", "path"),
+    [
+        pytest.param(torch.bfloat16, KERNEL_ATTENTION, marks=KERNEL_CACHE_DTYPES[0].marks),
+        pytest.param(torch.float32, KERNEL_FP32_ATTENTION, marks=KERNEL_CACHE_DTYPES[1].marks),
+        pytest.param(torch.float32, KERNEL_AMX_ATTENTION, marks=needs_amx_attention),
+    ],
+)
 def test_on_the_kernel_path_pillars_come_from_the_kernels_scores_and_decode_losslessly(
-    dtype: torch.dtype,
+    dtype: torch.dtype, path: str
 ) -> None:
-    """On the decode kernel (bf16, or the fp32 fallback's): each verify's pillars come out of the
-    kernel's score rows, the draft reads them through the kernel, and greedy SSD still gives the
-    autoregressive tokens."""
+    """On a decode kernel (bf16, or the fp32 fallback's AVX2 or AMX one): each verify's pillars come
+    out of the kernel's score rows, the draft reads them through the kernel, and greedy SSD still
+    gives the autoregressive tokens."""
     model = tiny_model("llama", layers=3, hidden_size=128, num_attention_heads=4).to(dtype)
-    path = KERNEL_ATTENTION if dtype == torch.bfloat16 else KERNEL_FP32_ATTENTION
     apply_attention(model, AttentionChoice(str(dtype).removeprefix("torch."), path))
     runner = LayerwiseRunner(model)
     prompt = [5, 17, 3, 42, 8, 23, 11, 2, 9, 30, 12, 7, 19, 4, 33, 21]
     kv = KVPattern(1, 4, 2)
     calls = {"scores": 0, "pillars": 0}
-    original = native_attention.load_kernel(dtype).function
+    loader = "load_amx_kernel" if path == KERNEL_AMX_ATTENTION else "load_kernel"
+    original = getattr(native_attention, loader)(*([] if path == KERNEL_AMX_ATTENTION else [dtype])).function
 
     def counting(*args):
         calls["pillars"] += bool(args[-4])  # extra keys
         calls["scores"] += bool(args[-1])
         return original(*args)
 
-    with mock.patch.object(native_attention, "load_kernel", lambda _: NativeLibrary(counting, "")):
+    with mock.patch.object(native_attention, loader, lambda *_: NativeLibrary(counting, "")):
         result = speculative_decode(runner, prompt, SkipMask(3), 24, gamma=3, kv=kv)
     assert calls["scores"] > 0 and calls["pillars"] > 0
     assert result.tokens == autoregressive_decode(runner, prompt, 24).tokens

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from skipsearch.models import products_choice
-from skipsearch.models.attention import KERNEL_FP32_ATTENTION
+from skipsearch.models.attention import KERNEL_AMX_ATTENTION, KERNEL_FP32_ATTENTION
 from skipsearch.models.bf16_weights import TILES, VECTOR, Bf16WeightLinear, load_tile_kernel, use_bf16_weights
 from skipsearch.models.fused_layers import fuse_layers
 from skipsearch.models.kernels import AttentionChoice, apply_attention, plan_kernels
@@ -21,7 +21,7 @@ from skipsearch.models.rms_norm import use_kernel_norms
 from skipsearch.models.rotary import use_kernel_rotary
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.models.silu import use_kernel_silu
-from tests.conftest import assert_greedy_ssd_lossless, tiny_model
+from tests.conftest import assert_greedy_ssd_lossless, needs_amx_attention, tiny_model
 
 LAYERS = 3
 
@@ -78,11 +78,17 @@ def test_a_measured_choice_names_both_kernels_timings() -> None:
 
 @pytest.mark.skipif(load_tile_kernel().function is None, reason=f"no AMX kernel: {load_tile_kernel().reason}")
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_a_model_on_tiles_fuses_its_layers_and_decodes_losslessly(family: str) -> None:
-    """On the tile kernel, every product holds its layout, the fused layers call it and compute the
-    modules' bits, and greedy SSD equals autoregressive decoding token for token."""
-    model = tiny_model(family, layers=LAYERS, hidden_size=64, intermediate_size=128)
-    apply_attention(model, AttentionChoice("float32", KERNEL_FP32_ATTENTION))
+@pytest.mark.parametrize(
+    "attention", [KERNEL_FP32_ATTENTION, pytest.param(KERNEL_AMX_ATTENTION, marks=needs_amx_attention)]
+)
+def test_a_model_on_tiles_fuses_its_layers_and_decodes_losslessly(family: str, attention: str) -> None:
+    """On the tile kernel, beside either fp32 decode-attention kernel, every product holds its layout,
+    the fused layers call it and compute the modules' bits, and greedy SSD equals autoregressive
+    decoding token for token."""
+    # heads of 32: the AMX attention kernel reads whole tiles of 32 dimensions
+    heads = {"num_attention_heads": 2, "num_key_value_heads": 1}
+    model = tiny_model(family, layers=LAYERS, hidden_size=64, intermediate_size=128, **heads)
+    apply_attention(model, AttentionChoice("float32", attention))
     weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert use_bf16_weights(model, TILES) == len(weights)
     products = [m for m in model.modules() if isinstance(m, Bf16WeightLinear)]

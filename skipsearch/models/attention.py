@@ -145,9 +145,9 @@ def with_kv_patterns(
 ) -> Callable[..., Any]:
     """`attention`, or the decode kernel `kernel` (a `decode_attention`) for short blocks, or
     `pattern_attention` where the layer runs a draft step whose KV pattern (`kv_pattern` keyword:
-    a `KVPattern`, or the round's `PillarKeys`; `models.kv_attention`) leaves keys out. A `PillarChoice` under the
-    `pillar_choice` keyword (a verify's, or the estimator's) records the layer's pillars from its
-    rows' scores (`models.pillars`)."""
+    a `KVPattern`, or the round's `PillarKeys`; `models.kv_attention`) leaves keys out. A
+    `PillarChoice` under the `pillar_choice` keyword (a verify's, or the estimator's) records the
+    layer's pillars from its rows' scores (`models.pillars`)."""
 
     def attend(
         module: torch.nn.Module,

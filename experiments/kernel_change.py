@@ -45,6 +45,12 @@ the report prints:
 
     python experiments/kernel_change.py --change tiles --models qwen2.5-coder-0.5b --dtypes auto
 
+`--change amx-attention` tests the AMX decode-attention kernel (`decode_attention_amx.c`) against the
+AVX2 one over the fp32 fallback's cache, on a CPU with AMX; the logits differ (it rounds what it
+multiplies to bf16):
+
+    python experiments/kernel_change.py --change amx-attention --dtypes auto --contexts 128,512,2048,8000
+
 Stacked q/k/v and gate/up projections were the other step until packing made them 5-6% slower;
 their report and module were removed with them (re-run from commit fadcaca).
 
@@ -71,7 +77,12 @@ from _load import load_line
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.engine import autoregressive_decode
 from skipsearch.models import bf16_weights, fused_layers, packed, rms_norm, rotary
-from skipsearch.models.attention import FP32_ATTENTION, KERNEL_ATTENTION, KERNEL_FP32_ATTENTION
+from skipsearch.models.attention import (
+    FP32_ATTENTION,
+    KERNEL_AMX_ATTENTION,
+    KERNEL_ATTENTION,
+    KERNEL_FP32_ATTENTION,
+)
 from skipsearch.models.kernels import AttentionChoice, apply_attention
 from skipsearch.models.loading import load_model
 from skipsearch.models.registry import REGISTRY, available_offline
@@ -106,7 +117,8 @@ PATHS = {
     "kernel": {
         torch.bfloat16: (FP32_ATTENTION, KERNEL_ATTENTION),
         torch.float32: (FP32_ATTENTION, KERNEL_FP32_ATTENTION),
-    }
+    },
+    "amx-attention": {torch.float32: (KERNEL_FP32_ATTENTION, KERNEL_AMX_ATTENTION)},
 }
 
 
@@ -146,6 +158,7 @@ REPORTS = {
     "rotary": "rotary.md",
     "layers": "fused_layers.md",
     "tiles": "amx_tiles.md",
+    "amx-attention": "amx_attention.md",
 }
 TITLES = {
     "bf16-weights": "bf16 weights on skipsearch's AVX2 kernel against the fp32 plan's products",
@@ -155,6 +168,7 @@ TITLES = {
     "packed": "Weights prepacked for oneDNN against F.linear's plain weights",
     "tiles": "The products on skipsearch's AMX kernel against its vector kernel",
     "kernel": "The decode kernel over the plan's cache against fp32 SDPA over an fp32 cache",
+    "amx-attention": "The AMX decode kernel over the float32 cache against the AVX2 one",
 }
 
 
@@ -179,14 +193,14 @@ def runners(
             without.fused = [None] * without.num_layers
         return without, LayerwiseRunner(loaded.model), loaded
     without, whole = loaded.model, copy.deepcopy(loaded.model)
+    if change in PATHS and without.dtype in PATHS[change]:  # first: the fused layers take the path's kernel
+        dtype_name = str(without.dtype).removeprefix("torch.")
+        for copy_of_model, path in zip((without, whole), PATHS[change][without.dtype], strict=True):
+            apply_attention(copy_of_model, AttentionChoice(dtype_name, path))
     for step, (_, _, apply) in STEPS.items():
         if step != change:
             apply(without, force)
         apply(whole, force)
-    if change in PATHS and without.dtype in PATHS[change]:
-        dtype_name = str(without.dtype).removeprefix("torch.")
-        for copy_of_model, path in zip((without, whole), PATHS[change][without.dtype], strict=True):
-            apply_attention(copy_of_model, AttentionChoice(dtype_name, path))
     return LayerwiseRunner(without), LayerwiseRunner(whole), loaded
 
 

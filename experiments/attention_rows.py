@@ -2,11 +2,12 @@
 
 A verify of γ + 1 positions costs about the same products as one step on the tile kernel, but its
 attention grows with the rows on a kernel that pays for each row. This experiment times the
-attention paths the plan can run over a float32 K/V cache:
+attention paths the plan can run for float32 activations:
 
 - `sdpa`: SDPA in float32, the query's heads grouped as torch's `enable_gqa` groups them;
 - `avx2`: skipsearch's decode kernel (`decode_attention_fp32.c`), one FMA per key, dimension and row;
-- `amx`: its AMX build (`decode_attention_amx.c`), 16 rows of a K/V head per tile product,
+- `amx`: the AMX kernel (`decode_attention_amx.c`), 16 rows of a K/V head per tile product, over the
+  bf16 cache it keeps (the same keys and values it would round from a float32 one, half the bytes),
 
 on a model's head layout (SmolLM2: 9 query heads, 3 K/V heads; Qwen2.5-0.5B: 14 and 2; head dim 64)
 for 1 to 5 query rows at several key counts, 30 layers' worth of distinct caches streamed per sample
@@ -53,6 +54,7 @@ def _kernel(amx: bool, query: torch.Tensor, key: torch.Tensor, value: torch.Tens
         raise SystemExit(f"the {'AMX' if amx else 'AVX2'} decode kernel does not load on this CPU")
 
 
+CACHE_DTYPES = {"sdpa": torch.float32, "avx2": torch.float32, "amx": torch.bfloat16}  # what each reads
 KERNELS: dict[str, Callable[..., None]] = {
     "sdpa": _sdpa,
     "avx2": partial(_kernel, False),
@@ -74,10 +76,12 @@ def per_layer_seconds(
     query = torch.randn(1, heads, rows, HEAD_DIM, generator=generator)
     mask = None if rows == 1 else torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
     samples: dict[str, list[float]] = {kernel: [] for kernel in kernels}
+    dtypes = {CACHE_DTYPES[kernel] for kernel in kernels}
+    cast = {dtype: [[t.to(dtype) for t in cache] for cache in caches] for dtype in dtypes}
     for index in range(repeats + 2):
         for kernel in kernels if index % 2 else reversed(kernels):
             began = time.perf_counter()
-            for key, value in caches:
+            for key, value in cast[CACHE_DTYPES[kernel]]:
                 KERNELS[kernel](query, key, value, mask)
             if index >= 2:
                 samples[kernel].append((time.perf_counter() - began) / LAYERS)
@@ -109,7 +113,7 @@ def main() -> None:
         "",
         f"`{command}`: µs per layer (median of {args.repeats}, each over {LAYERS} distinct caches, the "
         f"kernels interleaved), the ratio to one row, and the GB/s of reading the layer's K/V once; "
-        f"head dim {HEAD_DIM}, float32 K/V; {threads.reason}.",
+        f"head dim {HEAD_DIM}, K/V float32 (bf16 for amx); {threads.reason}.",
         "",
         "| layout (query/K/V heads) | keys | rows | "
         + " | ".join(f"{kernel} µs (× one row, GB/s)" for kernel in kernels)
@@ -128,9 +132,10 @@ def main() -> None:
                     ).items()
                 }
                 one = one or medians
-                read = 2 * keys * kv_heads * HEAD_DIM * 4
+                read = 2 * keys * kv_heads * HEAD_DIM  # elements, each of its cache's dtype
                 cells = [
-                    f"{1e6 * seconds:.1f} ({seconds / one[kernel]:.2f}, {read / seconds / 1e9:.1f})"
+                    f"{1e6 * seconds:.1f} ({seconds / one[kernel]:.2f}, "
+                    f"{read * CACHE_DTYPES[kernel].itemsize / seconds / 1e9:.1f})"
                     for kernel, seconds in medians.items()
                 ]
                 lines.append(

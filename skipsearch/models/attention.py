@@ -8,8 +8,10 @@
   arithmetic; longer blocks (prefills) run `sdpa_fp32kv` on the cache upcast.
 - `kernel_fp32kv` (`KERNEL_FP32_ATTENTION`): the fp32 fallback plan's decode kernel, over its float32
   K/V cache, for the same short blocks; longer blocks run `sdpa_fp32kv`.
-- `kernel_fp32kv_amx` (`KERNEL_AMX_ATTENTION`): the same on the AMX build of that kernel, which
-  rounds what it multiplies to bf16 and makes a verify's extra rows nearly free.
+- `kernel_fp32kv_amx` (`KERNEL_AMX_ATTENTION`): float32 activations attending on AMX tiles
+  (`decode_attention_amx.c`) over a bf16 K/V cache: it rounds what it multiplies to bf16, so the
+  cache holds the keys and values it would multiply in half the bytes, and a verify's extra rows are
+  nearly free; longer blocks run `sdpa_fp32kv` on the cache upcast.
 - `sdpa_plan` (`NATIVE_ATTENTION`): transformers' own SDPA in the weights' dtype.
 
 All five read a draft step's KV pattern (`models.kv_attention`); transformers' plain names would
@@ -37,11 +39,10 @@ FP32_ATTENTION = "sdpa_fp32kv"  # registered with transformers below
 KERNEL_ATTENTION = "kernel_bf16kv"  # registered with transformers below
 KERNEL_FP32_ATTENTION = "kernel_fp32kv"  # registered with transformers below
 KERNEL_AMX_ATTENTION = "kernel_fp32kv_amx"  # registered with transformers below
-DECODE_KERNEL_FP32_PATHS = (
-    KERNEL_FP32_ATTENTION,
-    KERNEL_AMX_ATTENTION,
-)  # the decode kernels over an fp32 cache
-FP32_KV_PATHS = (FP32_ATTENTION, *DECODE_KERNEL_FP32_PATHS)  # the paths whose K/V cache is float32
+# The decode kernels of float32 activations (the fused layers call either): the AVX2 one over a float32
+# cache, the AMX one over a bf16 cache (it rounds the keys and values to bf16 as it multiplies them).
+DECODE_KERNEL_FP32_PATHS = (KERNEL_FP32_ATTENTION, KERNEL_AMX_ATTENTION)
+FP32_KV_PATHS = (FP32_ATTENTION, KERNEL_FP32_ATTENTION)  # the paths whose K/V cache is float32
 # Query blocks up to GROUPED_QUERIES long over at least GROUPED_KEYS keys stack their grouped heads
 # (`grouped_queries`). Measured on SmolLM2 (README, "grouped query rows"): at 8k keys the step ran
 # 19% faster and a 5-position pass 27%; at 128-2k keys a 2-9 position pass ran 10-25% slower, as
@@ -216,6 +217,10 @@ def supports_kv_patterns(config: Any) -> bool:
     )
 
 
-def uses_fp32_attention(config: Any) -> bool:
-    """Whether the plan keeps an fp32 K/V cache (the bf16 kernel path reads its bf16 cache as it is)."""
-    return getattr(config, "_attn_implementation", None) in FP32_KV_PATHS
+def kv_cache_dtype(config: Any) -> torch.dtype | None:
+    """The dtype the plan keeps K/V in: float32 beside the fp32 paths, bf16 for the AMX kernel (which
+    rounds them to bf16 anyway: the same values in half the bytes), None for the projections' own."""
+    path = getattr(config, "_attn_implementation", None)
+    return (
+        torch.float32 if path in FP32_KV_PATHS else torch.bfloat16 if path == KERNEL_AMX_ATTENTION else None
+    )

@@ -1,26 +1,30 @@
-/* Attention of a short query block over a float32 K/V cache on AMX tiles, for CPUs with AMX-BF16:
- * the decode-attention kernel of the fp32 plan where it measures faster than decode_attention_fp32.c
- * (skipsearch/models/native_attention.py builds and loads it, skipsearch/models/kernels.py weighs it;
- * docs/theory.md, "The kernel plan").
+/* Attention of a short query block of float32 activations over a bf16 K/V cache on AMX tiles, for
+ * CPUs with AMX-BF16: the decode-attention kernel of the fp32 plan where it measures faster than
+ * decode_attention_fp32.c (skipsearch/models/native_attention.py builds and loads it,
+ * skipsearch/models/kernels.py weighs it; docs/theory.md, "The kernel plan").
  *
- * Why it exists: at one query, attention is a stream over the K/V and decode_attention_fp32.c runs
- * it at the memory's bandwidth; but it pays one FMA per key, dimension and row, so each query a
- * verify adds costs nearly what the first did: on the project's Xeon a step's attention at 512 keys
- * took 0.74 ms at one query and 2.02 at five on SmolLM2 (nine query heads), 0.13 of a decode step
- * in f(4) (experiments/attention_rows.py). A tile product scores 16 keys against up to 16 rows in
- * one instruction, and weighs 32 keys' values for them in another, so the rows of a verify (a K/V
- * head's query heads times its positions) cost about what one row costs. The price is precision:
- * AMX multiplies bf16 pairs, so the queries, the keys and values (read from the float32 cache) and
- * the softmax weights are rounded to bf16 (nearest even) before their products; the sums, the
- * softmax and the output are float32. The denominator sums the rounded weights, the ones the values
- * are weighed by.
+ * Why it exists: decode_attention_fp32.c pays one FMA per key, dimension and row, so each query a
+ * verify adds costs nearly what the first did: on the project's Xeon SmolLM2's attention over 512
+ * keys took 2.3x one query's time at five (results/kernels/attention_rows-amx.md), 0.13 of a decode
+ * step in f(4). A tile product scores 16 keys against up to 16 rows in one instruction, and weighs
+ * 32 keys' values for them in another, so the rows of a verify (a K/V head's query heads times its
+ * positions) cost about what one row costs. The price is precision: AMX multiplies bf16 pairs, so
+ * the queries, keys, values and softmax weights are rounded to bf16 (nearest even) before their
+ * products; the sums, the softmax and the output are float32, and the denominator sums the rounded
+ * weights, the ones the values are weighed by. Since the keys and values would be rounded anyway,
+ * the plan keeps them in bf16 (the C driver and the cache round them as torch does): the same
+ * values in half the bytes, which is what a one-query step streams. Over a float32 cache, rounding
+ * as it read, this kernel streamed a step's caches at 18-20 GB/s, slower than the AVX2 kernel's
+ * 20-24 (one query at 2k-8k keys, SmolLM2's heads); over the bf16 cache it takes 0.74x the AVX2
+ * kernel's time at 8k keys.
  *
- * Layout, visibility and the result are decode_attention_fp32.c's (the same signature, so the fused
- * layers' C driver calls either): query head `head`, position i at
- * `q + head * q_head_stride + i * q_row_stride`; K/V head h, position n at `h * kv_stride + n * dim`;
- * the output [queries][heads][dim]; the `heads / kv_heads` query heads of a K/V head are its rows,
- * row r being query r % queries at position length - queries + r % queries, which sees the keys
- * n <= its position with n < sink or n > position - window (window <= 0: every key).
+ * Layout, visibility and the result are decode_attention_fp32.c's but for the cache's dtype (the
+ * same signature otherwise, so the fused layers' C driver calls either): query head `head`,
+ * position i at `q + head * q_head_stride + i * q_row_stride` (float32); K/V head h, position n at
+ * `h * kv_stride + n * dim` (bf16); the output [queries][heads][dim] (float32); the
+ * `heads / kv_heads` query heads of a K/V head are its rows, row r being query r % queries at
+ * position length - queries + r % queries, which sees the keys n <= its position with n < sink or
+ * n > position - window (window <= 0: every key).
  *
  * Work is split over OpenMP threads by the key chunks of decode_attention_keys.h, merged in order by
  * decode_attention_merge.h. Within a chunk, a block of up to 16 rows is scored against every key
@@ -71,6 +75,11 @@ static inline __m512i round_pairs(const float *x) {
     return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
 }
 
+/* 16 bf16 values, each in the low half of a 32-bit lane. */
+static inline __m512i widen(const uint16_t *x) {
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)x));
+}
+
 /* Lane r: (even lane r, odd lane r) rounded to bf16, as one 32-bit pair. */
 static inline __m512i interleave_pairs(__m512 even, __m512 odd) {
     const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
@@ -96,10 +105,11 @@ typedef struct {
 } Block;
 
 /* Scores (S^T, unscaled) of the block's rows against the keys [start, stop) (multiples of KEYS), into
- * `scores[n - start]` (lane r: row r); keys outside [first, end) are zero rows, masked later. Each
- * tile's keys are rounded into an L1 buffer just before their product: staging a whole span first
- * and scoring it after made a one-query step's attention 1.2-1.3x slower (the span falls out of L1). */
-static void score_keys(const Block *b, const float *k, int64_t dim, int64_t start, int64_t stop, int64_t first,
+ * `scores[n - start]` (lane r: row r); keys outside [first, end) are zero rows, masked later (the
+ * cache past `end` may hold anything). Each tile's keys are copied into an L1 buffer just before
+ * their product: staging a whole span first and scoring it after made a one-query step's attention
+ * 1.2-1.3x slower (the span falls out of L1). */
+static void score_keys(const Block *b, const uint16_t *k, int64_t dim, int64_t start, int64_t stop, int64_t first,
                        int64_t end, float (*scores)[BLOCK]) {
     uint16_t keys[KEYS * MAX_DIM] __attribute__((aligned(64)));
     for (int64_t at = start; at < stop; at += KEYS) {
@@ -108,7 +118,7 @@ static void score_keys(const Block *b, const float *k, int64_t dim, int64_t star
             if (at + n < first || at + n >= end)
                 memset(row, 0, 2 * dim);
             else
-                for (int64_t d = 0; d < dim; d += 32) _mm512_store_si512((void *)(row + d), round_pairs(k + (at + n) * dim + d));
+                memcpy(row, k + (at + n) * dim, 2 * dim);
         }
         _tile_zero(SCORES);
         for (int64_t c = 0; c < dim / 32; c++) {
@@ -124,7 +134,7 @@ static void score_keys(const Block *b, const float *k, int64_t dim, int64_t star
  * turned into the left operand (`weights[g]`: group g's rows x 16 pairs), the block's unnormalised
  * outputs in `o` (16 rows of `dim` floats); values outside [first, end) are zeros. Each group's
  * values are paired into an L1 buffer just before their products, as the keys are. */
-static void weigh_values(const float *v, int64_t dim, int64_t start, int64_t stop, int64_t first, int64_t end,
+static void weigh_values(const uint16_t *v, int64_t dim, int64_t start, int64_t stop, int64_t first, int64_t end,
                          const uint32_t (*weights)[BLOCK * PAIRS], float *o) {
     uint32_t values[OUT_TILES][PAIRS * 16] __attribute__((aligned(64)));
     for (int64_t d0 = 0; d0 < dim; d0 += 16 * OUT_TILES) {
@@ -138,9 +148,9 @@ static void weigh_values(const float *v, int64_t dim, int64_t start, int64_t sto
                 int64_t even = at + 2 * j, odd = even + 1;
                 int see_even = even >= first && even < end, see_odd = odd >= first && odd < end;
                 for (int t = 0; t < tiles; t++) {
-                    __m512 a = see_even ? _mm512_loadu_ps(v + even * dim + d0 + 16 * t) : _mm512_setzero_ps();
-                    __m512 b = see_odd ? _mm512_loadu_ps(v + odd * dim + d0 + 16 * t) : _mm512_setzero_ps();
-                    _mm512_store_si512((void *)(values[t] + j * 16), interleave_pairs(a, b));
+                    __m512i a = see_even ? widen(v + even * dim + d0 + 16 * t) : _mm512_setzero_si512();
+                    __m512i b = see_odd ? widen(v + odd * dim + d0 + 16 * t) : _mm512_setzero_si512();
+                    _mm512_store_si512((void *)(values[t] + j * 16), _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
                 }
             }
             _tile_loadd(LEFT, weights[(at - start) / GROUP], 64);
@@ -160,7 +170,7 @@ static void weigh_values(const float *v, int64_t dim, int64_t start, int64_t sto
  * max `m`, denominator `l` and unnormalised outputs `acc` (the block's, from its first row) are updated. With `scores` (the
  * head group's [group][length] floats), query 0's scaled scores are copied out (a verify's pillar
  * choice). */
-static void attend_block(const Block *b, const float *k, const float *v, int64_t dim, int64_t begin, int64_t end,
+static void attend_block(const Block *b, const uint16_t *k, const uint16_t *v, int64_t dim, int64_t begin, int64_t end,
                          const Visibility *vis, float scale, float *m, float *l, float *acc, float *scores) {
     float s[SPAN][BLOCK] __attribute__((aligned(64)));
     uint32_t weights[SPAN / GROUP][BLOCK * PAIRS] __attribute__((aligned(64)));
@@ -237,7 +247,7 @@ static void attend_block(const Block *b, const float *k, const float *v, int64_t
 
 /* The blocks of a K/V head's rows attend to the keys [begin, end), in spans that do not cross a
  * multiple of SPAN (a chunk is one span). */
-static void attend(const Block *blocks, int64_t count, const float *k, const float *v, int64_t dim, int64_t begin,
+static void attend(const Block *blocks, int64_t count, const uint16_t *k, const uint16_t *v, int64_t dim, int64_t begin,
                    int64_t end, const Visibility *vis, float scale, float *m, float *l, float *acc, float *scores) {
     for (int64_t from = begin; from < end;) {
         int64_t to = (from / SPAN + 1) * SPAN < end ? (from / SPAN + 1) * SPAN : end;
@@ -252,18 +262,18 @@ static void attend(const Block *blocks, int64_t count, const float *k, const flo
 /* Whether Linux lends this process the tile state (native_attention.load_amx_kernel asks first). */
 int decode_attention_amx_ready(void) { return amx_ready(); }
 
-/* Attention output of `heads` query heads of `queries` positions over a float32 K/V cache of
+/* Attention output of `heads` query heads of `queries` positions over a bf16 K/V cache of
  * `length` positions (`kv_heads` heads, head h at k + h * kv_stride, rows of `dim`), plus `extra`
  * keys per K/V head that every query sees (`extra_k`/`extra_v`, [kv_heads][extra][dim]: a draft's
- * pillars), written to `out` [queries][heads][dim]. With `scores` ([heads][length] floats, filled
- * with -inf by the caller), query 0's scaled scores of the cache's keys it sees are written there
- * too. Returns 0, or -1 when the shape is outside what the kernel handles (dim not a multiple of 32
- * up to MAX_DIM, heads not a multiple of kv_heads), memory runs out, or the process may not use the
- * tiles. decode_attention_fp32.c's signature and results, to bf16 rounding. */
-int decode_attention_amx(const float *q, int64_t q_head_stride, int64_t q_row_stride, const float *k,
-                         const float *v, int64_t kv_stride, float *out, int64_t heads, int64_t kv_heads,
+ * pillars, bf16 too), written to `out` [queries][heads][dim]. With `scores` ([heads][length] floats,
+ * filled with -inf by the caller), query 0's scaled scores of the cache's keys it sees are written
+ * there too. Returns 0, or -1 when the shape is outside what the kernel handles (dim not a multiple
+ * of 32 up to MAX_DIM, heads not a multiple of kv_heads), memory runs out, or the process may not
+ * use the tiles. decode_attention_fp32.c's results, to bf16 rounding. */
+int decode_attention_amx(const float *q, int64_t q_head_stride, int64_t q_row_stride, const uint16_t *k,
+                         const uint16_t *v, int64_t kv_stride, float *out, int64_t heads, int64_t kv_heads,
                          int64_t queries, int64_t dim, int64_t length, int64_t sink, int64_t window, float scale,
-                         const float *extra_k, const float *extra_v, int64_t extra, float *scores) {
+                         const uint16_t *extra_k, const uint16_t *extra_v, int64_t extra, float *scores) {
     if (dim % 32 != 0 || dim > MAX_DIM || kv_heads < 1 || heads % kv_heads != 0 || queries < 1 || extra < 0 ||
         !amx_ready())
         return -1;

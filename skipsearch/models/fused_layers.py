@@ -46,7 +46,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention, Qwen2MLP
 
 from skipsearch.masks import KVPattern
 from skipsearch.models import bf16_weights, native_attention, rms_norm, rotary, silu
-from skipsearch.models.attention import DECODE_KERNEL_FP32_PATHS, KERNEL_AMX_ATTENTION
+from skipsearch.models.attention import DECODE_KERNEL_FP32_PATHS, KERNEL_AMX_ATTENTION, kv_cache_dtype
 from skipsearch.models.bf16_weights import Bf16WeightLinear
 from skipsearch.models.cache import GrowingLayer
 from skipsearch.models.native import KernelSource, NativeLibrary, load_native
@@ -81,7 +81,7 @@ class _Attend(ctypes.Structure):
     _fields_ = [
         ("keys", _POINTER),
         ("values", _POINTER),
-        *((name, _INT) for name in ("capacity", "start", "sink", "window", "extra")),
+        *((name, _INT) for name in ("capacity", "start", "sink", "window", "extra", "bf16")),
         *((name, _POINTER) for name in ("cos", "sin", "extra_keys", "extra_values", "scores")),
     ]
 
@@ -137,7 +137,8 @@ def _fuse(projections: list[Bf16WeightLinear]) -> tuple[torch.Tensor, torch.Tens
 
 
 def _attention_library(config: Any) -> NativeLibrary:
-    """The decode-attention kernel over the float32 cache that the model's plan runs (AVX2 or AMX)."""
+    """The decode-attention kernel of float32 activations that the model's plan runs (AVX2 over a
+    float32 cache, or AMX over a bf16 one)."""
     if config._attn_implementation == KERNEL_AMX_ATTENTION:
         return native_attention.load_amx_kernel()
     return native_attention.load_kernel(torch.float32)
@@ -151,6 +152,7 @@ class FusedLayer:
     def __init__(self, block: nn.Module) -> None:
         attention, mlp = block.self_attn, block.mlp
         self.layer = attention.layer_idx
+        self.kv_dtype = kv_cache_dtype(attention.config)  # float32, or bf16 beside the AMX kernel
         self.qkv, self.qkv_bias = _fuse([attention.q_proj, attention.k_proj, attention.v_proj])
         self.gate_up, self.gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
         config, o_proj, down_proj = attention.config, attention.o_proj, mlp.down_proj
@@ -197,13 +199,13 @@ class FusedLayer:
 
     def takes(self, hidden: torch.Tensor, cache: Any, choice: PillarChoice | None) -> bool:
         """Whether this pass's attention runs here: a short block of one sequence over this layer's
-        in-place float32 cache, its pillars (if it records them) chosen by one row."""
+        in-place cache in the plan's dtype, its pillars (if it records them) chosen by one row."""
         layer = cache.layers[self.layer] if cache is not None else None
         return (
             self.takes_rows(hidden)
             and type(layer) is GrowingLayer
             and layer.is_initialized
-            and layer.buffers[0].dtype is torch.float32
+            and layer.buffers[0].dtype is self.kv_dtype
             and (choice is None or choice.rows == 1)
         )
 
@@ -242,7 +244,8 @@ class FusedLayer:
         call = _Attend(
             keys.data_ptr(), values.data_ptr(), keys.shape[2], start,
             pattern.sink if pattern is not None else 0, pattern.window if pattern is not None else 0,
-            0 if pillars is None else pillars[0].shape[2], cos.data_ptr(), sin.data_ptr(),
+            0 if pillars is None else pillars[0].shape[2], keys.dtype is torch.bfloat16,
+            cos.data_ptr(), sin.data_ptr(),
             None if pillars is None else pillars[0].data_ptr(),
             None if pillars is None else pillars[1].data_ptr(), _pointer(scores),
         )  # fmt: skip

@@ -16,7 +16,8 @@ The dtype of weights and activations is chosen from the CPU's flags (`models.dty
 
 K and V come out of bf16 projections, so a bf16 cache holds them exactly and an fp32 cache holds
 them exactly upcast: every path attends over the same K/V; the float32 paths differ in summation
-order, and the AMX kernel also rounds what it multiplies to bf16. The draft, the verify, the
+order. The AMX kernel of float32 activations rounds what it multiplies to bf16, and keeps its K/V
+in a bf16 cache, rounded. The draft, the verify, the
 autoregressive baseline, the estimator and HF `generate` all run through the model's attention
 implementation and `new_cache`, so they share the plan.
 """
@@ -42,7 +43,7 @@ from skipsearch.models.attention import (
     KERNEL_ATTENTION,
     KERNEL_FP32_ATTENTION,
     NATIVE_ATTENTION,
-    uses_fp32_attention,
+    kv_cache_dtype,
 )
 from skipsearch.models.bf16_weights import TILES, Bf16WeightLinear
 from skipsearch.models.cache import PlanCache
@@ -66,9 +67,9 @@ log = logging.getLogger(__name__)
 
 
 def new_cache(config: Any) -> PlanCache:
-    """The KV cache the model's plan wants: float32 K/V beside the fp32 attention path, else the
-    projections' dtype; appends in place either way."""
-    return PlanCache(config, torch.float32 if uses_fp32_attention(config) else None)
+    """The KV cache the model's plan wants (`kv_cache_dtype`: float32 K/V beside the fp32 attention
+    paths, bf16 beside the AMX kernel, else the projections' dtype); appends in place either way."""
+    return PlanCache(config, kv_cache_dtype(config))
 
 
 # -- choosing the attention path ------------------------------------------------------------------
@@ -129,7 +130,7 @@ def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 
 def _amx_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return decode_attention(q, k, v, PROBE_HEAD_DIM**-0.5, amx=True)
+    return decode_attention(q, k, v, PROBE_HEAD_DIM**-0.5, amx=True)  # k, v: its bf16 cache
 
 
 def _kernel_library(dtype: torch.dtype) -> Any:
@@ -177,7 +178,7 @@ def measure_attention_paths(dtype: torch.dtype) -> dict[str, dict[str, float]]:
             FP32_ATTENTION: partial(_fp32_sdpa, q, k, v, mask),
             KERNEL_ATTENTION: partial(_kernel, q, k.to(dtype), v.to(dtype), mask),
             KERNEL_FP32_ATTENTION: partial(_kernel, q, k, v, mask),
-            KERNEL_AMX_ATTENTION: partial(_amx_kernel, q, k, v, mask),
+            KERNEL_AMX_ATTENTION: partial(_amx_kernel, q, k.bfloat16(), v.bfloat16(), mask),
         }
         calls = {path: call for path, call in calls.items() if path in timings}
         for call in calls.values():
@@ -310,7 +311,8 @@ def step_bytes(model: Any) -> tuple[int, int]:
     weights = sum(tensor.numel() * tensor.element_size() for tensor in read.values())
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_element = 4 if uses_fp32_attention(config) else embedding.element_size()
+    kv_dtype = kv_cache_dtype(config)
+    kv_element = kv_dtype.itemsize if kv_dtype is not None else embedding.element_size()
     per_position = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * kv_element
     return weights, per_position
 

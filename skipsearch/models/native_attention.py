@@ -12,8 +12,9 @@ transformers ships another CPU path for it. One kernel per cache dtype, and a se
   float32 arithmetic, so it computes the fp32 path's attention from half its bytes;
 - float32 (AVX2 and FMA): the fp32 fallback plan's cache, whose K/V come from float32 activations,
   read in place;
-- float32 on AMX tiles: the same cache, the same results to bf16 rounding (it rounds the queries,
-  keys, values and softmax weights it multiplies), and a verify's extra rows nearly free.
+- float32 activations on AMX tiles: float32 queries over a bf16 cache (it rounds the queries, keys,
+  values and softmax weights it multiplies to bf16, so the cache holds the keys and values it would
+  multiply, in half the bytes), and a verify's extra rows nearly free.
 
 Each is built and loaded by `models.native`, used only where the CPU has the features it is
 written for and a compiler is found; otherwise `load_kernel(dtype).reason` says why, the kernel
@@ -115,7 +116,8 @@ def decode_attention(
     `[1, KV, P, D]` (contiguous) that every query sees (a draft's pillars); None where the kernel
     does not apply (not loaded, another dtype, a batch, a long block, or a layout it does not read).
     `scores` `[H, N]` (float32, contiguous, filled with -inf) receives query 0's scaled scores of
-    the keys it sees. `amx`: a float32 cache on the AMX kernel, not the AVX2 one."""
+    the keys it sees. `amx`: float32 queries over a bf16 cache (and pillars) on the AMX kernel."""
+    cache = torch.bfloat16 if amx else query.dtype  # the AMX kernel: float32 queries, a bf16 cache
     if amx:
         function = load_amx_kernel().function if query.dtype == torch.float32 else None
     else:
@@ -125,10 +127,10 @@ def decode_attention(
         function is None
         or batch != 1
         or queries > MAX_QUERIES
-        or not query.dtype == key.dtype == value.dtype
+        or not cache == key.dtype == value.dtype
         or query.stride(-1) != 1
         or any(t.stride(-1) != 1 or t.stride(-2) != dim or t.stride(1) != key.stride(1) for t in (key, value))
-        or (extra is not None and not all(t.dtype == query.dtype and t.is_contiguous() for t in extra))
+        or (extra is not None and not all(t.dtype == cache and t.is_contiguous() for t in extra))
         or (scores is not None and not (scores.dtype == torch.float32 and scores.is_contiguous()))
     ):
         return None

@@ -258,6 +258,17 @@ def test_fp32_attention_doubles_the_kv_bytes_of_a_bf16_model() -> None:
     assert step_bytes(model)[1] == 2 * native
 
 
+def test_the_amx_kernel_keeps_a_float32_models_kv_in_bf16() -> None:
+    """It rounds the keys and values to bf16 as it multiplies them: its cache holds them so, in half
+    the bytes, and the memory floor counts those bytes."""
+    model = tiny_model("llama", layers=2)
+    apply_attention(model, kernels.AttentionChoice("float32", KERNEL_FP32_ATTENTION))
+    float32_bytes = step_bytes(model)[1]
+    assert new_cache(model.config).kv_dtype is torch.float32
+    apply_attention(model, kernels.AttentionChoice("float32", KERNEL_AMX_ATTENTION))
+    assert new_cache(model.config).kv_dtype is torch.bfloat16 and step_bytes(model)[1] == float32_bytes // 2
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 def test_the_fp32_path_equals_transformers_sdpa_on_an_fp32_model(family: str) -> None:
     """Same arithmetic, other call: prefill, a cached 3-position verify and a cached single step."""

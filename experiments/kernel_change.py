@@ -45,9 +45,9 @@ the report prints:
 
     python experiments/kernel_change.py --change tiles --models qwen2.5-coder-0.5b --dtypes auto
 
-`--change amx-attention` tests the AMX decode-attention kernel (`decode_attention_amx.c`) against the
-AVX2 one over the fp32 fallback's cache, on a CPU with AMX; the logits differ (it rounds what it
-multiplies to bf16):
+`--change amx-attention` tests the AMX decode-attention kernel (`decode_attention_amx.c`, over the
+bf16 cache it keeps) against the AVX2 one over the fp32 fallback's float32 cache, on a CPU with AMX;
+the logits differ (it rounds what it multiplies to bf16):
 
     python experiments/kernel_change.py --change amx-attention --dtypes auto --contexts 128,512,2048,8000
 
@@ -168,7 +168,7 @@ TITLES = {
     "packed": "Weights prepacked for oneDNN against F.linear's plain weights",
     "tiles": "The products on skipsearch's AMX kernel against its vector kernel",
     "kernel": "The decode kernel over the plan's cache against fp32 SDPA over an fp32 cache",
-    "amx-attention": "The AMX decode kernel over the float32 cache against the AVX2 one",
+    "amx-attention": "The AMX decode kernel over a bf16 cache against the AVX2 one over the float32 cache",
 }
 
 

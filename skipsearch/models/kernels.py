@@ -78,7 +78,7 @@ PATH_NAMES = {
     FP32_ATTENTION: "SDPA in float32 over a float32 K/V cache",
     KERNEL_ATTENTION: "the decode kernel over a bf16 K/V cache, float32 arithmetic",
     KERNEL_FP32_ATTENTION: "the decode kernel over a float32 K/V cache",
-    KERNEL_AMX_ATTENTION: "the AMX decode kernel over a float32 K/V cache, bf16 products",
+    KERNEL_AMX_ATTENTION: "the AMX decode kernel over a bf16 K/V cache, bf16 products",
 }
 
 

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from skipsearch.models.native import KernelSource, NativeLibrary, load_native
+from skipsearch.models.native import KernelSource, NativeLibrary, load_amx_native, load_native
 from skipsearch.models.replace import replace_children
 
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
@@ -115,14 +115,7 @@ def chunk() -> int:
 def load_tile_kernel() -> NativeLibrary:
     """The AMX kernel, compiled once per source, compiler and compiler flags; where it does not
     load, or Linux does not lend this process the tile state, the reason."""
-    library = load_native(TILE_SOURCE)
-    if library.function is None:
-        return library
-    ready = library.handle.linear_rows_amx_ready
-    ready.restype = ctypes.c_int
-    if not ready():
-        return NativeLibrary(None, "Linux did not lend this process the AMX tile state (arch_prctl)")
-    return library
+    return load_amx_native(TILE_SOURCE, "linear_rows_amx_ready")
 
 
 def kernel_library(kernel: str) -> NativeLibrary:

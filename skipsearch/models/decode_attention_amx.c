@@ -278,17 +278,15 @@ int decode_attention_amx(const float *q, int64_t q_head_stride, int64_t q_row_st
         !amx_ready())
         return -1;
     int64_t group = heads / kv_heads, rows = group * queries, blocks = (rows + BLOCK - 1) / BLOCK;
-    Visibility vis = {length, queries, sink, window};
-    int64_t ranges[2][2];
-    int count = visible_ranges(&vis, ranges);
-    int64_t chunks, *chunk = visible_chunks(&vis, ranges, count, &chunks);
-    int64_t units = chunks + (extra > 0), stride = rows * (dim + 2); /* per unit and head: m, l, acc */
-    Visibility everything = {extra + queries, queries, 0, 0};
+    Keys keys;
+    int planned = plan_keys(&keys, length, queries, sink, window, extra);
+    int64_t units = keys.units, chunks = keys.chunks;
+    int64_t stride = rows * (dim + 2); /* per unit and head: m, l, acc */
     int64_t turned = dim / 32 * 256; /* uint32s of one block's turned queries */
     float *partial = malloc(sizeof(float) * (units ? units : 1) * kv_heads * stride);
     uint32_t *qt = aligned_alloc(64, sizeof(uint32_t) * kv_heads * blocks * turned);
-    if (!chunk || !partial || !qt) {
-        free(chunk), free(partial), free(qt);
+    if (planned || !partial || !qt) {
+        free(keys.chunk), free(partial), free(qt);
         return -1;
     }
     for (int64_t h = 0; h < kv_heads; h++)
@@ -310,10 +308,8 @@ int decode_attention_amx(const float *q, int64_t q_head_stride, int64_t q_row_st
 #pragma omp for schedule(runtime)
         for (int64_t unit = 0; unit < units * kv_heads; unit++) {
             int64_t c = unit / kv_heads, h = unit % kv_heads;
-            float *base = partial + (c * kv_heads + h) * stride;
+            float *base = empty_unit(partial, unit, stride, rows, dim);
             float *m = base, *l = base + rows, *acc = base + 2 * rows;
-            for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
-            memset(acc, 0, sizeof(float) * rows * dim);
             if (!block) {
 #pragma omp atomic write
                 failed = 1; /* the call returns -1 */
@@ -324,14 +320,14 @@ int decode_attention_amx(const float *q, int64_t q_head_stride, int64_t q_row_st
                                    rows - b * BLOCK < BLOCK ? rows - b * BLOCK : BLOCK};
             if (c == chunks) {
                 attend(block, blocks, extra_k + h * extra * dim, extra_v + h * extra * dim, dim, 0, extra,
-                       &everything, scale, m, l, acc, NULL);
+                       &keys.everything, scale, m, l, acc, NULL);
                 continue;
             }
             float *head_scores = scores ? scores + h * group * length : NULL;
-            for (int range = 0; range < count; range++) {
+            for (int range = 0; range < keys.count; range++) {
                 int64_t begin, end;
-                if (chunk_in_range(chunk[c], ranges[range], &begin, &end))
-                    attend(block, blocks, k + h * kv_stride, v + h * kv_stride, dim, begin, end, &vis, scale, m, l,
+                if (chunk_in_range(keys.chunk[c], keys.ranges[range], &begin, &end))
+                    attend(block, blocks, k + h * kv_stride, v + h * kv_stride, dim, begin, end, &keys.vis, scale, m, l,
                            acc, head_scores);
             }
         }
@@ -340,13 +336,10 @@ int decode_attention_amx(const float *q, int64_t q_head_stride, int64_t q_row_st
     }
     omp_set_schedule(caller.kind, caller.chunk);
     if (failed) {
-        free(chunk), free(partial), free(qt);
+        free(keys.chunk), free(partial), free(qt);
         return -1;
     }
-    for (int64_t h = 0; h < kv_heads; h++)
-        for (int64_t r = 0; r < rows; r++)
-            merge_row(partial + h * stride, units, kv_heads * stride, rows, dim, r,
-                      out + ((r % queries) * heads + h * group + r / queries) * dim);
-    free(chunk), free(partial), free(qt);
+    merge_rows(partial, units, kv_heads, stride, rows, queries, heads, dim, out);
+    free(keys.chunk), free(partial), free(qt);
     return 0;
 }

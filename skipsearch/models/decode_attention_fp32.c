@@ -190,17 +190,14 @@ int decode_attention_fp32(const float *q, int64_t q_head_stride, int64_t q_row_s
     if (dim % 8 != 0 || dim > MAX_DIM || kv_heads < 1 || heads % kv_heads != 0 || queries < 1 || extra < 0)
         return -1;
     int64_t group = heads / kv_heads, rows = group * queries;
-    Visibility vis = {length, queries, sink, window};
-    int64_t ranges[2][2];
-    int count = visible_ranges(&vis, ranges);
-    int64_t chunks, *chunk = visible_chunks(&vis, ranges, count, &chunks);
-    /* the extra keys (a draft's pillars) are one more unit, seen by every row */
-    int64_t units = chunks + (extra > 0), stride = rows * (dim + 2); /* per unit and head: m, l, acc */
-    Visibility everything = {extra + queries, queries, 0, 0};
+    Keys keys;
+    int planned = plan_keys(&keys, length, queries, sink, window, extra);
+    int64_t units = keys.units, chunks = keys.chunks;
+    int64_t stride = rows * (dim + 2); /* per unit and head: m, l, acc */
     float *partial = malloc(sizeof(float) * (units ? units : 1) * kv_heads * stride);
     float *query = malloc(sizeof(float) * heads * queries * dim);
-    if (!chunk || !partial || !query) {
-        free(chunk), free(partial), free(query);
+    if (planned || !partial || !query) {
+        free(keys.chunk), free(partial), free(query);
         return -1;
     }
     /* rows [kv_heads][group * queries][dim], contiguous for every chunk */
@@ -212,28 +209,23 @@ int decode_attention_fp32(const float *q, int64_t q_head_stride, int64_t q_row_s
 #pragma omp parallel for schedule(runtime) if (units * kv_heads > 1)
     for (int64_t unit = 0; unit < units * kv_heads; unit++) {
         int64_t c = unit / kv_heads, h = unit % kv_heads;
-        float *base = partial + (c * kv_heads + h) * stride;
+        float *base = empty_unit(partial, unit, stride, rows, dim);
         float *m = base, *l = base + rows, *acc = base + 2 * rows;
-        for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
-        memset(acc, 0, sizeof(float) * rows * dim);
         if (c == chunks) {
             attend_chunk(query + h * rows * dim, extra_k + h * extra * dim, extra_v + h * extra * dim, dim,
-                         rows, 0, extra, &everything, scale, m, l, acc, NULL);
+                         rows, 0, extra, &keys.everything, scale, m, l, acc, NULL);
             continue;
         }
         float *head_scores = scores ? scores + h * group * length : NULL;
-        for (int range = 0; range < count; range++) {
+        for (int range = 0; range < keys.count; range++) {
             int64_t begin, end;
-            if (chunk_in_range(chunk[c], ranges[range], &begin, &end))
+            if (chunk_in_range(keys.chunk[c], keys.ranges[range], &begin, &end))
                 attend_chunk(query + h * rows * dim, k + h * kv_stride, v + h * kv_stride, dim, rows, begin,
-                             end, &vis, scale, m, l, acc, head_scores);
+                             end, &keys.vis, scale, m, l, acc, head_scores);
         }
     }
     omp_set_schedule(caller.kind, caller.chunk);
-    for (int64_t h = 0; h < kv_heads; h++)
-        for (int64_t r = 0; r < rows; r++)
-            merge_row(partial + h * stride, units, kv_heads * stride, rows, dim, r,
-                      out + ((r % queries) * heads + h * group + r / queries) * dim);
-    free(chunk), free(partial), free(query);
+    merge_rows(partial, units, kv_heads, stride, rows, queries, heads, dim, out);
+    free(keys.chunk), free(partial), free(query);
     return 0;
 }

@@ -13,9 +13,11 @@
  * two of work per head, and they stop early: each chunk is another short stream to read and one
  * more partial result to merge, and with 256 keys a chunk everywhere 8,000 keys took 1.04-1.12x
  * longer on the project's Xeon (experiments/kernel_builds.py --kernel attention). */
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     int64_t length, queries, sink, window;
@@ -65,6 +67,37 @@ static inline int chunk_in_range(int64_t c, const int64_t range[2], int64_t *beg
     *begin = chunk_start(c) > range[0] ? chunk_start(c) : range[0];
     *end = chunk_start(c + 1) < range[1] ? chunk_start(c + 1) : range[1];
     return *begin < *end;
+}
+
+/* A call's keys: what its block sees (`vis`), as ranges and the chunks that hold them, and the
+ * extra keys (a draft's pillars, seen by every row: `everything`), one more unit of work after the
+ * chunks where there are any. */
+typedef struct {
+    Visibility vis, everything;
+    int64_t ranges[2][2];
+    int count;                     /* ranges */
+    int64_t chunks, *chunk, units; /* `chunk` malloc'd: the caller frees it */
+} Keys;
+
+/* The keys of a block of `queries` over `length` cached positions, with `sink` + `window` and `extra`
+ * keys; 0, or -1 when memory runs out. */
+static int plan_keys(Keys *keys, int64_t length, int64_t queries, int64_t sink, int64_t window, int64_t extra) {
+    keys->vis = (Visibility){length, queries, sink, window};
+    keys->everything = (Visibility){extra + queries, queries, 0, 0};
+    keys->count = visible_ranges(&keys->vis, keys->ranges);
+    keys->chunk = visible_chunks(&keys->vis, keys->ranges, keys->count, &keys->chunks);
+    keys->units = keys->chunks + (extra > 0);
+    return keys->chunk ? 0 : -1;
+}
+
+/* Unit `unit`'s partial results, emptied: per row a running maximum of -inf, a softmax denominator of
+ * 0 and an unnormalised output of zeros ([m: rows][l: rows][acc: rows x dim], `stride` floats a unit,
+ * the units in order in `partial`, as the kernels' merges read them); returns where they start. */
+static float *empty_unit(float *partial, int64_t unit, int64_t stride, int64_t rows, int64_t dim) {
+    float *base = partial + unit * stride;
+    for (int64_t r = 0; r < rows; r++) base[r] = -INFINITY, base[rows + r] = 0.0f;
+    memset(base + 2 * rows, 0, sizeof(float) * rows * dim);
+    return base;
 }
 
 #define MANY_UNITS 16 /* units per thread from which they are split statically */

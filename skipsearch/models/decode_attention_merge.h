@@ -23,3 +23,14 @@ static void merge_row(const float *partial, int64_t chunks, int64_t stride, int6
     }
     for (int64_t j = 0; j < dim; j++) o[j] /= total;
 }
+
+/* Every row of every K/V head merged into `out` [queries][heads][dim]: row r of head h is query
+ * r % queries of query head h * (heads / kv_heads) + r / queries. */
+static void merge_rows(const float *partial, int64_t units, int64_t kv_heads, int64_t stride, int64_t rows,
+                       int64_t queries, int64_t heads, int64_t dim, float *out) {
+    int64_t group = heads / kv_heads;
+    for (int64_t h = 0; h < kv_heads; h++)
+        for (int64_t r = 0; r < rows; r++)
+            merge_row(partial + h * stride, units, kv_heads * stride, rows, dim, r,
+                      out + ((r % queries) * heads + h * group + r / queries) * dim);
+}

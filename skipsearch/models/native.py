@@ -91,3 +91,16 @@ def load_native(source: KernelSource) -> NativeLibrary:
     function.restype, function.argtypes = ctypes.c_int, tuple(source.signature)
     reason = f"built by {Path(compiler_path).name} from {source.path.name}"
     return NativeLibrary(function, reason, build, handle)
+
+
+def load_amx_native(source: KernelSource, ready: str) -> NativeLibrary:
+    """`load_native` for a kernel on AMX tiles, whose library exports `ready` (`amx_tiles.h`):
+    Linux lends a process the tile state only once asked, so where it does not, the reason."""
+    library = load_native(source)
+    if library.function is None:
+        return library
+    asked = getattr(library.handle, ready)
+    asked.restype = ctypes.c_int
+    if not asked():
+        return NativeLibrary(None, "Linux did not lend this process the AMX tile state (arch_prctl)")
+    return library

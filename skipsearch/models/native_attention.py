@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from skipsearch.models.native import KernelSource, NativeLibrary, load_native
+from skipsearch.models.native import KernelSource, NativeLibrary, load_amx_native, load_native
 
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURE = (
@@ -86,16 +86,9 @@ def load_kernel(dtype: torch.dtype = torch.bfloat16) -> NativeLibrary:
 
 @functools.cache
 def load_amx_kernel() -> NativeLibrary:
-    """The AMX kernel over a float32 cache, compiled once per source, compiler and flags; where it
-    does not load, or Linux does not lend this process the tile state, the reason."""
-    library = load_native(AMX_SOURCE)
-    if library.function is None:
-        return library
-    ready = library.handle.decode_attention_amx_ready
-    ready.restype = ctypes.c_int
-    if not ready():
-        return NativeLibrary(None, "Linux did not lend this process the AMX tile state (arch_prctl)")
-    return library
+    """The AMX kernel (float32 queries, a bf16 cache), compiled once per source, compiler and flags;
+    where it does not load, or Linux does not lend this process the tile state, the reason."""
+    return load_amx_native(AMX_SOURCE, "decode_attention_amx_ready")
 
 
 def decode_attention(

@@ -167,9 +167,9 @@ static void weigh_values(const uint16_t *v, int64_t dim, int64_t start, int64_t 
 }
 
 /* The block's rows attend to the keys [begin, end) (within one SPAN-aligned span): their running
- * max `m`, denominator `l` and unnormalised outputs `acc` (the block's, from its first row) are updated. With `scores` (the
- * head group's [group][length] floats), query 0's scaled scores are copied out (a verify's pillar
- * choice). */
+ * max `m`, denominator `l` and unnormalised outputs `acc` (the block's, from its first row) are
+ * updated. With `scores` (the head group's [group][length] floats), query 0's scaled scores are
+ * copied out (a verify's pillar choice). */
 static void attend_block(const Block *b, const uint16_t *k, const uint16_t *v, int64_t dim, int64_t begin, int64_t end,
                          const Visibility *vis, float scale, float *m, float *l, float *acc, float *scores) {
     float s[SPAN][BLOCK] __attribute__((aligned(64)));
@@ -191,7 +191,7 @@ static void attend_block(const Block *b, const uint16_t *k, const uint16_t *v, i
     __m512 highest = _mm512_set1_ps(-INFINITY);
     __mmask16 seen[SPAN];
     for (int64_t n = start; n < stop; n++) {
-        __mmask16 sees = 0;
+        __mmask16 sees;
         int windowed = vis->window > 0 && n >= vis->sink;
         if (n < begin || n >= end)
             sees = 0;
@@ -285,8 +285,9 @@ int decode_attention_amx(const float *q, int64_t q_head_stride, int64_t q_row_st
     int64_t turned = dim / 32 * 256; /* uint32s of one block's turned queries */
     float *partial = malloc(sizeof(float) * (units ? units : 1) * kv_heads * stride);
     uint32_t *qt = aligned_alloc(64, sizeof(uint32_t) * kv_heads * blocks * turned);
-    if (planned || !partial || !qt) {
-        free(keys.chunk), free(partial), free(qt);
+    Block *block = malloc(sizeof(Block) * kv_heads * blocks); /* [kv_heads][blocks] */
+    if (planned || !partial || !qt || !block) {
+        free(keys.chunk), free(partial), free(qt), free(block);
         return -1;
     }
     for (int64_t h = 0; h < kv_heads; h++)
@@ -298,28 +299,20 @@ int decode_attention_amx(const float *q, int64_t q_head_stride, int64_t q_row_st
                 row[r] = q + (h * group + at / queries) * q_head_stride + at % queries * q_row_stride;
             }
             turn_queries(row, in_block, dim, qt + (h * blocks + b) * turned);
+            block[h * blocks + b] = (Block){qt + (h * blocks + b) * turned, b * BLOCK, in_block};
         }
-    int failed = 0; /* a thread's block list not allocated */
     Schedule caller = schedule_units(units * kv_heads);
 #pragma omp parallel if (units * kv_heads > 1)
     {
         configure();
-        Block *block = malloc(sizeof(Block) * blocks);
 #pragma omp for schedule(runtime)
         for (int64_t unit = 0; unit < units * kv_heads; unit++) {
             int64_t c = unit / kv_heads, h = unit % kv_heads;
             float *base = empty_unit(partial, unit, stride, rows, dim);
             float *m = base, *l = base + rows, *acc = base + 2 * rows;
-            if (!block) {
-#pragma omp atomic write
-                failed = 1; /* the call returns -1 */
-                continue;
-            }
-            for (int64_t b = 0; b < blocks; b++)
-                block[b] = (Block){qt + (h * blocks + b) * turned, b * BLOCK,
-                                   rows - b * BLOCK < BLOCK ? rows - b * BLOCK : BLOCK};
+            const Block *head = block + h * blocks;
             if (c == chunks) {
-                attend(block, blocks, extra_k + h * extra * dim, extra_v + h * extra * dim, dim, 0, extra,
+                attend(head, blocks, extra_k + h * extra * dim, extra_v + h * extra * dim, dim, 0, extra,
                        &keys.everything, scale, m, l, acc, NULL);
                 continue;
             }
@@ -327,19 +320,14 @@ int decode_attention_amx(const float *q, int64_t q_head_stride, int64_t q_row_st
             for (int range = 0; range < keys.count; range++) {
                 int64_t begin, end;
                 if (chunk_in_range(keys.chunk[c], keys.ranges[range], &begin, &end))
-                    attend(block, blocks, k + h * kv_stride, v + h * kv_stride, dim, begin, end, &keys.vis, scale, m, l,
+                    attend(head, blocks, k + h * kv_stride, v + h * kv_stride, dim, begin, end, &keys.vis, scale, m, l,
                            acc, head_scores);
             }
         }
-        free(block);
         _tile_release();
     }
     omp_set_schedule(caller.kind, caller.chunk);
-    if (failed) {
-        free(keys.chunk), free(partial), free(qt);
-        return -1;
-    }
     merge_rows(partial, units, kv_heads, stride, rows, queries, heads, dim, out);
-    free(keys.chunk), free(partial), free(qt);
+    free(keys.chunk), free(partial), free(qt), free(block);
     return 0;
 }

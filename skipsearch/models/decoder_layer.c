@@ -113,13 +113,13 @@ int layer_attention(const Layer *l, const Attend *a, const float *hidden, int64_
     if (normed && qkv && query && attended && (turned || !a->bf16)) {
         status = l->norm(hidden, rows, l->hidden, l->input_norm, l->input_eps, normed);
         if (!status) status = product(l, normed, rows, l->hidden, l->qkv, width, l->qkv_bias, qkv);
-        if (!status && a->bf16)
+        /* the rotated keys go straight into a float32 cache, or into `turned` to be rounded */
+        float *keys = a->bf16 ? turned : (float *)a->keys + a->start * l->dim;
+        const int64_t keys_head_stride = a->bf16 ? l->dim : head_stride;
+        const int64_t keys_row_stride = a->bf16 ? kv_width : l->dim;
+        if (!status)
             status = l->rotary(qkv, l->heads, l->dim, width, query, l->dim, q_width, qkv + q_width, l->kv_heads,
-                               l->dim, width, turned, l->dim, kv_width, rows, l->dim, a->cos, a->sin);
-        else if (!status)
-            status = l->rotary(qkv, l->heads, l->dim, width, query, l->dim, q_width, qkv + q_width, l->kv_heads,
-                               l->dim, width, (float *)a->keys + a->start * l->dim, head_stride, l->dim, rows,
-                               l->dim, a->cos, a->sin);
+                               l->dim, width, keys, keys_head_stride, keys_row_stride, rows, l->dim, a->cos, a->sin);
         if (!status) {
             if (a->bf16) {
                 store_bf16(turned, kv_width, rows, l->kv_heads, l->dim, a->keys, head_stride, a->start);

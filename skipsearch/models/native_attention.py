@@ -64,8 +64,8 @@ SOURCES = {
         headers=(_KEYS, _MERGE, _LANES, _EXP),
     ),
 }
-# The AMX build for a float32 cache (decode_attention_amx.c): its rows cost about what one row costs,
-# rounding to bf16 what it multiplies; `models.kernels` weighs it against the AVX2 one.
+# The AMX kernel of float32 activations over a bf16 cache (decode_attention_amx.c): its rows cost about
+# what one row costs, rounding to bf16 what it multiplies; `models.kernels` weighs it against the AVX2 one.
 AMX_SOURCE = KernelSource(
     path=Path(__file__).with_name("decode_attention_amx.c"),
     symbol="decode_attention_amx",

@@ -122,10 +122,22 @@ def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int
 
     `target_logits` `[γ + 1, V]`; the extra token is the target's argmax right after the accepted
     prefix — its correction at the first mismatch, or the bonus token when all `γ` match. One
-    comparison over all drafts and one host sync per round.
+    comparison over all drafts and one host sync per round (`greedy_commit`).
+    """
+    committed, _ = greedy_commit(draft, target_logits)
+    return len(committed) - 1, committed[-1]
+
+
+def greedy_commit(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """The tokens a greedy round commits — the `n` accepted drafts and the extra token
+    (`greedy_accept`) — and the extra token `[1, 1]` left on the device.
+
+    Accepted drafts equal the target's argmax, so the committed tokens are `argmax[: n + 1]`: `n`
+    and the whole argmax come back in one copy, the round's one host sync. The extra token is the
+    next round's pending token; kept on the device, feeding it costs no copy from the host.
     """
     target = target_logits.argmax(dim=-1)
-    matches = (draft == target[: len(draft)]).int()
-    accepted = matches.cumprod(dim=0).sum()
-    accepted_count, extra = torch.stack([accepted, target[accepted]]).tolist()
-    return accepted_count, extra
+    accepted = (draft == target[: len(draft)]).int().cumprod(dim=0).sum()
+    pending = target.index_select(0, accepted.view(1)).view(1, 1)
+    count, *argmax = torch.cat([accepted.view(1), target]).tolist()
+    return argmax[: count + 1], pending

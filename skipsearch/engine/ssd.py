@@ -15,7 +15,8 @@ and the last token `t` (position `n-1`) is pending (see `engine.cache`).
    after cropping their scratch K/V back to `n - 1`.
 3. Accept: greedy (argmax equality) or rejection sampling; `k` drafts plus one target token are
    committed, so every output token is the target's.
-4. Rollback: crop every layer to the new committed length - 1 and check the invariant.
+4. Rollback: crop every layer to the new committed length - 1 and check the invariant (after
+   every round when the rounds are timed, else once after the last: `run_rounds`).
 
 A round with γ = 0 is one plain autoregressive step; the γ controller uses it once speculation
 is switched off, and the last round uses a smaller γ so the output never overshoots.
@@ -23,6 +24,13 @@ is switched off, and the last round uses a smaller γ so the output never oversh
 `run_rounds` plays the rounds for any schedule of masks and any implementation of the passes:
 `speculative_decode` drafts every round with one mask, `engine.tiered` picks a mask per round, and
 `engine.graphs` replays the same passes from CUDA graphs.
+
+Host reads: an untimed greedy round reads the device once — the accepted count together with the
+committed tokens (`sampling.greedy_commit`) — and its pending token stays on the device, so a GPU
+queues the next round's kernels (or CUDA-graph replays) without waiting. Reads that remain by
+design: a sampled round's in `sample_accept`, a draft that stops when unsure reads its confidence
+after every draft token (`confidence`), and a timed round syncs at every phase boundary
+(`RoundClock`).
 """
 
 from __future__ import annotations
@@ -39,10 +47,11 @@ from skipsearch.acceptance.estimator import greedy_confidence
 from skipsearch.engine.cache import check_lengths, crop
 from skipsearch.engine.gamma import GammaController, GammaPolicy
 from skipsearch.engine.result import DecodeResult, new_tokens
-from skipsearch.engine.sampling import GREEDY, Sampling, greedy_accept, sample, sample_accept
+from skipsearch.engine.sampling import GREEDY, Sampling, greedy_commit, sample, sample_accept
 from skipsearch.engine.timing import RoundClock, RoundTiming
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
+from skipsearch.models.device import device_sync
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.pillars import PillarChoice, PillarKeys
 from skipsearch.models.runner import LayerwiseRunner
@@ -170,7 +179,8 @@ def draft(
     """Up to γ steps of the masked model from `pending` `[1, 1]` at position `start`
     (`draft_forward`, `propose`); `kv`, the keys they attend to (with the round's pillars,
     `PillarKeys`). The draft stops after a token whose probability under the draft is below
-    `stop_below` (`confidence`); that token is still proposed."""
+    `stop_below` (`confidence`); that token is still proposed. The stop reads the confidence back
+    to the host after every draft token, so only a draft with a stop syncs within the draft."""
     device = runner.device
     tokens = torch.empty(gamma, dtype=torch.long, device=device)
     probs = None if sampling.greedy else torch.empty(gamma, runner.config.vocab_size, device=device)
@@ -231,23 +241,28 @@ def settle(
     sampling: Sampling,
     generator: torch.Generator | None,
     clock: RoundClock,
-) -> tuple[int, list[int]]:
+) -> tuple[int, list[int], torch.Tensor]:
     """Steps 3 and 4 of a round: accept, append the committed tokens to `tokens`, roll back.
 
-    Returns the accepted draft count `n` and the `n + 1` tokens committed.
+    Returns the accepted draft count `n`, the `n + 1` tokens committed, and the last of them
+    `[1, 1]` on the device: the next round's pending token. Greedy reads the device once
+    (`greedy_commit`); sampling reads what `sample_accept` reads and the accepted drafts, and copies
+    the extra token back. The invariant is checked here only in a timed round (`run_rounds`).
     """
     with clock.phase("sample"):
         if sampling.greedy:
-            n, extra = greedy_accept(proposal.tokens, logits)
+            committed, pending = greedy_commit(proposal.tokens, logits)
         else:
             p = sampling.probs(logits)
             n, extra = sample_accept(proposal.tokens, proposal.probs, p, generator)
-    committed = [*proposal.tokens[:n].tolist(), extra]
+            committed = [*proposal.tokens[:n].tolist(), extra]
+            pending = torch.tensor([[extra]], device=logits.device)
     tokens += committed
     with clock.phase("cache"):
         crop(cache, len(tokens) - 1)
-        check_lengths(cache, len(tokens) - 1)
-    return n, committed
+        if clock.timed:
+            check_lengths(cache, len(tokens) - 1)
+    return len(committed) - 1, committed, pending
 
 
 @dataclass(frozen=True)
@@ -322,7 +337,7 @@ class EagerSteps:
         kv = self.kvs[at.tier]
         choice = None
         if kv is not None and kv.pillars:
-            source = torch.tensor([[at.start]], device=self.runner.device)
+            source = positions(at.start, 1, self.runner.device)
             choice = PillarChoice(kv, source, self.runner.num_layers, self.runner.config.num_key_value_heads)
         logits = verify(
             self.runner, self.masks[at.tier], at.cache, proposal, at.pending, at.start, kv, choice
@@ -363,21 +378,30 @@ def run_rounds(
     sampling: Sampling,
     generator: torch.Generator | None,
     eos_ids: Collection[int],
+    timed: bool = True,
 ) -> tuple[DecodeResult, tuple[int, ...]]:
     """The round loop of the module docstring; returns the result and each round's mask index.
 
     Every round starts from a cache that holds exactly the full model's K/V, so the schedule may
     switch masks between rounds at no cost: no state of one mask's draft survives into the next.
+
+    `timed` records every round's phase breakdown (`RoundClock`) and checks the cache invariant
+    after the prefill and every round, at the cost of device syncs; untimed, the invariant is
+    checked once, after the last round (a static cache's lengths cost a read), and
+    `DecodeResult.timings` is empty. Either way the device is synchronised once after the prefill,
+    so `prefill_seconds` is the prefill's device time.
     """
     if max_new_tokens < 1 or not prompt:
         raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
     began = time.perf_counter()
-    clock = RoundClock(runner.device)
+    clock = RoundClock(runner.device, timed)
     cache = steps.prefill(prompt)
-    clock.sync()
+    device_sync(runner.device)()
     prefilled = time.perf_counter()
     tokens = list(prompt)
-    check_lengths(cache, len(tokens) - 1)
+    if timed:
+        check_lengths(cache, len(tokens) - 1)
+    pending = torch.tensor([[tokens[-1]]], device=runner.device)
     tiers: list[int] = []
     gammas: list[int] = []
     accepted: list[int] = []
@@ -388,7 +412,7 @@ def run_rounds(
         tier, wanted = schedule.next_round()
         start = len(tokens) - 1
         g = min(wanted, max_new_tokens - (len(tokens) - len(prompt)) - 1)
-        at = Round(tier, cache, torch.tensor([[tokens[-1]]], device=runner.device), start, g)
+        at = Round(tier, cache, pending, start, g)
         with clock.phase("draft"):
             proposal = steps.draft(at, sampling, generator)
         g = len(proposal.tokens)  # a draft may stop early
@@ -397,13 +421,17 @@ def run_rounds(
             crop(cache, start, range(s1, runner.num_layers))
         with clock.phase("verify"):
             logits = steps.verify(at, proposal)
-        n, committed = settle(cache, tokens, proposal, logits, sampling, generator, clock)
+        n, committed, pending = settle(cache, tokens, proposal, logits, sampling, generator, clock)
         schedule.update(n, g)
         ended = any(token in eos_ids for token in committed)
         tiers.append(tier)
         gammas.append(g)
         accepted.append(n)
-        timings.append(clock.finish(start + 1, g, n))
+        timing = clock.finish(start + 1, g, n)
+        if timing is not None:
+            timings.append(timing)
+    if not timed:
+        check_lengths(cache, len(tokens) - 1)
     result = DecodeResult(
         prompt_length=len(prompt),
         tokens=new_tokens(tokens, len(prompt), eos_ids),
@@ -428,6 +456,7 @@ def speculative_decode(
     eos_ids: Collection[int] = (),
     head: DraftHead | None = None,
     kv: KVPattern | None = None,
+    timed: bool = True,
 ) -> DecodeResult:
     """Decode up to `max_new_tokens` after `prompt` with the draft `mask` (see module docstring).
 
@@ -435,11 +464,14 @@ def speculative_decode(
     follows the target's distribution under `sampling`. `gamma` is a fixed draft length or a
     dynamic policy; `head`, a draft vocabulary's head for the draft steps (verify keeps the full
     one); `kv`, the keys the draft steps attend to (verify attends to all). A policy with
-    `stop_below` ends a round early after a draft token the draft is unsure of.
+    `stop_below` ends a round early after a draft token the draft is unsure of. `timed` records
+    each round's phase breakdown, at the cost of device syncs (`run_rounds`).
     """
     mask.check_fits(runner.num_layers)
     policy = gamma if isinstance(gamma, GammaPolicy) else GammaPolicy.fixed(gamma)
     schedule = OneMask(GammaController(policy))
     steps = EagerSteps(runner, [mask], [head], [kv], policy.stop_below)
-    result, _ = run_rounds(runner, prompt, max_new_tokens, steps, schedule, sampling, generator, eos_ids)
+    result, _ = run_rounds(
+        runner, prompt, max_new_tokens, steps, schedule, sampling, generator, eos_ids, timed
+    )
     return result

@@ -75,17 +75,19 @@ def tiered_decode(
     generator: torch.Generator | None = None,
     eos_ids: Collection[int] = (),
     steps: ssd.RoundSteps | None = None,
+    timed: bool = True,
 ) -> TieredResult:
     """Decode up to `max_new_tokens` after `prompt`, drafting each round `gammas[t]` tokens with
     the mask of the policy's tier `t`.
 
     Lossless like `speculative_decode`: greedy output equals `autoregressive_decode`'s token for
-    token, sampled output follows the target's distribution, whatever tier drafts.
+    token, sampled output follows the target's distribution, whatever tier drafts. `timed` records
+    each round's phase breakdown, at the cost of device syncs (`ssd.run_rounds`).
     """
     check_tiers(runner, masks, gammas, policy)
     steps = steps if steps is not None else ssd.EagerSteps(runner, masks)
     schedule = TierSchedule(TierController(policy), gammas)
     result, tiers = ssd.run_rounds(
-        runner, prompt, max_new_tokens, steps, schedule, sampling, generator, eos_ids
+        runner, prompt, max_new_tokens, steps, schedule, sampling, generator, eos_ids, timed
     )
     return TieredResult(result, tiers, steps.mode)

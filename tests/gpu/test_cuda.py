@@ -8,6 +8,8 @@ Selected with `pytest -m gpu` (the `gpu_check` experiment runs them first); skip
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -74,20 +76,47 @@ def test_a_sliding_window_model_is_captured_within_its_window() -> None:
     assert check_lossless(runner, [PROMPT], [eager], [graphed]).passed
 
 
-def test_graphed_rounds_sync_a_bounded_number_of_times() -> None:
-    """Under the sync debug mode every device->host read warns; a round needs only a few."""
-    runner = bf16_runner()
-    masks = (MASKS[0], MASKS[1])
-    steps, _ = make_steps(runner, masks, GAMMAS, ROOM, require_graphs=True)
+def cuda_syncs(decode: Callable[[], Any]) -> tuple[Any, int]:
+    """The decode's result and how many times it made the host wait for the device: under the sync
+    debug mode every device->host read and host->device copy warns (a device-wide synchronize does
+    not, so the round clock's syncs are not counted)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            rounds = len(tiered_decode(runner, PROMPT, masks, GAMMAS, POLICY, NEW_TOKENS, steps=steps).tiers)
+            result = decode()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    return result, sum("synchroniz" in str(w.message) for w in caught)
+
+
+def test_graphed_rounds_sync_a_bounded_number_of_times() -> None:
+    """A timed round needs only a few."""
+    runner = bf16_runner()
+    masks = (MASKS[0], MASKS[1])
+    steps, _ = make_steps(runner, masks, GAMMAS, ROOM, require_graphs=True)
+    out, syncs = cuda_syncs(
+        lambda: tiered_decode(runner, PROMPT, masks, GAMMAS, POLICY, NEW_TOKENS, steps=steps)
+    )
+    rounds = len(out.tiers)
     assert syncs <= 6 * rounds + 10, f"{syncs} syncs over {rounds} rounds"
+
+
+def test_an_untimed_graphed_round_syncs_once() -> None:
+    """Replayed graphs, untimed: a round syncs once, reading the accepted count with the committed
+    tokens (`greedy_commit`); its pending token stays on the device. The decode adds three: the
+    prompt's copy, its last token's, and the cache check after the last round."""
+    runner = bf16_runner()
+    masks = (MASKS[0], MASKS[1])
+    steps, _ = make_steps(runner, masks, GAMMAS, ROOM, require_graphs=True)
+    for new_tokens in (NEW_TOKENS // 2, NEW_TOKENS):
+        out, syncs = cuda_syncs(
+            lambda n=new_tokens: tiered_decode(
+                runner, PROMPT, masks, GAMMAS, POLICY, n, steps=steps, timed=False
+            )
+        )
+        assert out.result.timings == ()
+        assert syncs == len(out.tiers) + 3
 
 
 def test_cuda_events_time_the_kernels_not_the_launch() -> None:

@@ -17,7 +17,7 @@ from skipsearch.engine import cache as cache_ops
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model, with_plan_attention
-from tests.unit.engine.conftest import NEW_TOKENS, PROMPT
+from tests.unit.engine.conftest import NEW_TOKENS, PROMPT, Traffic
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -213,3 +213,46 @@ def test_a_pillar_draft_reads_the_pillars_its_previous_verify_chose(plan_runner,
             assert torch.equal(gathered[layer], positions)
     steps.prefill(PROMPT)
     assert steps.pillars == []
+
+
+# -- host reads ------------------------------------------------------------------------------------
+SWITCHED_OFF = GammaPolicy(initial=3, min_samples=1, raise_above=1.0, lower_below=1.0, off_below=1.0)
+
+
+@pytest.mark.parametrize("gamma", [3, GAMMAS["dynamic"], SWITCHED_OFF], ids=["3", "dynamic", "switched off"])
+def test_an_untimed_greedy_round_reads_the_host_once(runner, reference, traffic, gamma):
+    """Counted (`Traffic`): every read of a tensor's value from Python — the engine's and the
+    model's forward's, which reads nothing here (transformers' modules over a DynamicCache, whose
+    lengths are shapes) — host-to-device copies, device syncs and cache checks. Untimed, each round
+    reads once (`greedy_commit`: the accepted count with the committed tokens) and copies nothing
+    (its pending token stays on the device); the decode copies twice (the prompt, its last token),
+    syncs once (after the prefill) and checks the cache once (after the last round)."""
+    mask = MASKS["sparse multi"]
+    result, seen = traffic(
+        lambda: speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=gamma, timed=False)
+    )
+    assert result.tokens == reference and result.timings == ()
+    assert seen == Traffic(reads=len(result.accepted), copies=2, syncs=1, checks=1)
+
+
+def test_a_timed_round_syncs_at_every_phase_boundary(runner, reference, traffic):
+    """The breakdown stays what it was: each round syncs at its start, its end and both ends of its
+    five phases (draft, cache, verify, sample, cache), and checks the cache; the decode also checks
+    it after the prefill."""
+    mask = MASKS["sparse multi"]
+    result, seen = traffic(lambda: speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=3, timed=True))
+    rounds = len(result.accepted)
+    assert result.tokens == reference
+    assert len(result.timings) == rounds and all(t.draft > 0 and t.verify > 0 for t in result.timings)
+    assert seen == Traffic(reads=rounds, copies=2, syncs=1 + 12 * rounds, checks=1 + rounds)
+
+
+def test_a_draft_that_stops_reads_its_confidence_after_every_draft_token(runner, reference, traffic):
+    """The stop's reads (`ssd.draft`): one per draft token, beside the round's own."""
+    mask = MASKS["sparse multi"]
+    policy = GammaPolicy.fixed(4, stop_below=0.5)
+    result, seen = traffic(
+        lambda: speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=policy, timed=False)
+    )
+    assert result.tokens == reference
+    assert seen.reads == len(result.accepted) + sum(result.gammas)

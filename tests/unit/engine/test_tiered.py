@@ -81,3 +81,18 @@ def test_without_cuda_the_steps_run_eagerly_and_say_so(runner, caplog):
 def test_tiers_for_another_depth_are_rejected(runner):
     with pytest.raises(InvalidMaskError, match="8 layers"):
         tiered_decode(runner, PROMPT, (RICH, CHEAP), (1, 2), TierPolicy(2, (0.5,)), 8)
+
+
+@pytest.mark.parametrize("timed", [False, True], ids=["untimed", "timed"])
+def test_rounds_over_a_static_cache_read_its_lengths_only_when_timed(runner, reference, traffic, timed):
+    """A static cache's lengths live on the device (`engine.cache`): each check reads them. Untimed,
+    the rounds check them once, after the last round, so a greedy round reads once (`greedy_commit`);
+    timed, after the prefill and every round (`Traffic`: what is counted)."""
+    steps = GraphSteps(runner, MASKS, GAMMAS, ROOM, capture=False)
+    out, seen = traffic(
+        lambda: tiered_decode(runner, PROMPT, MASKS, GAMMAS, POLICY, NEW_TOKENS, steps=steps, timed=timed)
+    )
+    rounds = len(out.tiers)
+    assert out.result.tokens == reference and len(out.result.timings) == (rounds if timed else 0)
+    checks = 1 + rounds if timed else 1
+    assert (seen.reads, seen.checks) == (rounds + checks, checks)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from skipsearch.bench.decoders import AR, HF, SSD, Decoder
+from skipsearch.bench.decoders import AR, AR_GRAPHS, HF, SSD, SSD_GRAPHS, Decoder
 from skipsearch.engine.gamma import GammaPolicy
 from skipsearch.engine.result import DecodeResult, Summary
 from skipsearch.engine.sampling import GREEDY, Sampling
@@ -43,6 +43,7 @@ class DecodeSettings:
     new_tokens: int
     repeats: int
     seed: int
+    breakdown: bool = True  # SSD rounds timed phase by phase, at a device sync per phase boundary
 
     def to_dict(self, prompts: int) -> dict[str, Any]:
         """As the report holds them, with the caveats on their timing."""
@@ -124,16 +125,21 @@ def decode_draft(
     policy: GammaPolicy,
     settings: DecodeSettings,
     weights: RandomWeights | None,
+    graphs: bool = False,
 ) -> dict[str, Any]:
     """One draft (`pick_draft(num_layers)`, called before anything slow) against autoregressive
     decoding, HF `generate` and, for a contiguous prefix, HF's early exit; with real weights, next
-    to the estimator's prediction for it. Random weights: timing only, on random prompt ids."""
+    to the estimator's prediction for it. Random weights: timing only, on random prompt ids.
+
+    `graphs` adds the draft and the autoregressive baseline replayed from CUDA graphs (run eagerly
+    over the same static buffers off a GPU), and the graphed SSD is the one checked lossless."""
     from skipsearch.acceptance.worker import prepare
-    from skipsearch.bench.decoders import make_decoders
+    from skipsearch.bench.decoders import graphed_decoders, make_decoders
     from skipsearch.bench.estimate import estimator_dict, estimators
+    from skipsearch.engine.graphs import GraphSteps
     from skipsearch.masks import kv_label, vocab_label
     from skipsearch.models.draft_head import DraftHead
-    from skipsearch.models.loading import load_model
+    from skipsearch.models.loading import eos_ids, load_model
     from skipsearch.models.random_weights import random_prompts
     from skipsearch.models.runner import LayerwiseRunner
 
@@ -153,12 +159,21 @@ def decode_draft(
         vocab_ids = range
     mask, vocab, kv = draft.mask, draft.vocab, draft.kv
     head = None if vocab is None else DraftHead.gather(runner, vocab_ids(vocab))
+    widest = (policy.initial if policy.is_fixed else policy.gamma_max) + 1
+    steps = None
+    if graphs:
+        check_graphable(kv, policy)
+        room = max(len(p) for p in prompts) + settings.new_tokens + widest + 1
+        steps = GraphSteps(runner, [mask], [widest - 1], room, heads=[head])
 
     def decoders(sampling: Sampling) -> dict[str, Decoder]:
-        return make_decoders(runner, loaded, mask, policy, sampling, settings.new_tokens, head, kv)
+        new, timed = settings.new_tokens, settings.breakdown
+        found = make_decoders(runner, loaded, mask, policy, sampling, new, head, kv, timed)
+        if steps is not None:
+            found |= graphed_decoders(steps, policy, sampling, new, eos_ids(loaded.model), timed)
+        return found
 
-    widest = (policy.initial if policy.is_fixed else policy.gamma_max) + 1
-    measured = measure(decoders, runner, prompts, settings, SSD, widest)
+    measured = measure(decoders, runner, prompts, settings, SSD if steps is None else SSD_GRAPHS, widest)
     runs, sampling = measured.runs, settings.sampling
     summaries = measured.summaries()
     estimates = [
@@ -192,8 +207,36 @@ def decode_draft(
             if sampling.greedy
             else None
         ),
-        "breakdown": measured.breakdown(SSD),
+        "breakdown": measured.breakdown(SSD_GRAPHS if steps is not None else SSD),
+        "graphs": None if steps is None else graphed_report(steps.mode, runs, summaries),
         "runs": measured.runs_dict(),
+    }
+
+
+def check_graphable(kv: Any, policy: GammaPolicy) -> None:
+    """Refuse what the graphed steps do not run, in one line each."""
+    if kv is not None:
+        raise ConfigError("KV patterns are not captured as CUDA graphs: drop --graphs, or the KV pattern")
+    if policy.stop_below:
+        raise ConfigError("graphed drafts run their full gamma: drop --graphs, or --draft-stop")
+
+
+def graphed_report(
+    mode: str, runs: dict[str, list[DecodeResult]], summaries: dict[str, Summary]
+) -> dict[str, Any]:
+    """How the graphed decoders compare: SSD against the graphed baseline (the ratio a deployment
+    gets), the graphed baseline against the eager one, and whether both baselines agree."""
+
+    def speed(name: str) -> float:
+        return summaries[name].tokens_per_second
+
+    return {
+        "mode": mode,
+        "ssd_vs_graphed_autoregressive": speed(SSD_GRAPHS) / speed(AR_GRAPHS),
+        "graphed_vs_eager_autoregressive": speed(AR_GRAPHS) / speed(AR),
+        "graphed_autoregressive_matches": all(
+            g.tokens == a.tokens for g, a in zip(runs[AR_GRAPHS], runs[AR], strict=True)
+        ),
     }
 
 
@@ -240,6 +283,7 @@ def decode_tiers(
                 generator,
                 stop,
                 steps,
+                settings.breakdown,
             )
             tiered.append(out)
             return out.result

@@ -8,7 +8,7 @@ our SSD engine and, for a contiguous prefix, HF's `assistant_early_exit` — wit
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -16,6 +16,8 @@ import torch
 
 from skipsearch.engine.autoregressive import autoregressive_decode
 from skipsearch.engine.gamma import GammaPolicy
+from skipsearch.engine.graphed_decode import graphed_autoregressive_decode, graphed_speculative_decode
+from skipsearch.engine.graphs import GraphSteps
 from skipsearch.engine.result import DecodeResult
 from skipsearch.engine.sampling import Sampling
 from skipsearch.engine.ssd import speculative_decode
@@ -26,6 +28,7 @@ from skipsearch.models.loading import LoadedModel, eos_ids
 from skipsearch.models.runner import LayerwiseRunner
 
 AR, HF, SSD, EARLY_EXIT = "autoregressive", "hf-generate", "ssd", "hf-early-exit"
+AR_GRAPHS, SSD_GRAPHS = "autoregressive-graphs", "ssd-graphs"
 
 # -- the decoders ---------------------------------------------------------------------------------
 Decoder = Callable[[tuple[int, ...], torch.Generator | None], DecodeResult]
@@ -40,11 +43,13 @@ def make_decoders(
     max_new_tokens: int,
     head: DraftHead | None = None,
     kv: KVPattern | None = None,
+    timed: bool = True,
 ) -> dict[str, Decoder]:
     """Each configuration as `decode(prompt, generator) -> DecodeResult`, same stopping rule.
 
     `head`: the SSD draft's head over a draft vocabulary; `kv`: its KV pattern (HF's early exit
-    has neither, so it runs only for a plain contiguous prefix)."""
+    has neither, so it runs only for a plain contiguous prefix); `timed`: SSD records its rounds'
+    phase breakdown, at a device sync per phase boundary (`engine.timing.RoundClock`)."""
     model: Any = loaded.model
     tokenizer: Any = loaded.tokenizer
     stop = eos_ids(model)
@@ -60,7 +65,7 @@ def make_decoders(
         ),
         HF: generate,
         SSD: lambda prompt, generator: speculative_decode(
-            runner, prompt, mask, max_new_tokens, policy, sampling, generator, stop, head, kv
+            runner, prompt, mask, max_new_tokens, policy, sampling, generator, stop, head, kv, timed
         ),
     }
     if mask.exit_layer is not None and kv is None:
@@ -73,6 +78,27 @@ def make_decoders(
     return decoders
 
 
+def graphed_decoders(
+    steps: GraphSteps,
+    policy: GammaPolicy,
+    sampling: Sampling,
+    max_new_tokens: int,
+    stop: Collection[int],
+    timed: bool = False,
+) -> dict[str, Decoder]:
+    """The autoregressive baseline and mask 0's SSD replayed from the graphs of `steps`: a graphed
+    engine is compared with a graphed baseline, never with an eager one. `timed` as in
+    `make_decoders`: its syncs stall the replays, so it is off unless asked for."""
+    return {
+        AR_GRAPHS: lambda prompt, generator: graphed_autoregressive_decode(
+            steps, prompt, max_new_tokens, sampling, generator, stop
+        ),
+        SSD_GRAPHS: lambda prompt, generator: graphed_speculative_decode(
+            steps, prompt, max_new_tokens, policy, sampling, generator, stop, timed
+        ),
+    }
+
+
 def hf_generate(
     model: Any,
     prompt: tuple[int, ...],
@@ -80,9 +106,14 @@ def hf_generate(
     sampling: Sampling,
     generator: torch.Generator | None,
     pad: int,
+    cache: Any = None,
     **extra: Any,
 ) -> DecodeResult:
-    """`model.generate` timed end to end, its sampling seeded from `generator` (`_seeded_global_rng`)."""
+    """`model.generate` timed end to end, its sampling seeded from `generator` (`_seeded_global_rng`).
+
+    `cache`: the cache to generate into (None: a fresh one of our kernel plan). A static cache on a
+    GPU makes `generate` compile its forward with `torch.compile` (transformers' auto-compile); it
+    is reset here first, so one cache — and one compiled graph — serves every prompt."""
     ids = torch.tensor([prompt], device=model.device)
     options = (
         {"do_sample": False}
@@ -94,12 +125,14 @@ def hf_generate(
             "top_k": sampling.top_k or 0,  # None would leave generate's default of 50
         }
     )
+    if cache is not None:
+        cache.reset()
     with _seeded_global_rng(generator, model.device):
         began = time.perf_counter()
         out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
-            cache=new_cache(model.config),  # the same kernel plan as ours (fp32 K/V beside fp32 attention)
+            cache=new_cache(model.config) if cache is None else cache,  # default: our kernel plan's
             max_new_tokens=max_new_tokens,
             pad_token_id=pad,
             **options,

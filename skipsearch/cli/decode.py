@@ -82,9 +82,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
     parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="also decode the draft and the autoregressive baseline on CUDA graphs, and compare them "
+        "(needs --device cuda; with a tier set, same as --require-graphs)",
+    )
+    parser.add_argument(
         "--require-graphs",
         action="store_true",
         help="with a tier set: fail instead of decoding eagerly when CUDA graphs cannot be captured",
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="time every SSD round phase by phase (draft, verify, sample, cache): a device sync at each "
+        "phase boundary, which on a GPU stalls the queue, so only when asked",
     )
     parser.add_argument("--json", metavar="OUT", help="also write the result as JSON to OUT")
     parser.set_defaults(handler=run)
@@ -122,7 +134,7 @@ def named_file(path: Path) -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.bench.decode import DecodeSettings, decode_draft
+    from skipsearch.bench.decode import DecodeSettings, check_graphable, decode_draft
     from skipsearch.cli.common import (
         check_mask_args,
         draft_vocab_from_args,
@@ -137,6 +149,12 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.tiers.manifest import is_tier_manifest
 
     kv = kv_pattern_from_args(args)
+    if args.graphs and not args.device.startswith("cuda"):
+        raise ConfigError(
+            f"--graphs captures CUDA graphs, which need a GPU, but --device is {args.device}: "
+            "pass --device cuda, or drop --graphs"
+        )
+    args.require_graphs = args.require_graphs or args.graphs
     if args.from_path and is_tier_manifest(Path(args.from_path)):
         from skipsearch.cli.decode_tiers import run_tiers
 
@@ -162,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
         if args.dynamic_gamma
         else GammaPolicy.fixed(gamma, args.draft_stop)
     )
+    if args.graphs:
+        check_graphable(kv, policy)
 
     config = measure_config(args)
     if args.round_gamma is None:  # the round-aware estimator simulates the rounds this decode runs
@@ -185,8 +205,8 @@ def run(args: argparse.Namespace) -> int:
         vocab = draft.vocab if args.draft_vocab is None else draft_vocab_from_args(args)
         return Draft(draft.mask, vocab, kv if kv is not None else draft.kv)
 
-    settings = DecodeSettings(sampling, args.new_tokens, args.repeats, args.seed)
-    result = decode_draft(config, pick_draft, policy, settings, weights)
+    settings = DecodeSettings(sampling, args.new_tokens, args.repeats, args.seed, args.breakdown)
+    result = decode_draft(config, pick_draft, policy, settings, weights, args.graphs)
     print_result(result)
     if args.json:
         write_text_atomic(Path(args.json), json.dumps(result, indent=2))
@@ -233,4 +253,16 @@ def print_result(result: dict[str, Any]) -> None:
     console.print(f"lossless (greedy SSD == autoregressive, every prompt): {verdict(result)}")
     if result["hf_matches_autoregressive"] is not None:
         console.print(f"HF generate == autoregressive runner: {result['hf_matches_autoregressive']}")
+    print_graphs(console, result["graphs"])
     print_breakdown(console, result["breakdown"])
+
+
+def print_graphs(console: Any, graphs: dict[str, Any] | None) -> None:
+    """The graphed comparison, when the decode ran one."""
+    if graphs is None:
+        return
+    console.print(
+        f"graphed ({graphs['mode']}): SSD {graphs['ssd_vs_graphed_autoregressive']:.3f}x the graphed "
+        f"autoregressive decode, which runs {graphs['graphed_vs_eager_autoregressive']:.2f}x the eager one; "
+        f"graphed == eager autoregressive tokens: {graphs['graphed_autoregressive_matches']}"
+    )

@@ -59,6 +59,9 @@ def print_breakdown(console: Console, buckets: list[dict[str, Any]]) -> None:
     """SSD round time by context tercile: P50 / P95 per phase in ms and its share of round time."""
     from skipsearch.engine.timing import PHASES
 
+    if not buckets:
+        console.print("SSD rounds were not timed phase by phase: pass --breakdown for where their time goes")
+        return
     table = Table(title="SSD rounds by context length: P50 / P95 ms (share)")
     table.add_column("phase")
     for bucket in buckets:

@@ -37,7 +37,11 @@ def run_tiers(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
     settings = DecodeSettings(
-        Sampling(args.temperature, args.top_k, args.top_p), args.new_tokens, args.repeats, args.seed
+        Sampling(args.temperature, args.top_k, args.top_p),
+        args.new_tokens,
+        args.repeats,
+        args.seed,
+        args.breakdown,
     )
     config = measure_config(args)
     result = decode_tiers(config, manifest, gammas, settings, args.require_graphs, str(args.from_path))

@@ -206,17 +206,37 @@ class GraphSteps:
         positions.copy_(torch.arange(start, start + positions.shape[1], device=positions.device)[None])
         mask.copy_(self.slots <= positions[0, :, None])
 
-    def _check_room(self, end: int) -> None:
+    def check_room(self, end: int) -> None:
+        """Refuse a sequence of `end` positions that the static cache cannot hold."""
         if end > self.max_len:
             raise ConfigError(
                 f"sequence needs {end} cache slots but the static cache holds {self.max_len}: "
                 "build GraphSteps with a larger max_len (prompt + new tokens + gamma + 1)"
             )
 
+    # -- one full step, advanced on the device (`engine.graphed_decode`) ---------------------
+    def point_full_step(self, token: int, position: int) -> None:
+        """Set the γ = 0 verify's inputs — one position — to `token` at `position`."""
+        self.token.fill_(token)
+        self._at(self.positions[:, :1], self.block_mask[0, 0, :1], position)
+
+    def full_step(self) -> torch.Tensor:
+        """The full model over the pointed position (the γ = 0 verify of mask 0, which is the whole
+        model whatever the mask): logits `[1, V]`, the captured tensor, valid until the next replay."""
+        (logits,) = self.verifies[(0, 0)]()
+        return logits
+
+    def advance_full_step(self, token: torch.Tensor) -> None:
+        """Feed `token` (a device scalar) at the next position, without reading anything back: the
+        position and its mask row move on the device, where the captured kernels read them."""
+        self.token.copy_(token.expand_as(self.token))
+        self.positions[:, :1] += 1
+        self.block_mask[0, 0, :1].copy_(self.slots <= self.positions[0, :1, None])
+
     # -- RoundSteps ----------------------------------------------------------------------------
     def prefill(self, prompt: Sequence[int]) -> StaticKV:
         """Reset the cache in place (the graphs hold its addresses) and run the prompt eagerly."""
-        self._check_room(len(prompt) + 1)
+        self.check_room(len(prompt) + 1)
         self.cache.reset()
         if len(prompt) > 1:
             runner = self.runner
@@ -232,7 +252,7 @@ class GraphSteps:
     def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
         """γ replays of the tier's draft graph; tokens are chosen outside the graph."""
         start, gamma = at.start, at.gamma
-        self._check_room(start + gamma + 1)
+        self.check_room(start + gamma + 1)
         device = self.runner.device
         tokens = torch.empty(gamma, dtype=torch.long, device=device)
         probs = None if sampling.greedy else torch.empty(gamma, self.runner.config.vocab_size, device=device)

@@ -52,6 +52,7 @@ def test_a_bad_gamma_in_best_json_names_the_file(tmp_path: Path, capsys: pytest.
         ["--mask", "a:4|kv:w64"],
         ["--skip", "4", "--draft-stop", "1"],
         ["--skip", "4", "--draft-stop", "-0.1"],
+        ["--skip", "4", "--graphs"],
     ],
     ids=" ".join,
 )
@@ -107,3 +108,15 @@ def test_decode_command_runs_a_tier_manifest(runner, tmp_path, monkeypatch, caps
     assert capsys.readouterr().err.count("\n") == 1
     assert main(["decode", *options, "--draft-stop", "0.5"]) == 2
     assert "--draft-stop" in capsys.readouterr().err
+
+
+def test_graphed_decoding_refuses_what_its_graphs_do_not_run() -> None:
+    from skipsearch.bench.decode import check_graphable
+    from skipsearch.engine import GammaPolicy
+    from skipsearch.masks import KVPattern
+
+    check_graphable(None, GammaPolicy.fixed(3))
+    with pytest.raises(ConfigError, match="KV patterns are not captured"):
+        check_graphable(KVPattern.parse("s4w64"), GammaPolicy.fixed(3))
+    with pytest.raises(ConfigError, match="drop --graphs, or --draft-stop"):
+        check_graphable(None, GammaPolicy.fixed(3, 0.5))

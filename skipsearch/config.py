@@ -26,6 +26,15 @@ def check_context(context: int | None) -> None:
         )
 
 
+def check_graphs(device: str) -> None:
+    """A profile of CUDA-graph replays (`--graphs`) is measured, and scored with, on a GPU only:
+    refused elsewhere in one line, before any model loads."""
+    if device.split(":", 1)[0] != "cuda":
+        raise ConfigError(
+            f"--graphs: CUDA graphs need a GPU, and --device is {device}: use --device cuda, or drop --graphs"
+        )
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One search run; `budget` is the number of distinct masks measured.
@@ -37,6 +46,8 @@ class RunConfig:
     `context`: the context length the calibrated cost model scores at (None: its default);
     `importance`: what ranks sub-layers for the ranking and knapsack strategies (`proxy`, from the
     reference cache, or `measured`, one single-unit mask per free unit, counted in the budget).
+    `graphs`: score with the latency profile of CUDA-graph replays (`skipsearch profile --graphs`),
+    what a graphed engine pays, instead of the eager one.
     """
 
     measure: MeasureConfig = field(default_factory=MeasureConfig)
@@ -56,6 +67,7 @@ class RunConfig:
     context: int | None = None
     extrapolate_context: bool = False
     importance: str = "proxy"
+    graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.budget <= 0:
@@ -65,6 +77,8 @@ class RunConfig:
         if self.temperature < 0:
             raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
         check_context(self.context)
+        if self.graphs:
+            check_graphs(self.measure.device)
         if self.importance not in IMPORTANCE_SOURCES:
             raise ConfigError(
                 f"unknown importance {self.importance!r}: use one of {', '.join(IMPORTANCE_SOURCES)}"

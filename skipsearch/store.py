@@ -113,21 +113,24 @@ def slug(text: str) -> str:
     return re.sub(r"[^\w.-]+", "_", text).strip("_.") or "model"
 
 
-def default_profile_path(model_id: str, device: str, dtype: str) -> Path:
+def default_profile_path(model_id: str, device: str, dtype: str, graphs: bool = False) -> Path:
     """Where `skipsearch profile` writes by default: one per model, kind of device and dtype.
 
     Timings depend on the kind of device and the dtype, not on which of several alike GPUs ran
     them, so `cuda:0` and `cuda` share a file and bf16 and fp32 do not. `dtype` is a resolved
-    name (`float32`, not `auto`).
+    name (`float32`, not `auto`). A profile of CUDA-graph replays (`profile --graphs`) prices
+    another engine, so it has a file of its own (`-graphs`) and never replaces the eager one.
     """
-    return cache_dir() / "profiles" / f"{slug(model_id)}-{slug(device.split(':')[0])}-{slug(dtype)}.json"
+    kind = "-graphs" if graphs else ""
+    name = f"{slug(model_id)}-{slug(device.split(':')[0])}-{slug(dtype)}{kind}.json"
+    return cache_dir() / "profiles" / name
 
 
-def readable_profile_path(model_id: str, device: str, dtype: str) -> Path:
-    """The default profile, or one written before names carried the dtype (`model-device.json`)."""
-    path = default_profile_path(model_id, device, dtype)
+def readable_profile_path(model_id: str, device: str, dtype: str, graphs: bool = False) -> Path:
+    """The default profile, or an eager one written before names carried the dtype (`model-device.json`)."""
+    path = default_profile_path(model_id, device, dtype, graphs)
     legacy = cache_dir() / "profiles" / f"{slug(model_id)}-{slug(device)}.json"
-    return legacy if not path.is_file() and legacy.is_file() else path
+    return legacy if not graphs and not path.is_file() and legacy.is_file() else path
 
 
 def kernel_choice_path(machine: str, dtype: str) -> Path:

@@ -6,8 +6,9 @@ Imports torch only inside the CUDA clock, so the profiler's module loads without
 from __future__ import annotations
 
 import gc
+import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,15 @@ class WallClock:
         start = time.perf_counter()
         out = fn(*args)
         return out, time.perf_counter() - start
+
+    def chain(self, calls: Sequence[Callable[[Any], Any]]) -> tuple[Any, list[float]]:
+        """Run `calls` in order, each on the previous one's output (the first on None): the last
+        output and the seconds of each call."""
+        out, seconds = None, []
+        for call in calls:
+            out, took = self.time(call, out)
+            seconds.append(took)
+        return out, seconds
 
 
 class CudaClock:
@@ -49,6 +59,29 @@ class CudaClock:
         self.end.record()
         self.end.synchronize()
         return out, self.start.elapsed_time(self.end) / 1e3
+
+    def chain(self, calls: Sequence[Callable[[Any], Any]]) -> tuple[Any, list[float]]:
+        """Run `calls` in order, each on the previous one's output (the first on None): the last
+        output and the device seconds of each call, one event recorded between every two calls.
+
+        For calls that each replay a CUDA graph. The queue is drained once, before the first; no
+        sync between calls, so the device runs them back to back as in a real pass instead of
+        starting each from an idle queue with the host's round trip added. Each interval runs from
+        the previous call's last kernel to this call's last: its own kernels, plus any idle time
+        while the host launched it — the cost of a separate replay that a pass captured as one
+        graph does not pay (`bench.graphed_profile` measures that and takes it off).
+        """
+        import torch
+
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(calls) + 1)]
+        torch.cuda.synchronize(self.device)
+        events[0].record()
+        out = None
+        for call, event in zip(calls, events[1:], strict=True):
+            out = call(out)
+            event.record()
+        events[-1].synchronize()
+        return out, [start.elapsed_time(end) / 1e3 for start, end in itertools.pairwise(events)]
 
 
 Sync = WallClock | CudaClock

@@ -36,7 +36,7 @@ from skipsearch.bench.profiler import (
 from skipsearch.cost.depth import scale_to_depth
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
-from skipsearch.models.loading import device_type
+from skipsearch.models.loading import LoadedModel, device_type
 from skipsearch.models.random_weights import RandomWeights
 
 DEFAULT_PROCESSES = 10
@@ -63,15 +63,17 @@ def _measure_in_this_process(
     loaded = load_model(model, device, dtype, random_weights, announce=announce)
     runner = LayerwiseRunner(loaded.model)
     measured = measure_samples(runner, contexts, positions, repeats, warmup, seed, label, head_rows)
+    return measured, {**process_meta(runner, loaded.model_id), **loaded_meta(loaded, random_weights)}
+
+
+def loaded_meta(loaded: LoadedModel, random_weights: RandomWeights | None) -> dict[str, Any]:
+    """What a profile records of the model beyond `process_meta`: its width and kernel plan, and
+    for a weight-free model the real depth its depth-cut profile is scaled back to (`scale_to_depth`)."""
     config = loaded.model.config
-    meta = {
-        **process_meta(runner, loaded.model_id),
-        "hidden_size": config.hidden_size,
-        "kernel_plan": loaded.plan,
-    }
+    meta = {"hidden_size": config.hidden_size, "kernel_plan": loaded.plan}
     if random_weights is not None:
-        meta |= {"random_weights": True, "real_num_layers": loaded.model.config.real_num_layers}
-    return measured, meta
+        meta |= {"random_weights": True, "real_num_layers": config.real_num_layers}
+    return meta
 
 
 def profile_processes(

@@ -86,11 +86,13 @@ def save_profile(profile: LatencyProfile, path: str | Path) -> Path:
 # -- measuring -----------------------------------------------------------------------------------
 
 
-def _median(samples: np.ndarray) -> np.ndarray:
+def median(samples: np.ndarray) -> np.ndarray:
+    """Each entry's median over its repeats (the last axis)."""
     return np.median(samples, axis=-1)
 
 
-def _iqr(samples: np.ndarray) -> np.ndarray:
+def iqr(samples: np.ndarray) -> np.ndarray:
+    """Each entry's interquartile range over its repeats (the last axis): the profile's spread."""
     upper, lower = np.percentile(samples, [75, 25], axis=-1)
     return upper - lower
 
@@ -101,7 +103,7 @@ def _warn_if_noisy(samples: Samples) -> None:
     On an idle CPU a sub-layer's IQR is about a quarter of its median; when other processes share
     the cores every parallel kernel stalls and the IQR exceeds the median itself.
     """
-    noise = float(np.median(_iqr(samples.attn) / _median(samples.attn)))
+    noise = float(np.median(iqr(samples.attn) / median(samples.attn)))
     if noise > NOISY:
         log.warning(
             "timings are noisy (typical IQR is %.1fx the median): other work is probably running on "
@@ -124,7 +126,7 @@ def _axis(name: str, values: Iterable[int]) -> tuple[int, ...]:
     return tuple(sorted({int(v) for v in values}))
 
 
-def _check_settings(
+def check_settings(
     runner: LayerwiseRunner, contexts: tuple[int, ...], positions: tuple[int, ...], repeats: int, warmup: int
 ) -> None:
     if positions[-1] < 2:
@@ -219,7 +221,7 @@ def measure_samples(
     import torch
 
     contexts, steps = check_axes(context_lengths, positions)
-    _check_settings(runner, contexts, steps, repeats, warmup)
+    check_settings(runner, contexts, steps, repeats, warmup)
     rows = head_row_counts(int(runner.model.lm_head.weight.shape[0]), head_rows)
     sync = clock_for(runner.device)
     generator = torch.Generator().manual_seed(seed)
@@ -268,15 +270,15 @@ def combine(
     pooled = _pooled(measurements)
     _warn_if_noisy(pooled)
     tables = {
-        name: np.mean([_median(getattr(m.samples, name)) for m in measurements], axis=0).tolist()
+        name: np.mean([median(getattr(m.samples, name)) for m in measurements], axis=0).tolist()
         for name in LatencyProfile.TABLES
     }
     overhead = {
         gamma: float(np.mean([np.median(m.overhead[gamma]) for m in measurements]))
         for gamma in measurements[0].overhead
     }
-    head_by_rows = np.mean([_median(m.draft_head) for m in measurements], axis=0)
-    pillar_choice = np.mean([_median(m.pillar_choice) for m in measurements], axis=0)
+    head_by_rows = np.mean([median(m.draft_head) for m in measurements], axis=0)
+    pillar_choice = np.mean([median(m.pillar_choice) for m in measurements], axis=0)
     meta = {
         **meta,
         "repeats": pooled.embed.shape[-1],
@@ -294,7 +296,7 @@ def combine(
             "context_lengths": tuple(context_lengths),
             "positions": tuple(positions),
             **tables,
-            "spread": pooled.reduce(_iqr),
+            "spread": pooled.reduce(iqr),
             "round_overhead": overhead,
             "head_rows": measurements[0].head_rows,
             "head_by_rows": head_by_rows.tolist(),

@@ -52,6 +52,12 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
         help="cost model for the score; auto: calibrated once `skipsearch profile` has measured the "
         "model on this device, else closed-form (default %(default)s)",
     )
+    parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="score with the profile of CUDA-graph replays (`skipsearch profile --graphs`, --device cuda), "
+        "what a graphed engine pays, instead of the eager one",
+    )
     parser.add_argument("--pareto", action="store_true", help="multi-objective: speedup vs r_draft")
     parser.add_argument(
         "--seed",
@@ -137,6 +143,7 @@ STORED_OPTIONS = {
     "gamma_max": "gamma_max",
     "objective": "objective",
     "cost": "cost",
+    "graphs": "graphs",
     "pareto": "pareto",
     "warm_start": "warm_start",
     "temperature": "temperature",
@@ -179,6 +186,7 @@ def run_config(args: argparse.Namespace, strategy: str) -> RunConfig:
         context=args.context,
         extrapolate_context=args.extrapolate_context,
         importance=args.importance,
+        graphs=args.graphs,
     )
 
 

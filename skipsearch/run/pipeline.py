@@ -135,7 +135,7 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
 
     measure = config.measure
     latency_path = readable_profile_path(
-        measure.model, measure.device, dtype_name(measure.device, measure.dtype)
+        measure.model, measure.device, dtype_name(measure.device, measure.dtype), config.graphs
     )
     latency = LatencyProfile.load(latency_path) if latency_path.is_file() else None
     scoring_latency(config.cost, latency, config.context, config.extrapolate_context, _searches_kv(config))

@@ -92,19 +92,26 @@ def known_depth(model: str) -> int | None:
 def resolve_cost(config: RunConfig) -> RunConfig:
     """`--cost auto` made concrete before `run.yaml` is written: the calibrated cost model when
     `skipsearch profile` has measured this model on this device, else the closed form; and
-    `--cost calibrated` without a profile refused before the model loads.
+    `--cost calibrated` without a profile refused before the model loads. With `--graphs` the
+    profile is the one of CUDA-graph replays (`profile --graphs`), which must exist.
 
     A resumed run reloads its `run.yaml` (`resumed_config`), where the cost is already concrete,
     so a profile taken in between cannot change how half of one study's trials are scored.
     """
     measure = config.measure
-    path = readable_profile_path(measure.model, measure.device, dtype_name(measure.device, measure.dtype))
+    dtype = dtype_name(measure.device, measure.dtype)
+    path = readable_profile_path(measure.model, measure.device, dtype, config.graphs)
     profiled = path.is_file()
-    if config.cost == "calibrated" and not profiled:
+    if (config.cost == "calibrated" or config.graphs) and not profiled:
+        asked, flag, instead = (
+            ("--graphs", " --graphs", "drop --graphs")
+            if config.graphs
+            else ("--cost calibrated", "", "use --cost closed-form")
+        )
         raise ConfigError(
-            f"--cost calibrated needs a latency profile of {measure.model} on {measure.device}, and "
-            f"{path} does not exist: run `skipsearch "
-            f"profile --model {measure.model} --device {measure.device}` first, or use --cost closed-form"
+            f"{asked} needs a latency profile of {measure.model} on {measure.device}, and {path} does not "
+            f"exist: run `skipsearch profile --model {measure.model} --device {measure.device}{flag}` "
+            f"first, or {instead}"
         )
     if config.cost != AUTO_COST:
         return config

@@ -22,3 +22,13 @@ def test_a_profile_named_before_the_dtype_is_still_read(cache_in_tmp: Path) -> N
     legacy.parent.mkdir(parents=True)
     legacy.write_text("{}")
     assert readable_profile_path("smollm2-135m", "cpu", "float32") == legacy
+
+
+def test_a_graphed_profile_has_its_own_file_and_never_reads_the_eager_one(cache_in_tmp: Path) -> None:
+    eager = default_profile_path("smollm2-135m", "cuda:0", "bfloat16")
+    graphed = default_profile_path("smollm2-135m", "cuda:0", "bfloat16", graphs=True)
+    assert graphed.name == "smollm2-135m-cuda-bfloat16-graphs.json" and graphed.parent == eager.parent
+    legacy = cache_in_tmp / "profiles" / "smollm2-135m-cuda.json"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text("{}")
+    assert readable_profile_path("smollm2-135m", "cuda", "bfloat16", graphs=True) == graphed

@@ -106,3 +106,50 @@ def test_skip_existing_measures_nothing_when_a_profile_is_there(tiny_loader, cap
 def test_cli_out_must_not_be_a_directory(tiny_loader, capsys, tmp_path: Path) -> None:
     assert cli.main(["profile", "--model", "tiny", "--out", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
+
+
+# -- --graphs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "--graphs: CUDA graphs need a GPU, and --device is cpu: use --device cuda, or drop --graphs"),
+        (["--device", "cuda", "--processes", "3"], "--graphs profiles in one process on a GPU"),
+    ],
+)
+def test_graphs_are_refused_in_one_line_where_they_cannot_run(
+    tiny_loader, capsys, args: list[str], message: str
+) -> None:
+    assert cli.main(["profile", "--model", "tiny", "--graphs", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"skipsearch: error: {message}") and "\n" not in err
+
+
+def test_graphs_write_a_profile_of_their_own(tiny_loader, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graphed path end to end, its GPU check lifted (eager parts on this CPU): one process, a
+    `-graphs` file beside the eager profile, which it leaves alone."""
+    from skipsearch.cli import profile as command
+
+    monkeypatch.setattr(command, "check_graphs_options", lambda args: None)
+    eager = default_profile_path("tiny", "cpu", dtype_name("cpu", "auto"))
+    eager.parent.mkdir(parents=True, exist_ok=True)
+    eager.write_text("{}")
+    args = [
+        "profile",
+        "--model",
+        "tiny",
+        "--graphs",
+        "--context-lengths",
+        "8",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+    ]
+    assert cli.main(args) == 0
+    written = default_profile_path("tiny", "cpu", dtype_name("cpu", "auto"), graphs=True)
+    profile = LatencyProfile.load(written)
+    assert profile.meta["graphs"] and profile.meta["processes"] == 1 and "kernel_plan" in profile.meta
+    assert eager.read_text() == "{}"
+    assert "launch gap taken off each part" in " ".join(capsys.readouterr().out.split())

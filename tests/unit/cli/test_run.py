@@ -226,6 +226,14 @@ def test_context_below_one_is_refused_even_with_extrapolation(
     assert "--context >= 1" in err and "--extrapolate-context" not in err.split(":", 2)[-1]
 
 
+def test_graphs_off_a_gpu_are_one_line_before_the_model_loads(
+    model_dir: str, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    err = one_line_error(capsys, *run_args(model_dir, tmp_path / "r", "--graphs"))
+    assert "CUDA graphs need a GPU, and --device is cpu: use --device cuda, or drop --graphs" in err
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_journal_damaged_in_the_middle_says_so(
     finished_run: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

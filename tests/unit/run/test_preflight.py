@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,6 @@ def write_profile() -> None:
 
 def test_the_run_checks_informed_strategies_before_the_reference_is_built() -> None:
     """`check_searches` runs before the model loads (known depth) or right after, before any file."""
-    from dataclasses import replace
-
     from skipsearch.config import RunConfig
     from skipsearch.run.preflight import check_searches
 
@@ -58,3 +57,20 @@ def test_an_explicit_cost_is_kept(cache_in_tmp: Path) -> None:
 def test_calibrated_without_a_profile_is_refused_naming_the_command(cache_in_tmp: Path) -> None:
     with pytest.raises(ConfigError, match="skipsearch profile --model smollm2-135m --device cpu"):
         resolve_cost(RunConfig(cost="calibrated"))
+
+
+def test_graphs_score_with_the_graphed_profile_and_need_it(cache_in_tmp: Path) -> None:
+    """The eager profile does not stand in for the graphed one: `--graphs` without it is refused."""
+    write_profile()  # the eager one only
+    graphed = RunConfig(cost="auto", graphs=True, measure=replace(RunConfig().measure, device="cuda"))
+    with pytest.raises(ConfigError, match="skipsearch profile --model smollm2-135m --device cuda --graphs"):
+        resolve_cost(graphed)
+    path = default_profile_path("smollm2-135m", "cuda", dtype_name("cuda", "auto"), graphs=True)
+    path.write_text("{}")
+    assert resolve_cost(graphed).cost == "calibrated"
+    assert RunConfig.from_dict(graphed.to_dict()) == graphed
+
+
+def test_graphs_off_a_gpu_are_refused() -> None:
+    with pytest.raises(ConfigError, match="CUDA graphs need a GPU, and --device is cpu"):
+        RunConfig(graphs=True)

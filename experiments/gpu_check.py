@@ -52,7 +52,7 @@ from skipsearch.acceptance.prompts import EncodedPrompt
 from skipsearch.acceptance.reference import build_reference
 from skipsearch.bench.decode import DecodeSettings, measure
 from skipsearch.bench.decoders import AR, EARLY_EXIT, HF, SSD, make_decoders
-from skipsearch.bench.graphed import graphed_round, time_graphed
+from skipsearch.bench.graphed_profile import measure_graphed_latency
 from skipsearch.bench.lossless import check_runs
 from skipsearch.bench.processes import profile_processes
 from skipsearch.cost.calibrated import Calibrated
@@ -355,61 +355,50 @@ def cpu_masks(folder: Path) -> list[dict[str, Any]]:
     return list(found.values())
 
 
-# -- 6. passes replayed from CUDA graphs, and the CPU masks priced with them ----------------------
+# -- 6. a graphed profile per model, and the CPU masks priced with it ---------------------------------
 def run_graphed(plan: Plan, out: Path) -> dict[str, Any]:
-    """The engine's own round steps captured as CUDA graphs, timed per call (`bench.graphed`).
-
-    Per model: the full step, a draft step and the verify of γ drafts for early exits at E/L = 1/4,
-    1/2, 3/4 and for the CPU-measured masks of that shape. A CPU mask's speedup at γ is its measured
-    tokens per round over the round's cost in full steps (`cost.calibrated.MeasuredRound`: γ draft
-    steps, verify, and the per-round overhead of that model's GPU profile from `profiles`, when
-    there is one); the best γ is reported.
-    """
+    """Each model's graphed LatencyProfile at one context (`bench.graphed_profile`: every part of a
+    pass replayed from its own CUDA graph, the per-round settle cost from real graphed rounds), and
+    early exits at E/L = 1/4, 1/2, 3/4 and the CPU-measured masks of that shape priced with it by
+    the library's calibrated form (`cost.calibrated.Calibrated`). A CPU mask's speedup at γ is its
+    measured tokens per round over that round cost; the best γ is reported."""
     data = {}
     candidates = {
         label: cpu_masks(ROOT / "results" / "compare" / alias) for label, alias in CPU_MODELS.items()
     }
+    context, gammas = plan.graph_context, plan.graph_gammas
     for label, model in plan.models.items():
         loaded = load_model(model, plan.device, plan.dtype, RandomWeights())
         runner = LayerwiseRunner(loaded.model)
         layers = runner.num_layers
+        latency = measure_graphed_latency(
+            runner, (context,), range(1, max(gammas) + 2), plan.graph_repeats, model=label
+        )
+        step = latency.step_time(context)
         exits = sorted({max(1, round(layers * q / 4)) for q in (1, 2, 3)})
         named = {f"exit {e}": SkipMask.prefix(layers, e) for e in exits}
         measured = [c for c in candidates.get(label, []) if c["num_layers"] == layers]
         named |= {c["mask"]: SkipMask.parse(c["mask"], layers) for c in measured}
-        times = time_graphed(
-            runner, list(named.values()), plan.graph_context, plan.graph_gammas, plan.graph_repeats
-        )
-        profile_path = out / f"profile-{label}.json"
-        overhead = LatencyProfile.load(profile_path).overhead if profile_path.is_file() else (lambda g: 0.0)
-        rounds = {name: graphed_round(times, i, plan.graph_gammas, overhead) for i, name in enumerate(named)}
+        forms = {name: Calibrated(latency, mask, context) for name, mask in named.items()}
         rows = {
             name: {
-                "draft_cost": r.draft_step / r.step,
-                "verify_cost": {str(g): r.verify[g] / r.step for g in plan.graph_gammas},
-                "overhead_cost": {str(g): r.overhead(g) / r.step for g in plan.graph_gammas},
+                "draft_cost": form.round_time(1).draft / step,
+                "verify_cost": {str(g): form.round_time(g).verify / step for g in gammas},
+                "overhead_cost": {str(g): latency.overhead(g) / step for g in gammas},
             }
-            for name, r in rounds.items()
+            for name, form in forms.items()
         }
         for candidate in measured:
-            form = rounds[candidate["mask"]]
-            speedups = {
-                g: candidate["tokens_per_round"][g - 1] / form.round_cost(g) for g in plan.graph_gammas
-            }
+            form = forms[candidate["mask"]]
+            speedups = {g: candidate["tokens_per_round"][g - 1] / form.round_cost(g) for g in gammas}
             gamma = max(speedups, key=speedups.__getitem__)
             row = rows[candidate["mask"]]
             row |= {k: candidate[k] for k in ("strategy", "alpha", "cpu_speedup", "cpu_gamma")}
             row |= {"graphed_speedup": speedups[gamma], "graphed_gamma": gamma}
-        overhead_from = profile_path.name if profile_path.is_file() else None
-        data[label] = {
-            "full_step_ms": 1e3 * times["full"],
-            "layers": layers,
-            "overhead_from": overhead_from,
-            "masks": rows,
-        }
+        data[label] = {"full_step_ms": 1e3 * step, "layers": layers, "masks": rows}
         del loaded, runner
         release()
-    return {"context": plan.graph_context, "repeats": plan.graph_repeats, "models": data}
+    return {"context": context, "repeats": plan.graph_repeats, "models": data}
 
 
 # -- running and reporting --------------------------------------------------------------------------
@@ -640,8 +629,9 @@ def render_predictions(data: dict[str, Any]) -> list[str]:
 
 def render_graphed(data: dict[str, Any]) -> list[str]:
     lines = [
-        f"Each call timed between synchronisations at context {data['context']}, median of "
-        f"{data['repeats']} interleaved rounds; costs are shares of the graphed full step.",
+        f"A graphed profile at context {data['context']} (`bench.graphed_profile`, median of "
+        f"{data['repeats']} interleaved rounds); costs are the calibrated form's shares of the graphed "
+        "full step, the overhead that of real graphed rounds.",
         "",
     ]
     for label, item in data["models"].items():
@@ -668,10 +658,8 @@ def render_graphed(data: dict[str, Any]) -> list[str]:
                     f"{row['graphed_speedup']:.3f} ({row['graphed_gamma']})" if measured else "",
                 ]
             )
-        source = item.get("overhead_from")
-        overhead = f"round overhead from `{source}`" if source else "no round overhead (no GPU profile)"
         step = f"graphed full step {item['full_step_ms']:.3f} ms"
-        lines += [f"### {label} ({item['layers']} layers): {step}; {overhead}", ""]
+        lines += [f"### {label} ({item['layers']} layers): {step}", ""]
         lines += table(header, body)
     return lines
 

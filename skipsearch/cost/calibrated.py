@@ -6,7 +6,6 @@ curve from both the closed form and, given a profile, the calibrated form.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from skipsearch.acceptance.profile import AcceptanceProfile
@@ -20,7 +19,6 @@ from skipsearch.cost.closed_forms import (
     speedup_curve,
 )
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.errors import ConfigError
 from skipsearch.masks import FULL_VOCAB, KVPattern, SkipMask, SublayerWeights, kv_label
 
 
@@ -87,29 +85,6 @@ class Calibrated:
             return one
         keys = min(self.context, self.kv.keys_read)
         return replace(one, attn=self.latency.weights(keys, 1).attn)
-
-
-@dataclass(frozen=True)
-class MeasuredRound:
-    """A round priced from phase times measured directly (e.g. CUDA graphs replayed, `bench.graphed`)
-    instead of a profile's sub-layers: `γ` draft steps of `draft_step` seconds, the verify of `γ`
-    drafts (`verify[γ]`), and the per-round `overhead(γ)` — `Calibrated`'s `RoundTime` — over a full
-    step of `step` seconds."""
-
-    step: float
-    draft_step: float
-    verify: Mapping[int, float]
-    overhead: Callable[[int], float] = field(default=lambda gamma: 0.0)
-    name: str = field(default="measured", init=False)
-
-    def round_time(self, gamma: int) -> RoundTime:
-        check_gamma(gamma)
-        if gamma not in self.verify:
-            raise ConfigError(f"no verify time for gamma {gamma}: measured for {sorted(self.verify)}")
-        return RoundTime(gamma * self.draft_step, self.verify[gamma], self.overhead(gamma))
-
-    def round_cost(self, gamma: int) -> float:
-        return self.round_time(gamma).total / self.step
 
 
 def _in_order(weights: SublayerWeights) -> list[float]:

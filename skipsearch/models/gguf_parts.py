@@ -19,7 +19,9 @@ from skipsearch.models.loading import file_sha256
 from skipsearch.store import atomic_path, write_text_atomic
 
 MANIFEST = "manifest.json"
-PART_BYTES = 45 * 2**20
+# A device call carries 64 MiB with the working tree, itself ~34 MiB (results/ holds most): a part
+# must fit beside it, so SmolLM2's 94 MiB travel in four calls.
+PART_BYTES = 28 * 2**20
 
 
 def split_file(path: Path, out_dir: Path, part_bytes: int = PART_BYTES) -> Path:

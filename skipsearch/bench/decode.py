@@ -249,9 +249,12 @@ def decode_tiers(
     source: str,
 ) -> dict[str, Any]:
     """A tier set (read from `source`) against autoregressive decoding and the set's best single
-    mask, on CUDA graphs where there is a GPU and eagerly otherwise."""
+    mask, on CUDA graphs where there is a GPU and eagerly otherwise. On graphs the speedups are
+    over the autoregressive decode replayed from the same graphs (`graphed_autoregressive_decode`),
+    not over the eager one, which is reported beside it."""
     from skipsearch.engine import autoregressive_decode, speculative_decode
-    from skipsearch.engine.graphs import make_steps
+    from skipsearch.engine.graphed_decode import graphed_autoregressive_decode
+    from skipsearch.engine.graphs import GraphSteps, make_steps
     from skipsearch.engine.tiered import TieredResult, tiered_decode
     from skipsearch.masks import SkipMask
     from skipsearch.models.loading import eos_ids
@@ -288,17 +291,23 @@ def decode_tiers(
             tiered.append(out)
             return out.result
 
-        return {
+        found: dict[str, Decoder] = {
             AR: lambda p, g: autoregressive_decode(runner, p, new_tokens, sampling, g, stop),
             TIERS: tiers,
             SINGLE: lambda p, g: speculative_decode(
                 runner, p, single_mask, new_tokens, int(single.get("gamma", gammas[0])), sampling, g, stop
             ),
         }
+        if isinstance(steps, GraphSteps):  # the γ = 0 verify graph of tier 0 is the full model
+            found[AR_GRAPHS] = lambda p, g: graphed_autoregressive_decode(
+                steps, p, new_tokens, sampling, g, stop
+            )
+        return found
 
     measured = measure(decoders, runner, prompts, settings, TIERS, max(gammas) + 1)
     timed_tiers = tiered[1 : 1 + settings.repeats * len(prompts)]  # after benchmark's warm-up
     summaries = measured.summaries()
+    baseline = AR_GRAPHS if AR_GRAPHS in summaries else AR
     rounds = [t for r in timed_tiers for t in r.tiers]
     return {
         "model": config.model,
@@ -310,7 +319,10 @@ def decode_tiers(
         "mode": steps.mode,
         "eager_reason": eager_reason,
         **settings.to_dict(len(prompts)),
-        "summaries": {name: s.to_dict(summaries[AR], "autoregressive") for name, s in summaries.items()},
+        "baseline": baseline,
+        "summaries": {
+            name: s.to_dict(summaries[baseline], "autoregressive") for name, s in summaries.items()
+        },
         "tier_share": [rounds.count(t) / len(rounds) if rounds else 0.0 for t in range(len(manifest.masks))],
         "predicted": dict(manifest.predicted),
         "lossless": measured.lossless.passed,

@@ -67,7 +67,7 @@ def print_tiers(result: dict[str, Any]) -> None:
     tiers = zip(result["tiers"], result["gammas"], result["tier_share"], strict=True)
     for index, (mask, gamma, share) in enumerate(tiers):
         console.print(f"  tier {index}: {mask}  gamma {gamma}  drafted {share:.0%} of rounds")
-    console.print(summary_table(result["summaries"], "autoregressive", "AR"))
+    console.print(summary_table(result["summaries"], "autoregressive", result["baseline"]))
     print_caveats(console, result)
     predicted = result["predicted"]
     if predicted:

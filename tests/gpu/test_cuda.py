@@ -150,3 +150,21 @@ def test_cuda_graphs_decode_losslessly():
                 runner, TIER_PROMPT, TIER_MASKS, TIER_GAMMAS, TIER_POLICY, TIER_NEW_TOKENS, steps=steps
             )
             assert graphed.result.tokens == expected and graphed.tiers == eager.tiers
+
+
+def test_the_graphed_autoregressive_baseline_and_rounds_match_the_eager_engine() -> None:
+    """fp32 on CUDA: the γ = 0 verify graph fed on the device gives the eager baseline's tokens, and
+    one mask's graphed rounds give them too."""
+    from skipsearch.engine import GammaPolicy
+    from skipsearch.engine.graphed_decode import graphed_autoregressive_decode, graphed_speculative_decode
+
+    runner = LayerwiseRunner(tiny_model("llama", layers=LAYERS).to("cuda"))
+    expected = autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
+    steps = GraphSteps(runner, [MASKS[1]], [3], ROOM)
+    assert steps.mode.startswith("cuda-graphs")
+    for check_every in (1, 4, 16):
+        assert (
+            graphed_autoregressive_decode(steps, PROMPT, NEW_TOKENS, check_every=check_every).tokens
+            == expected
+        )
+    assert graphed_speculative_decode(steps, PROMPT, NEW_TOKENS, GammaPolicy.fixed(3)).tokens == expected

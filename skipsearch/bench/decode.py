@@ -164,7 +164,7 @@ def decode_draft(
     if graphs:
         check_graphable(kv, policy)
         room = max(len(p) for p in prompts) + settings.new_tokens + widest + 1
-        steps = GraphSteps(runner, [mask], [widest - 1], room, heads=[head])
+        steps = GraphSteps(runner, [mask], [widest - 1], room, heads=[head], kvs=[kv])
 
     def decoders(sampling: Sampling) -> dict[str, Decoder]:
         new, timed = settings.new_tokens, settings.breakdown
@@ -215,8 +215,11 @@ def decode_draft(
 
 def check_graphable(kv: Any, policy: GammaPolicy) -> None:
     """Refuse what the graphed steps do not run, in one line each."""
-    if kv is not None:
-        raise ConfigError("KV patterns are not captured as CUDA graphs: drop --graphs, or the KV pattern")
+    if kv is not None and kv.pillars:
+        raise ConfigError(
+            "a KV pattern with pillars is not captured as CUDA graphs (each verify chooses the next round's "
+            "pillars): drop --graphs, or --kv-pillars"
+        )
     if policy.stop_below:
         raise ConfigError("graphed drafts run their full gamma: drop --graphs, or --draft-stop")
 

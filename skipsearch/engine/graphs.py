@@ -43,8 +43,9 @@ from skipsearch.engine.ssd import (
     verify_forward,
 )
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask
+from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.draft_head import DraftHead
+from skipsearch.models.kv_attention import StaticKeys
 from skipsearch.models.runner import SLIDING, LayerwiseRunner
 
 log = logging.getLogger(__name__)
@@ -92,13 +93,19 @@ class GraphSteps:
         bucket: int = 1,
         capture: bool | None = None,
         heads: Sequence[DraftHead | None] | None = None,
+        kvs: Sequence[KVPattern | None] | None = None,
     ) -> None:
         problem = sliding_window_problem(runner, max_len)
         if problem:
             raise ConfigError(problem)
         self.runner, self.masks, self.max_len = runner, tuple(masks), max_len
         self.heads = tuple(heads) if heads is not None else (None,) * len(self.masks)
-        self.kvs = (None,) * len(self.masks)  # KV patterns are not captured yet: every key
+        self.kvs = tuple(kvs) if kvs is not None else (None,) * len(self.masks)
+        if any(kv is not None and kv.pillars for kv in self.kvs):
+            raise ConfigError(
+                "a KV pattern with pillars is not captured as CUDA graphs (each verify chooses the next "
+                "round's pillars): drop its k, or decode it eagerly"
+            )
         gamma = max(gammas)
         self.capture = runner.device.type == "cuda" if capture is None else capture
         if self.capture and runner.device.type != "cuda":
@@ -133,12 +140,15 @@ class GraphSteps:
 
     # -- the captured passes ------------------------------------------------------------------
     def _draft_step(self, tier: int) -> Callable[[], Outputs]:
-        """One draft position of `tier` (`ssd.draft_forward`): (its exact state at `s1`, logits)."""
-        runner, mask, head = self.runner, self.masks[tier], self.heads[tier]
+        """One draft position of `tier` (`ssd.draft_forward`): (its exact state at `s1`, logits);
+        under a KV pattern its attention reads the sink and the window gathered from the device-held
+        position into buffers of fixed size (`models.kv_attention.StaticKeys`)."""
+        runner, mask, head, pattern = self.runner, self.masks[tier], self.heads[tier], self.kvs[tier]
+        kv = None if pattern is None else StaticKeys(pattern, self.position)
 
         def step() -> Outputs:
             hidden, logits = draft_forward(
-                runner, mask, self.token, self.position, self.cache, head, self.step_mask
+                runner, mask, self.token, self.position, self.cache, head, self.step_mask, kv
             )
             return hidden, logits[:, -1]
 
@@ -146,13 +156,15 @@ class GraphSteps:
 
     def _verify_step(self, tier: int, gamma: int) -> Callable[[], Outputs]:
         """The full model over `gamma + 1` positions, reusing the draft's exact prefix
-        (`ssd.verify_forward`)."""
-        runner, mask = self.runner, self.masks[tier]
+        (`ssd.verify_forward`; under a KV pattern there is none but the embedding)."""
+        runner, mask, pattern = self.runner, self.masks[tier], self.kvs[tier]
         positions, block_mask = self.positions[:, : gamma + 1], self.block_mask[:, :, : gamma + 1]
 
         def step() -> Outputs:
             exact = self.exact[:, :gamma]
-            return (verify_forward(runner, mask, exact, self.token, positions, self.cache, block_mask),)
+            return (
+                verify_forward(runner, mask, exact, self.token, positions, self.cache, block_mask, pattern),
+            )
 
         return step
 

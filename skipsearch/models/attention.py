@@ -30,7 +30,13 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from skipsearch.models.kv_attention import KV_PATTERN_KEYWORD, OWN_MASK_KEYWORD, pattern_attention
+from skipsearch.models.kv_attention import (
+    KV_PATTERN_KEYWORD,
+    OWN_MASK_KEYWORD,
+    StaticKeys,
+    pattern_attention,
+    static_pattern_attention,
+)
 from skipsearch.models.native_attention import decode_attention
 from skipsearch.models.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys, query_scores
 
@@ -146,7 +152,8 @@ def with_kv_patterns(
 ) -> Callable[..., Any]:
     """`attention`, or the decode kernel `kernel` (a `decode_attention`) for short blocks, or
     `pattern_attention` where the layer runs a draft step whose KV pattern (`kv_pattern` keyword:
-    a `KVPattern`, or the round's `PillarKeys`; `models.kv_attention`) leaves keys out. A
+    a `KVPattern`, or the round's `PillarKeys`; `models.kv_attention`) leaves keys out, or
+    `static_pattern_attention` for a graphed draft step's (`StaticKeys`). A
     `PillarChoice` under the `pillar_choice` keyword (a verify's, or the estimator's) records the
     layer's pillars from its rows' scores (`models.pillars`)."""
 
@@ -162,11 +169,13 @@ def with_kv_patterns(
         pattern = kwargs.pop(KV_PATTERN_KEYWORD, None)
         choice: PillarChoice | None = kwargs.pop(PILLAR_KEYWORD, None)
         own_mask = kwargs.pop(OWN_MASK_KEYWORD, False)
+        scaling = kwargs.get("scaling")
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        if isinstance(pattern, StaticKeys):  # a graphed draft step over a static cache
+            return static_pattern_attention(query, key, value, pattern, scale), None
         pillars = None
         if isinstance(pattern, PillarKeys):
             pattern, pillars = pattern.pattern, pattern.of_layer(module.layer_idx)
-        scaling = kwargs.get("scaling")
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         if (
             kernel is not None
             and not own_mask

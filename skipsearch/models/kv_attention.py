@@ -9,6 +9,14 @@ rest of the cache is never touched): the scores of the two slices are computed a
 query block of several positions (the estimator's teacher-forced passes) gets each query's own
 window through a band mask over the union of their windows.
 
+Over a static cache (`engine.cache.StaticKV`: the CUDA graphs' buffers, whose slots beyond the
+length are stale) the window cannot be a slice, as a captured graph's slices are fixed while its
+position moves on the device: `static_pattern_attention` gathers the window's `window` slots from
+the step's device-held position (`StaticKeys`) into a buffer of fixed size, beside the sink's
+first `sink` slots, and masks what the union does not hold (a slot past the position, or one of
+the window's that the sink holds already) — the same keys as `pattern_attention`, so the same
+tokens, at `sink + window` keys read at every replay.
+
 The plan's attention functions (`models.attention`) call `pattern_attention` when the layer runs a
 draft step with a pattern (the `kv_pattern` keyword, passed through transformers' attention
 modules) and the pattern leaves some key out; otherwise the full attention runs, so a draft whose
@@ -17,6 +25,8 @@ pattern inside the kernel instead (`models.native_attention`), for blocks short 
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -67,4 +77,39 @@ def pattern_attention(
         scores[..., before:].masked_fill_(outside.repeat(group, 1), float("-inf"))
     weights = scores.softmax(dim=-1)
     out = weights[..., :before] @ sink_values + weights[..., before:] @ window_values
+    return out.reshape(batch, heads, queries, dim).transpose(1, 2).contiguous().to(query.dtype)
+
+
+@dataclass(frozen=True)
+class StaticKeys:
+    """A one-position draft step's KV pattern over a static cache: the pattern, and the step's
+    position `[1, 1]` on the device (the graph's input buffer, read at every replay)."""
+
+    pattern: KVPattern
+    position: torch.Tensor
+
+
+def static_pattern_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keys: StaticKeys, scaling: float
+) -> torch.Tensor:
+    """Attention output `[b, 1, H, D]` of a one-position `query` `[b, H, 1, D]` over the pattern's
+    keys of a static cache's `key`/`value` `[b, KV, slots, D]`, in float32 as `pattern_attention`:
+    the sink's slots and the window's gathered from the device-held position, each of fixed size."""
+    batch, heads, queries, dim = query.shape
+    kv_heads = key.shape[1]
+    device = key.device
+    sink = min(keys.pattern.sink, key.shape[2])
+    position = keys.position.reshape(1)
+    window = position + 1 - keys.pattern.window + torch.arange(keys.pattern.window, device=device)
+    sink_slots = torch.arange(sink, device=device)
+    # The union of the sink and the window up to the position: a window slot the sink holds (or one
+    # before the first) is masked, as is a sink slot past the position.
+    seen = torch.cat([sink_slots <= position, (window >= sink) & (window >= 0)])
+    gathered = window.clamp(min=0)
+    keys_read = torch.cat([key[:, :, :sink], key.index_select(2, gathered)], dim=2).float()
+    values_read = torch.cat([value[:, :, :sink], value.index_select(2, gathered)], dim=2).float()
+    grouped = query.float().reshape(batch, kv_heads, heads // kv_heads * queries, dim)
+    scores = (grouped @ keys_read.transpose(-1, -2)).mul_(scaling)
+    scores.masked_fill_(~seen, float("-inf"))
+    out = scores.softmax(dim=-1) @ values_read
     return out.reshape(batch, heads, queries, dim).transpose(1, 2).contiguous().to(query.dtype)

@@ -168,3 +168,21 @@ def test_the_graphed_autoregressive_baseline_and_rounds_match_the_eager_engine()
             == expected
         )
     assert graphed_speculative_decode(steps, PROMPT, NEW_TOKENS, GammaPolicy.fixed(3)).tokens == expected
+
+
+def test_graphed_kv_pattern_drafts_equal_the_eager_engine_on_cuda() -> None:
+    """fp32 on CUDA, captured: the window gathered from the device-held position (a fixed-size
+    buffer, `models.kv_attention.StaticKeys`) gives the eager KV-pattern engine's rounds."""
+    from skipsearch.engine import GammaPolicy
+    from skipsearch.engine.graphed_decode import graphed_speculative_decode
+    from skipsearch.masks import KVPattern
+    from skipsearch.models.kernels import apply_attention, choose_attention
+
+    model = tiny_model("llama", layers=LAYERS).to("cuda")
+    apply_attention(model, choose_attention(torch.float32, "cuda"))
+    runner = LayerwiseRunner(model)
+    for kv in (KVPattern(2, 6), KVPattern(0, 4)):
+        eager = speculative_decode(runner, PROMPT, MASKS[1], NEW_TOKENS, 3, kv=kv)
+        steps = GraphSteps(runner, [MASKS[1]], [3], ROOM, kvs=[kv])
+        graphed = graphed_speculative_decode(steps, PROMPT, NEW_TOKENS, GammaPolicy.fixed(3))
+        assert graphed.tokens == eager.tokens and graphed.accepted == eager.accepted

@@ -116,7 +116,8 @@ def test_graphed_decoding_refuses_what_its_graphs_do_not_run() -> None:
     from skipsearch.masks import KVPattern
 
     check_graphable(None, GammaPolicy.fixed(3))
-    with pytest.raises(ConfigError, match="KV patterns are not captured"):
-        check_graphable(KVPattern.parse("s4w64"), GammaPolicy.fixed(3))
+    check_graphable(KVPattern.parse("s4w64"), GammaPolicy.fixed(3))
+    with pytest.raises(ConfigError, match="drop --graphs, or --kv-pillars"):
+        check_graphable(KVPattern.parse("s4w64k8"), GammaPolicy.fixed(3))
     with pytest.raises(ConfigError, match="drop --graphs, or --draft-stop"):
         check_graphable(None, GammaPolicy.fixed(3, 0.5))

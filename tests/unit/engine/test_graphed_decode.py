@@ -9,10 +9,10 @@ from skipsearch.engine import GammaPolicy, autoregressive_decode, speculative_de
 from skipsearch.engine.graphed_decode import graphed_autoregressive_decode, graphed_speculative_decode
 from skipsearch.engine.graphs import GraphSteps
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask
+from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import tiny_model
+from tests.conftest import tiny_model, with_plan_attention
 from tests.unit.engine.test_graphs import host_reads  # noqa: F401  (a fixture)
 
 PROMPT = (5, 17, 3, 42, 8, 23, 11)
@@ -77,3 +77,26 @@ def test_a_policy_beyond_the_captured_drafts_or_with_a_draft_stop_is_refused(run
         graphed_speculative_decode(steps, PROMPT, NEW_TOKENS, GammaPolicy(initial=3))
     with pytest.raises(ConfigError, match="draft stop needs the eager engine"):
         graphed_speculative_decode(steps, PROMPT, NEW_TOKENS, GammaPolicy.fixed(GAMMA, 0.5))
+
+
+@pytest.fixture(scope="module")
+def plan_runner() -> LayerwiseRunner:
+    return LayerwiseRunner(with_plan_attention(tiny_model("llama", layers=4)))
+
+
+@pytest.mark.parametrize("kv", [KVPattern(2, 6), KVPattern(0, 4), KVPattern(3, 40)], ids=str)
+@pytest.mark.parametrize("mask", [SkipMask(4), MASK], ids=["no skip", "skip"])
+def test_graphed_kv_pattern_drafts_equal_the_eager_engine(plan_runner, kv, mask) -> None:
+    """The window gathered from the device-held position into a fixed-size buffer reads the keys
+    the eager engine's slice reads: the same drafts, rounds and tokens (a window wider than the
+    sequence is every key)."""
+    eager = speculative_decode(plan_runner, PROMPT, mask, NEW_TOKENS, GAMMA, kv=kv)
+    steps = GraphSteps(plan_runner, [mask], [GAMMA], ROOM, capture=False, kvs=[kv])
+    graphed = graphed_speculative_decode(steps, PROMPT, NEW_TOKENS, GammaPolicy.fixed(GAMMA))
+    assert graphed.tokens == eager.tokens == autoregressive_decode(plan_runner, PROMPT, NEW_TOKENS).tokens
+    assert graphed.accepted == eager.accepted
+
+
+def test_pillars_are_not_captured(plan_runner) -> None:
+    with pytest.raises(ConfigError, match="pillars is not captured"):
+        GraphSteps(plan_runner, [MASK], [GAMMA], ROOM, capture=False, kvs=[KVPattern(1, 4, 3)])

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern
-from skipsearch.models.kv_attention import pattern_attention
+from skipsearch.models.kv_attention import StaticKeys, pattern_attention, static_pattern_attention
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model, with_plan_attention
 
@@ -61,3 +61,22 @@ def test_a_kv_pattern_on_an_attention_that_ignores_it_is_refused() -> None:
         runner.run_layers(
             runner.embed(torch.tensor([[3, 4]])), 0, 2, torch.arange(2)[None], kv=KVPattern(1, 1)
         )
+
+
+@pytest.mark.parametrize("pattern", [KVPattern(2, 5), KVPattern(0, 3), KVPattern(4, 40)], ids=str)
+@pytest.mark.parametrize("position", [0, 3, 9, 30])
+def test_the_static_window_reads_the_keys_the_slice_reads(pattern: KVPattern, position: int) -> None:
+    """Over a static buffer of 40 slots (stale beyond the position), gathered from the position on
+    the device: the sliced attention over the first `position + 1` slots, to float rounding."""
+    generator = torch.Generator().manual_seed(position)
+    query = torch.randn(1, 6, 1, 8, generator=generator)
+    key, value = (torch.randn(1, 2, 40, 8, generator=generator) for _ in range(2))
+    keys = StaticKeys(pattern, torch.tensor([[position]]))
+    got = static_pattern_attention(query, key, value, keys, 8**-0.5)
+    cut = (key[:, :, : position + 1], value[:, :, : position + 1])
+    expected = pattern_attention(query, *cut, pattern, 8**-0.5)
+    if expected is None:  # the pattern covers the context: plain attention over it
+        expected = F.scaled_dot_product_attention(
+            query, cut[0].repeat_interleave(3, 1), cut[1].repeat_interleave(3, 1)
+        ).transpose(1, 2)
+    torch.testing.assert_close(got, expected)

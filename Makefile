@@ -79,7 +79,7 @@ gpu-real-wheels: install
 gpu-real:
 	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) PYTHONUNBUFFERED=1 python3 experiments/gpu_real_weights.py \
-		--gguf-parts .gguf-parts --ranking .whl/ranking.json --out $${OUT:-results/gpu-real}
+		--gguf-parts .gguf-parts --ranking .whl/ranking.json --out $${OUT:-results/gpu/real-weights}
 
 gpu-check:
 	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl

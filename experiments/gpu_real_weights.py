@@ -598,7 +598,9 @@ RENDER = {"profile": render_profile, "decodes": render_decodes, "hf_compiled": r
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="every step on this CPU with tiny sizes")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "gpu-real", help="output folder")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "results" / "gpu" / "real-weights", help="output folder"
+    )
     parser.add_argument("--gguf-parts", type=Path, help="folder of the GGUF parts and their manifest")
     parser.add_argument("--ranking", type=Path, help="a draft-vocabulary ranking to use (the CPU's)")
     parser.add_argument("--save-ranking", type=Path, metavar="PATH", help="only save this CPU's ranking")

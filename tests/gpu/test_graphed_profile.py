@@ -4,7 +4,6 @@ between replays time the right calls; the profile of the replays loads and price
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from skipsearch.bench.clock import CudaClock
@@ -19,13 +18,6 @@ from tests.conftest import tiny_model
 LAYERS = 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found on the H200 (2026-12-04): once every pass is captured, the chained replays' logits "
-    "are 0.4-1.7 off the forward pass (scale 2-3) while the eager parts agree to 1e-6 and each pass "
-    "agrees when its capture is checked; cause not found (per-pass pools did not change it). The "
-    "replays' times are of the right kernels; their values are not. docs/gpu.md, Still owed",
-)
 def test_captured_parts_chained_compute_the_full_forward_pass() -> None:
     """float32, so the replays and the plain forward of the whole sequence agree to rounding."""
     runner = LayerwiseRunner(tiny_model("llama", layers=LAYERS).to("cuda"))

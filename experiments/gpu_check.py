@@ -472,10 +472,11 @@ def write(report: dict[str, Any], out: Path) -> None:
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table; a mask's `|` is escaped, so it stays inside its cell."""
     return [
         "| " + " | ".join(header) + " |",
         "|:---|" + "---:|" * (len(header) - 1),
-        *("| " + " | ".join(row) + " |" for row in rows),
+        *("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows),
         "",
     ]
 

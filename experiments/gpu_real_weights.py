@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gpu_check import cpu_masks
+from gpu_check import cpu_masks, table
 
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec
@@ -457,13 +457,6 @@ def run(plan: Plan, out: Path, ranking: Path | None) -> dict[str, Any]:
 def write(report: dict[str, Any], out: Path) -> None:
     (out / "gpu_real.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "README.md").write_text("\n".join(readme(report)) + "\n")
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """A Markdown table; a mask's `|` is escaped, so it stays inside its cell."""
-    align = "|" + "|".join(":---" if i == 0 else "---:" for i in range(len(header))) + "|"
-    body = ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return ["| " + " | ".join(header) + " |", align, *body, ""]
 
 
 def fmt(value: float | None) -> str:

@@ -123,9 +123,6 @@ TINY_PLAN = replace(
     contexts=(32,),
     positions=(1, 2, 3, 4),
     profile_repeats=2,
-    # The CPU plan's attention (`sdpa_fp32kv`) ignores a static cache's empty slots under HF
-    # `generate` (garbage tokens); a GPU runs HF's own SDPA. No compile off a GPU anyway.
-    compile_hf=False,
 )
 
 

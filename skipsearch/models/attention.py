@@ -85,8 +85,10 @@ def sdpa_fp32kv(
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     queries, keys = query.shape[2], key.shape[2]
     group = query.shape[1] // key.shape[1]
-    if causal and attention_mask is None and 1 < queries < keys:  # SDPA's is_causal aligns top-left
-        attention_mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
+    # No mask means SDPA's `is_causal`, which aligns top-left: transformers skips the mask only
+    # where that is right (one query, a block as long as the keys, a static cache's prefill from
+    # slot 0, whose empty slots come after every query), so a mask aligned to the keys' end would
+    # attend a static cache's empty slots.
     short, long_cache = queries <= GROUPED_QUERIES, keys >= GROUPED_KEYS
     if group > 1 and short and long_cache and (attention_mask is not None or queries == 1):
         out = grouped_queries(query.float(), key.float(), value.float(), attention_mask, scaling)

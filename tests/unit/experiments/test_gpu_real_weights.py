@@ -37,6 +37,8 @@ def test_the_tiny_real_weight_check_writes_every_step(tmp_path: Path) -> None:
     for row in decodes["drafts"]:
         assert row["lossless_passed"] and row["predicted_speedup"] > 0 and row["measured_speedup"] > 0
     assert decodes["baselines"]["autoregressive-graphs"]["same_tokens_as_eager_autoregressive"]
+    compiled = report["steps"]["hf_compiled"]["data"]  # off a GPU generate compiles nothing
+    assert compiled["dynamo_graphs"] == 0 and compiled["same_tokens_as_graphed_autoregressive"]
     assert "Tiny CPU run" in (tmp_path / "README.md").read_text()
     readme = (tmp_path / "README.md").read_text()
     assert run_script("--render", "--out", str(tmp_path)).returncode == 0  # the report again, from its JSON

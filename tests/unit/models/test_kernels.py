@@ -285,6 +285,24 @@ def test_the_fp32_path_equals_transformers_sdpa_on_an_fp32_model(family: str) ->
     assert torch.allclose(outputs[0], outputs[1], atol=1e-5)
 
 
+@pytest.mark.parametrize("path", [FP32_ATTENTION, NATIVE_ATTENTION])
+def test_the_plan_attends_over_a_static_cache_as_over_a_dynamic_one(path: str) -> None:
+    """transformers skips a static cache's prefill mask (SDPA's `is_causal` aligns top-left, and the
+    empty slots come after every query): the plan's attention must read that as SDPA does, or
+    `generate` with a static cache attends the empty slots (it did: garbage tokens on a CPU)."""
+    from transformers import StaticCache
+
+    model = tiny_model("llama", layers=2)
+    apply_attention(model, kernels.AttentionChoice("float32", path))
+    ids = torch.tensor([[5, 17, 3, 42, 8, 23, 11]])
+    with torch.no_grad():
+        dynamic = [model(ids).logits[0, -1], model(torch.cat([ids, ids[:, :1]], 1)).logits[0, -1]]
+        cache = StaticCache(config=model.config, max_cache_len=20)
+        static = [model(ids, cache=cache).logits[0, -1], model(ids[:, :1], cache=cache).logits[0, -1]]
+    for expected, got in zip(dynamic, static, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.skipif(
     native_attention.load_kernel(torch.float32).function is None, reason="fp32 decode kernel unavailable"
 )

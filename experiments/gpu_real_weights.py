@@ -91,7 +91,6 @@ class Plan:
     positions: tuple[int, ...]
     profile_repeats: int
     check_every: int
-    compile_hf: bool
 
 
 GPU_PLAN = Plan(
@@ -107,7 +106,6 @@ GPU_PLAN = Plan(
     positions=tuple(range(1, 10)),
     profile_repeats=30,
     check_every=4,
-    compile_hf=True,
 )
 
 TINY_PLAN = replace(
@@ -338,8 +336,6 @@ def run_hf_compiled(plan: Plan, state: dict[str, Any], out: Path) -> dict[str, A
     from torch._dynamo.utils import counters
     from transformers import StaticCache
 
-    if not plan.compile_hf:
-        return {"compiled": False, "reason": "this plan compiles nothing"}
     measurement: Measurement = state["measurement"]
     model, prompts = measurement.loaded.model, measurement.prompt_ids()
     new, pad = plan.new_tokens, min(eos_ids(model), default=0)
@@ -569,8 +565,6 @@ def render_decodes(data: dict[str, Any]) -> list[str]:
 
 
 def render_hf_compiled(data: dict[str, Any]) -> list[str]:
-    if "reason" in data:
-        return [f"Not run: {data['reason']}.", ""]
     return [
         f"HF `generate` with a static cache: {data['dynamo_graphs']} graph(s) compiled, "
         f"{data['compile_s']:.0f} s for its first two calls. "

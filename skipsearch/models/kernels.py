@@ -319,10 +319,10 @@ def step_bytes(model: Any) -> tuple[int, int]:
 
 def plan_kernels(model: Any) -> dict[str, str]:
     """The kernels a step of `model` runs, in the keys a latency profile records them under: the
-    attention path, the linear layers' product (`bf16-kernel`, its AMX build `amx-kernel`, `onednn`
-    or `torch`), and the
-    norms' and the rotary embedding's (`kernel` or `torch`), and whether short blocks run the fused
-    decoder layers (`fused-c`: their C driver, `models.fused_layers`) or the modules. A profile of
+    attention path and the dtype of the K/V it reads, the linear layers' product (`bf16-kernel`,
+    its AMX build `amx-kernel`, `onednn` or `torch`), the norms' and the rotary embedding's
+    (`kernel` or `torch`), and whether short blocks run the fused decoder layers (`fused-c`: their C
+    driver, `models.fused_layers`) or the modules. A profile of
     other kernels prices another plan (`LatencyProfile.warn_other_plan`)."""
     modules = list(model.modules())
     kernels = {module.kernel for module in modules if isinstance(module, Bf16WeightLinear)}
@@ -332,8 +332,12 @@ def plan_kernels(model: Any) -> dict[str, str]:
         products = "onednn"
     else:
         products = "torch"
+    kv = kv_cache_dtype(model.config)
     return {
         "attention": str(model.config._attn_implementation),
+        # The same attention path timed over another cache's dtype (the AMX kernel's first version
+        # read a float32 one) streams other bytes: a profile says which it timed.
+        "kv_cache": "projections" if kv is None else str(kv).removeprefix("torch."),
         "products": products,
         "norms": "kernel" if any(isinstance(module, KernelRMSNorm) for module in modules) else "torch",
         "rotary": "kernel" if runs_kernel_rotary(model) else "torch",

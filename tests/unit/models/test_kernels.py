@@ -1,6 +1,7 @@
 """The kernel plan: `--dtype auto` from the CPU's flags, the fp32 attention path, and what a step reads."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -267,6 +268,23 @@ def test_the_amx_kernel_keeps_a_float32_models_kv_in_bf16() -> None:
     assert new_cache(model.config).kv_dtype is torch.float32
     apply_attention(model, kernels.AttentionChoice("float32", KERNEL_AMX_ATTENTION))
     assert new_cache(model.config).kv_dtype is torch.bfloat16 and step_bytes(model)[1] == float32_bytes // 2
+    assert kernels.plan_kernels(model)["kv_cache"] == "bfloat16"  # a profile records it
+
+
+def test_a_profile_of_another_cache_dtype_warns(caplog: pytest.LogCaptureFixture) -> None:
+    """The same attention path over a float32 cache streams twice the K/V: another plan's costs."""
+    from tests.unit.cost.conftest import _latency
+
+    model = tiny_model("llama", layers=2)
+    apply_attention(model, kernels.AttentionChoice("float32", KERNEL_FP32_ATTENTION))
+    running = kernels.plan_kernels(model)
+    assert running["kv_cache"] == "float32"
+    profile = _latency()
+    older = replace(profile, meta={**profile.meta, **running, "kv_cache": "bfloat16"})
+    assert older.warn_other_plan(running, "p.json") and "kv_cache bfloat16" in caplog.text
+    assert not replace(profile, meta={**profile.meta, **running}).warn_other_plan(running, "p.json")
+    unrecorded = {key: value for key, value in running.items() if key != "kv_cache"}
+    assert not replace(profile, meta={**profile.meta, **unrecorded}).warn_other_plan(running, "p.json")
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])

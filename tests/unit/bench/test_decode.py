@@ -1,0 +1,43 @@
+"""`bench.decode`: one draft's decode check with its graphed twins, which run eagerly over the same
+static buffers off a GPU (the CLI refuses `--graphs` there; the check itself runs anywhere)."""
+
+import pytest
+
+from skipsearch.acceptance.measure_config import MeasureConfig
+from skipsearch.acceptance.prompts import PromptSpec
+from skipsearch.bench.decode import DecodeSettings, decode_draft
+from skipsearch.engine import GammaPolicy
+from skipsearch.engine.sampling import GREEDY
+from skipsearch.masks import Draft, KVPattern, SkipMask
+from skipsearch.models.loading import LoadedModel
+from skipsearch.models.random_weights import RandomWeights
+from tests.conftest import tiny_model, with_plan_attention
+
+NEW_TOKENS = 12
+
+
+@pytest.mark.parametrize("kv", [None, KVPattern(2, 6)], ids=["every key", "sink and window"])
+def test_a_graphed_check_compares_graphed_ssd_with_the_graphed_baseline(monkeypatch, kv) -> None:
+    loaded = LoadedModel(with_plan_attention(tiny_model("llama", layers=4)), None, "tiny", "memory")
+    monkeypatch.setattr("skipsearch.models.loading.load_model", lambda *args: loaded)
+    config = MeasureConfig("tiny", PromptSpec(n_prompts=2, max_prompt_tokens=9, new_tokens=NEW_TOKENS))
+    settings = DecodeSettings(GREEDY, NEW_TOKENS, repeats=1, seed=0, breakdown=False)
+    draft = Draft(SkipMask(4, [1], [1, 2]), None, kv)
+    result = decode_draft(config, lambda layers: draft, GammaPolicy.fixed(3), settings, RandomWeights(), True)
+    graphs = result["graphs"]
+    assert graphs["mode"] == "static-eager" and graphs["graphed_autoregressive_matches"]
+    assert graphs["ssd_vs_graphed_autoregressive"] > 0 and graphs["graphed_vs_eager_autoregressive"] > 0
+    assert {"autoregressive", "autoregressive-graphs", "ssd", "ssd-graphs"} <= set(result["summaries"])
+    assert result["lossless"] and result["lossless_check"]["real_divergences"] == 0
+    assert result["breakdown"] == []  # the rounds ran untimed: no syncs for a phase clock
+
+
+def test_without_graphs_the_check_has_no_graphed_decoders(monkeypatch) -> None:
+    loaded = LoadedModel(with_plan_attention(tiny_model("llama", layers=4)), None, "tiny", "memory")
+    monkeypatch.setattr("skipsearch.models.loading.load_model", lambda *args: loaded)
+    config = MeasureConfig("tiny", PromptSpec(n_prompts=1, max_prompt_tokens=9, new_tokens=NEW_TOKENS))
+    settings = DecodeSettings(GREEDY, NEW_TOKENS, repeats=1, seed=0)
+    draft = Draft(SkipMask(4, [1], [1, 2]), None, None)
+    result = decode_draft(config, lambda layers: draft, GammaPolicy.fixed(3), settings, RandomWeights())
+    assert result["graphs"] is None and not {"autoregressive-graphs", "ssd-graphs"} & set(result["summaries"])
+    assert result["breakdown"]  # timed by default: the phase breakdown is there

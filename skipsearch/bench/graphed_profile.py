@@ -66,9 +66,9 @@ from skipsearch.cost.latency import LatencyProfile
 from skipsearch.engine.cache import StaticKV, crop
 from skipsearch.engine.graphs import (
     REPLAY_TOLERANCE,
-    WARMUP,
     GraphReplayError,
     GraphSteps,
+    capture,
     sliding_window_problem,
 )
 from skipsearch.engine.sampling import GREEDY
@@ -175,24 +175,13 @@ def record(step: Part, inputs: Any, cache: StaticKV, context: int, pool: Any) ->
     """`step` itself without a `pool` (eager); else a replay of its graph captured on `inputs` (a
     static tensor or Carry of them), which returns the captured output whatever it is given.
 
-    The recipe of `engine.graphs`: warm-up runs on a side stream (cuBLAS handles, the allocator,
-    autotuning), then the capture into the shared `pool`. An attention's warm-ups append to its
-    layer, so the lengths are set back to `context` after each; a capture runs nothing, but the
-    graph will read the lengths from the device at every replay.
+    Captured as `engine.graphs` captures its steps (`capture`); an attention's runs append to its
+    layer, so the lengths are set back to `context` after each, and the graph reads them from the
+    device at every replay.
     """
     if pool is None:
         return step
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(WARMUP):
-            step(inputs)
-            cache.lengths.fill_(context)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        output = step(inputs)
-    cache.lengths.fill_(context)
+    graph, output = capture(lambda: step(inputs), lambda: cache.lengths.fill_(context), pool)
     return Replay(graph, output, step)
 
 

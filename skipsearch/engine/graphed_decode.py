@@ -55,15 +55,20 @@ def graphed_autoregressive_decode(
     chosen = torch.empty(max_new_tokens, dtype=torch.long, device=steps.runner.device)
     steps.point_full_step(prompt[-1], len(prompt) - 1)
     output: list[int] = []
-    while len(output) < max_new_tokens and not any(token in eos_ids for token in output):
+    ended = False
+    while len(output) < max_new_tokens and not ended:
         first = len(output)
         last = min(first + check_every, max_new_tokens)
         for index in range(first, last):
             logits = steps.full_step()[-1]
-            greedy = sampling.greedy
-            chosen[index] = logits.argmax() if greedy else sample(sampling.probs(logits), generator)[0]
+            if sampling.greedy:
+                chosen[index] = logits.argmax()
+            else:
+                chosen[index] = sample(sampling.probs(logits), generator)[0]
             steps.advance_full_step(chosen[index])
-        output += chosen[first:last].tolist()  # the one host read of the chunk
+        fresh = chosen[first:last].tolist()  # the one host read of the chunk
+        output += fresh
+        ended = any(token in eos_ids for token in fresh)
     tokens = new_tokens([*prompt, *output], len(prompt), eos_ids)
     return DecodeResult(len(prompt), tokens, time.perf_counter() - began, prefill_seconds=prefilled - began)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -57,6 +58,29 @@ Outputs = tuple[torch.Tensor, ...]
 
 class GraphReplayError(RuntimeError):
     """A captured graph's replay disagrees with its eager step: a bug, not a device limit."""
+
+
+def capture(
+    run: Callable[[], Any], restore: Callable[[], Any], pool: Any
+) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """`run` captured as a CUDA graph into `pool`, and the outputs it writes at every replay.
+
+    Warm-up runs come first, on a side stream (cuBLAS handles, the allocator, autotuning). Each
+    writes K/V and advances the cache lengths, so `restore` puts the lengths back after each, and
+    after the capture, which runs nothing but records the advance the graph makes at every replay.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP):
+            run()
+            restore()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = run()
+    restore()
+    return graph, outputs
 
 
 def sliding_window_problem(runner: LayerwiseRunner, max_len: int) -> str | None:
@@ -177,17 +201,7 @@ class GraphSteps:
         if not self.capture:
             return step
         lengths = self.cache.lengths.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP):
-                step()
-                self.cache.lengths.copy_(lengths)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            outputs = step()
-        self.cache.lengths.copy_(lengths)
+        graph, outputs = capture(step, lambda: self.cache.lengths.copy_(lengths), self.pool)
 
         def replay() -> Outputs:
             graph.replay()

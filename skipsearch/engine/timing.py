@@ -62,7 +62,7 @@ class RoundClock:
 
     def __init__(self, device: torch.device, timed: bool) -> None:
         self.timed = timed
-        self.sync: Callable[[], None] = device_sync(device) if timed else _no_sync
+        self.sync: Callable[[], None] = device_sync(device)
         self.began = 0.0
         self.spent = dict.fromkeys(TIMED_PHASES, 0.0)
 
@@ -92,10 +92,6 @@ class RoundClock:
         total = time.perf_counter() - self.began
         other = max(0.0, total - sum(self.spent.values()))
         return RoundTiming(context, gamma, accepted, **self.spent, other=other)
-
-
-def _no_sync() -> None:
-    pass
 
 
 @dataclass(frozen=True)

@@ -249,6 +249,33 @@ def device_type(device: str) -> str:
     return device.split(":", 1)[0]
 
 
+def fallback_kernels(model: Any, products: str | None) -> list[str]:
+    """Put `model` on the fp32 fallback plan's kernels: its products on skipsearch's `products`
+    kernel (`VECTOR` or `TILES`; None: torch's product), its RMSNorms, rotary embedding and SiLU on
+    skipsearch's kernels and its decoder layers fused; the plan's words for each that applied.
+    `products_choice` builds its candidates with it, so a kernel is timed with what runs around it."""
+    from skipsearch.models.bf16_weights import use_bf16_weights
+    from skipsearch.models.fused_layers import fuse_layers
+    from skipsearch.models.rms_norm import use_kernel_norms
+    from skipsearch.models.rotary import use_kernel_rotary
+    from skipsearch.models.silu import use_kernel_silu
+
+    parts = [] if products is None else [f"{use_bf16_weights(model, products)} weight matrices in bf16"]
+    norms = use_kernel_norms(model)
+    if norms:
+        parts.append(f"{norms} RMSNorms on skipsearch's kernel")
+    if use_kernel_rotary():
+        parts.append("the rotary embedding on skipsearch's kernel (transformers' bits)")
+    if use_kernel_silu(model):
+        parts.append("SiLU on skipsearch's kernel")
+    fused = fuse_layers(model)
+    if fused:
+        parts.append(
+            f"{fused} decoder layers fused for short blocks, one C call a sub-layer (the modules' bits)"
+        )
+    return parts
+
+
 def load_model(
     name: str,
     device: str = "cpu",
@@ -272,15 +299,10 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from skipsearch.models.bf16_weights import use_bf16_weights
     from skipsearch.models.fp32_linear import BF16_KERNEL, ONEDNN, choose_fp32_linear
-    from skipsearch.models.fused_layers import fuse_layers
     from skipsearch.models.kernels import apply_attention, choose_attention
     from skipsearch.models.packed import pack_linears
     from skipsearch.models.products_choice import choose_products
-    from skipsearch.models.rms_norm import use_kernel_norms
-    from skipsearch.models.rotary import use_kernel_rotary
-    from skipsearch.models.silu import use_kernel_silu
 
     choice = dtype_choice(device, dtype)
     torch_dtype = resolve_dtype(choice, dtype)
@@ -324,22 +346,15 @@ def load_model(
     if fallback:
         fp32 = choose_fp32_linear()  # the fallback plan: MKL, oneDNN or the kernel, measured on this CPU
         loaded.plan += f"; {fp32.describe()}"
+        kernel = None
         if fp32.library == BF16_KERNEL:
-            products = choose_products(loaded.model)  # the vector kernel or AMX tiles, measured
-            loaded.plan += f"; {use_bf16_weights(loaded.model, products.kernel)} weight matrices in bf16"
-            loaded.plan += f"; {products.describe()}"
-        norms = use_kernel_norms(loaded.model)
-        if norms:
-            loaded.plan += f"; {norms} RMSNorms on skipsearch's kernel"
-        if use_kernel_rotary():
-            loaded.plan += "; the rotary embedding on skipsearch's kernel (transformers' bits)"
-        if use_kernel_silu(loaded.model):
-            loaded.plan += "; SiLU on skipsearch's kernel"
-        fused = fuse_layers(loaded.model)
-        if fused:
-            loaded.plan += (
-                f"; {fused} decoder layers fused for short blocks, one C call a sub-layer (the modules' bits)"
-            )
+            # the vector kernel or AMX tiles, measured on whole steps of copies built like this one
+            products = choose_products(loaded.model, fallback_kernels)
+            kernel = products.kernel
+        parts = fallback_kernels(loaded.model, kernel)
+        if kernel is not None:
+            parts.insert(1, products.describe())  # after the count of matrices it multiplies
+        loaded.plan += "".join(f"; {part}" for part in parts)
         force = fp32.library == ONEDNN
     packed = pack_linears(loaded.model, force)
     if packed:

@@ -1,17 +1,19 @@
 """Which kernel multiplies a model's bf16 weights on a CPU with AMX: the vector kernel
-(`linear_rows.c`) or the tile kernel (`linear_rows_amx.c`), measured on the model's own matrices
+(`linear_rows.c`) or the tile kernel (`linear_rows_amx.c`), measured on the model's own steps
 (docs/theory.md, "The kernel plan").
 
-On the project's Xeon a verify of 4 drafts costs 1.3 steps, and the products' arithmetic is half of
-what each extra position adds: the vector kernel does one FMA per weight and row. On AMX tiles the
-extra rows are nearly free (a pass of every product of a step: 1.06x one row at 5 rows against
-1.29-1.34x), but whether one row streams as fast depends on the matrices: as fast on Qwen2.5-0.5B's,
-8% slower on SmolLM2's smaller ones (results/kernels/amx_products-*-amx.md). The autoregressive
-baseline, which every speedup divides by, must run the fastest one-row kernel, and a verify must
-run the decode steps' kernel (the same bits), so the tile kernel runs a model only where it is no
-slower at one row and faster at `PROBE_ROWS[-1]` rows on that model's products, grouped as the
-fused layers call them (q, k and v in one product, gate and up in one). It rounds the inputs to
-bf16 as well, so the plan's numbers change with it, not only its speed; greedy SSD still equals
+On the project's Xeon a verify of 4 drafts costs 1.25 steps on the vector kernel, and the products'
+arithmetic is most of what each extra position adds: the vector kernel does one FMA per weight and
+row. On AMX tiles the extra rows are nearly free (a pass of 5 positions costs 1.06-1.09 steps), but
+whether one row streams as fast depends on the matrices and on what runs between them. The
+autoregressive baseline, which every speedup divides by, must run the fastest one-row kernel, and a
+verify must run the decode steps' kernel (the same bits), so the tile kernel runs a model only where
+the model's one-position step is no slower on it and its pass over `PROBE_ROWS[-1]` positions is
+faster. Both are timed on the whole model, each kernel on its own copy with the rest of the plan
+around it (`build`), interleaved: the model's products timed alone misjudged SmolLM2, whose products
+read 1% slower on the tiles while its whole step ran 2% faster
+(results/kernels/mixed_products-smollm2-135m.md). The tile kernel rounds the inputs to bf16 as
+well, so the plan's numbers change with it, not only its speed; greedy SSD still equals
 autoregressive decoding token for token, each row's bits being independent of the rows beside it.
 
 The measurement is taken once per machine and set of matrix shapes, cached as the other choices
@@ -20,7 +22,9 @@ of the plan are (`kernels.keep_choice`: not kept while other processes keep a co
 
 from __future__ import annotations
 
+import copy
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -28,20 +32,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from skipsearch.models.bf16_weights import (
-    TILES,
-    VECTOR,
-    fits,
-    load_kernel,
-    load_tile_kernel,
-    multiply,
-    pack_tiles,
-    pack_weight,
-)
+from skipsearch.models.bf16_weights import TILES, VECTOR, fits, load_kernel, load_tile_kernel
 from skipsearch.models.kernels import choice_path, keep_choice, median_ms, read_choice
 
-PROBE_ROWS = (1, 4)  # a decode or draft step, and a verify of 3 drafts
-PROBE_REPEATS = 5
+PROBE_ROWS = (1, 5)  # a decode or draft step, and a verify of 4 drafts
+PROBE_REPEATS = 7  # passes a sample
+PROBE_ROUNDS = 3  # interleaved samples per kernel and row count; the fastest counts
+PROBE_CONTEXT = 128  # cached positions before each timed pass
 KERNEL_NAMES = {VECTOR: "skipsearch's vector kernel", TILES: "skipsearch's AMX kernel"}
 SHORT_NAMES = {VECTOR: "vector", TILES: "AMX"}
 # (owner, projections) of a decoder layer's products as the fused layers call them
@@ -59,8 +56,8 @@ _UNKEPT: dict[Path, ProductsChoice] = {}
 @dataclass(frozen=True)
 class ProductsChoice:
     """The kernel a model's products run on (`VECTOR` or `TILES`), and the measurement: ms per pass
-    of the model's products by kernel and row count; the builds measured (a changed kernel is
-    measured again), or why the tile kernel could not be."""
+    of the whole model by kernel and positions (`PROBE_ROWS`); the builds measured (a changed
+    kernel is measured again), or why the tile kernel could not be."""
 
     kernel: str
     timings: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -76,7 +73,7 @@ class ProductsChoice:
             for kernel, by_rows in self.timings.items()
         )
         rows = "/".join(next(iter(self.timings.values())))
-        return f"{name} (ms per pass of the model's products at {rows} rows: {cells})"
+        return f"{name} (ms per pass of the model over {rows} positions: {cells})"
 
 
 def _multiplied(module: object) -> bool:
@@ -100,50 +97,66 @@ def step_products(model: nn.Module) -> list[list[nn.Linear]]:
     return groups + singles
 
 
-def measure_products(groups: list[list[nn.Linear]]) -> dict[str, dict[str, float]]:
-    """Median ms per pass of every product of `groups` (each group one matrix) on each kernel at each
-    of `PROBE_ROWS`, the best of three interleaved medians."""
-    weights = [torch.cat([part.weight for part in group]) for group in groups]
-    functions = {VECTOR: load_kernel().function, TILES: load_tile_kernel().function}
-    packed = {VECTOR: [pack_weight(w) for w in weights], TILES: [pack_tiles(w) for w in weights]}
+def measure_steps(
+    model: nn.Module, build: Callable[[nn.Module, str], object], kernels: tuple[str, ...] = (VECTOR, TILES)
+) -> dict[str, dict[str, float]]:
+    """Median ms of a pass of `model` over each of `PROBE_ROWS` positions after `PROBE_CONTEXT`
+    cached ones, on each of `kernels`: each on a copy of `model` that `build(copy, kernel)` puts on
+    the kernel with the rest of the plan, the kernels and row counts interleaved in alternating
+    order, the fastest of `PROBE_ROUNDS` samples. `model` itself is not changed."""
+    from skipsearch.models.runner import LayerwiseRunner  # the runner's module imports the loader
+
+    runners = {}
+    for kernel in kernels:
+        candidate = copy.deepcopy(model)
+        build(candidate, kernel)
+        runners[kernel] = LayerwiseRunner(candidate)
     generator = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (1, PROBE_CONTEXT + PROBE_ROWS[-1]), generator=generator)
+    device = next(model.parameters()).device
+    ids = ids.to(device)
+    caches = {}
+    with torch.no_grad():
+        for kernel, runner in runners.items():
+            caches[kernel] = runner.new_cache()
+            runner.forward(ids[:, :PROBE_CONTEXT], cache=caches[kernel])
 
-    def one_pass(kernel: str, inputs: dict[int, torch.Tensor], rows: int) -> None:
-        for weight, matrix in zip(weights, packed[kernel], strict=True):
-            multiply(functions[kernel], inputs[weight.shape[1]], rows, matrix, weight.shape[0], None)
+        def one_pass(kernel: str, rows: int) -> None:
+            runners[kernel].forward(ids[:, PROBE_CONTEXT : PROBE_CONTEXT + rows], cache=caches[kernel])
+            for layer in caches[kernel].layers:
+                layer.crop(-rows)
 
-    timings: dict[str, dict[str, float]] = {VECTOR: {}, TILES: {}}
-    widths = {weight.shape[1] for weight in weights}
-    for rows in PROBE_ROWS:
-        inputs = {width: torch.randn(1, rows, width, generator=generator) for width in widths}
-        calls = {kernel: partial(one_pass, kernel, inputs, rows) for kernel in timings}
-        for call in calls.values():
-            call()  # warm-up
-        rounds = [
-            {kernel: median_ms(call, PROBE_REPEATS) for kernel, call in calls.items()} for _ in range(3)
-        ]
-        for kernel in calls:
-            timings[kernel][str(rows)] = min(medians[kernel] for medians in rounds)
-    return timings
+        cells = [(kernel, rows) for rows in PROBE_ROWS for kernel in kernels]
+        for cell in cells:
+            one_pass(*cell)  # warm-up
+        samples: dict[tuple[str, int], list[float]] = {cell: [] for cell in cells}
+        for round_ in range(PROBE_ROUNDS):
+            for cell in cells if round_ % 2 == 0 else cells[::-1]:
+                samples[cell].append(median_ms(partial(one_pass, *cell), PROBE_REPEATS))
+    return {kernel: {str(rows): min(samples[kernel, rows]) for rows in PROBE_ROWS} for kernel in kernels}
 
 
 def decide(timings: dict[str, dict[str, float]]) -> str:
-    """`TILES` where the tile kernel is no slower at one row and faster at the most rows probed."""
+    """`TILES` where the model's step is no slower on the tile kernel and its pass over the most
+    positions probed is faster."""
     one, most = (str(PROBE_ROWS[0]), str(PROBE_ROWS[-1]))
     tiles, vector = timings[TILES], timings[VECTOR]
     return TILES if tiles[one] <= vector[one] and tiles[most] < vector[most] else VECTOR
 
 
 def _path(groups: list[list[nn.Linear]]) -> Path:
-    """One measurement per machine, torch version and set of product shapes."""
+    """One measurement per machine, torch version and set of product shapes (`steps-`: whole-model
+    passes, not the products alone that earlier choices timed)."""
     shapes = sorted((group[0].in_features, sum(part.out_features for part in group)) for group in groups)
-    return choice_path(f"products-{hashlib.sha256(repr(shapes).encode()).hexdigest()[:12]}")
+    return choice_path(f"products-steps-{hashlib.sha256(repr(shapes).encode()).hexdigest()[:12]}")
 
 
-def choose_products(model: nn.Module) -> ProductsChoice:
+def choose_products(model: nn.Module, build: Callable[[nn.Module, str], object]) -> ProductsChoice:
     """The kernel for the products of `model`'s linear layers (module docstring; before
-    `use_bf16_weights` packs them for it), measured once per machine and set of shapes and cached;
-    the vector kernel where the tile kernel does not load."""
+    `use_bf16_weights` packs them for it), measured on copies of `model` that `build(copy,
+    kernel)` puts on each kernel with the rest of the plan, once per machine and set of shapes, and
+    cached; the vector kernel where the tile kernel does not load."""
     tiles, vector = load_tile_kernel(), load_kernel()
     groups = step_products(model)
     if tiles.function is None or vector.function is None or not groups:
@@ -153,7 +166,7 @@ def choose_products(model: nn.Module) -> ProductsChoice:
     cached = read_choice(path, ProductsChoice) or _UNKEPT.get(path)
     if cached is not None and cached.kernel in KERNEL_NAMES and cached.kernel_builds == builds:
         return cached
-    timings = measure_products(groups)
+    timings = measure_steps(model, build)
     choice = ProductsChoice(decide(timings), timings, builds)
     if not keep_choice(path, choice, "the products' kernels"):
         _UNKEPT[path] = choice

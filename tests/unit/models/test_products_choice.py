@@ -1,20 +1,30 @@
-"""Which kernel multiplies a model's bf16 weights (`models.products_choice`): the rule, the products
-it measures, the fallback without AMX, and a model moved to the tile kernel decoding losslessly on
-the fused layers."""
+"""Which kernel multiplies a model's bf16 weights (`models.products_choice`): the rule, the whole-model
+passes it times on copies, the fallback without AMX, and a model moved to the tile kernel decoding
+losslessly on the fused layers."""
 
 import pytest
 import torch
 
 from skipsearch.models import products_choice
 from skipsearch.models.attention import KERNEL_AMX_ATTENTION, KERNEL_FP32_ATTENTION
-from skipsearch.models.bf16_weights import TILES, VECTOR, Bf16WeightLinear, load_tile_kernel, use_bf16_weights
+from skipsearch.models.bf16_weights import (
+    TILES,
+    VECTOR,
+    Bf16WeightLinear,
+    load_kernel,
+    load_tile_kernel,
+    use_bf16_weights,
+)
 from skipsearch.models.fused_layers import fuse_layers
 from skipsearch.models.kernels import AttentionChoice, apply_attention, plan_kernels
+from skipsearch.models.loading import fallback_kernels
 from skipsearch.models.native import NativeLibrary
 from skipsearch.models.products_choice import (
+    PROBE_ROWS,
     ProductsChoice,
     choose_products,
     decide,
+    measure_steps,
     step_products,
 )
 from skipsearch.models.rms_norm import use_kernel_norms
@@ -28,20 +38,20 @@ LAYERS = 3
 
 def timings(vector: tuple[float, float], tiles: tuple[float, float]) -> dict[str, dict[str, float]]:
     return {
-        VECTOR: dict(zip(("1", "4"), vector, strict=True)),
-        TILES: dict(zip(("1", "4"), tiles, strict=True)),
+        VECTOR: dict(zip(map(str, PROBE_ROWS), vector, strict=True)),
+        TILES: dict(zip(map(str, PROBE_ROWS), tiles, strict=True)),
     }
 
 
 @pytest.mark.parametrize(
     ("vector", "tiles", "expected"),
     [
-        ((29.0, 37.4), (28.9, 30.7), TILES),  # Qwen2.5-0.5B's products on the project's Xeon
-        ((7.26, 9.0), (7.87, 8.2), VECTOR),  # SmolLM2's: slower at one row, so the baseline would be
-        ((7.0, 8.0), (7.0, 8.5), VECTOR),  # no gain where a verify runs
+        ((12.17, 15.22), (11.98, 12.75), TILES),  # SmolLM2's steps on the project's Xeon
+        ((12.0, 15.0), (12.3, 12.8), VECTOR),  # slower at one row: the baseline would be slower
+        ((12.0, 13.0), (12.0, 13.5), VECTOR),  # no gain where a verify runs
     ],
 )
-def test_tiles_run_only_where_no_slower_at_one_row_and_faster_at_four(
+def test_tiles_run_only_where_the_step_is_no_slower_and_a_verify_faster(
     vector: tuple[float, float], tiles: tuple[float, float], expected: str
 ) -> None:
     assert decide(timings(vector, tiles)) == expected
@@ -60,7 +70,7 @@ def test_without_the_tile_kernel_the_vector_kernel_runs_and_says_why(monkeypatch
     monkeypatch.setattr(
         products_choice, "load_tile_kernel", lambda: NativeLibrary(None, "this CPU lacks amx_tile")
     )
-    choice = choose_products(tiny_model("llama", layers=1))
+    choice = choose_products(tiny_model("llama", layers=1), fallback_kernels)
     assert choice == ProductsChoice(VECTOR, unavailable="this CPU lacks amx_tile")
     assert (
         choice.describe()
@@ -69,11 +79,30 @@ def test_without_the_tile_kernel_the_vector_kernel_runs_and_says_why(monkeypatch
 
 
 def test_a_measured_choice_names_both_kernels_timings() -> None:
-    choice = ProductsChoice(TILES, timings((29.02, 37.40), (28.95, 30.71)), "a+b")
+    choice = ProductsChoice(TILES, timings((12.17, 15.22), (11.98, 12.75)), "a+b")
     assert choice.describe() == (
-        "products on skipsearch's AMX kernel (ms per pass of the model's products at 1/4 rows: "
-        "vector 29.02, 37.40; AMX 28.95, 30.71)"
+        "products on skipsearch's AMX kernel (ms per pass of the model over 1/5 positions: "
+        "vector 12.17, 15.22; AMX 11.98, 12.75)"
     )
+
+
+@pytest.mark.skipif(load_kernel().function is None, reason=f"no vector kernel: {load_kernel().reason}")
+def test_the_steps_are_timed_on_copies_built_with_the_rest_of_the_plan() -> None:
+    """Each kernel is timed on its own copy of the model, built by the plan's own builder (so the
+    fused layers run around it); the model the caller goes on to load is left as it was."""
+    model = tiny_model("llama", layers=2, hidden_size=64, intermediate_size=128)
+    built: list[tuple[torch.nn.Module, str]] = []
+
+    def build(candidate: torch.nn.Module, kernel: str) -> list[str]:
+        built.append((candidate, kernel))
+        return fallback_kernels(candidate, kernel)
+
+    measured = measure_steps(model, build, kernels=(VECTOR,))
+    assert [kernel for _, kernel in built] == [VECTOR] and built[0][0] is not model
+    assert any(isinstance(m, Bf16WeightLinear) for m in built[0][0].modules())
+    assert not any(isinstance(m, Bf16WeightLinear) for m in model.modules())
+    assert set(measured[VECTOR]) == {str(rows) for rows in PROBE_ROWS}
+    assert all(ms > 0 for ms in measured[VECTOR].values())
 
 
 @pytest.mark.skipif(load_tile_kernel().function is None, reason=f"no AMX kernel: {load_tile_kernel().reason}")

@@ -125,8 +125,11 @@ def kernel_split(
     verify) after `context` cached positions: (pass ms, its bf16-weight products' ms); None where
     the plan has no such products. The fused layers' C driver times its own product calls
     (`FusedLayer.time_products`); the modules' (the LM head's) are timed around their ctypes call."""
-    function = bf16_weights.load_kernel().function
-    if function is None or not any(isinstance(m, Bf16WeightLinear) for m in runner.model.modules()):
+    products = [m for m in runner.model.modules() if isinstance(m, Bf16WeightLinear)]
+    if not products:
+        return None
+    function = bf16_weights.kernel_library(products[0].kernel).function  # the plan's (vector or tiles)
+    if function is None:
         return None
     spent = ctypes.c_double(0.0)
 
@@ -146,7 +149,8 @@ def kernel_split(
         for layer in fused:
             layer.time_products(spent)
         try:
-            with mock.patch.object(bf16_weights, "load_kernel", lambda: NativeLibrary(timed_call, "timed")):
+            timed = NativeLibrary(timed_call, "timed")
+            with mock.patch.object(bf16_weights, "kernel_library", lambda _kernel: timed):
                 for index in range(count + 2):
                     spent.value = 0.0
                     began = time.perf_counter()

@@ -5,7 +5,8 @@ and `self_attn(cache=...)` (transformers >= 5.24; 5.17 names it `past_key_values
 static caches back through each `StaticLayer`'s device-side `cumulative_length`. An older
 transformers does not fail loudly: attention swallows the unknown keyword in `**kwargs`, writes
 no K/V, and decoding breaks far from the cause. So the names are checked up front and a mismatch
-is one line naming the fix.
+is one line naming the fix. The model families the runner knows are checked here too
+(`check_architecture`), before any weight is read.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from skipsearch.errors import ModelLoadError
 
 PINNED = "5.24.0"
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
 
 def api_problems(
@@ -58,3 +60,13 @@ def check_installed_transformers() -> None:
     from transformers.models.llama.modeling_llama import LlamaAttention
 
     check_transformers(transformers.__version__, create_causal_mask, LlamaAttention.forward, StaticLayer)
+
+
+def check_architecture(config: object) -> None:
+    """Refuse, in one line, a model family whose layers the runner does not know how to run."""
+    model_type = getattr(config, "model_type", "?")
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(
+            f"unsupported architecture {model_type!r}: the layer-wise runner supports "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}; pass a model of one of those families"
+        )

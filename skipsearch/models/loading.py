@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skipsearch.errors import ModelLoadError
+from skipsearch.models.compat import check_architecture
 from skipsearch.models.dtypes import DtypeChoice, choose_dtype
 from skipsearch.models.random_weights import RandomWeights, random_model
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
@@ -29,7 +30,6 @@ log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
 GGUF_HEADER_BYTES = 24  # magic, version (u32), tensor and metadata counts (u64 each)
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
 
 def file_sha256(path: Path) -> str:
@@ -60,15 +60,6 @@ def eos_ids(model: Any) -> frozenset[int]:
     """The generation config's end-of-sequence ids: the stopping rule every decoder shares."""
     eos = model.generation_config.eos_token_id
     return frozenset(eos if isinstance(eos, list) else [eos]) - {None}
-
-
-def check_architecture(config: object) -> None:
-    model_type = getattr(config, "model_type", "?")
-    if model_type not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(
-            f"unsupported architecture {model_type!r}: the layer-wise runner supports "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}; pass a model of one of those families"
-        )
 
 
 def resolve_gguf(entry: ModelEntry) -> Path:

@@ -17,11 +17,10 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.attention import supports_kv_patterns
-from skipsearch.models.compat import check_installed_transformers
+from skipsearch.models.compat import check_architecture, check_installed_transformers
 from skipsearch.models.fused_layers import fused_layer
 from skipsearch.models.kernels import new_cache
 from skipsearch.models.kv_attention import KV_PATTERN_KEYWORD, OWN_MASK_KEYWORD
-from skipsearch.models.loading import check_architecture
 from skipsearch.models.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys
 
 SLIDING = "sliding_attention"

@@ -116,6 +116,16 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
             writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
 
 
+def write_report(path: Path, lines: Sequence[str], show: bool = True) -> None:
+    """A Markdown report's lines to `path` (its folder made), printed first where `show`."""
+    text = "\n".join(lines)
+    if show:
+        print(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote {path}")
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """GitHub Markdown table lines: first column left-aligned, the rest right-aligned."""
     align = "|:---|" + "---:|" * (len(header) - 1)

@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import markdown_table
+from _common import markdown_table, write_report
 from _load import load_line
 
 from skipsearch.models.dtypes import cpu_flags
@@ -142,11 +142,7 @@ def main() -> None:
         load_line(before, after) + ".",
         "",
     ]
-    path = args.out / f"amx_products-{args.model}{args.suffix}.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(report))
-    print("\n".join(report))
-    print(f"wrote {path}")
+    write_report(args.out / f"amx_products-{args.model}{args.suffix}.md", report)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-from _common import markdown_table
+from _common import markdown_table, write_report
 from _load import load_line
 
 from skipsearch.models import bf16_weights, native_attention
@@ -222,10 +222,7 @@ def main() -> None:
         load_line(before, os.getloadavg()) + ".",
         "",
     ]
-    path = args.out / f"builds-{args.kernel}-{args.model}{args.suffix}.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
-    print(f"wrote {path}")
+    write_report(args.out / f"builds-{args.kernel}-{args.model}{args.suffix}.md", lines, show=False)
 
 
 if __name__ == "__main__":

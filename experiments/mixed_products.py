@@ -39,7 +39,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-from _common import markdown_table
+from _common import markdown_table, write_report
 from _load import load_line
 
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
@@ -189,11 +189,7 @@ def main() -> None:
         load_line(before, after) + ".",
         "",
     ]
-    path = args.out / f"mixed_products-{args.model}{args.suffix}.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(report))
-    print("\n".join(report))
-    print(f"wrote {path}")
+    write_report(args.out / f"mixed_products-{args.model}{args.suffix}.md", report)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from unittest import mock
 
@@ -45,6 +44,7 @@ from _load import load_line
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.models import products_choice
 from skipsearch.models.bf16_weights import TILES, VECTOR, load_tile_kernel
+from skipsearch.models.kernels import pass_samples
 from skipsearch.models.loading import LoadedModel, load_model
 from skipsearch.models.runner import LayerwiseRunner
 
@@ -57,39 +57,6 @@ def load_on(model: str, kernel: str) -> LoadedModel:
     forced = products_choice.ProductsChoice(kernel)
     with mock.patch.object(products_choice, "choose_products", lambda *_: forced):
         return load_model(model)
-
-
-def pass_ms(runner: LayerwiseRunner, cache: object, ids: torch.Tensor, passes: int) -> float:
-    """Median ms of `passes` passes over `ids` after the cache's positions (each cropped after)."""
-    times = []
-    for _ in range(passes):
-        began = time.perf_counter()
-        runner.forward(ids, cache=cache)
-        times.append(time.perf_counter() - began)
-        for layer in cache.layers:
-            layer.crop(-ids.shape[1])
-    return 1e3 * statistics.median(times)
-
-
-def costs(runners: dict[str, LayerwiseRunner], context: int, passes: int, repeats: int) -> dict:
-    """{(kernel, positions): [median ms per round]} at `context` cached positions, interleaved."""
-    generator = torch.Generator().manual_seed(context)
-    vocab = next(iter(runners.values())).config.vocab_size
-    ids = torch.randint(0, vocab, (1, context + max(POSITIONS)), generator=generator)
-    caches = {}
-    with torch.no_grad():
-        for kernel, runner in runners.items():
-            caches[kernel] = runner.new_cache()
-            runner.forward(ids[:, :context], cache=caches[kernel])
-        cells = [(kernel, p) for kernel in runners for p in POSITIONS]
-        for kernel, p in cells:  # warm-up
-            pass_ms(runners[kernel], caches[kernel], ids[:, context : context + p], 2)
-        samples: dict[tuple[str, int], list[float]] = {cell: [] for cell in cells}
-        for round_ in range(repeats):
-            for kernel, p in cells if round_ % 2 == 0 else cells[::-1]:
-                new = ids[:, context : context + p]
-                samples[kernel, p].append(pass_ms(runners[kernel], caches[kernel], new, passes))
-    return samples
 
 
 def exactness(runners: dict[str, LayerwiseRunner], prompts: list[tuple[int, ...]], new_tokens: int) -> dict:
@@ -149,7 +116,7 @@ def main() -> None:
     prompts = [p.ids for p in encode_prompts(spec, loaded[VECTOR].tokenizer)]
     rows, steps = [], []
     for context in (int(c) for c in args.contexts.split(",")):
-        samples = costs(runners, context, args.passes, args.repeats)
+        samples = pass_samples(runners, context, POSITIONS, args.repeats, args.passes)
         for kernel in (VECTOR, TILES):
             steps.append(
                 f"{context} tokens, {kernel}: step {statistics.median(samples[kernel, 1]):.2f} ms "

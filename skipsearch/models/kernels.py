@@ -28,7 +28,7 @@ import json
 import logging
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -115,6 +115,39 @@ def median_ms(call: Callable[[], Any], repeats: int = PROBE_REPEATS) -> float:
         call()
         times.append(time.perf_counter() - began)
     return sorted(times)[len(times) // 2] * 1e3
+
+
+def pass_samples(
+    runners: Mapping[str, Any], context: int, positions: Sequence[int], rounds: int, repeats: int
+) -> dict[tuple[str, int], list[float]]:
+    """Whole passes of each of `runners` (layer-wise runners of one model on different plans) over
+    each of `positions` new positions after `context` cached ones: per (runner, positions), one
+    `median_ms` of `repeats` passes a round, the cells interleaved in an order that flips every
+    round, so a drift of the machine falls on every plan alike. Each pass's K/V is cropped off after
+    it, so every pass sees the same context (the probes that choose a plan on whole steps)."""
+    first = next(iter(runners.values()))
+    generator = torch.Generator().manual_seed(context)
+    ids = torch.randint(0, first.config.vocab_size, (1, context + max(positions)), generator=generator)
+    ids = ids.to(first.device)
+    caches = {}
+    with torch.no_grad():
+        for name, runner in runners.items():
+            caches[name] = runner.new_cache()
+            runner.forward(ids[:, :context], cache=caches[name])
+
+        def one_pass(name: str, rows: int) -> None:
+            runners[name].forward(ids[:, context : context + rows], cache=caches[name])
+            for layer in caches[name].layers:
+                layer.crop(-rows)
+
+        cells = [(name, rows) for rows in positions for name in runners]
+        for cell in cells:
+            one_pass(*cell)  # warm-up
+        samples: dict[tuple[str, int], list[float]] = {cell: [] for cell in cells}
+        for round_ in range(rounds):
+            for cell in cells if round_ % 2 == 0 else cells[::-1]:
+                samples[cell].append(median_ms(partial(one_pass, *cell), repeats))
+    return samples
 
 
 def _native_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

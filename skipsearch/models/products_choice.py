@@ -26,14 +26,12 @@ import copy
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from skipsearch.models.bf16_weights import TILES, VECTOR, fits, load_kernel, load_tile_kernel
-from skipsearch.models.kernels import choice_path, keep_choice, median_ms, read_choice
+from skipsearch.models.kernels import choice_path, keep_choice, pass_samples, read_choice
 
 PROBE_ROWS = (1, 5)  # a decode or draft step, and a verify of 4 drafts
 PROBE_REPEATS = 7  # passes a sample
@@ -111,29 +109,7 @@ def measure_steps(
         candidate = copy.deepcopy(model)
         build(candidate, kernel)
         runners[kernel] = LayerwiseRunner(candidate)
-    generator = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (1, PROBE_CONTEXT + PROBE_ROWS[-1]), generator=generator)
-    device = next(model.parameters()).device
-    ids = ids.to(device)
-    caches = {}
-    with torch.no_grad():
-        for kernel, runner in runners.items():
-            caches[kernel] = runner.new_cache()
-            runner.forward(ids[:, :PROBE_CONTEXT], cache=caches[kernel])
-
-        def one_pass(kernel: str, rows: int) -> None:
-            runners[kernel].forward(ids[:, PROBE_CONTEXT : PROBE_CONTEXT + rows], cache=caches[kernel])
-            for layer in caches[kernel].layers:
-                layer.crop(-rows)
-
-        cells = [(kernel, rows) for rows in PROBE_ROWS for kernel in kernels]
-        for cell in cells:
-            one_pass(*cell)  # warm-up
-        samples: dict[tuple[str, int], list[float]] = {cell: [] for cell in cells}
-        for round_ in range(PROBE_ROUNDS):
-            for cell in cells if round_ % 2 == 0 else cells[::-1]:
-                samples[cell].append(median_ms(partial(one_pass, *cell), PROBE_REPEATS))
+    samples = pass_samples(runners, PROBE_CONTEXT, PROBE_ROWS, PROBE_ROUNDS, PROBE_REPEATS)
     return {kernel: {str(rows): min(samples[kernel, rows]) for rows in PROBE_ROWS} for kernel in kernels}
 
 

@@ -14,6 +14,7 @@ from skipsearch.engine.cache import check_lengths
 from skipsearch.engine.result import DecodeResult, new_tokens
 from skipsearch.engine.sampling import GREEDY, Sampling, sample
 from skipsearch.errors import ConfigError
+from skipsearch.models import shared_core
 from skipsearch.models.device import device_sync
 from skipsearch.models.runner import LayerwiseRunner
 
@@ -35,11 +36,13 @@ def autoregressive_decode(
     device_sync(runner.device)()
     prefilled = time.perf_counter()
     tokens = list(prompt)
-    while len(tokens) - len(prompt) < max_new_tokens and (
-        len(tokens) == len(prompt) or tokens[-1] not in eos_ids
-    ):
-        logits = runner.step(tokens[-1], len(tokens) - 1, cache)
-        tokens.append(int(logits.argmax() if sampling.greedy else sample(sampling.probs(logits), generator)))
-        check_lengths(cache, len(tokens) - 1)
+    with shared_core.engaged():  # the busy cores' helpers, where the kernel plan has them
+        while len(tokens) - len(prompt) < max_new_tokens and (
+            len(tokens) == len(prompt) or tokens[-1] not in eos_ids
+        ):
+            logits = runner.step(tokens[-1], len(tokens) - 1, cache)
+            token = logits.argmax() if sampling.greedy else sample(sampling.probs(logits), generator)
+            tokens.append(int(token))
+            check_lengths(cache, len(tokens) - 1)
     decoded = new_tokens(tokens, len(prompt), eos_ids)
     return DecodeResult(len(prompt), decoded, time.perf_counter() - began, prefill_seconds=prefilled - began)

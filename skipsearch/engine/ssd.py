@@ -51,6 +51,7 @@ from skipsearch.engine.sampling import GREEDY, Sampling, greedy_commit, sample, 
 from skipsearch.engine.timing import RoundClock, RoundTiming
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
+from skipsearch.models import shared_core
 from skipsearch.models.device import device_sync
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.pillars import PillarChoice, PillarKeys
@@ -407,29 +408,30 @@ def run_rounds(
     accepted: list[int] = []
     timings: list[RoundTiming] = []
     ended = False
-    while len(tokens) - len(prompt) < max_new_tokens and not ended:
-        clock.start()
-        tier, wanted = schedule.next_round()
-        start = len(tokens) - 1
-        g = min(wanted, max_new_tokens - (len(tokens) - len(prompt)) - 1)
-        at = Round(tier, cache, pending, start, g)
-        with clock.phase("draft"):
-            proposal = steps.draft(at, sampling, generator)
-        g = len(proposal.tokens)  # a draft may stop early
-        with clock.phase("cache"):
-            s1 = divergent_layer(steps.masks[tier], steps.kvs[tier])
-            crop(cache, start, range(s1, runner.num_layers))
-        with clock.phase("verify"):
-            logits = steps.verify(at, proposal)
-        n, committed, pending = settle(cache, tokens, proposal, logits, sampling, generator, clock)
-        schedule.update(n, g)
-        ended = any(token in eos_ids for token in committed)
-        tiers.append(tier)
-        gammas.append(g)
-        accepted.append(n)
-        timing = clock.finish(start + 1, g, n)
-        if timing is not None:
-            timings.append(timing)
+    with shared_core.engaged():  # the busy cores' helpers, where the kernel plan has them
+        while len(tokens) - len(prompt) < max_new_tokens and not ended:
+            clock.start()
+            tier, wanted = schedule.next_round()
+            start = len(tokens) - 1
+            g = min(wanted, max_new_tokens - (len(tokens) - len(prompt)) - 1)
+            at = Round(tier, cache, pending, start, g)
+            with clock.phase("draft"):
+                proposal = steps.draft(at, sampling, generator)
+            g = len(proposal.tokens)  # a draft may stop early
+            with clock.phase("cache"):
+                s1 = divergent_layer(steps.masks[tier], steps.kvs[tier])
+                crop(cache, start, range(s1, runner.num_layers))
+            with clock.phase("verify"):
+                logits = steps.verify(at, proposal)
+            n, committed, pending = settle(cache, tokens, proposal, logits, sampling, generator, clock)
+            schedule.update(n, g)
+            ended = any(token in eos_ids for token in committed)
+            tiers.append(tier)
+            gammas.append(g)
+            accepted.append(n)
+            timing = clock.finish(start + 1, g, n)
+            if timing is not None:
+                timings.append(timing)
     if not timed:
         check_lengths(cache, len(tokens) - 1)
     result = DecodeResult(

@@ -37,6 +37,7 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "avx2_lanes.h"
 
@@ -115,8 +116,9 @@ static inline __attribute__((always_inline)) void block(
 
 #define ROWS_CASE(n) case n: block(xr, x_stride, n, in, w_block, sums); break;
 
+/* Block b's outputs of every row into y, output o of row r at y[r * y_stride + o - y_first]. */
 static void output_block(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w,
-                         int64_t out, int64_t b, const float *bias, float *y, int64_t y_stride) {
+                         int64_t out, int64_t b, const float *bias, float *y, int64_t y_stride, int64_t y_first) {
     const uint16_t *w_block = w + b * OUT_BLOCK * ((in + LANES - 1) / LANES * LANES);
     vec sums[ROW_BLOCK * OUT_BLOCK];
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
@@ -131,8 +133,40 @@ static void output_block(const float *x, int64_t x_stride, int64_t rows, int64_t
         }
         for (int64_t r = 0; r < nr; r++)
             for (int64_t j = 0, o = b * OUT_BLOCK; j < OUT_BLOCK && o < out; j++, o++)
-                y[(r0 + r) * y_stride + o] = vec_sum(sums[r * OUT_BLOCK + j]) + (bias ? bias[o] : 0.0f);
+                y[(r0 + r) * y_stride + o - y_first] = vec_sum(sums[r * OUT_BLOCK + j]) + (bias ? bias[o] : 0.0f);
     }
+}
+
+/* The product split over a free core and helpers on busy cores (shared_core.h): a piece is
+ * PIECE_BLOCKS blocks of outputs (128, as the tile kernel's), of at most SHARED_ROWS rows
+ * (bf16_weights.MAX_ROWS). */
+#define PIECE_BLOCKS 64
+#define SHARED_ROWS 16
+#define SHARED_SCRATCH_BYTES (SHARED_ROWS * PIECE_BLOCKS * OUT_BLOCK * 4)
+#include "shared_core.h"
+
+typedef struct {
+    const float *x, *bias;
+    const uint16_t *w;
+    float *y;
+    int64_t rows, in, out, blocks, y_stride;
+} Product;
+
+static void piece_compute(const void *args, int64_t piece, void *scratch) {
+    const Product *p = args;
+    int64_t first = piece * PIECE_BLOCKS, last = first + PIECE_BLOCKS < p->blocks ? first + PIECE_BLOCKS : p->blocks;
+    for (int64_t b = first; b < last; b++)
+        output_block(p->x, p->in, p->rows, p->in, p->w, p->out, b, p->bias, scratch, PIECE_BLOCKS * OUT_BLOCK,
+                     first * OUT_BLOCK);
+}
+
+static void piece_store(const void *args, int64_t piece, const void *scratch) {
+    const Product *p = args;
+    int64_t first = piece * PIECE_BLOCKS * OUT_BLOCK, end = first + PIECE_BLOCKS * OUT_BLOCK;
+    int64_t n = (end < p->out ? end : p->out) - first;
+    for (int64_t r = 0; r < p->rows; r++)
+        memcpy(p->y + r * p->y_stride + first, (const float *)scratch + r * PIECE_BLOCKS * OUT_BLOCK,
+               (size_t)n * sizeof(float));
 }
 
 /* y = x w^T + bias, w in the blocked layout (bf16_weights.pack_weight); 0 on success, 1 where the shape is not
@@ -141,8 +175,17 @@ int linear_rows(const float *x, int64_t x_stride, int64_t rows, int64_t in, cons
                 const float *bias, float *y, int64_t y_stride) {
     if (in % 8 != 0 || rows < 1 || out < 1) return 1;
     int64_t blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK;
+    int64_t pieces = (blocks + PIECE_BLOCKS - 1) / PIECE_BLOCKS;
+    if (rows <= SHARED_ROWS && shared_active(pieces)) {
+        float *inputs = shared_inputs((size_t)(rows * in) * sizeof(float)); /* a late helper reads this copy */
+        if (!inputs) return 1;
+        for (int64_t r = 0; r < rows; r++) memcpy(inputs + r * in, x + r * x_stride, (size_t)in * sizeof(float));
+        Product product = {inputs, bias, w, y, rows, in, out, blocks, y_stride};
+        shared_run(&product, sizeof product, pieces, piece_compute, piece_store);
+        return 0;
+    }
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; b++) output_block(x, x_stride, rows, in, w, out, b, bias, y, y_stride);
+    for (int64_t b = 0; b < blocks; b++) output_block(x, x_stride, rows, in, w, out, b, bias, y, y_stride, 0);
     return 0;
 }
 

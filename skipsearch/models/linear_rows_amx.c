@@ -80,6 +80,69 @@ static void store_column(const float *c, int64_t rows, int64_t o0, int64_t out, 
     }
 }
 
+/* One unit's two tile columns of outputs into c[0], c[1] (rows x TILE_OUT floats each), the tiles
+ * configured for the rows. */
+static void unit_tiles(const uint16_t *inputs, int64_t padded, int64_t chunks, const uint16_t *w, int64_t u,
+                       float c[2][MAX_ROWS * TILE_OUT]) {
+    char stage[UNIT * TILE_BYTES] __attribute__((aligned(64)));
+    const char *stream = (const char *)w + u * chunks * UNIT * TILE_BYTES;
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t ch = 0; ch < chunks; ch++) {
+        const char *chunk = stream + ch * UNIT * TILE_BYTES;
+        for (int64_t at = 0; at < UNIT * TILE_BYTES; at += 64) {
+            _mm_prefetch(chunk + AHEAD + at, _MM_HINT_T1);
+            _mm512_store_si512((void *)(stage + at), _mm512_loadu_si512((const void *)(chunk + at)));
+        }
+        _tile_loadd(2, inputs + ch * K_CHUNK, padded * 2);
+        _tile_loadd(3, stage, 64);
+        _tile_loadd(4, stage + TILE_BYTES, 64);
+        _tile_dpbf16ps(0, 2, 3);
+        _tile_dpbf16ps(1, 2, 4);
+    }
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+}
+
+/* Unit u's outputs (c, from unit_tiles) plus bias into y. */
+static void store_unit(float c[2][MAX_ROWS * TILE_OUT], int64_t rows, int64_t u, int64_t out, const float *bias,
+                       float *y, int64_t y_stride) {
+    int64_t o0 = u * UNIT * TILE_OUT;
+    store_column(c[0], rows, o0, out, bias, y, y_stride);
+    store_column(c[1], rows, o0 + TILE_OUT, out, bias, y, y_stride);
+}
+
+/* The product split over a free core and helpers on busy cores (shared_core.h): a piece is
+ * PIECE_UNITS units of outputs: 1, 2 and 4 measured alike beside a busy core (18.0-19.8 ms a SmolLM2
+ * step, 4 by a hair). */
+#define PIECE_UNITS 4
+#define SHARED_SCRATCH_BYTES (PIECE_UNITS * 2 * MAX_ROWS * TILE_OUT * 4)
+#include "shared_core.h"
+
+typedef struct {
+    const uint16_t *inputs, *w;
+    const float *bias;
+    float *y;
+    int64_t rows, padded, chunks, units, out, y_stride;
+} Product;
+
+static __thread int64_t configured_rows = -1; /* the rows this thread's tiles are configured for */
+
+static void piece_compute(const void *args, int64_t piece, void *scratch) {
+    const Product *p = args;
+    float(*c)[2][MAX_ROWS * TILE_OUT] = scratch;
+    if (configured_rows != p->rows) configure(p->rows), configured_rows = p->rows;
+    for (int64_t u = piece * PIECE_UNITS, i = 0; u < p->units && i < PIECE_UNITS; u++, i++)
+        unit_tiles(p->inputs, p->padded, p->chunks, p->w, u, c[i]);
+}
+
+static void piece_store(const void *args, int64_t piece, const void *scratch) {
+    const Product *p = args;
+    float(*c)[2][MAX_ROWS * TILE_OUT] = (void *)scratch;
+    for (int64_t u = piece * PIECE_UNITS, i = 0; u < p->units && i < PIECE_UNITS; u++, i++)
+        store_unit(c[i], p->rows, u, p->out, p->bias, p->y, p->y_stride);
+}
+
 /* y = x w^T + bias, w in pack_tiles' layout; 0 on success, 1 where the rows are not 1-16 or the
  * process may not use the tiles. The signature is linear_rows.c's: the fused layers call either. */
 int linear_rows(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w, int64_t out,
@@ -87,38 +150,32 @@ int linear_rows(const float *x, int64_t x_stride, int64_t rows, int64_t in, cons
     if (rows < 1 || rows > MAX_ROWS || in < 1 || out < 1 || !amx_ready()) return 1;
     int64_t padded = (in + K_CHUNK - 1) / K_CHUNK * K_CHUNK, chunks = padded / K_CHUNK;
     int64_t units = (out + UNIT * TILE_OUT - 1) / (UNIT * TILE_OUT);
-    uint16_t *inputs = aligned_alloc(64, (size_t)(rows * padded * 2 + 63) / 64 * 64);
+    size_t input_bytes = (size_t)(rows * padded * 2 + 63) / 64 * 64;
+    int64_t pieces = (units + PIECE_UNITS - 1) / PIECE_UNITS;
+    if (shared_active(pieces)) {
+        uint16_t *inputs = shared_inputs(input_bytes);
+        if (!inputs) return 1;
+        round_rows(x, x_stride, rows, in, padded, inputs);
+        Product product = {inputs, w, bias, y, rows, padded, chunks, units, out, y_stride};
+        configure(rows), configured_rows = rows; /* other kernels on this thread configure their own */
+        shared_run(&product, sizeof product, pieces, piece_compute, piece_store);
+        _tile_release(), configured_rows = -1;
+        return 0;
+    }
+    uint16_t *inputs = aligned_alloc(64, input_bytes);
     if (!inputs) return 1;
     round_rows(x, x_stride, rows, in, padded, inputs);
 #pragma omp parallel
     {
         configure(rows);
-        float c[MAX_ROWS * TILE_OUT] __attribute__((aligned(64)));
-        char stage[UNIT * TILE_BYTES] __attribute__((aligned(64)));
+        float c[2][MAX_ROWS * TILE_OUT] __attribute__((aligned(64)));
 #pragma omp for schedule(static)
         for (int64_t u = 0; u < units; u++) {
-            const char *stream = (const char *)w + u * chunks * UNIT * TILE_BYTES;
-            _tile_zero(0);
-            _tile_zero(1);
-            for (int64_t ch = 0; ch < chunks; ch++) {
-                const char *chunk = stream + ch * UNIT * TILE_BYTES;
-                for (int64_t at = 0; at < UNIT * TILE_BYTES; at += 64) {
-                    _mm_prefetch(chunk + AHEAD + at, _MM_HINT_T1);
-                    _mm512_store_si512((void *)(stage + at), _mm512_loadu_si512((const void *)(chunk + at)));
-                }
-                _tile_loadd(2, inputs + ch * K_CHUNK, padded * 2);
-                _tile_loadd(3, stage, 64);
-                _tile_loadd(4, stage + TILE_BYTES, 64);
-                _tile_dpbf16ps(0, 2, 3);
-                _tile_dpbf16ps(1, 2, 4);
-            }
-            int64_t o0 = u * UNIT * TILE_OUT;
-            _tile_stored(0, c, 64);
-            store_column(c, rows, o0, out, bias, y, y_stride);
-            _tile_stored(1, c, 64);
-            store_column(c, rows, o0 + TILE_OUT, out, bias, y, y_stride);
+            unit_tiles(inputs, padded, chunks, w, u, c);
+            store_unit(c, rows, u, out, bias, y, y_stride);
         }
         _tile_release();
+        configured_rows = -1;
     }
     free(inputs);
     return 0;

@@ -294,6 +294,7 @@ def load_model(
     from skipsearch.models.kernels import apply_attention, choose_attention
     from skipsearch.models.packed import pack_linears
     from skipsearch.models.products_choice import choose_products
+    from skipsearch.models.shared_core import choose_shared_cores, set_plan
 
     choice = dtype_choice(device, dtype)
     torch_dtype = resolve_dtype(choice, dtype)
@@ -333,11 +334,10 @@ def load_model(
     loaded.plan = f"{choice.name} ({choice.reason}); {attention.describe()}"
     # Measured on this project's CPU (results/kernels/packed_weights.md): a bf16 product on a weight
     # reordered once for oneDNN is 1.5-2.5x faster than F.linear's, which reorders it on every call.
-    force = False
+    force, kernel = False, None
     if fallback:
         fp32 = choose_fp32_linear()  # the fallback plan: MKL, oneDNN or the kernel, measured on this CPU
         loaded.plan += f"; {fp32.describe()}"
-        kernel = None
         if fp32.library == BF16_KERNEL:
             # the vector kernel or AMX tiles, measured on whole steps of copies built like this one
             products = choose_products(loaded.model, fallback_kernels)
@@ -353,6 +353,10 @@ def load_model(
     threads = fit_threads_to_load() if device_type(device) == "cpu" else None
     if threads is not None:
         loaded.plan += f"; {threads.reason}"
+        shared = choose_shared_cores(threads.threads, threads.shares, kernel)
+        set_plan(shared)
+        if shared is not None:
+            loaded.plan += f"; {shared.describe()}"
     if announce:
         status.print(f"kernel plan: {loaded.plan}")
         busy = busy_cpu_warning(threads.busy) if threads is not None else None

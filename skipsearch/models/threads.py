@@ -16,6 +16,7 @@ once counted as 0.6 of a core and gave an idle machine one thread, 1.8x slower.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
@@ -27,38 +28,52 @@ WINDOWS = 3  # consecutive windows; the least busy counts
 PROC_STAT = Path("/proc/stat")
 
 
-def _cpu_times(path: Path) -> tuple[int, int] | None:
-    """(busy, total) jiffies of all cores since boot, or None where /proc/stat cannot be read."""
+def _cpu_times(path: Path) -> list[tuple[int, int]] | None:
+    """(busy, total) jiffies since boot of all cores, then of each core; None where /proc/stat
+    cannot be read."""
     try:
-        fields = path.read_text().splitlines()[0].split()
-    except (OSError, IndexError):
+        rows = [line.split() for line in path.read_text().splitlines() if line.startswith("cpu")]
+    except OSError:
         return None
-    values = [int(v) for v in fields[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
-    return sum(values) - idle, sum(values)
+    times = []
+    for row in rows:
+        values = [int(v) for v in row[1:]]
+        idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+        times.append((sum(values) - idle, sum(values)))
+    return times or None
 
 
-def busy_cores(seconds: float = SAMPLE_SECONDS, path: Path = PROC_STAT, windows: int = WINDOWS) -> float:
-    """Cores other processes keep busy now: the busy share of all cores in the least busy of
-    `windows` consecutive windows of `seconds` (this process sleeps meanwhile), times the core
-    count; the 1-minute load average where /proc/stat is unreadable."""
+def _share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    return (after[0] - before[0]) / (after[1] - before[1]) if after[1] != before[1] else 0.0
+
+
+def busy_shares(
+    seconds: float = SAMPLE_SECONDS, path: Path = PROC_STAT, windows: int = WINDOWS
+) -> tuple[float, tuple[float, ...]]:
+    """Cores other processes keep busy now, and each core's busy share (0-1), in the least busy of
+    `windows` consecutive windows of `seconds` (this process sleeps meanwhile); the 1-minute load
+    average and no shares where /proc/stat is unreadable."""
     cores = os.cpu_count() or 1
     first = _cpu_times(path)
     if first is None:
-        return min(os.getloadavg()[0], cores)
+        return min(os.getloadavg()[0], cores), ()
     readings = [first]
     for _ in range(windows):
         time.sleep(seconds)
         reading = _cpu_times(path)
-        if reading is None:
+        if reading is None or len(reading) != len(first):
             break
         readings.append(reading)
-    shares = [
-        (after[0] - before[0]) / (after[1] - before[1])
-        for before, after in itertools.pairwise(readings)
-        if after[1] != before[1]
-    ]
-    return cores * min(shares) if shares else 0.0
+    if len(readings) < 2:
+        return 0.0, ()
+    before, after = min(itertools.pairwise(readings), key=lambda pair: _share(pair[0][0], pair[1][0]))
+    per_core = tuple(_share(b, a) for b, a in zip(before[1:], after[1:], strict=True))
+    return cores * _share(before[0], after[0]), per_core
+
+
+def busy_cores(seconds: float = SAMPLE_SECONDS, path: Path = PROC_STAT, windows: int = WINDOWS) -> float:
+    """Cores other processes keep busy now (`busy_shares`)."""
+    return busy_shares(seconds, path, windows)[0]
 
 
 BUSY = 0.5  # cores other processes use, from which timings are flagged as shared
@@ -69,6 +84,7 @@ class ThreadChoice:
     threads: int
     reason: str
     busy: float = 0.0  # cores other processes used when the choice was made (0 when not measured)
+    shares: tuple[float, ...] = ()  # each core's busy share then (empty when not measured)
 
 
 def choose_threads(current: int, cores: int, busy: float, user_set: bool) -> ThreadChoice:
@@ -95,8 +111,8 @@ def fit_threads_to_load() -> ThreadChoice:
     cores = os.cpu_count() or 1
     current = torch.get_num_threads()
     user_set = "OMP_NUM_THREADS" in os.environ
-    busy = 0.0 if user_set or current < cores else busy_cores()
-    choice = choose_threads(current, cores, busy, user_set)
+    busy, shares = (0.0, ()) if user_set or current < cores else busy_shares()
+    choice = dataclasses.replace(choose_threads(current, cores, busy, user_set), shares=shares)
     if choice.threads != current:
         torch.set_num_threads(choice.threads)
     return choice

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from skipsearch.models.threads import busy_cores, choose_threads
+from skipsearch.models.threads import busy_cores, busy_shares, choose_threads
 
 
 # -- threads --------------------------------------------------------------------------------------
@@ -45,6 +45,22 @@ def test_a_moment_of_work_is_not_a_busy_core(tmp_path: Path, monkeypatch: pytest
     readings = iter(f"cpu  {busy} 0 0 {total - busy} 0 0 0 0 0 0\n" for busy, total in
                     [(0, 0), (50, 100), (100, 200)])  # fmt: skip
     assert busy_cores(seconds=0, path=stat, windows=2) == pytest.approx(1.0)  # busy in both
+
+
+def test_each_cores_share_comes_from_its_own_counters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the helpers and the decoding thread go (`models.shared_core`): core 1 busy, core 0 not."""
+    readings = iter(
+        [
+            "cpu  100 0 0 900 0\ncpu0 50 0 0 450 0\ncpu1 50 0 0 450 0\nintr 1\n",
+            "cpu  150 0 0 950 0\ncpu0 52 0 0 498 0\ncpu1 98 0 0 452 0\nintr 2\n",
+        ]
+    )
+    monkeypatch.setattr(Path, "read_text", lambda self: next(readings))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    busy, shares = busy_shares(seconds=0, path=tmp_path / "stat", windows=1)
+    assert busy == pytest.approx(1.0) and shares == pytest.approx((0.04, 0.96))
 
 
 def test_the_load_average_stands_in_without_proc_stat(

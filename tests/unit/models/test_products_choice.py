@@ -47,7 +47,8 @@ def timings(vector: tuple[float, float], tiles: tuple[float, float]) -> dict[str
     ("vector", "tiles", "expected"),
     [
         ((12.17, 15.22), (11.98, 12.75), TILES),  # SmolLM2's steps on the project's Xeon
-        ((12.0, 15.0), (12.3, 12.8), VECTOR),  # slower at one row: the baseline would be slower
+        ((11.11, 14.16), (11.20, 11.98), TILES),  # 0.8% apart at one row: a tie, the verify decides
+        ((12.0, 15.0), (12.3, 12.8), VECTOR),  # 2.5% slower at one row: the baseline would be slower
         ((12.0, 13.0), (12.0, 13.5), VECTOR),  # no gain where a verify runs
     ],
 )

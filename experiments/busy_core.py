@@ -9,7 +9,9 @@ wait policy once, at start-up):
 
 - wait policy: OpenMP's default, or `OMP_WAIT_POLICY=PASSIVE` (sleep instead of spin);
 - torch threads: 1 or 2 (`OMP_NUM_THREADS`), or `auto`: what `load_model` fits to the load at
-  start-up (`models.threads`: one thread per core that other processes leave free);
+  start-up (`models.threads`: one thread per core that other processes leave free, and where
+  that leaves one, helpers on the busy cores that take pieces of the products without the step
+  ever waiting for them, `models.shared_core`; the steps engage them as a decode's loop does);
 - load: idle, or one core kept at 100% by a spinning Python process.
 
 Each process also times a large copy on its threads after its steps, and sets the step against
@@ -52,6 +54,7 @@ def child() -> None:
 
     from skipsearch.bench.clock import WallClock
     from skipsearch.bench.profiler import copy_bandwidth
+    from skipsearch.models import shared_core
     from skipsearch.models.kernels import step_bytes
     from skipsearch.models.loading import load_model
     from skipsearch.models.runner import LayerwiseRunner
@@ -63,13 +66,16 @@ def child() -> None:
     with torch.no_grad():
         runner.forward(ids, cache=cache)
         times = []
-        for step in range(STEPS + 5):
-            began = time.perf_counter()
-            runner.forward(ids[:, step : step + 1], cache=cache)
-            if step >= 5:
-                times.append(time.perf_counter() - began)
-            for layer in cache.layers:
-                layer.crop(-1)
+        with shared_core.engaged() as helpers:  # as a decode's loop engages them
+            pieces_before = shared_core.piece_counts(helpers.kernel) if helpers else (0, 0)
+            for step in range(STEPS + 5):
+                began = time.perf_counter()
+                runner.forward(ids[:, step : step + 1], cache=cache)
+                if step >= 5:
+                    times.append(time.perf_counter() - began)
+                for layer in cache.layers:
+                    layer.crop(-1)
+            pieces = shared_core.piece_counts(helpers.kernel) if helpers else (0, 0)
     weights, per_position = step_bytes(loaded.model)
     bandwidth = copy_bandwidth(runner.device, WallClock())
     result = {
@@ -78,6 +84,10 @@ def child() -> None:
         "floor_ms": 1e3 * (weights + CONTEXT * per_position) / bandwidth,
         "plan": loaded.plan,
         "threads": torch.get_num_threads(),
+        "helpers": helpers is not None,
+        # pieces of products the helpers computed, and the caller took back, a step
+        "helper_pieces": (pieces[0] - pieces_before[0]) / (STEPS + 5),
+        "taken_pieces": (pieces[1] - pieces_before[1]) / (STEPS + 5),
     }
     print(json.dumps(result))
 
@@ -108,8 +118,12 @@ def main() -> None:
         child()
         return
     load_before = os.getloadavg()
+    # The plan's measured choices (products, attention) are taken once per machine by the first
+    # process that loads the model, and cached: here an idle one with the default threads, as a
+    # user's first run, not whichever configuration comes first.
+    run_child("default", "auto")
     results: dict[tuple[str, str, str], list[dict]] = {}  # each process's `child` result, by cell
-    plan = ""
+    plans: dict[str, str] = {}  # the default configuration's kernel plan, by load
     for round_index in range(args.rounds):
         for load in LOADS:
             spinner = None
@@ -120,7 +134,8 @@ def main() -> None:
             shift = round_index % len(configs)
             for policy, threads in configs[shift:] + configs[:shift]:
                 result = run_child(policy, threads)
-                plan = result["plan"]
+                if (policy, threads) == ("default", "auto"):
+                    plans[load] = result["plan"]
                 results.setdefault((policy, threads, load), []).append(result)
                 ms = result["median_ms"]
                 print(f"round {round_index + 1} {load:14} {policy:8} {threads} thread(s): {ms:.1f} ms")
@@ -138,24 +153,32 @@ def main() -> None:
         f"{f' --suffix={args.suffix}' if args.suffix else ''}`: SmolLM2-135M, {CONTEXT}-token context, "
         f"median of {STEPS} one-position steps per process, {args.rounds} fresh processes per cell, "
         "interleaved.",
-        f"Kernel plan: {plan}.",
+        *(f"Kernel plan ({load}): {plans[load]}." for load in LOADS),
         load_line(load_before, load_after) + " (the busy phases add one).",
         "",
         "| wait policy | threads | load | threads used | step ms (median of processes) | range "
-        "| ÷ its idle step | ÷ best idle step | copy GB/s on its threads | step ÷ its floor |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| ÷ its idle step | ÷ best idle step | copy GB/s on its threads | step ÷ its floor "
+        "| helper pieces / taken back a step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     best = min(idle.values())
     for (policy, threads, load), values in sorted(samples.items()):
         median = statistics.median(values)
         cell = results[policy, threads, load]
         used = sorted({r["threads"] for r in cell})
+        shared = [r for r in cell if r.get("helpers")]
+        pieces = (
+            f"{statistics.median(r['helper_pieces'] for r in shared):.0f} / "
+            f"{statistics.median(r['taken_pieces'] for r in shared):.1f}"
+            if shared
+            else "no helpers"
+        )
         lines.append(
             f"| {policy} | {threads} | {load} | {used} | {median:.1f} | "
             f"{min(values):.1f}–{max(values):.1f} | "
             f"{median / idle[(policy, threads)]:.2f} | {median / best:.2f} | "
             f"{statistics.median(r['copy_gbs'] for r in cell):.1f} | "
-            f"{median / statistics.median(r['floor_ms'] for r in cell):.2f} |"
+            f"{median / statistics.median(r['floor_ms'] for r in cell):.2f} | {pieces} |"
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"busy_core{args.suffix}.md").write_text("\n".join(lines) + "\n")

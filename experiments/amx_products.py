@@ -75,6 +75,8 @@ def build(directory: Path, cc: str) -> Path:
             f"-Dlinear_rows={name}",
             f"-Dlinear_rows_lanes={name}_lanes",
             f"-Dlinear_rows_amx_ready={name}_ready",
+            # both kernels export shared_core.h's functions (unused here)
+            *(f"-Dshared_core_{verb}={name}_{verb}" for verb in ("engage", "disengage", "hold", "counts")),
         )
         objects.append(directory / f"{name}.o")
         subprocess.run([cc, *FLAGS, "-c", *renamed, "-o", str(objects[-1]), str(source)], check=True)

@@ -41,7 +41,7 @@ from skipsearch.models.replace import replace_children
 
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURE = (_POINTER, _INT, _INT, _INT, _POINTER, _INT, _POINTER, _POINTER, _INT)
-_COMPILE = ("-O3", "-mfma", "-fopenmp", "-pthread", "-D_GNU_SOURCE", "-shared", "-fPIC")
+_COMPILE = ("-O3", "-mfma", "-fopenmp", "-pthread", "-shared", "-fPIC")
 _SHARED = Path(__file__).with_name("shared_core.h")  # products shared with busy cores (models.shared_core)
 _HEADERS = (Path(__file__).with_name("avx2_lanes.h"), _SHARED)
 # One source, two builds, the widest this CPU runs first: 16-float vectors with AVX-512, else 8.
@@ -72,7 +72,7 @@ TILE_SOURCE = KernelSource(
     needed_flags=("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx512bw", "avx512vl"),
     compiler_flags=(
         "-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16",
-        "-fopenmp", "-pthread", "-D_GNU_SOURCE", "-shared", "-fPIC",
+        "-fopenmp", "-pthread", "-shared", "-fPIC",
     ),
     headers=(Path(__file__).with_name("amx_tiles.h"), _SHARED),
 )  # fmt: skip

@@ -34,6 +34,7 @@
  * once and from cache by every block of ROW_BLOCK rows. The OpenMP runtime is torch's own (the
  * library is loaded after torch), so the threads torch was given apply here too.
  */
+#define _GNU_SOURCE /* shared_core.h pins threads (sched.h's CPU sets, pthread affinity) */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>

@@ -25,6 +25,7 @@
  * streamed ~10% slower in the prototype, experiments/amx_products.c) and prefetched AHEAD bytes
  * into L2.
  */
+#define _GNU_SOURCE /* shared_core.h pins threads (sched.h's CPU sets, pthread affinity) */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>

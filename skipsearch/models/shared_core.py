@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from skipsearch.models.bf16_weights import KERNELS, kernel_library
@@ -47,14 +48,18 @@ class SharedCores:
 MAX_HELPERS = 8  # shared_core.h
 
 
-def choose_shared_cores(threads: int, shares: Sequence[float], kernel: str | None) -> SharedCores | None:
+def choose_shared_cores(
+    threads: int, shares: Sequence[float], kernel: str | None, allowed: Iterable[int] | None = None
+) -> SharedCores | None:
     """Helpers on the busy cores where one thread is all the load leaves (`threads` == 1 of
     several cores) and the products run on skipsearch's kernels (`kernel`, None where they do not);
-    the decoding thread on the least busy core. `shares`: each core's busy share, 0-1."""
-    if threads != 1 or len(shares) < 2 or kernel not in KERNELS or kernel_library(kernel).function is None:
+    the decoding thread on the least busy core. `shares`: each core's busy share, 0-1; `allowed`:
+    the cores this process may run on (its affinity, by default; /proc/stat lists them all)."""
+    cores = sorted(set(os.sched_getaffinity(0) if allowed is None else allowed) & set(range(len(shares))))
+    if threads != 1 or len(cores) < 2 or kernel not in KERNELS or kernel_library(kernel).function is None:
         return None
-    caller = min(range(len(shares)), key=lambda core: shares[core])
-    helpers = tuple(core for core in range(len(shares)) if core != caller)[:MAX_HELPERS]
+    caller = min(cores, key=lambda core: shares[core])
+    helpers = tuple(core for core in cores if core != caller)[:MAX_HELPERS]
     return SharedCores(caller, helpers, kernel)
 
 

@@ -60,13 +60,19 @@ def plan(monkeypatch: pytest.MonkeyPatch) -> Callable[[SharedCores | None], None
 
 @pytest.mark.parametrize("kernel", KERNELS_HERE)
 def test_helpers_only_where_one_thread_is_all_the_load_leaves(kernel: str) -> None:
-    shared = choose_shared_cores(1, (0.9, 0.05), kernel)
+    shared = choose_shared_cores(1, (0.9, 0.05), kernel, allowed={0, 1})
     assert shared == SharedCores(caller=1, helpers=(0,), kernel=kernel)  # the caller on the least busy core
     assert "busy core 0" in shared.describe() and "core 1" in shared.describe()
-    assert choose_shared_cores(2, (0.9, 0.05), kernel) is None  # two threads: the load left both cores
-    assert choose_shared_cores(1, (0.05,), kernel) is None  # one core: nothing to share
-    assert choose_shared_cores(1, (), kernel) is None  # the shares were not measured
-    assert choose_shared_cores(1, (0.9, 0.05), None) is None  # products on torch's kernels
+    # two threads: the load left both cores
+    assert choose_shared_cores(2, (0.9, 0.05), kernel, allowed={0, 1}) is None
+    assert choose_shared_cores(1, (0.05,), kernel, allowed={0, 1}) is None  # one core: nothing to share
+    assert choose_shared_cores(1, (), kernel, allowed={0, 1}) is None  # the shares were not measured
+    assert choose_shared_cores(1, (0.9, 0.05), None, allowed={0, 1}) is None  # products on torch's kernels
+    # only the cores this process may run on: /proc/stat lists the host's
+    assert choose_shared_cores(1, (0.0, 0.9, 0.05, 0.0), kernel, allowed={1, 2}) == SharedCores(
+        2, (1,), kernel
+    )
+    assert choose_shared_cores(1, (0.0, 0.9), kernel, allowed={1}) is None
 
 
 def test_without_a_plan_a_decode_engages_nothing(plan) -> None:

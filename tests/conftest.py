@@ -15,6 +15,7 @@ from transformers import (
 
 from skipsearch.acceptance.prompts import EncodedPrompt
 from skipsearch.acceptance.reference import build_reference
+from skipsearch.models.bf16_weights import load_tile_kernel
 from skipsearch.models.kernels import apply_attention, choose_attention
 from skipsearch.models.native_attention import load_amx_kernel, load_kernel
 
@@ -41,6 +42,9 @@ KERNEL_CACHE_DTYPES = [with_kernel(torch.bfloat16), with_kernel(torch.float32)]
 # Tests of the AMX decode kernel over a float32 cache run where it loads.
 needs_amx_attention = pytest.mark.skipif(
     load_amx_kernel().function is None, reason=f"AMX decode kernel unavailable: {load_amx_kernel().reason}"
+)
+needs_tiles = pytest.mark.skipif(
+    load_tile_kernel().function is None, reason=f"AMX kernel unavailable: {load_tile_kernel().reason}"
 )
 
 

@@ -15,7 +15,6 @@ from skipsearch.models.bf16_weights import (
     TILES,
     Bf16WeightLinear,
     load_kernel,
-    load_tile_kernel,
     pack_tiles,
     pack_weight,
     unpack_tiles,
@@ -24,15 +23,10 @@ from skipsearch.models.bf16_weights import (
 )
 from skipsearch.models.kernels import step_bytes
 from skipsearch.models.native import NativeLibrary, load_native
-from tests.conftest import assert_greedy_ssd_lossless, tiny_model
+from tests.conftest import assert_greedy_ssd_lossless, needs_tiles, tiny_model
 
 needs_kernel = pytest.mark.skipif(
     load_kernel().function is None, reason=f"linear kernel unavailable: {load_kernel().reason}"
-)
-
-
-needs_tiles = pytest.mark.skipif(
-    load_tile_kernel().function is None, reason=f"AMX kernel unavailable: {load_tile_kernel().reason}"
 )
 
 

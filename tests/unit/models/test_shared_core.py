@@ -21,7 +21,6 @@ from skipsearch.models.bf16_weights import (
     TILES,
     Bf16WeightLinear,
     kernel_library,
-    load_tile_kernel,
     use_bf16_weights,
 )
 from skipsearch.models.fp32_linear import BF16_KERNEL, Fp32Linear
@@ -31,11 +30,8 @@ from skipsearch.models.random_weights import RandomWeights
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.models.shared_core import SharedCores, choose_shared_cores, engaged, piece_counts
 from skipsearch.models.threads import ThreadChoice
-from tests.conftest import tiny_model
+from tests.conftest import needs_tiles, tiny_model
 
-needs_tiles = pytest.mark.skipif(
-    load_tile_kernel().function is None, reason=f"AMX kernel unavailable: {load_tile_kernel().reason}"
-)
 # each product kernel, skipped where its library does not load on this CPU
 KERNELS_HERE = [
     pytest.param(

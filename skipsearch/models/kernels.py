@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -223,9 +224,12 @@ def measure_attention_paths(dtype: torch.dtype) -> dict[str, dict[str, float]]:
 
 
 def choice_path(dtype_name: str) -> Path:
-    """One measurement per machine, torch version and dtype."""
+    """One measurement per machine, torch version and dtype, and per thread count where the user
+    set one (`OMP_NUM_THREADS`): a one-thread process read SmolLM2's step faster on the vector
+    kernel and cached that for the default processes after it."""
     machine = f"{platform.machine()}-{platform.processor() or 'cpu'}-torch{torch.__version__}"
-    return kernel_choice_path(machine, dtype_name)
+    threads = os.environ.get("OMP_NUM_THREADS")
+    return kernel_choice_path(machine, f"{dtype_name}-omp{threads}" if threads else dtype_name)
 
 
 def _cached(path: Path, dtype: torch.dtype) -> AttentionChoice | None:

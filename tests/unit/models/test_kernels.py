@@ -372,6 +372,13 @@ def test_the_fp32_path_groups_query_rows_over_a_long_cache_only(monkeypatch: pyt
     assert len(grouped) == 1 and grouped[0][1].shape[2] == 20
 
 
+def test_a_thread_count_the_user_set_has_its_own_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    default = kernels.choice_path("bfloat16")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert kernels.choice_path("bfloat16") != default and "omp1" in kernels.choice_path("bfloat16").name
+
+
 def test_a_choice_measured_beside_busy_processes_is_not_kept(
     cache_in_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

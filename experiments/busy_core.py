@@ -40,15 +40,15 @@ from pathlib import Path
 from _load import load_line
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "threads"
-CONTEXT = 512
+CONTEXT = 512  # tokens cached before the timed steps (--context)
 STEPS = 60
 POLICIES = ("default", "PASSIVE")
 THREADS = ("1", "2", "auto")
 LOADS = ("idle", "one core busy")
 
 
-def child() -> None:
-    """Median ms of `STEPS` one-position steps after a `CONTEXT`-token cache, then the copy
+def child(context: int) -> None:
+    """Median ms of `STEPS` one-position steps after a `context`-token cache, then the copy
     bandwidth on the same threads and the step's floor at it, printed as JSON."""
     import torch
 
@@ -62,9 +62,11 @@ def child() -> None:
     loaded = load_model("smollm2-135m", announce=False)
     runner = LayerwiseRunner(loaded.model)
     cache = runner.new_cache()
-    ids = torch.randint(0, runner.config.vocab_size, (1, CONTEXT), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        0, runner.config.vocab_size, (1, context + STEPS + 5), generator=torch.Generator().manual_seed(0)
+    )
     with torch.no_grad():
-        runner.forward(ids, cache=cache)
+        runner.forward(ids[:, :context], cache=cache)
         times = []
         with shared_core.engaged() as helpers:  # as a decode's loop engages them
             pieces_before = shared_core.piece_counts(helpers.kernel) if helpers else (0, 0)
@@ -81,7 +83,7 @@ def child() -> None:
     result = {
         "median_ms": 1e3 * statistics.median(times),
         "copy_gbs": bandwidth / 1e9,
-        "floor_ms": 1e3 * (weights + CONTEXT * per_position) / bandwidth,
+        "floor_ms": 1e3 * (weights + context * per_position) / bandwidth,
         "plan": loaded.plan,
         "threads": torch.get_num_threads(),
         "helpers": helpers is not None,
@@ -92,14 +94,14 @@ def child() -> None:
     print(json.dumps(result))
 
 
-def run_child(policy: str, threads: str) -> dict:
+def run_child(policy: str, threads: str, context: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     if policy != "default":
         env["OMP_WAIT_POLICY"] = policy
     if threads != "auto":
         env["OMP_NUM_THREADS"] = threads
     out = subprocess.run(
-        [sys.executable, __file__, "--child"],
+        [sys.executable, __file__, "--child", "--context", str(context)],
         env=env,
         capture_output=True,
         text=True,
@@ -112,16 +114,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--suffix", default="", help="appended to the reports' names (another CPU)")
+    parser.add_argument("--context", type=int, default=CONTEXT, help="tokens cached before the steps")
+    parser.add_argument(
+        "--policies", nargs="+", choices=POLICIES, default=list(POLICIES), help="OpenMP wait policies to run"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child()
+        child(args.context)
         return
     load_before = os.getloadavg()
     # The plan's measured choices (products, attention) are taken once per machine by the first
     # process that loads the model, and cached: here an idle one with the default threads, as a
     # user's first run, not whichever configuration comes first.
-    run_child("default", "auto")
+    run_child("default", "auto", args.context)
     results: dict[tuple[str, str, str], list[dict]] = {}  # each process's `child` result, by cell
     plans: dict[str, str] = {}  # the default configuration's kernel plan, by load
     for round_index in range(args.rounds):
@@ -130,10 +136,10 @@ def main() -> None:
             if load != "idle":
                 spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 time.sleep(1)
-            configs = list(itertools.product(POLICIES, THREADS))
+            configs = list(itertools.product(args.policies, THREADS))
             shift = round_index % len(configs)
             for policy, threads in configs[shift:] + configs[:shift]:
-                result = run_child(policy, threads)
+                result = run_child(policy, threads, args.context)
                 if (policy, threads) == ("default", "auto"):
                     plans[load] = result["plan"]
                 results.setdefault((policy, threads, load), []).append(result)
@@ -144,13 +150,13 @@ def main() -> None:
                 spinner.wait()
     load_after = os.getloadavg()
     samples = {cell: [r["median_ms"] for r in rs] for cell, rs in results.items()}
-    cells = list(itertools.product(POLICIES, THREADS))
+    cells = list(itertools.product(args.policies, THREADS))
     idle = {(p, t): statistics.median(samples[(p, t, "idle")]) for p, t in cells}
     lines = [
         "# A decode step with one core busy (issue 19, item 5)",
         "",
-        f"`python experiments/busy_core.py --rounds {args.rounds}"
-        f"{f' --suffix={args.suffix}' if args.suffix else ''}`: SmolLM2-135M, {CONTEXT}-token context, "
+        f"`python experiments/busy_core.py {' '.join(sys.argv[1:])}`: SmolLM2-135M, "
+        f"{args.context}-token context, "
         f"median of {STEPS} one-position steps per process, {args.rounds} fresh processes per cell, "
         "interleaved.",
         *(f"Kernel plan ({load}): {plans[load]}." for load in LOADS),

@@ -1,5 +1,5 @@
 /* The harness of experiments/amx_products.py: skipsearch's two products kernels, the AVX-512 build
- * of skipsearch/models/linear_rows.c and the AMX kernel skipsearch/models/linear_rows_amx.c (each
+ * of skipsearch/cpu/linear_rows.c and the AMX kernel skipsearch/cpu/linear_rows_amx.c (each
  * compiled under another name and linked here), timed on a model's decode-step products. It
  * answers whether AMX makes a verify's extra rows free without slowing the one-row step, which is
  * what models/products_choice.py weighs per model (issue 19).
@@ -19,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#define TILE_OUT 16 /* outputs of one tile column (skipsearch/models/linear_rows_amx.c) */
+#define TILE_OUT 16 /* outputs of one tile column (skipsearch/cpu/linear_rows_amx.c) */
 #define K_CHUNK 32  /* inputs of one tile product */
 #define UNIT 2      /* tile columns of one unit */
 #define MAX_ROWS 16

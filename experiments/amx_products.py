@@ -1,4 +1,4 @@
-"""skipsearch's AMX products kernel (`skipsearch/models/linear_rows_amx.c`) against its AVX-512
+"""skipsearch's AMX products kernel (`skipsearch/cpu/linear_rows_amx.c`) against its AVX-512
 products kernel, at 1, 3 and 5 rows, on a model's decode-step products (issue 19).
 
 A verify of γ + 1 positions costs 1.2-1.3 steps on the project's Xeon (f(4) in
@@ -14,7 +14,7 @@ per layer, so each pass reads them from memory), alternating the kernels, and wr
 kernel's median ms a pass with the quartiles, the AMX outputs' bits alone and in a block, and
 their distance from a float64 product. The AMX kernel rounds its inputs to bf16, which the
 vector kernel's float32 activations do not: choosing it changes the plan's numbers, not only its
-speed (`skipsearch.models.products_choice` chooses per model).
+speed (`skipsearch.cpu.products_choice` chooses per model).
 
     python experiments/amx_products.py --model smollm2-135m   # ~1 min
     # -> results/kernels/amx_products-{model}{--suffix}.md
@@ -34,10 +34,10 @@ from pathlib import Path
 from _common import markdown_table, write_report
 from _load import load_line
 
-from skipsearch.models.dtypes import cpu_flags
-from skipsearch.models.native import compiler
+from skipsearch.cpu.dtypes import cpu_flags
+from skipsearch.cpu.native import compiler
+from skipsearch.cpu.threads import fit_threads_to_load
 from skipsearch.models.random_weights import architecture_config, shipped_configs
-from skipsearch.models.threads import fit_threads_to_load
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "kernels"

@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from _load import load_line
 
-from skipsearch.models.native_attention import decode_attention
-from skipsearch.models.threads import fit_threads_to_load
+from skipsearch.cpu.decode_attention import decode_attention
+from skipsearch.cpu.threads import fit_threads_to_load
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "kernels" / "attention_rows.md"
 LAYOUTS = {"smollm2": (9, 3), "qwen": (14, 2)}  # query heads, K/V heads

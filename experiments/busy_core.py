@@ -9,9 +9,9 @@ wait policy once, at start-up):
 
 - wait policy: OpenMP's default, or `OMP_WAIT_POLICY=PASSIVE` (sleep instead of spin);
 - torch threads: 1 or 2 (`OMP_NUM_THREADS`), or `auto`: what `load_model` fits to the load at
-  start-up (`models.threads`: one thread per core that other processes leave free, and where
+  start-up (`cpu.threads`: one thread per core that other processes leave free, and where
   that leaves one, helpers on the busy cores that take pieces of the products without the step
-  ever waiting for them, `models.shared_core`; the steps engage them as a decode's loop does);
+  ever waiting for them, `cpu.shared_core`; the steps engage them as a decode's loop does);
 - load: idle, or one core kept at 100% by a spinning Python process.
 
 Each process also times a large copy on its threads after its steps, and sets the step against
@@ -54,8 +54,8 @@ def child(context: int) -> None:
 
     from skipsearch.bench.clock import WallClock
     from skipsearch.bench.profiler import copy_bandwidth
-    from skipsearch.models import shared_core
-    from skipsearch.models.kernels import step_bytes
+    from skipsearch.cpu import shared_core
+    from skipsearch.cpu.inventory import step_bytes
     from skipsearch.models.loading import load_model
     from skipsearch.models.runner import LayerwiseRunner
 

@@ -4,10 +4,10 @@ The kernels promise a fixed order of operations (a row's output does not depend 
 share its call), so a rewrite of their loops for speed must leave every output bit for bit as it
 was. This experiment checks that and times the two builds at the shapes a decode uses:
 
-- `--kernel products` (`models/linear_rows.c`): every distinct projection shape of the model (read
+- `--kernel products` (`cpu/linear_rows.c`): every distinct projection shape of the model (read
   from its shipped config; random weights, packed as the plan packs them) at each row count, with
   enough copies of each matrix that every call reads its weights from memory, as a step does;
-- `--kernel attention` (`models/decode_attention_fp32.c`): the model's head layout over random
+- `--kernel attention` (`cpu/decode_attention_fp32.c`): the model's head layout over random
   float32 caches at each key count and query count, one layer's cache per call, 8 distinct caches
   streamed per sample.
 
@@ -40,10 +40,10 @@ import torch
 from _common import markdown_table, write_report
 from _load import load_line
 
-from skipsearch.models import bf16_weights, native_attention
-from skipsearch.models.native import KernelSource, NativeLibrary, load_native
+from skipsearch.cpu import bf16_weights, decode_attention
+from skipsearch.cpu.native import KernelSource, NativeLibrary, load_native
+from skipsearch.cpu.threads import fit_threads_to_load
 from skipsearch.models.random_weights import architecture_config, shipped_configs
-from skipsearch.models.threads import fit_threads_to_load
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "kernels"
@@ -81,7 +81,7 @@ def using(kernel: str, library: NativeLibrary) -> Iterator[None]:
         with mock.patch.object(bf16_weights, "load_kernel", lambda: library):
             yield
     else:
-        with mock.patch.object(native_attention, "load_kernel", lambda dtype=torch.float32: library):
+        with mock.patch.object(decode_attention, "load_kernel", lambda dtype=torch.float32: library):
             yield
 
 
@@ -133,7 +133,7 @@ def attention_cases(
             yield (
                 f"{length} keys, {count} quer{'ies' if count > 1 else 'y'}",
                 lambda query=query, caches=caches: [
-                    native_attention.decode_attention(query, key, value, scale=head_dim**-0.5)
+                    decode_attention.decode_attention(query, key, value, scale=head_dim**-0.5)
                     for key, value in caches
                 ],
                 CACHES,
@@ -165,7 +165,7 @@ def main() -> None:
     threads = fit_threads_to_load()
     before = os.getloadavg()
     products = args.kernel == "products"
-    source = bf16_weights.kernel_source() if products else native_attention.SOURCES[torch.float32]
+    source = bf16_weights.kernel_source() if products else decode_attention.SOURCES[torch.float32]
     head = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout

@@ -1,13 +1,13 @@
 """One change of the kernel plan against the plan without it, in one process, paired (issue 19).
 
 `load_model` builds a model's plan in steps after the attention path: the fp32 fallback's weights
-in bf16 for skipsearch's AVX2 kernel (`models.bf16_weights`), its RMSNorms on a kernel too
-(`models.rms_norm`), then weights prepacked for oneDNN
-(`models.packed`: reordered once at load instead of on every call). `--change` names the step
+in bf16 for skipsearch's AVX2 kernel (`cpu.bf16_weights`), its RMSNorms on a kernel too
+(`cpu.rms_norm`), then weights prepacked for oneDNN
+(`cpu.packed`: reordered once at load instead of on every call). `--change` names the step
 under test. The model is loaded once without the steps, copied, and the
 copies get the plan without that step and the whole plan. `--change kernel` tests the attention
 path instead: the whole plan with fp32 SDPA over an fp32 cache against the decode kernel
-(`models.native_attention`) over the plan's cache, bf16 where the weights are bf16 and fp32 on the
+(`cpu.decode_attention`) over the plan's cache, bf16 where the weights are bf16 and fp32 on the
 fp32 fallback (a CPU without native bf16). Then the experiment times one-position steps (a decode or
 draft step) and four-position passes (a verify of 3 drafts) of both, alternating the order, at each
 context, and checks that both give the same logits. Then, per dtype (`--dtypes`), it times whole
@@ -21,25 +21,25 @@ autoregressive decodes of HumanEval prompts with both, alternating prompt by pro
     python experiments/kernel_change.py --change packed --force-pack --dtypes auto --suffix=-fp32-avx2
 
 `--force-pack` packs fp32 weights too: on a CPU without native bf16 it measures the fp32 fallback's
-packing (`models.fp32_linear`), which `load_model` applies only where oneDNN measured faster. With
+packing (`cpu.fp32_linear`), which `load_model` applies only where oneDNN measured faster. With
 `--change bf16-weights --force-pack` it compares the fallback's two fastest products: bf16 weights
 on the kernel against fp32 weights packed for oneDNN.
 
     python experiments/kernel_change.py --change bf16-weights --force-pack --dtypes auto --suffix=-avx2
 
-`--change norms` tests the fallback plan's RMSNorms in one kernel call each (`models.rms_norm`),
-`--change rotary` its rotary embedding on a kernel (`models.rotary`, process-wide: the two plans
+`--change norms` tests the fallback plan's RMSNorms in one kernel call each (`cpu.rms_norm`),
+`--change rotary` its rotary embedding on a kernel (`cpu.rotary`, process-wide: the two plans
 share one model and take turns call by call).
 
     python experiments/kernel_change.py --change norms --dtypes auto --suffix=-avx2
     python experiments/kernel_change.py --change rotary --dtypes auto --suffix=-avx2
 
-`--change layers` tests the fused decoder layers (`models.fused_layers`) on one model, the runner
+`--change layers` tests the fused decoder layers (`cpu.fused_layers`) on one model, the runner
 without them running transformers' modules:
 
     python experiments/kernel_change.py --change layers --dtypes auto --suffix=-avx2
 
-`--change tiles` tests the products on AMX tiles (`models.products_choice`) against the vector
+`--change tiles` tests the products on AMX tiles (`cpu.products_choice`) against the vector
 kernel, on a CPU with AMX; the logits differ (the tiles round the inputs to bf16), by the figure
 the report prints:
 
@@ -75,16 +75,17 @@ import torch
 from _load import load_line
 
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
-from skipsearch.engine import autoregressive_decode
-from skipsearch.models import bf16_weights, fused_layers, packed, rms_norm, rotary
-from skipsearch.models.attention import (
+from skipsearch.cpu import bf16_weights, fused_layers, packed, rms_norm, rotary
+from skipsearch.cpu.attention_choice import AttentionChoice
+from skipsearch.cpu.attention_paths import (
     FP32_ATTENTION,
     KERNEL_AMX_ATTENTION,
     KERNEL_ATTENTION,
     KERNEL_FP32_ATTENTION,
 )
-from skipsearch.models.kernels import AttentionChoice, apply_attention
+from skipsearch.engine import autoregressive_decode
 from skipsearch.models.loading import load_model
+from skipsearch.models.plan import apply_attention
 from skipsearch.models.registry import REGISTRY, available_offline
 from skipsearch.models.runner import LayerwiseRunner
 
@@ -94,7 +95,7 @@ POSITIONS = (1, 4)
 
 def on_tiles(model: Any) -> int:
     """Every bf16-weight product of `model` moved to the AMX kernel, repacked for it (`load_model`
-    packs for it directly where `models.products_choice` measured it faster); how many."""
+    packs for it directly where `cpu.products_choice` measured it faster); how many."""
     moved = 0
     for module in model.modules():
         if isinstance(module, bf16_weights.Bf16WeightLinear):
@@ -125,7 +126,7 @@ PATHS = {
 @contextlib.contextmanager
 def rotary_kernel(on: bool) -> Iterator[None]:
     """The supported families' rotary function on the kernel or transformers' own while the block
-    runs (`models.rotary` installs it for the whole process, so the two plans take turns)."""
+    runs (`cpu.rotary` installs it for the whole process, so the two plans take turns)."""
     modules = [importlib.import_module(name) for name in rotary.FAMILIES]
     saved = [getattr(module, rotary.ROTARY_FUNCTION) for module in modules]
     for module, function in zip(modules, saved, strict=True):

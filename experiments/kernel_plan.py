@@ -2,7 +2,7 @@
 
 The kernel plan (issue 19; docs/theory.md, "The kernel plan") runs bf16 weights: with bf16
 activations on oneDNN where a CPU multiplies bf16 natively and that measures faster, else with
-float32 activations on skipsearch's kernels (`models.bf16_activations`). This experiment runs
+float32 activations on skipsearch's kernels (`cpu.bf16_activations`). This experiment runs
 `skipsearch decode` of one probe mask per model in each of `--plans` — `--dtype float32` (the
 baseline), the default and, with `bf16`, `--dtype bfloat16` — alternating them in fresh processes
 for `--rounds` rounds, so drift hits all alike; within each process autoregressive decoding, HF

@@ -26,8 +26,8 @@ import torch
 from _common import markdown_table
 from _load import load_line
 
+from skipsearch.cpu.packed import pack_linears
 from skipsearch.models.loading import load_model
-from skipsearch.models.packed import pack_linears
 from skipsearch.models.runner import LayerwiseRunner
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "kernels"

@@ -1,6 +1,6 @@
 """The products' kernel built 16 floats wide (AVX-512) against its AVX2 build, paired in one process.
 
-`linear_rows.c` is one source with two builds (`models.bf16_weights.SOURCES`): where the CPU has
+`linear_rows.c` is one source with two builds (`cpu.bf16_weights.SOURCES`): where the CPU has
 AVX-512 the plan loads the wide one. This experiment times both on a decoder layer's products, each
 build on its own packed layout (`pack_weight(weight, lanes)`), at 1 to 5 rows: SmolLM2's seven
 projections through 16 layers' weights and Qwen2.5-Coder's through 4 (random weights, so every call
@@ -26,8 +26,8 @@ import torch
 from _common import markdown_table
 from _load import load_line
 
-from skipsearch.models import bf16_weights
-from skipsearch.models.native import load_native
+from skipsearch.cpu import bf16_weights
+from skipsearch.cpu.native import load_native
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "kernels"
 

@@ -1,7 +1,7 @@
 """What a verify would cost if its products ran on AMX tiles while the decode steps stay on the
 vector kernel, and what it would cost in exactness (issue 19: f(γ) ≤ 1.10 on SmolLM2).
 
-`models.products_choice` keeps SmolLM2's products on the vector kernel: its extra rows cost one
+`cpu.products_choice` keeps SmolLM2's products on the vector kernel: its extra rows cost one
 FMA per weight and row (a pass over 5 positions adds ~1.2x a step's products), and the tiles',
 nearly free, stream one row 1-3% slower on SmolLM2's small matrices. The autoregressive baseline
 must run the fastest one-row kernel and a verify the steps' kernel, which keeps greedy SSD equal to
@@ -42,9 +42,9 @@ from _common import markdown_table, write_report
 from _load import load_line
 
 from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
-from skipsearch.models import products_choice
-from skipsearch.models.bf16_weights import TILES, VECTOR, load_tile_kernel
-from skipsearch.models.kernels import pass_samples
+from skipsearch.cpu import products_choice
+from skipsearch.cpu.bf16_weights import TILES, VECTOR, load_tile_kernel
+from skipsearch.cpu.choices import pass_samples
 from skipsearch.models.loading import LoadedModel, load_model
 from skipsearch.models.runner import LayerwiseRunner
 

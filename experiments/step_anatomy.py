@@ -36,11 +36,12 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from skipsearch.bench.clock import WallClock
 from skipsearch.bench.profiler import copy_bandwidth
-from skipsearch.models import attention, bf16_weights, native_attention
-from skipsearch.models.bf16_weights import Bf16WeightLinear
-from skipsearch.models.kernels import step_bytes
+from skipsearch.cpu import bf16_weights, decode_attention
+from skipsearch.cpu.bf16_weights import Bf16WeightLinear
+from skipsearch.cpu.inventory import step_bytes
+from skipsearch.cpu.native import NativeLibrary
+from skipsearch.models import attention
 from skipsearch.models.loading import load_model
-from skipsearch.models.native import NativeLibrary
 from skipsearch.models.runner import LayerwiseRunner
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "profile"
@@ -60,7 +61,7 @@ GROUPS = {
 }
 
 
-_decode_attention = native_attention.decode_attention
+_decode_attention = decode_attention.decode_attention
 
 
 def traced_kernel(*args: Any, **kwargs: Any) -> Any:
@@ -107,7 +108,7 @@ def steps(runner: LayerwiseRunner, context: int, count: int) -> tuple[list[float
         with (
             profile(activities=[ProfilerActivity.CPU]) as trace,
             mock.patch.object(attention, "decode_attention", traced_kernel),  # the modules' calls
-            mock.patch.object(native_attention, "decode_attention", traced_kernel),  # the fused layers'
+            mock.patch.object(decode_attention, "decode_attention", traced_kernel),  # the fused layers'
             mock.patch.object(bf16_weights, "multiply", traced_linear),
         ):
             for index in range(traced):

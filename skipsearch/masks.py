@@ -285,7 +285,7 @@ class KVPattern:
     window` that is every key, and the draft step is exactly the full model's. Pillars (SparseSpec's
     PillarAttn, docs/theory.md "KV patterns") are the keys between sink and window that the full
     model attended to most at the first position of the previous round's verify
-    (`models.pillars`); a decode's first round, which follows no verify, has none.
+    (`kv.pillars`); a decode's first round, which follows no verify, has none.
     """
 
     sink: int

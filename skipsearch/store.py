@@ -134,12 +134,12 @@ def readable_profile_path(model_id: str, device: str, dtype: str, graphs: bool =
 
 
 def kernel_choice_path(machine: str, dtype: str) -> Path:
-    """Where the attention path measured fastest for a dtype on this machine is kept (`models.kernels`)."""
+    """Where a choice the CPU backend measured on this machine is kept (`cpu.choices`)."""
     return cache_dir() / "kernels" / f"{machine}-{dtype}.json".replace("/", "_")
 
 
 def native_library_path(name: str, digest: str) -> Path:
-    """Where a compiled C kernel is kept, one per source, compiler and flags (`models.native`)."""
+    """Where a compiled C kernel is kept, one per source, compiler and flags (`cpu.native`)."""
     return cache_dir() / "kernels" / f"{name}-{digest}.so"
 
 

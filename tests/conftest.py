@@ -15,9 +15,10 @@ from transformers import (
 
 from skipsearch.acceptance.prompts import EncodedPrompt
 from skipsearch.acceptance.reference import build_reference
-from skipsearch.models.bf16_weights import load_tile_kernel
-from skipsearch.models.kernels import apply_attention, choose_attention
-from skipsearch.models.native_attention import load_amx_kernel, load_kernel
+from skipsearch.cpu.attention_choice import choose_attention
+from skipsearch.cpu.bf16_weights import load_tile_kernel
+from skipsearch.cpu.decode_attention import load_amx_kernel, load_kernel
+from skipsearch.models.plan import apply_attention
 
 TINY = {
     "vocab_size": 61,

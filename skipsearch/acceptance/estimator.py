@@ -21,7 +21,7 @@ A KV pattern (docs/theory.md, "KV patterns") narrows what each draft position at
 estimator ANDs the pattern's band (keys before `sink`, or within `window` of the query) into the
 attention mask of every mode, and starts at layer 0, since every layer's attention changes. The
 masked SDPA reads every key, but the draft sees exactly the keys the engine's slices give it.
-Pillars (`models.pillars`) follow the engine's rounds: each layer's attention runs once over the
+Pillars (`kv.pillars`) follow the engine's rounds: each layer's attention runs once over the
 reference's states at every prediction position to choose them as a verify would, and a draft
 position's mask adds, per layer and head, those chosen at the first position of the round before
 its own (`previous_round_starts`; in `shared-kv`, where every position is a round, the position
@@ -47,9 +47,9 @@ from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MODES_WITH_KV,
 from skipsearch.acceptance.profile import AcceptanceProfile, previous_round_starts, round_starts
 from skipsearch.acceptance.reference import FORWARD_BATCH, ReferenceCache
 from skipsearch.errors import ConfigError
+from skipsearch.kv.pillars import PillarChoice
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.device import device_sync
-from skipsearch.models.pillars import PillarChoice
 from skipsearch.models.runner import LayerwiseRunner
 
 log = logging.getLogger(__name__)
@@ -301,7 +301,7 @@ class Estimator:
     ) -> PillarChoice:
         """The pillars the full model chooses at every prediction position of `rows` (`[b, Q, KV,
         K]` per layer): each layer's attention run over the reference's states at those positions,
-        recording (`models.pillars`); computed once per pattern and batch of rows."""
+        recording (`kv.pillars`); computed once per pattern and batch of rows."""
         key = (kv, rows.start)
         if key not in self._pillars:
             ref, runner = self.reference, self.runner

@@ -23,7 +23,7 @@ MODES_WITH_KV = ("shared-kv", "rounds")
 
 
 def refuse_pillars_in_self_mode(mode: str, patterns: Sequence[KVPattern | None]) -> None:
-    """Pillars follow the engine's rounds (`models.pillars`), which `self` mode does not have: a
+    """Pillars follow the engine's rounds (`kv.pillars`), which `self` mode does not have: a
     one-line error naming the mode to use."""
     with_pillars = [str(kv) for kv in patterns if kv is not None and kv.pillars]
     if with_pillars and mode == "self":

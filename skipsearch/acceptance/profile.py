@@ -98,7 +98,7 @@ def previous_round_starts(
 ) -> list[int]:
     """For each position a draft reads, where the round before its own began (-1 in the first
     round, and at a position no draft reads): the first position of the verify whose attention
-    chose the pillars its draft reads (`models.pillars`)."""
+    chose the pillars its draft reads (`kv.pillars`)."""
     previous, before = [-1] * len(matches), -1
     for k, drafted, accepted, _ in _walk(matches, gamma, confident):
         for position in range(k, min(k + min(accepted + 1, drafted), len(matches))):

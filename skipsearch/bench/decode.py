@@ -21,7 +21,7 @@ from skipsearch.engine.sampling import GREEDY, Sampling
 from skipsearch.engine.timing import breakdown
 from skipsearch.errors import ConfigError
 from skipsearch.masks import Draft
-from skipsearch.models.threads import busy_cpu_warning
+from skipsearch.models.plan import busy_cpu_warning
 
 if TYPE_CHECKING:
     from skipsearch.acceptance.measure_config import MeasureConfig

@@ -212,7 +212,7 @@ def pillar_round(
     (`[1, H, 1, N]`), every layer's pillars read out, then gathered from `cache` for the draft."""
     import torch
 
-    from skipsearch.models.pillars import PillarChoice, PillarKeys
+    from skipsearch.kv.pillars import PillarChoice, PillarKeys
 
     length = scores[0].shape[-1]
     source = torch.tensor([[length - 1]], device=scores[0].device)

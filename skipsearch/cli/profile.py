@@ -104,8 +104,8 @@ def same_plan(
     """Whether the profile in `out` (loaded: a damaged file fails here, not in the run that reads
     it) timed the kernels this machine's plan runs now; one of another plan (a kernel added or
     chosen since) is measured again, and `--skip-existing` skips only a profile of this plan."""
-    from skipsearch.models.kernels import plan_kernels
     from skipsearch.models.loading import load_model
+    from skipsearch.models.plan import plan_kernels
 
     loaded = load_model(args.model, args.device, args.dtype, weights, announce=False)
     if existing.warn_other_plan(plan_kernels(loaded.model), out):

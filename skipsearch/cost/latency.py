@@ -67,7 +67,7 @@ class LatencyProfile:
 
     `pillar_choice[c]` is what a round with a pillar draft pays beyond its passes at context
     `context_lengths[c]`: the choice of every layer's pillars from the verify's scores and their
-    gather for the next round's draft (`models.pillars`). Profiles from before it lack it and price
+    gather for the next round's draft (`kv.pillars`). Profiles from before it lack it and price
     pillars as free (`pillar_choice_time`).
 
     Between measured context lengths the tables are interpolated linearly; outside them they are
@@ -306,7 +306,7 @@ class LatencyProfile:
 
     def warn_other_plan(self, running: dict[str, str], path: str | Path) -> bool:
         """Warn (and say so) when this profile timed other kernels than the `running` ones
-        (`models.kernels.plan_kernels`: the attention path, the linear products, the norms, the
+        (`cpu.inventory.plan_kernels`: the attention path, the linear products, the norms, the
         rotary embedding): its costs, and so every predicted speedup, are another plan's. A profile
         older than the attention and product keys is not compared on them; one older than a
         kernel of `PREDATES` timed transformers' operators there."""

@@ -14,8 +14,8 @@ from skipsearch.engine.cache import check_lengths
 from skipsearch.engine.result import DecodeResult, new_tokens
 from skipsearch.engine.sampling import GREEDY, Sampling, sample
 from skipsearch.errors import ConfigError
-from skipsearch.models import shared_core
 from skipsearch.models.device import device_sync
+from skipsearch.models.plan import engaged
 from skipsearch.models.runner import LayerwiseRunner
 
 
@@ -36,7 +36,7 @@ def autoregressive_decode(
     device_sync(runner.device)()
     prefilled = time.perf_counter()
     tokens = list(prompt)
-    with shared_core.engaged():  # the busy cores' helpers, where the kernel plan has them
+    with engaged():  # the busy cores' helpers, where the kernel plan has them
         while len(tokens) - len(prompt) < max_new_tokens and (
             len(tokens) == len(prompt) or tokens[-1] not in eos_ids
         ):

@@ -44,9 +44,9 @@ from skipsearch.engine.ssd import (
     verify_forward,
 )
 from skipsearch.errors import ConfigError
+from skipsearch.kv.patterns import StaticKeys
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.draft_head import DraftHead
-from skipsearch.models.kv_attention import StaticKeys
 from skipsearch.models.runner import SLIDING, LayerwiseRunner
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class GraphSteps:
     def _draft_step(self, tier: int) -> Callable[[], Outputs]:
         """One draft position of `tier` (`ssd.draft_forward`): (its exact state at `s1`, logits);
         under a KV pattern its attention reads the sink and the window gathered from the device-held
-        position into buffers of fixed size (`models.kv_attention.StaticKeys`)."""
+        position into buffers of fixed size (`kv.patterns.StaticKeys`)."""
         runner, mask, head, pattern = self.runner, self.masks[tier], self.heads[tier], self.kvs[tier]
         kv = None if pattern is None else StaticKeys(pattern, self.position)
 

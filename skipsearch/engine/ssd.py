@@ -50,11 +50,11 @@ from skipsearch.engine.result import DecodeResult, new_tokens
 from skipsearch.engine.sampling import GREEDY, Sampling, greedy_commit, sample, sample_accept
 from skipsearch.engine.timing import RoundClock, RoundTiming
 from skipsearch.errors import ConfigError
+from skipsearch.kv.pillars import PillarChoice, PillarKeys
 from skipsearch.masks import KVPattern, SkipMask
-from skipsearch.models import shared_core
 from skipsearch.models.device import device_sync
 from skipsearch.models.draft_head import DraftHead
-from skipsearch.models.pillars import PillarChoice, PillarKeys
+from skipsearch.models.plan import engaged
 from skipsearch.models.runner import LayerwiseRunner
 
 
@@ -301,7 +301,7 @@ class EagerSteps:
 
     `heads[i]` is mask `i`'s draft head (None: the full LM head), `kvs[i]` its KV pattern (None:
     every key); `stop_below`, the draft's stop threshold (`draft`). A pattern with pillars drafts
-    over the pillars the previous verify chose (`models.pillars`): each verify of such a round
+    over the pillars the previous verify chose (`kv.pillars`): each verify of such a round
     records them, each draft gathers them once; a prefill forgets them, so a decode's first round
     drafts without."""
 
@@ -408,7 +408,7 @@ def run_rounds(
     accepted: list[int] = []
     timings: list[RoundTiming] = []
     ended = False
-    with shared_core.engaged():  # the busy cores' helpers, where the kernel plan has them
+    with engaged():  # the busy cores' helpers, where the kernel plan has them
         while len(tokens) - len(prompt) < max_new_tokens and not ended:
             clock.start()
             tier, wanted = schedule.next_round()

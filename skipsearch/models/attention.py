@@ -2,8 +2,8 @@
 "The kernel plan").
 
 - `sdpa_fp32kv` (`FP32_ATTENTION`): SDPA in float32 over a float32 K/V cache, beside bf16
-  weights, where that is faster than attention in bf16 (`models.kernels` measures and chooses).
-- `kernel_bf16kv` (`KERNEL_ATTENTION`): the decode-attention kernel (`models.native_attention`)
+  weights, where that is faster than attention in bf16 (`cpu.attention_choice` measures and chooses).
+- `kernel_bf16kv` (`KERNEL_ATTENTION`): the decode-attention kernel (`cpu.decode_attention`)
   over a bf16 K/V cache for short query blocks (decode, draft and verify passes), in float32
   arithmetic; longer blocks (prefills) run `sdpa_fp32kv` on the cache upcast.
 - `kernel_fp32kv` (`KERNEL_FP32_ATTENTION`): the fp32 fallback plan's decode kernel, over its float32
@@ -14,7 +14,7 @@
   nearly free; longer blocks run `sdpa_fp32kv` on the cache upcast.
 - `sdpa_plan` (`NATIVE_ATTENTION`): transformers' own SDPA in the weights' dtype.
 
-All five read a draft step's KV pattern (`models.kv_attention`); transformers' plain names would
+All five read a draft step's KV pattern (`kv.patterns`); transformers' plain names would
 ignore it, so a model runs one of these (`apply_attention`).
 """
 
@@ -30,25 +30,23 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from skipsearch.models.kv_attention import (
+from skipsearch.cpu.attention_paths import (
+    FP32_ATTENTION,
+    KERNEL_AMX_ATTENTION,
+    KERNEL_ATTENTION,
+    KERNEL_FP32_ATTENTION,
+    NATIVE_ATTENTION,
+)
+from skipsearch.cpu.decode_attention import decode_attention
+from skipsearch.kv.patterns import (
     KV_PATTERN_KEYWORD,
     OWN_MASK_KEYWORD,
     StaticKeys,
     pattern_attention,
     static_pattern_attention,
 )
-from skipsearch.models.native_attention import decode_attention
-from skipsearch.models.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys, query_scores
+from skipsearch.kv.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys, query_scores
 
-NATIVE_ATTENTION = "sdpa_plan"  # transformers' SDPA, with KV patterns; registered below
-FP32_ATTENTION = "sdpa_fp32kv"  # registered with transformers below
-KERNEL_ATTENTION = "kernel_bf16kv"  # registered with transformers below
-KERNEL_FP32_ATTENTION = "kernel_fp32kv"  # registered with transformers below
-KERNEL_AMX_ATTENTION = "kernel_fp32kv_amx"  # registered with transformers below
-# The decode kernels of float32 activations (the fused layers call either): the AVX2 one over a float32
-# cache, the AMX one over a bf16 cache (it rounds the keys and values to bf16 as it multiplies them).
-DECODE_KERNEL_FP32_PATHS = (KERNEL_FP32_ATTENTION, KERNEL_AMX_ATTENTION)
-FP32_KV_PATHS = (FP32_ATTENTION, KERNEL_FP32_ATTENTION)  # the paths whose K/V cache is float32
 # Query blocks up to GROUPED_QUERIES long over at least GROUPED_KEYS keys stack their grouped heads
 # (`grouped_queries`). Measured on SmolLM2 (README, "grouped query rows"): at 8k keys the step ran
 # 19% faster and a 5-position pass 27%; at 128-2k keys a 2-9 position pass ran 10-25% slower, as
@@ -154,10 +152,10 @@ def with_kv_patterns(
 ) -> Callable[..., Any]:
     """`attention`, or the decode kernel `kernel` (a `decode_attention`) for short blocks, or
     `pattern_attention` where the layer runs a draft step whose KV pattern (`kv_pattern` keyword:
-    a `KVPattern`, or the round's `PillarKeys`; `models.kv_attention`) leaves keys out, or
+    a `KVPattern`, or the round's `PillarKeys`; `kv.patterns`) leaves keys out, or
     `static_pattern_attention` for a graphed draft step's (`StaticKeys`). A
     `PillarChoice` under the `pillar_choice` keyword (a verify's, or the estimator's) records the
-    layer's pillars from its rows' scores (`models.pillars`)."""
+    layer's pillars from its rows' scores (`kv.pillars`)."""
 
     def attend(
         module: torch.nn.Module,
@@ -225,13 +223,4 @@ def supports_kv_patterns(config: Any) -> bool:
         KERNEL_ATTENTION,
         KERNEL_FP32_ATTENTION,
         KERNEL_AMX_ATTENTION,
-    )
-
-
-def kv_cache_dtype(config: Any) -> torch.dtype | None:
-    """The dtype the plan keeps K/V in: float32 beside the fp32 paths, bf16 for the AMX kernel (which
-    rounds them to bf16 anyway: the same values in half the bytes), None for the projections' own."""
-    path = getattr(config, "_attn_implementation", None)
-    return (
-        torch.float32 if path in FP32_KV_PATHS else torch.bfloat16 if path == KERNEL_AMX_ATTENTION else None
     )

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from skipsearch.cpu.bf16_weights import Bf16WeightLinear
+from skipsearch.cpu.packed import PackedLinear, linear_product
 from skipsearch.errors import ConfigError
-from skipsearch.models.bf16_weights import Bf16WeightLinear
-from skipsearch.models.packed import PackedLinear, linear_product
 from skipsearch.models.runner import LayerwiseRunner
 
 
@@ -24,8 +24,8 @@ class DraftHead:
     """Final norm + the LM head restricted to `ids`: logits over the subset, in `ids` order.
 
     `product` multiplies by a contiguous copy of those rows (a gather per step would read the full
-    matrix's pages again) on the kernel the full head runs on (`models.bf16_weights`, or
-    `models.packed.linear_product`);
+    matrix's pages again) on the kernel the full head runs on (`cpu.bf16_weights`, or
+    `cpu.packed.linear_product`);
     `vocab_size` is the full vocabulary, for scattering subset probabilities back.
     """
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from skipsearch.cpu.dtypes import DtypeChoice, choose_dtype
+from skipsearch.cpu.threads import busy_cpu_warning, fit_threads_to_load
 from skipsearch.errors import ModelLoadError
 from skipsearch.models.compat import check_architecture
-from skipsearch.models.dtypes import DtypeChoice, choose_dtype
 from skipsearch.models.random_weights import RandomWeights, random_model
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
-from skipsearch.models.threads import busy_cpu_warning, fit_threads_to_load
 from skipsearch.progress import status
 from skipsearch.store import atomic_path, converted_gguf_path, gguf_join_path
 
@@ -203,11 +203,11 @@ def resolve_model_dir(name: str, dtype: str = "float32") -> tuple[str, str]:
 def dtype_choice(device: str, dtype: str) -> DtypeChoice:
     """The dtype `--dtype` resolves to on `device`, and why: `dtypes.choose_dtype` from the CPU's
     flags, and on a CPU with native bf16 under `--dtype auto` the activations measured faster
-    there (`models.bf16_activations`): float32 ones run the fallback plan on bf16 weights."""
+    there (`cpu.bf16_activations`): float32 ones run the fallback plan on bf16 weights."""
     choice = choose_dtype(device_type(device), dtype)
     if dtype != "auto" or device_type(device) != "cpu" or choice.name != "bfloat16":
         return choice
-    from skipsearch.models.bf16_activations import FLOAT32, choose_activations
+    from skipsearch.cpu.bf16_activations import FLOAT32, choose_activations
 
     activations = choose_activations()
     if activations.activations != FLOAT32:
@@ -245,11 +245,11 @@ def fallback_kernels(model: Any, products: str | None) -> list[str]:
     kernel (`VECTOR` or `TILES`; None: torch's product), its RMSNorms, rotary embedding and SiLU on
     skipsearch's kernels and its decoder layers fused; the plan's words for each that applied.
     `products_choice` builds its candidates with it, so a kernel is timed with what runs around it."""
-    from skipsearch.models.bf16_weights import use_bf16_weights
-    from skipsearch.models.fused_layers import fuse_layers
-    from skipsearch.models.rms_norm import use_kernel_norms
-    from skipsearch.models.rotary import use_kernel_rotary
-    from skipsearch.models.silu import use_kernel_silu
+    from skipsearch.cpu.bf16_weights import use_bf16_weights
+    from skipsearch.cpu.fused_layers import fuse_layers
+    from skipsearch.cpu.rms_norm import use_kernel_norms
+    from skipsearch.cpu.rotary import use_kernel_rotary
+    from skipsearch.cpu.silu import use_kernel_silu
 
     parts = [] if products is None else [f"{use_bf16_weights(model, products)} weight matrices in bf16"]
     norms = use_kernel_norms(model)
@@ -277,12 +277,12 @@ def load_model(
     """Load `--model` for layer-wise running (eval mode, no gradients) on this device's kernel plan.
 
     The plan (docs/theory.md, "The kernel plan") is the dtype `--dtype` resolves to, the attention
-    path measured fastest for it (`models.kernels`), and in bf16 on a CPU weights prepacked for
-    oneDNN (`models.packed`); the fp32 fallback's linear layers run the product measured fastest
-    on this CPU (`models.fp32_linear`): MKL's, oneDNN's on packed weights, or skipsearch's kernel
-    on bf16 copies of the weights (`models.bf16_weights`; on AMX tiles where they measured faster
-    for this model, `models.products_choice`), and its RMSNorms and rotary embedding one
-    kernel call each (`models.rms_norm`, `models.rotary`); with
+    path measured fastest for it (`cpu.attention_choice`), and in bf16 on a CPU weights prepacked for
+    oneDNN (`cpu.packed`); the fp32 fallback's linear layers run the product measured fastest
+    on this CPU (`cpu.fp32_linear`): MKL's, oneDNN's on packed weights, or skipsearch's kernel
+    on bf16 copies of the weights (`cpu.bf16_weights`; on AMX tiles where they measured faster
+    for this model, `cpu.products_choice`), and its RMSNorms and rotary embedding one
+    kernel call each (`cpu.rms_norm`, `cpu.rotary`); with
     `announce` it is printed as one line on stdout, so every command says what it runs. With
     `random_weights` the architecture is built from its config with seeded random weights and no
     tokenizer; nothing is read from the hub or a weight file.
@@ -290,11 +290,13 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from skipsearch.models.fp32_linear import BF16_KERNEL, ONEDNN, choose_fp32_linear
-    from skipsearch.models.kernels import apply_attention, choose_attention
-    from skipsearch.models.packed import pack_linears
-    from skipsearch.models.products_choice import choose_products
-    from skipsearch.models.shared_core import choose_shared_cores, set_plan
+    from skipsearch.cpu.attention_choice import choose_attention
+    from skipsearch.cpu.fp32_linear import BF16_KERNEL, ONEDNN, choose_fp32_linear
+    from skipsearch.cpu.packed import pack_linears
+    from skipsearch.cpu.products_choice import choose_products
+    from skipsearch.cpu.shared_core import choose_shared_cores, set_plan
+    from skipsearch.models.plan import apply_attention
+    from skipsearch.models.runner import LayerwiseRunner
 
     choice = dtype_choice(device, dtype)
     torch_dtype = resolve_dtype(choice, dtype)
@@ -340,7 +342,7 @@ def load_model(
         loaded.plan += f"; {fp32.describe()}"
         if fp32.library == BF16_KERNEL:
             # the vector kernel or AMX tiles, measured on whole steps of copies built like this one
-            products = choose_products(loaded.model, fallback_kernels)
+            products = choose_products(loaded.model, fallback_kernels, LayerwiseRunner)
             kernel = products.kernel
         parts = fallback_kernels(loaded.model, kernel)
         if kernel is not None:

@@ -14,14 +14,14 @@ from typing import Any
 import torch
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from skipsearch.cpu.fused_layers import fused_layer
 from skipsearch.errors import ConfigError
+from skipsearch.kv.patterns import KV_PATTERN_KEYWORD, OWN_MASK_KEYWORD
+from skipsearch.kv.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.attention import supports_kv_patterns
 from skipsearch.models.compat import check_architecture, check_installed_transformers
-from skipsearch.models.fused_layers import fused_layer
-from skipsearch.models.kernels import new_cache
-from skipsearch.models.kv_attention import KV_PATTERN_KEYWORD, OWN_MASK_KEYWORD
-from skipsearch.models.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys
+from skipsearch.models.plan import new_cache
 
 SLIDING = "sliding_attention"
 
@@ -45,7 +45,7 @@ class LayerwiseRunner:
         self.config = model.config
         self.decoder = model.model
         self.layers = list(self.decoder.layers)
-        self.fused = [fused_layer(block) for block in self.layers]  # `models.fused_layers`, where loaded so
+        self.fused = [fused_layer(block) for block in self.layers]  # `cpu.fused_layers`, where loaded so
         self.num_layers = len(self.layers)
         self.layer_types = layer_types(model.config)
 
@@ -96,10 +96,10 @@ class LayerwiseRunner:
         own_mask: bool = False,
     ) -> torch.Tensor:
         """Residual + self-attention sub-layer (writes this layer's K/V into `cache` if given),
-        attending only to the keys of `kv` when given (`models.kv_attention`); `pillars`, when
-        given, records the layer's choice of pillars (`models.pillars`). `own_mask` says that
+        attending only to the keys of `kv` when given (`kv.patterns`); `pillars`, when
+        given, records the layer's choice of pillars (`kv.pillars`). `own_mask` says that
         `attention_mask` is the caller's, not the causal one (`OWN_MASK_KEYWORD`). A short block
-        runs the layer's fused path where it has one (`models.fused_layers`; the causal mask is
+        runs the layer's fused path where it has one (`cpu.fused_layers`; the causal mask is
         then not read)."""
         if not own_mask and self._fused_attention(layer, hidden, cache, pillars):
             return self.fused[layer].attention(hidden, position_embeddings, cache, kv, pillars)
@@ -121,7 +121,7 @@ class LayerwiseRunner:
     def _fused_attention(
         self, layer: int, hidden: torch.Tensor, cache: Any, pillars: PillarChoice | None
     ) -> bool:
-        """Whether this layer's attention over `hidden` runs fused (`models.fused_layers`)."""
+        """Whether this layer's attention over `hidden` runs fused (`cpu.fused_layers`)."""
         fused = self.fused[layer]
         return fused is not None and fused.takes(hidden, cache, pillars)
 
@@ -156,7 +156,7 @@ class LayerwiseRunner:
         pillars differ by layer); otherwise it is built per layer from that layer's cache
         length, since a draft that skips attention leaves some layers' caches shorter.
         `collect`, when given, receives the input of every layer run and finally the output;
-        `pillars`, the pillars each layer's attention chooses (`models.pillars`).
+        `pillars`, the pillars each layer's attention chooses (`kv.pillars`).
         """
         if (kv is not None or pillars is not None) and not supports_kv_patterns(self.config):
             raise ConfigError(

@@ -128,8 +128,8 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
 
     from skipsearch.acceptance.worker import prepare
     from skipsearch.cost.latency import LatencyProfile
-    from skipsearch.models.kernels import plan_kernels
     from skipsearch.models.loading import dtype_name
+    from skipsearch.models.plan import plan_kernels
     from skipsearch.search.objective import scoring_latency
     from skipsearch.store import readable_profile_path
 

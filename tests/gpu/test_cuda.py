@@ -172,11 +172,12 @@ def test_the_graphed_autoregressive_baseline_and_rounds_match_the_eager_engine()
 
 def test_graphed_kv_pattern_drafts_equal_the_eager_engine_on_cuda() -> None:
     """fp32 on CUDA, captured: the window gathered from the device-held position (a fixed-size
-    buffer, `models.kv_attention.StaticKeys`) gives the eager KV-pattern engine's rounds."""
+    buffer, `kv.patterns.StaticKeys`) gives the eager KV-pattern engine's rounds."""
+    from skipsearch.cpu.attention_choice import choose_attention
     from skipsearch.engine import GammaPolicy
     from skipsearch.engine.graphed_decode import graphed_speculative_decode
     from skipsearch.masks import KVPattern
-    from skipsearch.models.kernels import apply_attention, choose_attention
+    from skipsearch.models.plan import apply_attention
 
     model = tiny_model("llama", layers=LAYERS).to("cuda")
     apply_attention(model, choose_attention(torch.float32, "cuda"))

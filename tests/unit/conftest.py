@@ -27,8 +27,8 @@ def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def idle_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No other process keeps a core busy: the kernel plan keeps what it measures (`kernels.keep_choice`)."""
-    monkeypatch.setattr("skipsearch.models.kernels.busy_cores", lambda: 0.0)
+    """No other process keeps a core busy: the plan keeps what it measures (`cpu.choices.keep_choice`)."""
+    monkeypatch.setattr("skipsearch.cpu.choices.busy_cores", lambda: 0.0)
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,8 @@ def test_the_tree_keeps_every_contract() -> None:
         ("skipsearch/models/runner.py", "from skipsearch.acceptance import profile", "Layers"),
         ("skipsearch/cost/latency.py", "from skipsearch.bench import profiler", "Layers"),
         ("skipsearch/cost/depth.py", "import torch", "Pure arithmetic"),
+        ("skipsearch/engine/ssd.py", "from skipsearch.cpu import threads", "CPU backend is applied by models"),
+        ("skipsearch/cpu/threads.py", "from skipsearch.models import runner", "Layers"),
     ],
 )
 def test_a_wrong_import_breaks_its_contract(

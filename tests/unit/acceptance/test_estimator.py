@@ -17,11 +17,12 @@ import torch
 from transformers import DynamicCache
 
 from skipsearch.acceptance.estimator import Estimator, sampling_acceptance, subset_acceptance
+from skipsearch.cpu.attention_choice import AttentionChoice
+from skipsearch.cpu.attention_paths import KERNEL_ATTENTION
+from skipsearch.cpu.decode_attention import load_kernel
 from skipsearch.engine import GammaPolicy, speculative_decode
 from skipsearch.masks import KVPattern, SkipMask
-from skipsearch.models.attention import KERNEL_ATTENTION
-from skipsearch.models.kernels import AttentionChoice, apply_attention
-from skipsearch.models.native_attention import load_kernel
+from skipsearch.models.plan import apply_attention
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import direct_matches, random_reference, tiny_model, with_plan_attention
 from tests.unit.acceptance.conftest import MASKS

@@ -47,9 +47,10 @@ def test_self_mode_leaves_the_reference_k_v_on_disk(setup, tmp_path):
 def test_reference_continuations_are_the_engines_autoregressive_output_in_bf16() -> None:
     """Decoded as the baseline decodes, the reference is the sequence the engine produces, bit for
     bit, even in bf16 (a batched generate parts from it at near-ties)."""
+    from skipsearch.cpu.attention_choice import AttentionChoice
+    from skipsearch.cpu.attention_paths import FP32_ATTENTION
     from skipsearch.engine import autoregressive_decode
-    from skipsearch.models.attention import FP32_ATTENTION
-    from skipsearch.models.kernels import AttentionChoice, apply_attention
+    from skipsearch.models.plan import apply_attention
 
     model = tiny_model("llama", layers=4).to(torch.bfloat16)
     apply_attention(model, AttentionChoice("bfloat16", FP32_ATTENTION))

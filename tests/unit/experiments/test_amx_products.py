@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from skipsearch.models.dtypes import cpu_flags
-from skipsearch.models.native import compiler
+from skipsearch.cpu.dtypes import cpu_flags
+from skipsearch.cpu.native import compiler
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "experiments" / "amx_products.py"

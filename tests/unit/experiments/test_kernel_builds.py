@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from skipsearch.models import native_attention
+from skipsearch.cpu import decode_attention
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "experiments" / "kernel_builds.py"
@@ -25,7 +25,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(
-    native_attention.load_kernel(torch.float32).function is None,
+    decode_attention.load_kernel(torch.float32).function is None,
     reason="the fp32 decode kernel does not load here",
 )
 def test_the_committed_attention_kernel_gives_the_working_trees_bits(tmp_path: Path) -> None:

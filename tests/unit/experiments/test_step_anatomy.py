@@ -7,11 +7,11 @@ from types import ModuleType
 
 import pytest
 
-from skipsearch.models.bf16_weights import load_kernel, use_bf16_weights
-from skipsearch.models.fused_layers import fuse_layers
+from skipsearch.cpu.bf16_weights import load_kernel, use_bf16_weights
+from skipsearch.cpu.fused_layers import fuse_layers
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model
-from tests.unit.models.test_fused_layers import on_the_plan
+from tests.unit.cpu.test_fused_layers import on_the_plan
 
 EXPERIMENTS = Path(__file__).resolve().parents[3] / "experiments"
 

@@ -21,7 +21,7 @@ install: $(STAMP)
 # The main job on the embedded model: calibrate the cost model on this device once, then a learned
 # search of the sparse space ranked by it (~2 min), each mask also scored with a draft head of the
 # 16,384 most frequent ids, as is the draft that skips no layer (SmolLM2's best on the project's
-# Xeon: results/draft_stop/smollm2-135m-amx-vocab-only-24prompts.md). The demo's profile is short: 3 processes x 4
+# Xeon: results/draft_stop/smollm2-135m-xeon-amx.md). The demo's profile is short: 3 processes x 4
 # samples, one warm-up round each (the full one is 10 processes x 4, two warm-ups, ~5 min), so its
 # per-sub-layer times are coarser (a process's speed is partly a draw: results/profile/stability.md).
 # `skipsearch profile --model smollm2-135m` replaces it with the full profile.

@@ -5,9 +5,10 @@ Runs `skipsearch compare` (`compare_space.yaml`: the sparse space up to 70% skip
 shared evaluation cache) with random, uniform, ranking, knapsack, learned (TPE) and knapsack+tpe at
 budget 100 on the embedded model and, when `make qwen` has installed it, at budget 40 on
 qwen2.5-coder-0.5b; each also gets random search at 5x the budget (`random@5x`), the reference the
-learned strategies should beat. Writes `results/compare/<model>/`: comparison.csv, comparison.md
-(best score, masks to reach 95% of the final, model seconds), convergence.png (mean ± range over
-seeds), importance.json / .png, trials of every study (`<study>.csv`) and run.yaml. The Optuna
+learned strategies should beat. Writes `results/compare/xeon-amx/<model>/` (`--out-name`):
+comparison.csv, comparison.md (best score, masks to reach 95% of the final, model seconds),
+convergence.png (mean ± range over seeds), importance.json / .png, trials of every study
+(`<study>.csv`) and run.yaml. The Optuna
 journal and the evaluation cache stay in `runs/compare/<model>/` (large, not committed); rerunning
 with `--resume` continues them.
 
@@ -79,7 +80,9 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--skip-smollm2", action="store_true", help="only the qwen comparison")
     parser.add_argument("--skip-qwen", action="store_true", help="only the smollm2 comparison")
-    parser.add_argument("--out-name", default="compare", help="results/<name>/<model> (default compare)")
+    parser.add_argument(
+        "--out-name", default="compare/xeon-amx", help="results/<name>/<model> (default compare/xeon-amx)"
+    )
     parser.add_argument("--strategies", default=STRATEGIES, help=f"comma-separated (default {STRATEGIES})")
     args = parser.parse_args()
     if not args.skip_smollm2:

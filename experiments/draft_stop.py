@@ -175,7 +175,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen2.5-coder-0.5b")
     p.add_argument("--draft", default="a:5,7,8,9,10,11|m:5,7,8,9,10,11|v:32768")
-    p.add_argument("--profile", help="latency profile (default: results/draft_vocab/{model}/profile.json)")
+    p.add_argument("--profile", help="latency profile (default: results/profile/xeon-amx/{model}.json)")
     p.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     p.add_argument("--repeats", type=int, default=3, help="timed passes over the decode prompts")
     p.add_argument("--decode-prompts", type=int, default=8)
@@ -183,7 +183,7 @@ def main() -> None:
     p.add_argument("--name", help="the results' file name (default: the model's; another machine or dtype)")
     args = p.parse_args()
     configure(args.threads)
-    profile_path = Path(args.profile or ROOT / "results" / "draft_vocab" / args.model / "profile.json")
+    profile_path = Path(args.profile or ROOT / "results" / "profile" / "xeon-amx" / f"{args.model}.json")
     name = args.name or args.model
     saved = OUT / f"{name}.json"
     found: dict[str, Any] = json.loads(saved.read_text()) if saved.is_file() else {}

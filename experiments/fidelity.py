@@ -10,12 +10,13 @@ estimator and the engine:
   positions a round judged;
 - speedup: SSD over our autoregressive decoding, measured with the autoregressive runs
   interleaved between the SSD runs of each prompt, vs `cost.calibrated.predict` in closed form and
-  calibrated with `results/profile/profile.json` (`--profile`: another machine's) (docs/theory.md,
-  "Calibrated cost"), each fed by either estimator mode and by the engine's own tokens per round
-  (which isolates the cost model).
+  calibrated with `results/profile/xeon-amx/smollm2-135m.json` (`--profile`: another machine's)
+  (docs/theory.md, "Calibrated cost"), each fed by either estimator mode and by the engine's own
+  tokens per round (which isolates the cost model).
 
-Writes `results/fidelity/`: `fidelity.csv` (one row per mask), `errors.csv`, `README.md` (error
-statistics, verdicts), `fidelity.png` (predicted vs measured, with y = x) and `measurements.json`.
+Writes `results/fidelity/xeon-amx/` (`--out`): `fidelity.csv` (one row per mask), `errors.csv`,
+`README.md` (error statistics, verdicts), `fidelity.png` (predicted vs measured, with y = x) and
+`measurements.json`.
 Run: `.venv/bin/python experiments/fidelity.py` (10.5 minutes on two idle cores, 15–22 shared with
 other jobs; one torch thread, `--threads N`); `--report-only` redraws everything from
 `measurements.json`.
@@ -78,8 +79,8 @@ from skipsearch.validate.replay import (
 )
 from skipsearch.validate.stats import ErrorStats
 
-OUT = RESULTS / "fidelity"
-PROFILE = RESULTS / "profile" / "profile.json"
+OUT = RESULTS / "fidelity" / "xeon-amx"
+PROFILE = RESULTS / "profile" / "xeon-amx" / "smollm2-135m.json"
 N_PROMPTS, NEW_TOKENS = 6, 64
 GAMMA = 3
 GAMMA_MAX = 8
@@ -418,7 +419,7 @@ def report(
         f"{meta['setup']}. Prompts: {len(meta['prompts'])} HumanEval "
         f"prompts ({', '.join(map(str, meta['prompts']))} tokens), {meta['new_tokens']} new tokens, greedy, "
         f"γ = {GAMMA}; the estimator's ReferenceCache is built from the same `PromptSpec`. "
-        f"Latency profile: `{meta.get('profile', 'results/profile/profile.json')}` "
+        f"Latency profile: `{meta.get('profile', str(PROFILE.relative_to(RESULTS.parent)))}` "
         f"({meta['profile_threads']} threads), "
         f"priced at context {meta['context']:.0f}. {stamp_line(meta)}",
         "",
@@ -582,7 +583,8 @@ def discussion(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[str
         f"`{best['label']}` {best['speedup_decode']:.2f}×). The closed form prices a round at "
         f"{1 / closed:.2f}× its measured cost on average, so it overestimates every speedup: it counts "
         "layers, but a draft step also pays the LM head and the embedding, and a (γ+1)-position verify "
-        "pass costs f(γ) steps (results/profile/c_vs_naive.md), not 1. The calibrated model prices both: "
+        "pass costs f(γ) steps (results/profile/epyc-avx512/c_vs_naive.md), not 1. "
+        "The calibrated model prices both: "
         f"round cost within {cost.mean_abs:.1f}% on average (max {cost.max_abs:.1f}%, `{worst['label']}`), "
         f"speedup from the engine's tokens/round within {engine_e.mean_abs:.1f}%.",
     ]

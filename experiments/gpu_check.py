@@ -12,7 +12,7 @@ Sections, most important first, so a run cut short still leaves what matters mos
 4. `estimator`: masks evaluated per second at Mistral-7B shape, both estimator modes, with the
    memory the reference cache takes;
 5. `predictions`: the SmolLM2 and Qwen masks already measured on CPU (their acceptance, committed
-   in `results/compare/`) priced with the GPU profiles, next to the CPU verdict.
+   in `results/compare/xeon-amx/`) priced with the GPU profiles, next to the CPU verdict.
 
 Writes `results/gpu/`: `gpu_check.json` (every section: status, seconds, data or traceback),
 `README.md` (tables, rewritten after each section) and `pytest.log`. A section that fails records
@@ -70,6 +70,7 @@ from skipsearch.models.runner import LayerwiseRunner
 ROOT = Path(__file__).resolve().parents[1]
 GAMMAS = tuple(range(1, 9))
 CPU_MODELS = {"SmolLM2-135M": "smollm2-135m", "Qwen2.5-0.5B": "qwen2.5-coder-0.5b"}
+CPU_COMPARISON = ROOT / "results" / "compare" / "xeon-amx"  # the CPU searches whose masks it prices
 
 
 @dataclass(frozen=True)
@@ -317,7 +318,7 @@ def run_predictions(plan: Plan, out: Path) -> dict[str, Any]:
     for label, alias in CPU_MODELS.items():
         profile = LatencyProfile.load(out / f"profile-{label}.json")
         rows = []
-        for candidate in cpu_masks(ROOT / "results" / "compare" / alias):
+        for candidate in cpu_masks(CPU_COMPARISON / alias):
             mask = SkipMask.parse(candidate["mask"], candidate["num_layers"])
             scaled = scale_to_depth(profile, mask.num_layers)  # a no-op on the GPU plan
             curves = {
@@ -363,9 +364,7 @@ def run_graphed(plan: Plan, out: Path) -> dict[str, Any]:
     the library's calibrated form (`cost.calibrated.Calibrated`). A CPU mask's speedup at γ is its
     measured tokens per round over that round cost; the best γ is reported."""
     data = {}
-    candidates = {
-        label: cpu_masks(ROOT / "results" / "compare" / alias) for label, alias in CPU_MODELS.items()
-    }
+    candidates = {label: cpu_masks(CPU_COMPARISON / alias) for label, alias in CPU_MODELS.items()}
     context, gammas = plan.graph_context, plan.graph_gammas
     for label, model in plan.models.items():
         loaded = load_model(model, plan.device, plan.dtype, RandomWeights())

@@ -13,7 +13,7 @@ Steps, in the order that keeps the most if a run is cut short; the report (`gpu_
 2. `profile`: a LatencyProfile of CUDA graph replays (`bench.graphed_profile`), with the per-round
    settle cost, at the contexts the decodes run at;
 3. `decodes`: on the same prompts, interleaved and repeated: autoregressive decoding eager and on
-   graphs, HF `generate` eager, and the best CPU-searched masks (`results/compare-amx-attention`)
+   graphs, HF `generate` eager, and the best CPU-searched masks (`results/compare/xeon-amx`)
    on graphs at their CPU γ, each with the full head and with a draft vocabulary; per draft, its
    measured decode-only speedup over the graphed baseline (with the spread over repeats), tokens
    per round and acceptance next to the estimator's on this GPU, its prediction by the library's
@@ -71,7 +71,7 @@ from skipsearch.validate.phases import decode_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
-SEARCHED = ROOT / "results" / "compare-amx-attention" / MODEL
+SEARCHED = ROOT / "results" / "compare" / "xeon-amx" / MODEL
 HF_COMPILED = "hf-generate-compiled"
 PIPELINE_MODE = MeasureConfig().mode  # the estimator mode `skipsearch run` scores with by default
 

@@ -14,7 +14,7 @@ On `stdlib-long` prompts cut to their last `--context` tokens, every layer runs 
     python experiments/pillars.py                  # ~10 min on two idle cores
     python experiments/pillars.py --context 4096
 
-Writes `results/sparse_kv/pillars-{context}.json` and `.md`. Run it alone; the load average is
+Writes `results/sparse_kv/epyc-avx512/pillars-{context}.json` and `.md`. Run it alone; the load average is
 recorded before and after.
 """
 
@@ -34,7 +34,7 @@ from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.acceptance.worker import prepare
 from skipsearch.masks import KVPattern, SkipMask
 
-OUT = Path(__file__).resolve().parents[1] / "results" / "sparse_kv"
+OUT = Path(__file__).resolve().parents[1] / "results" / "sparse_kv" / "epyc-avx512"
 
 
 def main() -> None:

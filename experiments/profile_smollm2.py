@@ -1,14 +1,14 @@
 """Profile the embedded model (SmolLM2-135M) on this CPU: what a draft step really costs.
 
-Writes `results/profile/`:
-- `profile.json`: the LatencyProfile (`skipsearch profile` format);
+Writes `results/profile/epyc-avx512/` (the CPU it last ran on):
+- `smollm2-135m.json`: the LatencyProfile (`skipsearch profile` format);
 - `per_layer_cost.png`: per-layer attention and MLP time at each context length, the split of one
   step into embedding / attention / MLP / head, and the draft cost `c` against the naive `E / L`;
 - `c_vs_naive.csv` and `.md`: `c` of the contiguous draft `[0, E)` for every exit `E` at each
   context length next to `E / L` (docs/theory.md, "Calibrated cost"), plus `f(γ)` and the round overhead.
 
 Run: `.venv/bin/python experiments/profile_smollm2.py` (about four minutes on two idle cores);
-`--replot` redraws the outputs from the saved profile.json without measuring.
+`--replot` redraws the outputs from the saved profile without measuring.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.profile_summary import ProfileSummary, summary
 
 MODEL = "smollm2-135m"
-OUT = Path(__file__).resolve().parents[1] / "results" / "profile"
+OUT = Path(__file__).resolve().parents[1] / "results" / "profile" / "epyc-avx512"
 MS = 1e3
 PARTS = ("embed", "attn", "mlp", "head")
 PART_COLORS = {"embed": "tab:gray", "attn": "tab:blue", "mlp": "tab:orange", "head": "tab:red"}
@@ -179,11 +179,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="samples per entry")
     parser.add_argument("--processes", type=int, default=DEFAULT_PROCESSES, help="fresh processes")
-    parser.add_argument("--replot", action="store_true", help="redraw from the saved profile.json")
+    parser.add_argument("--replot", action="store_true", help="redraw from the saved profile")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     OUT.mkdir(parents=True, exist_ok=True)
-    profile_path = OUT / "profile.json"
+    profile_path = OUT / "smollm2-135m.json"
     if args.replot:
         profile = LatencyProfile.load(profile_path)
     else:

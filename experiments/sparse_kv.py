@@ -11,21 +11,20 @@ prompts of `stdlib-long` cut to their last N tokens (`--prompts` of them measure
 - **layer-only**: the best of the same search's masks scored with every key (and any vocabulary);
 - **KV-only**: every layer, the best of those patterns (and any vocabulary).
 Each is scored by the calibrated cost model at its best γ, on a latency profile measured at
-128-8000 tokens (`skipsearch profile --context-lengths ... --out results/sparse_kv/profile.json`,
+128-8000 tokens (`skipsearch profile --context-lengths ... --out <out>/profile.json`,
 taken first unless `--profile` names one); then the three are decoded against autoregressive
 decoding on the held-out prompts, interleaved and paired per prompt and repeat, every output
 checked against the autoregressive one (bf16: near-ties within the measured tolerance).
 
     python experiments/sparse_kv.py    # ~75 min on two idle cores before pillars and vocabularies
     python experiments/sparse_kv.py --contexts 512,2048   # a shorter sweep
-    python experiments/sparse_kv.py --profile results/sparse_kv/profile.json   # keep the profile
-    python experiments/sparse_kv.py --contexts 8000 --profile results/sparse_kv/profile.json \
-        --out results/sparse_kv/joint-8000                 # the joint space alone at 8k (~25 min)
+    python experiments/sparse_kv.py --profile results/sparse_kv/xeon-amx/profile.json   # keep the profile
+    python experiments/sparse_kv.py --contexts 8000 --out results/sparse_kv/xeon-amx   # 8k alone (~30 min)
 
 The draft vocabularies are ranked on a stdlib sample without the measured or the held-out prompts'
 files (the default ranking avoids only the measured ones, and stdlib-long's held-out prompts are
 in its sample). Writes `{results.json, README.md, crossover.png}` under `--out`
-(`results/sparse_kv/`). Run it alone; the load
+(`results/sparse_kv/xeon-amx/`). Run it alone; the load
 average is recorded before and after.
 """
 
@@ -67,7 +66,7 @@ from skipsearch.validate.phases import decode_seconds, prefill_estimate
 from skipsearch.validate.replay import round_stats, same_text_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "results" / "sparse_kv"
+OUT = ROOT / "results" / "sparse_kv" / "xeon-amx"
 SPACE = Path(__file__).with_name("draft_vocab_space.yaml")
 PROFILE_CONTEXTS = "128,256,512,1024,2048,4096,8000"  # every pattern's key count, and every context
 

@@ -6,7 +6,7 @@
 2. The tier search over both runs' evaluated masks, no model work: for K = 2, 3, 4 a TPE study
    over the K masks, the policy's window and thresholds and a draft length per tier, each trial
    one simulation over the calibration trajectories. Closed-form cost, and calibrated with
-   `results/profile/profile.json` when it exists.
+   `results/profile/epyc-avx512/smollm2-135m.json` when it exists.
 3. A held-out check: the same search on prompts 1-4 only, its best set scored on prompts 5-8.
 4. `results/tiers/`: `tier_sets.csv`, `summary.md`, `tiers.json` (capture manifest of the best
    set; calibrated cost when profiled), `exports/` (`skipsearch export` of the contiguous run,
@@ -52,7 +52,7 @@ SEARCHES = {
     "sparse": ["--space", "sparse", "--strategy", "learned", "--warm-start", "--budget", "40"],
 }
 DECODE = ["--n-prompts", "4", "--new-tokens", "32", "--max-prompt-tokens", "192", "--repeats", "1"]
-LATENCY = ROOT / "results" / "profile" / "profile.json"
+LATENCY = ROOT / "results" / "profile" / "epyc-avx512" / "smollm2-135m.json"
 log = logging.getLogger("tiers")
 
 

@@ -92,7 +92,7 @@ def sampling_acceptance(
 def greedy_confidence(draft_logits: torch.Tensor) -> torch.Tensor:
     """Per position, the draft's softmax maximum over the vocabulary of `draft_logits` (a subset's
     logits for a draft vocabulary): what a draft that stops when unsure compares with its
-    threshold (`engine.ssd.confidence`)."""
+    threshold (`engine.steps.confidence`)."""
     logits = draft_logits.float()
     return torch.exp(logits.max(-1).values - torch.logsumexp(logits, dim=-1))
 

@@ -72,7 +72,8 @@ from skipsearch.engine.graphs import (
     sliding_window_problem,
 )
 from skipsearch.engine.sampling import GREEDY
-from skipsearch.engine.ssd import Round, settle
+from skipsearch.engine.ssd import settle
+from skipsearch.engine.steps import Round
 from skipsearch.engine.timing import RoundClock
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask

@@ -50,8 +50,9 @@ class Calibrated:
 
     Under a KV pattern `kv` each attention sub-layer of a draft step is priced at the number of
     keys it reads (the profile's attention at that context: the same projections and cache append,
-    SDPA over fewer keys), and verify reuses nothing, as the engine does (`engine.ssd.divergent_layer`).
-    A pattern with pillars adds the profile's pillar choice to the verify, which makes it.
+    SDPA over fewer keys), and verify reuses nothing, as the engine does
+    (`engine.steps.divergent_layer`). A pattern with pillars adds the profile's pillar choice to the
+    verify, which makes it.
     """
 
     latency: LatencyProfile

@@ -11,9 +11,10 @@
         runner, prompt_ids, mask, 64, gamma=GammaPolicy(initial=3), sampling=Sampling(0.8, top_p=0.95)
     )
 
-Modules: `ssd` (the loop: draft, verify, accept, rollback), `autoregressive` (the baseline),
-`sampling` (pure acceptance arithmetic), `gamma` (dynamic draft length), `cache` (shared KV cache
-and its invariant), `timing` (per-round latency breakdown), `result` (what a decode returns).
+Modules: `ssd` (the loop: draft, verify, accept, rollback), `steps` (the draft and verify passes
+behind `RoundSteps`, and the eager ones), `autoregressive` (the baseline), `sampling` (pure
+acceptance arithmetic), `gamma` (dynamic draft length), `cache` (shared KV cache and its
+invariant), `timing` (per-round latency breakdown), `result` (what a decode returns).
 """
 
 from skipsearch.engine.autoregressive import autoregressive_decode

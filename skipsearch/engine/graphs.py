@@ -34,7 +34,7 @@ import torch
 
 from skipsearch.engine.cache import StaticKV
 from skipsearch.engine.sampling import Sampling
-from skipsearch.engine.ssd import (
+from skipsearch.engine.steps import (
     EagerSteps,
     Proposal,
     Round,
@@ -164,7 +164,7 @@ class GraphSteps:
 
     # -- the captured passes ------------------------------------------------------------------
     def _draft_step(self, tier: int) -> Callable[[], Outputs]:
-        """One draft position of `tier` (`ssd.draft_forward`): (its exact state at `s1`, logits);
+        """One draft position of `tier` (`steps.draft_forward`): (its exact state at `s1`, logits);
         under a KV pattern its attention reads the sink and the window gathered from the device-held
         position into buffers of fixed size (`kv.patterns.StaticKeys`)."""
         runner, mask, head, pattern = self.runner, self.masks[tier], self.heads[tier], self.kvs[tier]
@@ -180,7 +180,7 @@ class GraphSteps:
 
     def _verify_step(self, tier: int, gamma: int) -> Callable[[], Outputs]:
         """The full model over `gamma + 1` positions, reusing the draft's exact prefix
-        (`ssd.verify_forward`; under a KV pattern there is none but the embedding)."""
+        (`steps.verify_forward`; under a KV pattern there is none but the embedding)."""
         runner, mask, pattern = self.runner, self.masks[tier], self.kvs[tier]
         positions, block_mask = self.positions[:, : gamma + 1], self.block_mask[:, :, : gamma + 1]
 

@@ -5,9 +5,9 @@ exact prefix, accept, roll back, check the cache invariant); here the mask of ea
 `s1`) and its draft length come from `TierController`. Every round starts from a cache that holds
 exactly the full model's K/V, so switching tiers between rounds costs nothing.
 
-`ssd.EagerSteps` runs the passes over a DynamicCache; `engine.graphs.GraphSteps` runs the same
-passes over static buffers and a StaticCache, replayed from pre-captured CUDA graphs on a GPU
-(one draft graph per tier, one verify graph per tier and draft length).
+`engine.steps.EagerSteps` runs the passes over a DynamicCache; `engine.graphs.GraphSteps` runs
+the same passes over static buffers and a StaticCache, replayed from pre-captured CUDA graphs on a
+GPU (one draft graph per tier, one verify graph per tier and draft length).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from skipsearch.engine import ssd
 from skipsearch.engine.result import DecodeResult
 from skipsearch.engine.sampling import GREEDY, Sampling
+from skipsearch.engine.steps import EagerSteps, RoundSteps
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
@@ -74,7 +75,7 @@ def tiered_decode(
     sampling: Sampling = GREEDY,
     generator: torch.Generator | None = None,
     eos_ids: Collection[int] = (),
-    steps: ssd.RoundSteps | None = None,
+    steps: RoundSteps | None = None,
     timed: bool = True,
 ) -> TieredResult:
     """Decode up to `max_new_tokens` after `prompt`, drafting each round `gammas[t]` tokens with
@@ -85,7 +86,7 @@ def tiered_decode(
     each round's phase breakdown, at the cost of device syncs (`ssd.run_rounds`).
     """
     check_tiers(runner, masks, gammas, policy)
-    steps = steps if steps is not None else ssd.EagerSteps(runner, masks)
+    steps = steps if steps is not None else EagerSteps(runner, masks)
     schedule = TierSchedule(TierController(policy), gammas)
     result, tiers = ssd.run_rounds(
         runner, prompt, max_new_tokens, steps, schedule, sampling, generator, eos_ids, timed

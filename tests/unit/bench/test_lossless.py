@@ -18,7 +18,7 @@ from skipsearch.bench.lossless import (
     measure_tolerance,
     tie_epsilon,
 )
-from skipsearch.engine import autoregressive_decode, speculative_decode, ssd
+from skipsearch.engine import autoregressive_decode, speculative_decode, steps
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model
@@ -46,7 +46,7 @@ def perturbed_decode(runner: LayerwiseRunner, monkeypatch: pytest.MonkeyPatch, a
     """SSD whose verify logits at output FLIP_AT favour the runner-up by a hair more than the margin."""
     margin, runner_up = top_two(runner, [*PROMPT, *ar[:FLIP_AT]])
     position = len(PROMPT) + FLIP_AT - 1  # the input position whose logits choose output FLIP_AT
-    verify = ssd.verify
+    verify = steps.verify
 
     def nudged(runner, mask, cache, proposal, pending, start, kv=None, pillars=None):
         logits = verify(runner, mask, cache, proposal, pending, start, kv, pillars)
@@ -54,7 +54,7 @@ def perturbed_decode(runner: LayerwiseRunner, monkeypatch: pytest.MonkeyPatch, a
             logits[position - start, runner_up] += margin * 1.001
         return logits
 
-    monkeypatch.setattr(ssd, "verify", nudged)
+    monkeypatch.setattr(steps, "verify", nudged)
     mask = SkipMask.from_layers(6, [4])
     out = speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=3).tokens
     monkeypatch.undo()

@@ -1,5 +1,6 @@
 """The tiny Llama, its prompt and its greedy continuation that the engine tests decode (one thread: tiny
-models run op by op), and a count of what a decode asks of the host."""
+models run op by op), the same Llama on the kernel plan's attention (KV patterns), and a count of
+what a decode asks of the host."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from skipsearch.engine import (
     timing,
 )
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import tiny_model
+from tests.conftest import tiny_model, with_plan_attention
 
 NEW_TOKENS = 40
 
@@ -38,6 +39,11 @@ def runner():
 @pytest.fixture(scope="module")
 def reference(runner):
     return autoregressive_decode(runner, PROMPT, NEW_TOKENS).tokens
+
+
+@pytest.fixture(scope="module")
+def plan_runner():
+    return LayerwiseRunner(with_plan_attention(tiny_model("llama")))
 
 
 # The methods through which Python code brings a tensor's value to the host: on a GPU, each waits

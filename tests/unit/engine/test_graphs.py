@@ -9,7 +9,7 @@ import torch
 from skipsearch.engine import autoregressive_decode
 from skipsearch.engine.graphs import GraphSteps, sliding_window_problem
 from skipsearch.engine.sampling import GREEDY, Sampling
-from skipsearch.engine.ssd import EagerSteps
+from skipsearch.engine.steps import EagerSteps
 from skipsearch.engine.tiered import tiered_decode
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
@@ -89,7 +89,7 @@ def test_host_syncs_per_round_are_few_and_do_not_grow_with_depth(host_reads: Cou
 
 @pytest.mark.parametrize("sampling", [GREEDY, Sampling(0.9, top_k=20)])
 def test_static_steps_draft_from_a_draft_vocabulary_as_the_eager_steps_do(sampling: Sampling) -> None:
-    """Both paths run one draft step (`ssd.draft_forward`, `ssd.propose`), draft heads included:
+    """Both paths run one draft step (`steps.draft_forward`, `steps.propose`), draft heads included:
     same tokens and same rounds, and greedy stays the target's output."""
     runner = LayerwiseRunner(tiny_model("llama", layers=4))
     masks = tier_masks(4)

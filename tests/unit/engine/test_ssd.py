@@ -4,7 +4,6 @@ cache rollback and the round records (sampled output: test_sampling.py)."""
 import json
 
 import pytest
-import torch
 
 from skipsearch.engine import (
     GammaPolicy,
@@ -16,7 +15,7 @@ from skipsearch.engine import (
 from skipsearch.engine import cache as cache_ops
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from tests.conftest import tiny_model, with_plan_attention
+from tests.conftest import tiny_model
 from tests.unit.engine.conftest import NEW_TOKENS, PROMPT, Traffic
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -125,51 +124,11 @@ def test_round_records(runner):
     assert json.loads(json.dumps(result.to_dict()))["tokens"] == list(result.tokens)
 
 
-def _draft_confidences(runner, mask, monkeypatch) -> list[float]:
-    """The draft's confidence at every draft step of a decode without a stop."""
-    seen: list[float] = []
-
-    def spy(logits, q, token):
-        seen.append(confidence(logits, q, token))
-        return seen[-1]
-
-    confidence = ssd.confidence
-    monkeypatch.setattr(ssd, "confidence", spy)
-    speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=GammaPolicy.fixed(4, stop_below=1e-9))
-    monkeypatch.setattr(ssd, "confidence", confidence)
-    return seen
-
-
-@pytest.mark.parametrize("mask", [MASKS["sparse multi"], MASKS["mlp before skipped attn"]], ids=str)
-def test_a_draft_that_stops_when_unsure_is_lossless(runner, reference, mask, monkeypatch):
-    """With the stop at the median of the draft's own confidence, some rounds end early and some
-    draft all γ; the output is still the autoregressive one."""
-    median = float(torch.tensor(_draft_confidences(runner, mask, monkeypatch)).median())
-    policy = GammaPolicy.fixed(4, stop_below=median)
-    result = speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=policy)
-    assert result.tokens == reference
-    assert sum(n + 1 for n in result.accepted) == NEW_TOKENS
-    drafted = set(result.gammas[:-1])  # the last round is clipped by the output's end
-    assert 4 in drafted and drafted & {1, 2, 3}
-
-
-def test_greedy_confidence_is_the_softmax_maximum():
-    logits = torch.tensor([2.0, 0.0, 1.0])
-    assert ssd.confidence(logits, None, torch.tensor(0)) == pytest.approx(float(logits.softmax(-1)[0]))
-    q = torch.tensor([0.1, 0.6, 0.3])
-    assert ssd.confidence(logits, q, torch.tensor(2)) == pytest.approx(0.3)
-
-
 KV_PATTERNS = {
     "sink and window": KVPattern(2, 6),
     "window only": KVPattern(0, 4),
     "with pillars": KVPattern(1, 4, 3),
 }
-
-
-@pytest.fixture(scope="module")
-def plan_runner():
-    return LayerwiseRunner(with_plan_attention(tiny_model("llama")))
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])
@@ -180,39 +139,6 @@ def test_greedy_ssd_with_a_kv_pattern_equals_autoregressive(plan_runner, kv, mas
     result = speculative_decode(plan_runner, PROMPT, mask, NEW_TOKENS, gamma=gamma, kv=kv)
     assert result.tokens == reference
     assert any(n < g for n, g in zip(result.accepted, result.gammas, strict=True))  # the pattern bites
-
-
-def test_a_pillar_draft_reads_the_pillars_its_previous_verify_chose(plan_runner, monkeypatch):
-    """After each verify the steps hold the next round's pillars, inside the pattern's region, and
-    the draft gathers exactly those; a new prefill forgets them."""
-    kv, chosen, read = KVPattern(1, 4, 3), [], []
-    steps = ssd.EagerSteps(plan_runner, [SkipMask(6)], None, [kv])
-    original = ssd.PillarKeys.gather
-
-    def gather(pattern, positions, cache):
-        read.append([p.clone() for p in positions])
-        return original(pattern, positions, cache)
-
-    monkeypatch.setattr(ssd.PillarKeys, "gather", gather)
-    verify = steps.verify
-
-    def recorded(at, proposal):
-        logits = verify(at, proposal)
-        chosen.append((at.start, [p.clone() for p in steps.pillars]))
-        return logits
-
-    monkeypatch.setattr(steps, "verify", recorded)
-    schedule = ssd.OneMask(ssd.GammaController(GammaPolicy.fixed(3)))
-    result, _ = ssd.run_rounds(plan_runner, PROMPT, NEW_TOKENS, steps, schedule, ssd.GREEDY, None, ())
-    assert result.tokens == autoregressive_decode(plan_runner, PROMPT, NEW_TOKENS).tokens
-    assert len(read) == len(chosen) - 1  # every round but the first drafts with pillars
-    for (start, pillars), gathered in zip(chosen, read, strict=False):
-        for layer, positions in enumerate(pillars):
-            assert positions.shape == (plan_runner.config.num_key_value_heads, 3)
-            assert ((positions >= kv.sink) & (positions < start + 1 - kv.window)).all()
-            assert torch.equal(gathered[layer], positions)
-    steps.prefill(PROMPT)
-    assert steps.pillars == []
 
 
 # -- host reads ------------------------------------------------------------------------------------
@@ -248,7 +174,7 @@ def test_a_timed_round_syncs_at_every_phase_boundary(runner, reference, traffic)
 
 
 def test_a_draft_that_stops_reads_its_confidence_after_every_draft_token(runner, reference, traffic):
-    """The stop's reads (`ssd.draft`): one per draft token, beside the round's own."""
+    """The stop's reads (`steps.draft`): one per draft token, beside the round's own."""
     mask = MASKS["sparse multi"]
     policy = GammaPolicy.fixed(4, stop_below=0.5)
     result, seen = traffic(

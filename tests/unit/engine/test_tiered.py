@@ -7,7 +7,7 @@ import torch
 
 from skipsearch.engine import Sampling, autoregressive_decode
 from skipsearch.engine.graphs import GraphSteps, make_steps
-from skipsearch.engine.ssd import EagerSteps
+from skipsearch.engine.steps import EagerSteps
 from skipsearch.engine.tiered import tiered_decode
 from skipsearch.errors import ConfigError, InvalidMaskError
 from skipsearch.tiers.policy import TierController, TierPolicy

@@ -84,7 +84,8 @@ def child(context: int) -> None:
         "median_ms": 1e3 * statistics.median(times),
         "copy_gbs": bandwidth / 1e9,
         "floor_ms": 1e3 * (weights + context * per_position) / bandwidth,
-        "plan": loaded.plan,
+        "plan": loaded.plan.details,
+        "plan_line": loaded.plan.line,
         "threads": torch.get_num_threads(),
         "helpers": helpers is not None,
         # pieces of products the helpers computed, and the caller took back, a step
@@ -141,7 +142,7 @@ def main() -> None:
             for policy, threads in configs[shift:] + configs[:shift]:
                 result = run_child(policy, threads, args.context)
                 if (policy, threads) == ("default", "auto"):
-                    plans[load] = result["plan"]
+                    plans[load] = result.get("plan_line", result["plan"])
                 results.setdefault((policy, threads, load), []).append(result)
                 ms = result["median_ms"]
                 print(f"round {round_index + 1} {load:14} {policy:8} {threads} thread(s): {ms:.1f} ms")

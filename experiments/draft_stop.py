@@ -168,7 +168,7 @@ def decode(measurement: Any, draft: Draft, found: dict[str, Any], repeats: int, 
         )
     widest = max(p["gamma_max"] for p in policies.values()) + 1
     decoded = paired_decodes(runner, prompts, decoders, repeats, widest)
-    return {**decoded, "policies": policies, "kernel_plan": loaded.plan}
+    return {**decoded, "policies": policies, **loaded.plan.to_record()}
 
 
 def main() -> None:
@@ -192,7 +192,7 @@ def main() -> None:
     if "predict" in args.parts:
         predicted = predict(measurement, draft, args.draft, profile_path)
         command = shlex.join(["python", "experiments/draft_stop.py", *sys.argv[1:]])
-        found = {"model": args.model, **predicted, "kernel_plan": measurement.loaded.plan, "command": command}
+        found = {"model": args.model, **predicted, **measurement.loaded.plan.to_record(), "command": command}
     if "decode" in args.parts:
         if found.get("draft") != args.draft:
             raise SystemExit(f"{saved} predicts for another draft: run --parts predict first")
@@ -214,7 +214,7 @@ def write_report(found: dict, path: Path) -> None:
         f"positions of {PROMPTS.n_prompts} HumanEval prompts, teacher-forced (α {found['alpha']:.3f}); "
         f"priced by `{found['profile']}` at {found['context']:.0f} tokens, where a draft step costs "
         f"{found['draft_step']:.2f} of a step. Acceptance measured on the kernel plan: "
-        f"{found['kernel_plan']}.",
+        f"{found.get('kernel_plan_line', found['kernel_plan'])}.",
         "",
         "How the draft's confidence predicts acceptance:",
         "",
@@ -290,7 +290,7 @@ def decode_report(decoded: dict[str, Any] | None) -> list[str]:
         f"(never seen by the search or the choice of τ), interleaved and paired with autoregressive "
         f"decoding on the same kernels, greedy, {decoded['threads']} threads. " + stamp_line(decoded["meta"]),
         "",
-        f"Kernel plan: {decoded['kernel_plan']}.",
+        f"Kernel plan: {decoded.get('kernel_plan_line', decoded['kernel_plan'])}.",
         "",
         *markdown_table(
             [

@@ -232,7 +232,7 @@ def decode(model: str, context: Any, data: dict[str, Any], repeats: int, count: 
         decoders[label] = _ssd(runner, draft.mask, new, best["gamma"], stop, head)
     widest = max(int(best["gamma"]) for best in winners.values()) + 1
     results = paired_decodes(runner, prompts, decoders, repeats, widest)
-    return {**results, "new_tokens": new, "winners": winners, "kernel_plan": loaded.plan}
+    return {**results, "new_tokens": new, "winners": winners, **loaded.plan.to_record()}
 
 
 def paired_decodes(

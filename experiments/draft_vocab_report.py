@@ -178,7 +178,7 @@ def _decode_section(d: dict[str, Any]) -> list[str]:
         f"{d['repeats']} repeats; autoregressive decoding and each winner interleaved prompt by prompt "
         "(order rotating), ratios paired per (repeat, prompt): aggregate (total time / total time) and "
         f"the min–max of the pairs. {stamp_line(d['meta'])}"
-        + (f" Kernel plan: {d['kernel_plan']}." if "kernel_plan" in d else ""),
+        + (f" Kernel plan: {d.get('kernel_plan_line', d['kernel_plan'])}." if "kernel_plan" in d else ""),
         "",
         *markdown_table(
             (

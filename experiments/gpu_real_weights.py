@@ -436,7 +436,7 @@ def run(plan: Plan, out: Path, ranking: Path | None) -> dict[str, Any]:
         measurement.ranking = VocabRanking.load(ranking)
     state: dict[str, Any] = {"measurement": measurement}
     report["load_s"] = time.perf_counter() - began
-    report["kernel_plan"] = measurement.loaded.plan
+    report.update(measurement.loaded.plan.to_record())
     for name, step in STEPS.items():
         start = time.perf_counter()
         try:
@@ -470,7 +470,8 @@ def readme(report: dict[str, Any]) -> list[str]:
         f"torch {env['torch']}, transformers {env['transformers']}, started {env['started']}."
         + (" **Tiny CPU run: the numbers mean nothing.**" if env["tiny"] else ""),
         "",
-        f"Kernel plan of every decoder, baselines and drafts alike: {report['kernel_plan']}; the graphed "
+        "Kernel plan of every decoder, baselines and drafts alike: "
+        f"{report['kernel_plan_line']}; the graphed "
         "baseline and the graphed drafts replay `GraphSteps` graphs of the same modules over a static cache.",
         "",
     ]

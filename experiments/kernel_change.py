@@ -84,8 +84,8 @@ from skipsearch.cpu.attention_paths import (
     KERNEL_FP32_ATTENTION,
 )
 from skipsearch.engine import autoregressive_decode
+from skipsearch.models.kernels import apply_attention
 from skipsearch.models.loading import load_model
-from skipsearch.models.plan import apply_attention
 from skipsearch.models.registry import REGISTRY, available_offline
 from skipsearch.models.runner import LayerwiseRunner
 

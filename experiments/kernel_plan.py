@@ -122,7 +122,8 @@ def main() -> None:
             )
         print("\n".join(lines[-2:]))
     for plan in plans:
-        plan_line = next(iter(raw.values()))[plan][0].get("kernel_plan") if raw else None
+        first = next(iter(raw.values()))[plan][0] if raw else {}
+        plan_line = first.get("kernel_plan_line", first.get("kernel_plan"))
         if plan_line and plan != "fp32":
             lines += ["", f"{plan.capitalize()}: {plan_line}"]
     (RESULTS / f"kernel_plan{args.suffix}.md").write_text("\n".join(lines) + "\n")

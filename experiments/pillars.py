@@ -93,7 +93,7 @@ def main() -> None:
         f"{args.gamma}`: every layer runs, γ {args.gamma}; {args.prompts} `stdlib-long` prompts "
         f"measured, {args.decode_prompts} held out × {args.new_tokens} tokens × {args.repeats} repeats "
         f"decoded, paired against autoregressive decoding ({step:.1f} ms a token) on the same kernels.",
-        f"Plan: {drafts['measured']['plan']}.",
+        f"Plan: {drafts['measured'].get('plan_line', drafts['measured']['plan'])}.",
         "",
         *markdown_table(
             [

@@ -280,7 +280,7 @@ def decode(args: argparse.Namespace, context: int, drafts: dict, measurement: An
         )
     stamp = Stamp()
     runs = benchmark(decoders, prompts, args.repeats, 0, runner.device)
-    measured = {"meta": stamp.finish(), "plan": loaded.plan}
+    measured = {"meta": stamp.finish(), "plan": loaded.plan.details, "plan_line": loaded.plan.line}
     baseline = runs["autoregressive"]
     for name in same:
         if same[name] != name:

@@ -102,10 +102,12 @@ def _plans(results: dict, contexts: list[int]) -> list[str]:
     """Which kernel plan predicted and which decoded: `--decode-only` decodes on today's plan
     without searching (or predicting) again, so the two may differ."""
     lines = [
-        f"- Predicted with the search's latency profile: {results['profile'].get('kernel_plan', 'n/a')}."
+        "- Predicted with the search's latency profile: "
+        f"{results['profile'].get('kernel_plan_line', results['profile'].get('kernel_plan', 'n/a'))}."
     ]
     for context in contexts:
-        plan = results["contexts"][str(context)]["measured"].get("plan", "not recorded by this run")
+        measured = results["contexts"][str(context)]["measured"]
+        plan = measured.get("plan_line", measured.get("plan", "not recorded by this run"))
         lines.append(f"- Decoded at {context} tokens on: {plan}.")
     return lines
 

@@ -133,14 +133,19 @@ def readable_profile_path(model_id: str, device: str, dtype: str, graphs: bool =
     return legacy if not graphs and not path.is_file() and legacy.is_file() else path
 
 
+def kernels_dir() -> Path:
+    """Where the CPU backend keeps its measured choices and compiled kernels."""
+    return cache_dir() / "kernels"
+
+
 def kernel_choice_path(machine: str, dtype: str) -> Path:
     """Where a choice the CPU backend measured on this machine is kept (`cpu.choices`)."""
-    return cache_dir() / "kernels" / f"{machine}-{dtype}.json".replace("/", "_")
+    return kernels_dir() / f"{machine}-{dtype}.json".replace("/", "_")
 
 
 def native_library_path(name: str, digest: str) -> Path:
     """Where a compiled C kernel is kept, one per source, compiler and flags (`cpu.native`)."""
-    return cache_dir() / "kernels" / f"{name}-{digest}.so"
+    return kernels_dir() / f"{name}-{digest}.so"
 
 
 def draft_vocab_cache_path(model_id: str, corpus_hash: str) -> Path:

@@ -18,7 +18,7 @@ from skipsearch.acceptance.reference import build_reference
 from skipsearch.cpu.attention_choice import choose_attention
 from skipsearch.cpu.bf16_weights import load_tile_kernel
 from skipsearch.cpu.decode_attention import load_amx_kernel, load_kernel
-from skipsearch.models.plan import apply_attention
+from skipsearch.models.kernels import apply_attention
 
 TINY = {
     "vocab_size": 61,

@@ -21,7 +21,7 @@ from skipsearch.engine.sampling import GREEDY, Sampling
 from skipsearch.engine.timing import breakdown
 from skipsearch.errors import ConfigError
 from skipsearch.masks import Draft
-from skipsearch.models.plan import busy_cpu_warning
+from skipsearch.models.kernels import busy_cpu_warning
 
 if TYPE_CHECKING:
     from skipsearch.acceptance.measure_config import MeasureConfig
@@ -196,7 +196,7 @@ def decode_draft(
         "dynamic_gamma": not policy.is_fixed,
         "draft_stop": policy.stop_below,
         "random_weights": weights is not None,
-        "kernel_plan": loaded.plan,
+        **loaded.plan.to_record(),
         **settings.to_dict(len(prompts)),
         "summaries": {name: s.to_dict(summaries[HF], "hf") for name, s in summaries.items()},
         "estimators": estimates,

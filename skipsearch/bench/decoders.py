@@ -23,8 +23,8 @@ from skipsearch.engine.sampling import Sampling
 from skipsearch.engine.ssd import speculative_decode
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.draft_head import DraftHead
+from skipsearch.models.kernels import new_cache
 from skipsearch.models.loading import LoadedModel, eos_ids
-from skipsearch.models.plan import new_cache
 from skipsearch.models.runner import LayerwiseRunner
 
 AR, HF, SSD, EARLY_EXIT = "autoregressive", "hf-generate", "ssd", "hf-early-exit"

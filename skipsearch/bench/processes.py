@@ -70,7 +70,7 @@ def loaded_meta(loaded: LoadedModel, random_weights: RandomWeights | None) -> di
     """What a profile records of the model beyond `process_meta`: its width and kernel plan, and
     for a weight-free model the real depth its depth-cut profile is scaled back to (`scale_to_depth`)."""
     config = loaded.model.config
-    meta = {"hidden_size": config.hidden_size, "kernel_plan": loaded.plan}
+    meta = {"hidden_size": config.hidden_size, **loaded.plan.to_record()}
     if random_weights is not None:
         meta |= {"random_weights": True, "real_num_layers": config.real_num_layers}
     return meta

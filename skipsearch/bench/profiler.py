@@ -146,7 +146,7 @@ def process_meta(runner: LayerwiseRunner, model: str) -> dict[str, Any]:
     import torch
     import transformers
 
-    from skipsearch.models.plan import plan_kernels, step_bytes
+    from skipsearch.models.kernels import plan_kernels, step_bytes
 
     device = runner.device
     weight_bytes, kv_bytes = step_bytes(runner.model)

@@ -13,7 +13,7 @@ import sys
 
 from skipsearch.errors import SkipsearchError
 
-COMMANDS = ("models", "measure", "speedup", "profile", "decode", "run", "compare", "report", "export")
+COMMANDS = ("models", "plan", "measure", "speedup", "profile", "decode", "run", "compare", "report", "export")
 
 
 _NOT_TYPED = object()

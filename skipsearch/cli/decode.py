@@ -134,7 +134,8 @@ def named_file(path: Path) -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.bench.decode import DecodeSettings, check_graphable, decode_draft
+    from skipsearch.api import decode_report
+    from skipsearch.bench.decode import check_graphable
     from skipsearch.cli.common import (
         check_mask_args,
         draft_vocab_from_args,
@@ -205,8 +206,18 @@ def run(args: argparse.Namespace) -> int:
         vocab = draft.vocab if args.draft_vocab is None else draft_vocab_from_args(args)
         return Draft(draft.mask, vocab, kv if kv is not None else draft.kv)
 
-    settings = DecodeSettings(sampling, args.new_tokens, args.repeats, args.seed, args.breakdown)
-    result = decode_draft(config, pick_draft, policy, settings, weights, args.graphs)
+    result = decode_report(
+        config,
+        pick_draft,
+        policy,
+        sampling,
+        args.new_tokens,
+        args.repeats,
+        args.seed,
+        args.breakdown,
+        weights,
+        args.graphs,
+    )
     print_result(result)
     if args.json:
         write_text_atomic(Path(args.json), json.dumps(result, indent=2))

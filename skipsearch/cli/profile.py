@@ -65,6 +65,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--out", help="profile.json to write (default: the cache `measure` reads)")
     parser.add_argument(
+        "--tables",
+        action="store_true",
+        help="print the profile's tables too (they are always written beside it, NAME.txt)",
+    )
+    parser.add_argument(
         "--skip-existing",
         action="store_true",
         help="measure nothing when the output already holds a profile (scripts that calibrate once)",
@@ -104,8 +109,8 @@ def same_plan(
     """Whether the profile in `out` (loaded: a damaged file fails here, not in the run that reads
     it) timed the kernels this machine's plan runs now; one of another plan (a kernel added or
     chosen since) is measured again, and `--skip-existing` skips only a profile of this plan."""
+    from skipsearch.models.kernels import plan_kernels
     from skipsearch.models.loading import load_model
-    from skipsearch.models.plan import plan_kernels
 
     loaded = load_model(args.model, args.device, args.dtype, weights, announce=False)
     if existing.warn_other_plan(plan_kernels(loaded.model), out):
@@ -151,16 +156,35 @@ def run(args: argparse.Namespace) -> int:
             random_weights=weights,
         )
     save_profile(profile, out)
-    render(profile, summary(profile))
-    Console().print(f"wrote {out}")
+    tables = out.with_suffix(".txt")
+    with tables.open("w") as handle:  # the tables beside the profile: a command's output stays short
+        render(profile, summary(profile), Console(file=handle, width=TABLE_WIDTH))
+    if args.tables:
+        render(profile, summary(profile), Console())
+    print(headline(profile, summary(profile)))
+    print(f"wrote {out} and its tables, {tables}")
     return 0
+
+
+def headline(profile: LatencyProfile, digest: ProfileSummary) -> str:
+    """The profile in one line: a step's time and its distance from the bytes it must read, and
+    what a verify of 4 positions costs in steps, at the shortest context profiled."""
+    context = profile.context_lengths[0]
+    step = profile.weights(context, 1).total
+    floor = profile.floor_time(context)
+    against_floor = f" ({step / floor:.2f}x the floor of the bytes it reads)" if floor else ""
+    verify = dict(zip(digest.gammas, digest.verify_cost[0], strict=True))
+    cost = f"; a verify of γ+1 = 4 positions costs {verify[3]:.2f} steps" if 3 in verify else ""
+    return f"profile at {context} tokens: a step takes {_ms(step)} ms{against_floor}{cost}"
 
 
 # -- rendering -----------------------------------------------------------------------------------
 
 
-def render(profile: LatencyProfile, digest: ProfileSummary) -> None:
-    console = Console()
+TABLE_WIDTH = 120  # the tables file's width: wide enough that no column folds
+
+
+def render(profile: LatencyProfile, digest: ProfileSummary, console: Console) -> None:
     console.print(sublayer_table(profile))
     console.print(draft_cost_table(digest))
     console.print(verify_cost_table(digest))

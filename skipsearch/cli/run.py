@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from skipsearch.acceptance.importance import IMPORTANCE_SOURCES
 from skipsearch.cli.common import (
@@ -18,9 +16,6 @@ from skipsearch.cli.executor_options import add_executor_options, executor_facto
 from skipsearch.config import RunConfig
 from skipsearch.search.objective import AUTO_COST, COSTS, OBJECTIVES
 from skipsearch.search.strategies import SAMPLER_PACKAGES, STRATEGIES
-
-if TYPE_CHECKING:
-    from skipsearch.search.study import ProgressCallback
 
 
 def add_search_options(parser: argparse.ArgumentParser) -> None:
@@ -190,50 +185,19 @@ def run_config(args: argparse.Namespace, strategy: str) -> RunConfig:
     )
 
 
-def trial_progress(
-    description: str,
-) -> tuple[Callable[[RunConfig], ProgressCallback], Callable[[], None]]:
-    """A rich bar showing trials, best score so far and ETA, opened once the model is loaded;
-    returns (`on_start(config)` opening it and giving the per-trial callback, `close`)."""
-    from skipsearch.progress import progress_bar
-
-    bar_context = None
-
-    def on_start(config: RunConfig) -> ProgressCallback:
-        nonlocal bar_context
-        bar_context = progress_bar(description, config.budget)
-        bar = bar_context.__enter__()
-
-        def on_trial(scored: int, total: int, best: float | None) -> None:
-            task = bar.task_ids[0]
-            bar.update(task, completed=scored, total=total, status=f"best {best:.3f}" if best else "")
-
-        return on_trial
-
-    def close() -> None:
-        if bar_context is not None:
-            bar_context.__exit__(None, None, None)
-
-    return on_start, close
-
-
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.run.pipeline import start_run
-    from skipsearch.run.report import write_run_outputs
+    from skipsearch.api import default_out, run_search
     from skipsearch.store import SUMMARY_FILE
 
     config = run_config(args, args.strategy)
     make_executor = executor_factory(args)  # checks the executor options before the model loads
-    out = Path(args.out or f"results/{config.measure.model}-{config.space}-{config.strategy}-s{config.seed}")
-    on_start, close_bar = trial_progress(f"{config.strategy} search")
-    try:
-        result = start_run(config, out, args.resume, typed_settings(args), make_executor, on_start)
-    finally:
-        close_bar()
-    summary = write_run_outputs(out)
+    out = Path(args.out) if args.out else default_out(config)
+    result = run_search(
+        config, out, resume=args.resume, typed=typed_settings(args), executor_factory=make_executor
+    )
     print((out / SUMMARY_FILE).read_text())  # plain: a console would wrap the mask line mid-token
     print(
-        f"{result.budget_used} masks scored, {result.model_evaluations} measured in this session; "
-        f"files in {out}"
+        f"{int((~result.trials['repeat'].astype(bool)).sum())} masks scored, {result.measured_now} measured "
+        f"in this session; files in {out}"
     )
-    return 0 if summary else 1
+    return 0

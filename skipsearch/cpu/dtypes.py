@@ -33,6 +33,31 @@ def cpu_flags(path: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
     return None
 
 
+def cpu_model(path: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name as the kernel reports it ("unknown CPU" where it cannot be read)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return "unknown CPU"
+    names = (line.partition(":")[2].strip() for line in text.splitlines() if line.startswith("model name"))
+    return next(names, "") or "unknown CPU"
+
+
+def describe_cpu(flags: frozenset[str] | None = None, model: str | None = None) -> str:
+    """The CPU in the words every results table names it by: its model and the vector units the
+    plan is chosen by, e.g. `AMD EPYC (AVX2, no AVX-512, no AMX)`."""
+    flags = cpu_flags() if flags is None else flags
+    model = cpu_model() if model is None else model
+    if flags is None:
+        return f"{model} (flags unreadable)"
+    units = [
+        "AMX" if "amx_tile" in flags else "no AMX",
+        "AVX-512" + (" with bf16" if "avx512_bf16" in flags else "") if "avx512f" in flags else "no AVX-512",
+    ]
+    widest = "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{model} ({', '.join([widest, *units[::-1]])})"
+
+
 def native_bf16(flags: frozenset[str] | None) -> str | None:
     """The flag that says this CPU multiplies bf16 natively, or None."""
     return next((flag for flag in NATIVE_BF16_FLAGS if flags and flag in flags), None)

@@ -15,7 +15,7 @@ from skipsearch.engine.result import DecodeResult, new_tokens
 from skipsearch.engine.sampling import GREEDY, Sampling, sample
 from skipsearch.errors import ConfigError
 from skipsearch.models.device import device_sync
-from skipsearch.models.plan import engaged
+from skipsearch.models.kernels import engaged
 from skipsearch.models.runner import LayerwiseRunner
 
 

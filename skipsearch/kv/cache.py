@@ -2,7 +2,7 @@
 
 transformers' `DynamicLayer` appends with `torch.cat`, which copies the layer's whole cache on every
 step; beside the fp32 attention path the cache must also hold float32 K/V whatever the projections'
-dtype. `models.plan.new_cache` builds the cache a model's plan wants.
+dtype. `models.kernels.new_cache` builds the cache a model's plan wants.
 """
 
 from __future__ import annotations

@@ -13,14 +13,15 @@ import pickle
 import shutil
 import socket
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from skipsearch.cpu.dtypes import DtypeChoice, choose_dtype
-from skipsearch.cpu.threads import busy_cpu_warning, fit_threads_to_load
+from skipsearch.cpu.threads import busy_cpu_warning
 from skipsearch.errors import ModelLoadError
 from skipsearch.models.compat import check_architecture
+from skipsearch.models.plan import KernelPlan
 from skipsearch.models.random_weights import RandomWeights, random_model
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
 from skipsearch.progress import status
@@ -49,7 +50,7 @@ class LoadedModel:
     model_id: str  # the alias or path the user gave, resolved
     source: str  # where the weights came from (file, directory or hub id, or random weights)
     random_weights: RandomWeights | None = None
-    plan: str = ""  # the kernel plan in words: dtype, attention path and why
+    plan: KernelPlan = field(default_factory=KernelPlan)  # what it runs on, and why (`models.backend`)
 
     @property
     def num_layers(self) -> int:
@@ -240,33 +241,6 @@ def device_type(device: str) -> str:
     return device.split(":", 1)[0]
 
 
-def fallback_kernels(model: Any, products: str | None) -> list[str]:
-    """Put `model` on the fp32 fallback plan's kernels: its products on skipsearch's `products`
-    kernel (`VECTOR` or `TILES`; None: torch's product), its RMSNorms, rotary embedding and SiLU on
-    skipsearch's kernels and its decoder layers fused; the plan's words for each that applied.
-    `products_choice` builds its candidates with it, so a kernel is timed with what runs around it."""
-    from skipsearch.cpu.bf16_weights import use_bf16_weights
-    from skipsearch.cpu.fused_layers import fuse_layers
-    from skipsearch.cpu.rms_norm import use_kernel_norms
-    from skipsearch.cpu.rotary import use_kernel_rotary
-    from skipsearch.cpu.silu import use_kernel_silu
-
-    parts = [] if products is None else [f"{use_bf16_weights(model, products)} weight matrices in bf16"]
-    norms = use_kernel_norms(model)
-    if norms:
-        parts.append(f"{norms} RMSNorms on skipsearch's kernel")
-    if use_kernel_rotary():
-        parts.append("the rotary embedding on skipsearch's kernel (transformers' bits)")
-    if use_kernel_silu(model):
-        parts.append("SiLU on skipsearch's kernel")
-    fused = fuse_layers(model)
-    if fused:
-        parts.append(
-            f"{fused} decoder layers fused for short blocks, one C call a sub-layer (the modules' bits)"
-        )
-    return parts
-
-
 def load_model(
     name: str,
     device: str = "cpu",
@@ -274,29 +248,16 @@ def load_model(
     random_weights: RandomWeights | None = None,
     announce: bool = True,
 ) -> LoadedModel:
-    """Load `--model` for layer-wise running (eval mode, no gradients) on this device's kernel plan.
-
-    The plan (docs/theory.md, "The kernel plan") is the dtype `--dtype` resolves to, the attention
-    path measured fastest for it (`cpu.attention_choice`), and in bf16 on a CPU weights prepacked for
-    oneDNN (`cpu.packed`); the fp32 fallback's linear layers run the product measured fastest
-    on this CPU (`cpu.fp32_linear`): MKL's, oneDNN's on packed weights, or skipsearch's kernel
-    on bf16 copies of the weights (`cpu.bf16_weights`; on AMX tiles where they measured faster
-    for this model, `cpu.products_choice`), and its RMSNorms and rotary embedding one
-    kernel call each (`cpu.rms_norm`, `cpu.rotary`); with
-    `announce` it is printed as one line on stdout, so every command says what it runs. With
-    `random_weights` the architecture is built from its config with seeded random weights and no
-    tokenizer; nothing is read from the hub or a weight file.
+    """Load `--model` for layer-wise running (eval mode, no gradients) on this device's kernel plan
+    (`models.backend.apply_plan`, docs/cpu-backend.md); with `announce` the plan is printed as one
+    short line on stdout, so every command says what it runs (`skipsearch plan` gives the whole
+    record). With `random_weights` the architecture is built from its config with seeded random
+    weights and no tokenizer; nothing is read from the hub or a weight file.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from skipsearch.cpu.attention_choice import choose_attention
-    from skipsearch.cpu.fp32_linear import BF16_KERNEL, ONEDNN, choose_fp32_linear
-    from skipsearch.cpu.packed import pack_linears
-    from skipsearch.cpu.products_choice import choose_products
-    from skipsearch.cpu.shared_core import choose_shared_cores, set_plan
-    from skipsearch.models.plan import apply_attention
-    from skipsearch.models.runner import LayerwiseRunner
+    from skipsearch.models.backend import apply_plan
 
     choice = dtype_choice(device, dtype)
     torch_dtype = resolve_dtype(choice, dtype)
@@ -330,38 +291,10 @@ def load_model(
             raise ModelLoadError(f"cannot load {location}: {error}") from None
         model.to(device).eval()
         loaded = LoadedModel(model=model, tokenizer=tokenizer, model_id=name, source=source)
-    fallback = choice.name == "float32" and dtype == "auto" and device_type(device) == "cpu"
-    attention = choose_attention(torch_dtype, device_type(device), fallback)
-    apply_attention(loaded.model, attention)
-    loaded.plan = f"{choice.name} ({choice.reason}); {attention.describe()}"
-    # Measured on this project's CPU (results/kernels/packed_weights.md): a bf16 product on a weight
-    # reordered once for oneDNN is 1.5-2.5x faster than F.linear's, which reorders it on every call.
-    force, kernel = False, None
-    if fallback:
-        fp32 = choose_fp32_linear()  # the fallback plan: MKL, oneDNN or the kernel, measured on this CPU
-        loaded.plan += f"; {fp32.describe()}"
-        if fp32.library == BF16_KERNEL:
-            # the vector kernel or AMX tiles, measured on whole steps of copies built like this one
-            products = choose_products(loaded.model, fallback_kernels, LayerwiseRunner)
-            kernel = products.kernel
-        parts = fallback_kernels(loaded.model, kernel)
-        if kernel is not None:
-            parts.insert(1, products.describe())  # after the count of matrices it multiplies
-        loaded.plan += "".join(f"; {part}" for part in parts)
-        force = fp32.library == ONEDNN
-    packed = pack_linears(loaded.model, force)
-    if packed:
-        loaded.plan += f"; {packed} weight matrices prepacked for oneDNN"
-    threads = fit_threads_to_load() if device_type(device) == "cpu" else None
-    if threads is not None:
-        loaded.plan += f"; {threads.reason}"
-        shared = choose_shared_cores(threads.threads, threads.shares, kernel)
-        set_plan(shared)
-        if shared is not None:
-            loaded.plan += f"; {shared.describe()}"
+    loaded.plan = apply_plan(loaded.model, device_type(device), choice, dtype)
     if announce:
-        status.print(f"kernel plan: {loaded.plan}")
-        busy = busy_cpu_warning(threads.busy) if threads is not None else None
+        status.print(loaded.plan.line)
+        busy = busy_cpu_warning(loaded.plan.busy) if device_type(device) == "cpu" else None
         if busy is not None:
             status.print(f"warning: {busy}")
     return loaded

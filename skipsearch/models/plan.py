@@ -1,33 +1,59 @@
-"""The kernel plan a loaded model runs on, as the rest of skipsearch sees it: the KV cache it wants
-(`new_cache`), its attention path (`apply_attention`), what a decode must hold around its loop
-(`engaged`), and what it runs and reads (`plan_kernels`, `step_bytes`). The CPU backend
-(`skipsearch.cpu`) chooses and builds the plan; only this package imports it, so the engine, the
-estimator and the harnesses see ordinary modules (docs/cpu-backend.md).
+"""The record of the kernel plan a loaded model runs on (`KernelPlan`): one short line every
+command prints, and the whole record, with the measurement behind each choice, that `skipsearch
+plan` prints and the JSON outputs and `run.yaml` keep. Pure: `models.backend` makes it at load
+(docs/cpu-backend.md).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
-from skipsearch.cpu.attention_choice import AttentionChoice
-from skipsearch.cpu.attention_paths import kv_cache_dtype
-from skipsearch.cpu.inventory import plan_kernels, step_bytes
-from skipsearch.cpu.shared_core import engaged
-from skipsearch.cpu.threads import busy_cpu_warning
-from skipsearch.kv.cache import PlanCache
-from skipsearch.models import attention as _attention
-
-__all__ = ["apply_attention", "busy_cpu_warning", "engaged", "new_cache", "plan_kernels", "step_bytes"]
-REGISTERED = _attention.supports_kv_patterns  # the registration above is what `apply_attention` needs
+LINE_LIMIT = 160  # characters of the one-line plan every command prints
+DETAILS_HINT = "(skipsearch plan)"
 
 
-def new_cache(config: Any) -> PlanCache:
-    """The KV cache the model's plan wants (`kv_cache_dtype`: float32 K/V beside the fp32 attention
-    paths, bf16 beside the AMX kernel, else the projections' dtype); appends in place either way."""
-    return PlanCache(config, kv_cache_dtype(config))
+@dataclass(frozen=True)
+class PlanPart:
+    """One choice of the plan: what it decides (`dtype`, `attention`, `products`, ...) and the
+    whole record of it, with the measurement behind it."""
+
+    what: str
+    details: str
 
 
-def apply_attention(model: Any, choice: AttentionChoice) -> None:
-    """Switch the model to the chosen path (transformers dispatches attention through its config)."""
-    if choice.path != model.config._attn_implementation:
-        model.set_attn_implementation(choice.path)
+@dataclass(frozen=True)
+class KernelPlan:
+    """What a loaded model runs on: the few words of the one-line plan, and its choices in the
+    order they were made."""
+
+    words: tuple[str, ...] = ()
+    parts: tuple[PlanPart, ...] = ()
+    busy: float = 0.0  # cores other processes kept busy when the plan was made
+
+    @property
+    def line(self) -> str:
+        """The plan in one line of at most `LINE_LIMIT` characters, e.g. `kernel plan: bf16
+        weights, fp32 activations, vector products, decode-attention kernel, 2 threads (skipsearch
+        plan)`: what every command prints."""
+        line = f"kernel plan: {', '.join(self.words)} {DETAILS_HINT}"
+        if len(line) <= LINE_LIMIT:
+            return line
+        return line[: LINE_LIMIT - len(DETAILS_HINT) - 2].rstrip(", ") + f"… {DETAILS_HINT}"
+
+    @property
+    def details(self) -> str:
+        """Every choice with the measurement behind it, in one string: the record JSON outputs and
+        `run.yaml` keep (`kernel_plan`)."""
+        return "; ".join(part.details for part in self.parts)
+
+    def table(self) -> str:
+        """One row a choice, for `skipsearch plan`."""
+        width = max((len(part.what) for part in self.parts), default=0)
+        return "\n".join(f"{part.what:<{width}}  {part.details}" for part in self.parts)
+
+    def __str__(self) -> str:
+        return self.line
+
+    def to_record(self) -> dict[str, str]:
+        """The plan as JSON outputs store it: the short line and the whole record."""
+        return {"kernel_plan_line": self.line, "kernel_plan": self.details}

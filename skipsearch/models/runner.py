@@ -21,7 +21,7 @@ from skipsearch.kv.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.attention import supports_kv_patterns
 from skipsearch.models.compat import check_architecture, check_installed_transformers
-from skipsearch.models.plan import new_cache
+from skipsearch.models.kernels import new_cache
 
 SLIDING = "sliding_attention"
 

@@ -128,8 +128,8 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
 
     from skipsearch.acceptance.worker import prepare
     from skipsearch.cost.latency import LatencyProfile
+    from skipsearch.models.kernels import plan_kernels
     from skipsearch.models.loading import dtype_name
-    from skipsearch.models.plan import plan_kernels
     from skipsearch.search.objective import scoring_latency
     from skipsearch.store import readable_profile_path
 
@@ -145,7 +145,7 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
         latency.warn_other_plan(plan_kernels(measurement.loaded.model), latency_path)
     provenance = {
         "model_source": measurement.loaded.source,
-        "kernel_plan": measurement.loaded.plan,
+        **measurement.loaded.plan.to_record(),
         "num_layers": measurement.num_layers,
         "prompt_set": config.measure.prompts.key(),
         "reference_cache": measurement.reference_path,

@@ -155,10 +155,10 @@ def completeness(study: optuna.Study, frame: pd.DataFrame) -> str:
     return f"**incomplete: {measured} of {budget} masks measured; `--resume` to finish**\n\n"
 
 
-def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str:
-    """A plain-words verdict: the best configuration, and whether SSD pays off at all, by the cost
-    model the run ranked with (the one the progress bar showed), named — and, where the finalists
-    were re-scored exactly (`run.finalists`), by their exact score."""
+def verdict_score(summary: dict) -> tuple[float, str]:
+    """The best draft's speedup the verdict judges by, and by what: the cost model the run ranked
+    with (the one the progress bar showed), named, or, where the finalists were re-scored exactly
+    (`run.finalists`), their exact score."""
     cost = summary["cost"]
     best_speed = summary["predicted_speedup"][cost.replace("-", "_")]
     by = {
@@ -169,7 +169,28 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
     if finalists:
         best_speed = finalists[0]["exact_score"]
         by += f", re-scored exactly (rounds estimator at γ = {finalists[0]['gamma']})"
-    pays = best_speed >= PAYS_OFF
+    return best_speed, by
+
+
+def verdict_sentence(summary: dict) -> str:
+    """Whether SSD pays off at all, in one sentence (`verdict_score`)."""
+    best_speed, by = verdict_score(summary)
+    if best_speed >= PAYS_OFF:
+        return (
+            f"SSD pays off for this model on these prompts: about {best_speed:.2f}x predicted {by} "
+            "with the mask above."
+        )
+    return (
+        f"SSD does not pay off here: the best speedup predicted {by} is {best_speed:.2f}x, below "
+        f"{PAYS_OFF}x, so the overheads the cost model leaves out (sampling, cache bookkeeping) would eat "
+        'the gain. Why, and what to try: docs/theory.md, section "When SSD does not pay".'
+    )
+
+
+def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str:
+    """A plain-words verdict: the best configuration, and whether SSD pays off at all
+    (`verdict_sentence`)."""
+    finalists = summary.get("finalists") or []
     acceptance = summary["acceptance"]
     lines = [
         f"# skipsearch run: {summary['model']}",
@@ -201,26 +222,27 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
         f"- draft cost r_draft = {summary['r_draft']:.3f}, KV reuse r_reuse = {summary['r_reuse']:.3f}",
         f"- {int((~frame['repeat']).sum())} distinct masks measured ({summary['strategy']} strategy, seed "
         f"{summary['seed']}); Pareto front (speedup vs r_draft): {len(front)} masks",
-        f"- kernel plan: {summary.get('kernel_plan') or 'not recorded (a run from before plans were)'}",
+        f"- {plan_line(summary)}",
         *finalist_lines(finalists, summary.get("estimator_mode", "shared-kv")),
         "",
         "## Verdict",
         "",
     ]
-    if pays:
-        lines.append(
-            f"SSD pays off for this model on these prompts: about {best_speed:.2f}x predicted {by} "
-            "with the mask above."
-        )
-    else:
-        lines.append(
-            f"SSD does not pay off here: the best speedup predicted {by} is {best_speed:.2f}x, below "
-            f"{PAYS_OFF}x, "
-            "so the overheads the cost model leaves out (sampling, cache bookkeeping) would eat the gain. "
-            'Why, and what to try: docs/theory.md, section "When SSD does not pay".'
-        )
+    lines.append(verdict_sentence(summary))
     lines.append("")
     return "\n".join(lines)
+
+
+def plan_line(summary: dict) -> str:
+    """The run's one-line kernel plan (`run.yaml` keeps the whole record: `skipsearch plan` prints
+    it for this machine); a run from before the one-line form gives the start of its record."""
+    line = summary.get("kernel_plan_line")
+    if line:
+        return line
+    record = summary.get("kernel_plan")
+    if not record:
+        return "kernel plan: not recorded (a run from before plans were)"
+    return f"kernel plan: {record[:100]}… (run.yaml)" if len(record) > 100 else f"kernel plan: {record}"
 
 
 def gain_lines(summary: dict) -> list[str]:

@@ -159,9 +159,9 @@ def _best_by(dimension: str, scores: Sequence[Score]) -> dict[str, dict[str, flo
 
 def model_kv_share(model: object, context: float) -> float:
     """The closed form's K/V share of a step at `context` cached positions, from the bytes a step
-    of the loaded `model` reads on its kernel plan (`models.plan.step_bytes`)."""
+    of the loaded `model` reads on its kernel plan (`models.kernels.step_bytes`)."""
     from skipsearch.cost.closed_forms import kv_read_share
-    from skipsearch.models.plan import step_bytes
+    from skipsearch.models.kernels import step_bytes
 
     weights, per_position = step_bytes(model)
     return kv_read_share(weights, per_position * context)

@@ -177,7 +177,7 @@ def test_graphed_kv_pattern_drafts_equal_the_eager_engine_on_cuda() -> None:
     from skipsearch.engine import GammaPolicy
     from skipsearch.engine.graphed_decode import graphed_speculative_decode
     from skipsearch.masks import KVPattern
-    from skipsearch.models.plan import apply_attention
+    from skipsearch.models.kernels import apply_attention
 
     model = tiny_model("llama", layers=LAYERS).to("cuda")
     apply_attention(model, choose_attention(torch.float32, "cuda"))

@@ -48,7 +48,7 @@ def test_the_tree_keeps_every_contract() -> None:
         ("skipsearch/models/runner.py", "from skipsearch.acceptance import profile", "Layers"),
         ("skipsearch/cost/latency.py", "from skipsearch.bench import profiler", "Layers"),
         ("skipsearch/cost/depth.py", "import torch", "Pure arithmetic"),
-        ("skipsearch/engine/ssd.py", "from skipsearch.cpu import threads", "CPU backend is applied by models"),
+        ("skipsearch/engine/ssd.py", "from skipsearch.cpu import threads", "CPU backend is applied"),
         ("skipsearch/cpu/threads.py", "from skipsearch.models import runner", "Layers"),
     ],
 )

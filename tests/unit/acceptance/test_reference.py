@@ -50,7 +50,7 @@ def test_reference_continuations_are_the_engines_autoregressive_output_in_bf16()
     from skipsearch.cpu.attention_choice import AttentionChoice
     from skipsearch.cpu.attention_paths import FP32_ATTENTION
     from skipsearch.engine import autoregressive_decode
-    from skipsearch.models.plan import apply_attention
+    from skipsearch.models.kernels import apply_attention
 
     model = tiny_model("llama", layers=4).to(torch.bfloat16)
     apply_attention(model, AttentionChoice("bfloat16", FP32_ATTENTION))

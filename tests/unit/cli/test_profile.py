@@ -40,11 +40,17 @@ def test_cli_writes_the_profile_and_prints_the_summary(tiny_loader, capsys, tmp_
     args += ["--processes", "1"]
     assert cli.main([*args, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "Draft cost c" in printed and "E/L" in printed and "f(γ)" in printed and str(out) in printed
-    assert "Draft head of k rows" in printed and "ratio to full" in printed
-    assert "pillar choice and gather a round (s4w256k64)" in printed
+    # the terminal gets two lines; the tables go to a file beside the profile
+    assert len(printed.strip().splitlines()) == 2, printed
+    assert printed.startswith("profile at 8 tokens: a step takes ") and str(out) in printed
+    tables = out.with_suffix(".txt").read_text()
+    assert "Draft cost c" in tables and "E/L" in tables and "f(γ)" in tables
+    assert "Draft head of k rows" in tables and "ratio to full" in tables
+    assert "pillar choice and gather a round (s4w256k64)" in tables
     profile = LatencyProfile.load(out)
     assert (profile.context_lengths, profile.meta["model"]) == ((8, 16), "tiny")
+    assert cli.main([*args, "--out", str(out), "--tables"]) == 0  # and --tables prints them too
+    assert "Draft cost c" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -152,4 +158,4 @@ def test_graphs_write_a_profile_of_their_own(tiny_loader, capsys, monkeypatch: p
     profile = LatencyProfile.load(written)
     assert profile.meta["graphs"] and profile.meta["processes"] == 1 and "kernel_plan" in profile.meta
     assert eager.read_text() == "{}"
-    assert "launch gap taken off each part" in " ".join(capsys.readouterr().out.split())
+    assert "launch gap taken off each part" in " ".join(written.with_suffix(".txt").read_text().split())

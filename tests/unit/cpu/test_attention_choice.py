@@ -22,7 +22,7 @@ from skipsearch.cpu.native import NativeLibrary
 from skipsearch.kv.cache import PlanCache
 from skipsearch.models import attention
 from skipsearch.models.attention import grouped_queries
-from skipsearch.models.plan import apply_attention, new_cache
+from skipsearch.models.kernels import apply_attention, new_cache
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model, with_plan_attention
 

@@ -94,8 +94,10 @@ def test_auto_on_a_native_bf16_cpu_runs_the_measured_plan(
     expected = {BF16: "bfloat16", FLOAT32: "float32"}[activations]
     assert dtype_choice("cpu", "auto").name == expected
     loaded = load_model("smollm2-135m", "cpu", "auto", RandomWeights(num_layers=1))
-    assert loaded.plan.startswith(f"{expected} (--dtype auto: this CPU multiplies bf16 natively (amx_bf16)")
-    assert choice.describe() in loaded.plan
+    assert loaded.plan.details.startswith(
+        f"{expected} (--dtype auto: this CPU multiplies bf16 natively (amx_bf16)"
+    )
+    assert choice.describe() in loaded.plan.details
     up = loaded.model.model.layers[0].mlp.up_proj
     if activations == BF16:
         assert isinstance(up, PackedLinear) or not torch.ops.mkldnn._is_mkldnn_bf16_supported()

@@ -18,7 +18,7 @@ from skipsearch.cpu.attention_paths import (
 )
 from skipsearch.cpu.decode_attention import AMX_SOURCE, decode_attention, load_amx_kernel, load_kernel
 from skipsearch.masks import KVPattern
-from skipsearch.models.plan import apply_attention
+from skipsearch.models.kernels import apply_attention
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import KERNEL_CACHE_DTYPES, needs_amx_attention, tiny_model, with_kernel
 

@@ -99,9 +99,9 @@ def test_only_the_auto_fallback_runs_the_chosen_product(
     loaded = load_model("smollm2-135m", "cpu", dtype, RandomWeights(num_layers=1))
     up = loaded.model.model.layers[0].mlp.up_proj
     head = DraftHead.gather(LayerwiseRunner(loaded.model), [3, 1, 4])
-    assert loaded.plan.startswith("float32")
+    assert loaded.plan.details.startswith("float32")
     if kind is None:
-        assert not isinstance(up, PackedLinear | Bf16WeightLinear) and "MKL" not in loaded.plan
+        assert not isinstance(up, PackedLinear | Bf16WeightLinear) and "MKL" not in loaded.plan.details
     else:
         assert isinstance(up, kind) and isinstance(head.product, kind)
-        assert fp32_linear.LIBRARY_NAMES[library] in loaded.plan
+        assert fp32_linear.LIBRARY_NAMES[library] in loaded.plan.details

@@ -18,7 +18,7 @@ from skipsearch.cpu.silu import use_kernel_silu
 from skipsearch.engine import autoregressive_decode, speculative_decode
 from skipsearch.kv.pillars import PillarChoice, PillarKeys
 from skipsearch.masks import KVPattern, SkipMask
-from skipsearch.models.plan import apply_attention, new_cache
+from skipsearch.models.kernels import apply_attention, new_cache
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import assert_greedy_ssd_lossless, tiny_model
 

@@ -30,8 +30,8 @@ from skipsearch.cpu.products_choice import (
 from skipsearch.cpu.rms_norm import use_kernel_norms
 from skipsearch.cpu.rotary import use_kernel_rotary
 from skipsearch.cpu.silu import use_kernel_silu
-from skipsearch.models.loading import fallback_kernels
-from skipsearch.models.plan import apply_attention
+from skipsearch.models.backend import fallback_kernels
+from skipsearch.models.kernels import apply_attention
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import assert_greedy_ssd_lossless, needs_amx_attention, tiny_model
 

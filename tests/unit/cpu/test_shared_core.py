@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from skipsearch.cpu import bf16_activations, fp32_linear, products_choice, shared_core
+from skipsearch.cpu import threads as threads_module
 from skipsearch.cpu.bf16_activations import FLOAT32, ActivationChoice
 from skipsearch.cpu.bf16_weights import KERNELS, TILES, Bf16WeightLinear, kernel_library, use_bf16_weights
 from skipsearch.cpu.fp32_linear import BF16_KERNEL, Fp32Linear
@@ -21,7 +22,6 @@ from skipsearch.cpu.threads import ThreadChoice
 from skipsearch.engine.autoregressive import autoregressive_decode
 from skipsearch.engine.ssd import speculative_decode
 from skipsearch.masks import SkipMask
-from skipsearch.models import loading
 from skipsearch.models.loading import load_model
 from skipsearch.models.random_weights import RandomWeights
 from skipsearch.models.runner import LayerwiseRunner
@@ -163,10 +163,13 @@ def test_the_load_plans_helpers_only_beside_a_busy_core(
         if busy
         else ThreadChoice(2, "2", 0.0, (0.0, 0.0))
     )
-    monkeypatch.setattr(loading, "fit_threads_to_load", lambda: threads)
+    monkeypatch.setattr(threads_module, "fit_threads_to_load", lambda: threads)
     loaded = load_model("smollm2-135m", "cpu", "auto", RandomWeights(num_layers=1))
     if busy:
         assert shared_core._plan == SharedCores(caller=1, helpers=(0,), kernel=TILES)
-        assert "shared with a helper on busy core 0" in loaded.plan and "on core 1" in loaded.plan
+        assert (
+            "shared with a helper on busy core 0" in loaded.plan.details
+            and "on core 1" in loaded.plan.details
+        )
     else:
-        assert shared_core._plan is None and "helper" not in loaded.plan
+        assert shared_core._plan is None and "helper" not in loaded.plan.details

@@ -16,7 +16,7 @@ from skipsearch.engine import autoregressive_decode, speculative_decode
 from skipsearch.kv.patterns import pattern_attention
 from skipsearch.kv.pillars import PillarChoice, PillarKeys, choose_pillars, query_scores
 from skipsearch.masks import KVPattern, SkipMask
-from skipsearch.models.plan import apply_attention
+from skipsearch.models.kernels import apply_attention
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import KERNEL_CACHE_DTYPES, needs_amx_attention, tiny_model
 

@@ -1,0 +1,353 @@
+"""The Python API: what the command line does, as functions a script or a notebook calls.
+
+    import skipsearch
+
+    result = skipsearch.search("smollm2-135m", budget=30, draft_vocab=16384, out="runs/api")
+    print(result.best, result.gamma, f"{result.predicted_speedup:.3f}x", result.verdict)
+    print(result.trials.sort_values("score", ascending=False).head())
+    decoded = skipsearch.decode("smollm2-135m", result.best, gamma=result.gamma, n_prompts=2)
+    print(f"{decoded.speedup:.2f}x, lossless: {decoded.lossless}")
+
+`skipsearch run` and `skipsearch decode` call `run_search` and `decode_report` below, the same
+functions `search` and `decode` call once they have built a configuration from their arguments;
+the checks of every setting are the configuration's own, so the command line and the API refuse
+the same values with the same message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from skipsearch.acceptance.measure_config import MeasureConfig
+from skipsearch.acceptance.prompts import PromptSpec
+from skipsearch.config import RunConfig
+from skipsearch.errors import ConfigError
+from skipsearch.masks import Draft, KVPattern, SkipMask, parse_draft_vocab
+from skipsearch.models.registry import DEFAULT_MODEL
+from skipsearch.store import BEST_FILE, TRIALS_TABLE
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from skipsearch.executors.base import ExecutorFactory
+    from skipsearch.models.loading import LoadedModel
+    from skipsearch.models.random_weights import RandomWeights
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What a search found, read back from its run directory (`run_dir`), so a finished or copied
+    run gives the same result (`SearchResult.load`).
+
+    `best` is the draft the verdict names (the finalist with the best exact re-score where the run
+    re-scored them), `gamma` its draft length, `predicted_speedup` its speedup over autoregressive
+    decoding by the run's cost model, `pays` whether that clears the verdict's margin, `verdict`
+    the verdict's sentence, `trials` one row per trial (`trials.csv`), `summary` all of `best.json`.
+    """
+
+    best: Draft
+    gamma: int
+    predicted_speedup: float
+    pays: bool
+    verdict: str
+    trials: pd.DataFrame = field(repr=False)
+    run_dir: Path
+    summary: dict[str, Any] = field(repr=False)
+    measured_now: int = 0  # masks measured by the call that returned this (0 when read back)
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> SearchResult:
+        """The result of the run in `run_dir` (its report files, rewritten by `skipsearch report`)."""
+        import pandas as pd
+
+        from skipsearch.run.report import PAYS_OFF, verdict_sentence
+
+        run_dir = Path(run_dir)
+        path = run_dir / BEST_FILE
+        if not path.is_file():
+            raise ConfigError(
+                f"{run_dir} holds no {BEST_FILE}: pass a finished run (or `skipsearch report` it)"
+            )
+        summary = json.loads(path.read_text())
+        finalists = summary.get("finalists") or []
+        cost = summary["cost"].replace("-", "_")
+        speedup = finalists[0]["exact_score"] if finalists else summary["predicted_speedup"][cost]
+        draft = Draft(
+            SkipMask.parse(summary["mask"], int(summary["num_layers"])),
+            parse_draft_vocab(summary.get("draft_vocab")),
+            KVPattern.parse(summary.get("kv")),
+        )
+        return cls(
+            best=draft,
+            gamma=int(finalists[0]["gamma"] if finalists else summary["gamma_best"]),
+            predicted_speedup=float(speedup),
+            pays=speedup >= PAYS_OFF,
+            verdict=verdict_sentence(summary),
+            trials=pd.read_csv(run_dir / TRIALS_TABLE),
+            run_dir=run_dir,
+            summary=summary,
+        )
+
+
+def search(
+    model: str | None = None,
+    *,
+    budget: int | None = None,
+    space: str | None = None,
+    strategy: str | None = None,
+    draft_vocab: int | str | None = None,
+    kv: str | None = None,
+    out: str | Path | None = None,
+    resume: bool = False,
+    seed: int | None = None,
+    gamma_max: int | None = None,
+    cost: str | None = None,
+    objective: str | None = None,
+    sampler: str | None = None,
+    temperature: float | None = None,
+    context: int | None = None,
+    prompts: str | Sequence[str] | None = None,
+    n_prompts: int | None = None,
+    max_prompt_tokens: int | None = None,
+    new_tokens: int | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    mode: str | None = None,
+    progress: bool = True,
+) -> SearchResult:
+    """Search which layers `model`'s self-speculative draft should skip, as `skipsearch run` does.
+
+    Every setting left at None takes `skipsearch run`'s default (or, with `resume=True`, the value
+    the run in `out` stored; a setting given that differs from the stored one is refused, but for
+    `budget`, which a resume may raise).
+    - `model`: a registry alias, a Hugging Face id, a local directory or a .gguf file (default:
+      the embedded SmolLM2-135M).
+    - `space`: a shipped space (`sparse`, `contiguous`, `block`, `sublayer`, `tiers`) or a YAML path.
+    - `draft_vocab`: score every mask drafting from the K most frequent token ids.
+    - `kv`: a KV pattern such as `s4w1024` (needs `context`).
+    - `cost`: `auto` (calibrated where `skipsearch profile` measured this model on this device),
+      `calibrated` or `closed-form`.
+    - `out`: the run directory (default `results/<model>-<space>-<strategy>-s<seed>`).
+    """
+    given = {
+        "budget": budget,
+        "space": space,
+        "strategy": strategy,
+        "seed": seed,
+        "gamma_max": gamma_max,
+        "cost": cost,
+        "objective": objective,
+        "sampler": sampler,
+        "temperature": temperature,
+        "context": context,
+    }
+    settings = {name: value for name, value in given.items() if value is not None}
+    measured = {
+        "model": model if model is not None or resume else DEFAULT_MODEL,
+        "device": device,
+        "dtype": dtype,
+        "mode": mode,
+    }
+    prompt_settings = {
+        "source": None if prompts is None else (prompts if isinstance(prompts, str) else " ".join(prompts)),
+        "n_prompts": n_prompts,
+        "max_prompt_tokens": max_prompt_tokens,
+        "new_tokens": new_tokens,
+    }
+    spec = PromptSpec(**{k: v for k, v in prompt_settings.items() if v is not None})
+    measure = MeasureConfig(prompts=spec, **{k: v for k, v in measured.items() if v is not None})
+    vocab = None if draft_vocab is None else (parse_draft_vocab(draft_vocab),)
+    pattern = None if kv is None else (KVPattern.parse(kv),)
+    config = RunConfig(
+        measure=measure,
+        **{"cost": AUTO, **settings},
+        draft_vocab=vocab,
+        kv=pattern,
+    )
+    typed = {name for name, value in {**given, **measured, **prompt_settings}.items() if value is not None}
+    if draft_vocab is not None:
+        typed.add("draft_vocab")
+    if kv is not None:
+        typed.add("kv")
+    directory = Path(out) if out is not None else default_out(config)
+    return run_search(config, directory, resume=resume, typed=stored_fields(typed), progress=progress)
+
+
+# A `search` keyword -> the `RunConfig` field a resume compares it with (`run.preflight.resumed_config`).
+_STORED_FIELDS = {
+    "model": "measure.model",
+    "device": "measure.device",
+    "dtype": "measure.dtype",
+    "mode": "measure.mode",
+    "source": "measure.prompts.source",
+    "n_prompts": "measure.prompts.n_prompts",
+    "max_prompt_tokens": "measure.prompts.max_prompt_tokens",
+    "new_tokens": "measure.prompts.new_tokens",
+}
+
+
+def stored_fields(typed: set[str]) -> dict[str, str]:
+    """The `RunConfig` fields the caller set, each with the name to quote when a resume refuses it."""
+    names = {"source": "prompts"}
+    return {_STORED_FIELDS.get(name, name): names.get(name, name) for name in typed}
+
+
+def default_out(config: RunConfig) -> Path:
+    """Where a run goes when no directory is given (as `skipsearch run` without `--out`)."""
+    return Path(f"results/{config.measure.model}-{config.space}-{config.strategy}-s{config.seed}")
+
+
+def run_search(
+    config: RunConfig,
+    out: Path,
+    *,
+    resume: bool = False,
+    typed: dict[str, str] | None = None,
+    executor_factory: ExecutorFactory | None = None,
+    progress: bool = True,
+) -> SearchResult:
+    """Run `config` into `out` (`skipsearch run`'s whole job): check everything, load the model,
+    search to the budget, re-score the finalists, write the report; then read the result back.
+    `typed`: the stored settings the caller set, which a resume refuses to change (`RunConfig`
+    field -> the name to quote); `executor_factory`: where masks are evaluated (default: this
+    process; `executors.ray` for a Ray cluster)."""
+    from skipsearch.executors.base import local_executor
+    from skipsearch.progress import trial_progress
+    from skipsearch.run.pipeline import start_run
+    from skipsearch.run.report import write_run_outputs
+
+    on_start, close_bar = trial_progress(f"{config.strategy} search", progress)
+    try:
+        found = start_run(config, out, resume, typed or {}, executor_factory or local_executor, on_start)
+    finally:
+        close_bar()
+    write_run_outputs(out)
+    return replace(SearchResult.load(out), measured_now=found.model_evaluations)
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """A draft decoded for real against autoregressive decoding on the same kernels and prompts.
+
+    `speedup`: SSD's tokens per second over the autoregressive decode's; `lossless`: greedy SSD
+    gave the autoregressive tokens on every prompt (within the measured tolerance in bf16);
+    `tokens_per_round` and `acceptance` as the engine measured them; `report`: everything
+    `skipsearch decode --json` writes (HF `generate`, the estimator's prediction, the round breakdown).
+    """
+
+    draft: Draft
+    gamma: int
+    speedup: float
+    lossless: bool
+    tokens_per_round: float | None
+    acceptance: float | None
+    report: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_report(cls, report: dict[str, Any], draft: Draft) -> DecodeResult:
+        from skipsearch.bench.decoders import AR, AR_GRAPHS, SSD, SSD_GRAPHS
+
+        summaries = report["summaries"]
+        graphed = report.get("graphs") is not None
+        ssd, baseline = (
+            (summaries[SSD_GRAPHS], summaries[AR_GRAPHS]) if graphed else (summaries[SSD], summaries[AR])
+        )
+        speedup = ssd["tokens_per_second"] / baseline["tokens_per_second"]
+        return cls(
+            draft=draft,
+            gamma=int(report["gamma"]),
+            speedup=float(speedup),
+            lossless=bool(report["lossless"]),
+            tokens_per_round=ssd.get("tokens_per_round"),
+            acceptance=ssd.get("acceptance"),
+            report=report,
+        )
+
+
+def decode(
+    model: str,
+    draft: Draft | str,
+    *,
+    gamma: int = 3,
+    prompts: str | Sequence[str] = PromptSpec.source,
+    n_prompts: int = 4,
+    max_prompt_tokens: int = PromptSpec.max_prompt_tokens,
+    new_tokens: int = 64,
+    repeats: int = 3,
+    temperature: float = 0.0,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "auto",
+) -> DecodeResult:
+    """Decode with `draft` (a `Draft`, or its string form such as `a:4,14|m:4,14|v:16384`) for real,
+    against autoregressive decoding on the same kernels, as `skipsearch decode` does; greedy by
+    default (`temperature` > 0 samples, still lossless in distribution)."""
+    from skipsearch.engine import GammaPolicy, Sampling
+
+    if gamma < 1:
+        raise ConfigError(f"gamma must be >= 1, got {gamma}: pass gamma=1 or more")
+    source = prompts if isinstance(prompts, str) else " ".join(prompts)
+    spec = PromptSpec(source, n_prompts, max_prompt_tokens, new_tokens, seed)
+    draft_vocab = draft.vocab if isinstance(draft, Draft) else None
+    if isinstance(draft, str):
+        from skipsearch.masks import split_draft
+
+        draft_vocab = split_draft(draft)[1]
+    config = MeasureConfig(
+        model=model,
+        prompts=spec,
+        mode="rounds",
+        device=device,
+        dtype=dtype,
+        draft_vocabs=() if draft_vocab is None else (draft_vocab,),
+        round_gamma=gamma,
+    )
+
+    picked: list[Draft] = []
+
+    def pick(num_layers: int) -> Draft:  # once the model's depth is known, before anything slow
+        picked.append(draft if isinstance(draft, Draft) else Draft.parse(draft, num_layers))
+        return picked[-1]
+
+    report = decode_report(
+        config, pick, GammaPolicy.fixed(gamma), Sampling(temperature), new_tokens, repeats, seed
+    )
+    return DecodeResult.from_report(report, picked[-1])
+
+
+def decode_report(
+    config: MeasureConfig,
+    pick_draft: Callable[[int], Draft],
+    policy: Any,
+    sampling: Any,
+    new_tokens: int,
+    repeats: int,
+    seed: int,
+    breakdown: bool = True,
+    weights: RandomWeights | None = None,
+    graphs: bool = False,
+) -> dict[str, Any]:
+    """One decode check (`skipsearch decode`'s whole job): the draft `pick_draft(depth)` gives,
+    timed against autoregressive decoding and HF `generate` and proven lossless; the report."""
+    from skipsearch.bench.decode import DecodeSettings, decode_draft
+
+    if repeats < 1:
+        raise ConfigError(f"repeats must be >= 1, got {repeats}: pass 1 or more (3 or more to quote speeds)")
+    settings = DecodeSettings(sampling, new_tokens, repeats, seed, breakdown)
+    return decode_draft(config, pick_draft, policy, settings, weights, graphs)
+
+
+def load_model(
+    model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "auto", announce: bool = False
+) -> LoadedModel:
+    """`model` loaded on this device's kernel plan (`result.plan.line` says which; `.model` is the
+    transformers model, `.tokenizer` its tokenizer)."""
+    from skipsearch.models.loading import load_model as load
+
+    return load(model, device, dtype, announce=announce)

@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     out = output_path(args)
     check_device(args.device)
     if args.skip_existing and out.is_file() and same_plan(LatencyProfile.load(out), args, weights, out):
-        Console().print(f"latency profile already in {out}: not measured again (drop --skip-existing to)")
+        print(f"latency profile already in {out}: not measured again (drop --skip-existing to)")
         return 0
     if args.graphs:
         from skipsearch.bench.graphed_profile import profile_graphed

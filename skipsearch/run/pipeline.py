@@ -21,7 +21,7 @@ from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.masks import KVPattern
-from skipsearch.progress import console
+from skipsearch.progress import console, status
 from skipsearch.run.finalists import FINALISTS
 from skipsearch.run.owner import run_owner
 from skipsearch.run.preflight import SearchSetup, build_search, check_searches, preflight, resumed_config
@@ -179,7 +179,7 @@ def start_run(
     with run_owner(out, resume):
         config = prepare_config(config, out, resume, typed, (config.strategy,))
         context = open_context(config)
-        console.print(cost_note(config, context))
+        status.print(cost_note(config, context))
         save_run(config, context, out)
         with make_executor(config.measure, config.temperature, context.measurement) as executor:
             result = search_one(
@@ -381,7 +381,7 @@ def _compare(
     from skipsearch.search import EvaluationCache
 
     context = open_context(config, tuple(dict.fromkeys(strategy for _, strategy, _ in studies_of)))
-    console.print(cost_note(config, context))
+    status.print(cost_note(config, context))
     save_run(config, context, out, {"seeds": seeds, "strategies": [label for label, _, _ in studies_of]})
     cache = EvaluationCache(out / CACHE_DIR)
     studies = []

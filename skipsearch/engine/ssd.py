@@ -54,7 +54,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.device import device_sync
 from skipsearch.models.draft_head import DraftHead
-from skipsearch.models.plan import engaged
+from skipsearch.models.kernels import engaged
 from skipsearch.models.runner import LayerwiseRunner
 
 

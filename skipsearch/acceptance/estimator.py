@@ -46,6 +46,7 @@ import torch
 from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MODES_WITH_KV, refuse_pillars_in_self_mode
 from skipsearch.acceptance.profile import AcceptanceProfile, previous_round_starts, round_starts
 from skipsearch.acceptance.reference import FORWARD_BATCH, ReferenceCache
+from skipsearch.acceptance.statistics import greedy_confidence, sampling_acceptance, subset_acceptance
 from skipsearch.errors import ConfigError
 from skipsearch.kv.pillars import PillarChoice
 from skipsearch.masks import KVPattern, SkipMask
@@ -72,50 +73,6 @@ class SharedKV:
             torch.cat([self.keys[layer_idx], key_states], dim=2),
             torch.cat([self.values[layer_idx], value_states], dim=2),
         )
-
-
-def sampling_acceptance(
-    target_logits: torch.Tensor, target_tokens: torch.Tensor, draft_logits: torch.Tensor, temperature: float
-) -> torch.Tensor:
-    """Per position `sum_x min(p(x), q(x))`: the probability a sampled draft token is accepted.
-
-    At temperature 0 both distributions are one-hot: the draft's on its argmax, the target's on the
-    token the full model decodes there (`target_tokens`, see `Estimator`).
-    """
-    if temperature == 0:
-        return (target_tokens == draft_logits.argmax(-1)).float()
-    p = torch.softmax(target_logits.float() / temperature, dim=-1)
-    q = torch.softmax(draft_logits.float() / temperature, dim=-1)
-    return torch.minimum(p, q).sum(-1)
-
-
-def greedy_confidence(draft_logits: torch.Tensor) -> torch.Tensor:
-    """Per position, the draft's softmax maximum over the vocabulary of `draft_logits` (a subset's
-    logits for a draft vocabulary): what a draft that stops when unsure compares with its
-    threshold (`engine.steps.confidence`)."""
-    logits = draft_logits.float()
-    return torch.exp(logits.max(-1).values - torch.logsumexp(logits, dim=-1))
-
-
-def subset_acceptance(
-    target_logits: torch.Tensor,
-    target_tokens: torch.Tensor,
-    draft_logits: torch.Tensor,
-    ids: torch.Tensor,
-    temperature: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy match and `sum_x min(p(x), q(x))` per position of a draft restricted to `ids`.
-
-    The draft proposes only ids of the subset: greedy, the argmax over the subset's logits; sampling,
-    `q` = softmax over the subset, zero outside it, so `min(p, q)` sums over the subset alone.
-    """
-    subset = draft_logits[..., ids]
-    match = ids[subset.argmax(-1)] == target_tokens
-    if temperature == 0:
-        return match, match.float()
-    p = torch.softmax(target_logits.float() / temperature, dim=-1)[..., ids]
-    q = torch.softmax(subset.float() / temperature, dim=-1)
-    return match, torch.minimum(p, q).sum(-1)
 
 
 VocabIds = Callable[[int], Sequence[int]]

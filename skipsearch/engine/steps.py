@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache
 
-from skipsearch.acceptance.estimator import greedy_confidence
+from skipsearch.acceptance.statistics import greedy_confidence
 from skipsearch.engine.sampling import Sampling, sample
 from skipsearch.kv.pillars import PillarChoice, PillarKeys
 from skipsearch.masks import KVPattern, SkipMask

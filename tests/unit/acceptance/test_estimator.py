@@ -16,13 +16,13 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from skipsearch.acceptance.estimator import Estimator, sampling_acceptance, subset_acceptance
+from skipsearch.acceptance.estimator import Estimator
 from skipsearch.cpu.attention_choice import AttentionChoice
 from skipsearch.cpu.attention_paths import KERNEL_ATTENTION
 from skipsearch.cpu.decode_attention import load_kernel
 from skipsearch.engine import GammaPolicy, speculative_decode
 from skipsearch.masks import KVPattern, SkipMask
-from skipsearch.models.plan import apply_attention
+from skipsearch.models.kernels import apply_attention
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import direct_matches, random_reference, tiny_model, with_plan_attention
 from tests.unit.acceptance.conftest import MASKS
@@ -93,22 +93,6 @@ def brute_force_shared_kv(runner, reference, mask):
 
 
 # -- estimation -----------------------------------------------------------------------------------
-def test_subset_acceptance_by_hand() -> None:
-    target = torch.tensor([[0.0, 5.0, 1.0, 2.0], [3.0, 0.0, 1.0, 0.0]])  # argmax: 1, then 0
-    draft = torch.tensor([[6.0, 1.0, 2.0, 0.0], [0.0, 2.0, 1.0, 4.0]])
-    ids = torch.tensor([1, 2])
-    match, _ = subset_acceptance(target, target.argmax(-1), draft, ids, 0.0)
-    assert match.tolist() == [False, False]  # row 0: the subset's best is 2; row 1: 0 is outside it
-    hidden_best = torch.tensor([[0.0, 2.0, 9.0, 1.0]])
-    match, _ = subset_acceptance(target[:1], target[:1].argmax(-1), hidden_best, torch.tensor([1, 3]), 0.0)
-    assert match.tolist() == [True]  # the subset hides the draft's own argmax (2): it proposes 1
-    _, accept = subset_acceptance(target[:1], target[:1].argmax(-1), draft[:1], ids, 2.0)
-    p = torch.softmax(target[0] / 2.0, -1)
-    q = torch.zeros(4)
-    q[ids] = torch.softmax(draft[0, ids] / 2.0, -1)
-    assert float(accept[0]) == pytest.approx(float(torch.minimum(p, q).sum()))
-
-
 @pytest.mark.parametrize("mode", ["self", "shared-kv"])
 def test_empty_mask_is_accepted_everywhere(setup, mode):
     _, runner, reference = setup
@@ -140,13 +124,6 @@ def test_skipping_changes_acceptance(setup):
     estimator = Estimator(runner, reference, "shared-kv")
     alphas = [estimator.evaluate(mask).alpha for mask in MASKS]
     assert min(alphas) < 1.0
-
-
-def test_sampling_acceptance_is_total_variation_overlap():
-    target = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
-    draft = torch.log(torch.tensor([[0.2, 0.3, 0.5]]))
-    assert sampling_acceptance(target, target.argmax(-1), draft, 1.0).item() == pytest.approx(0.7)
-    assert sampling_acceptance(target, target.argmax(-1), draft, 0.0).item() == 0.0
 
 
 def test_a_greedy_draft_is_judged_against_the_decoded_continuation(setup):

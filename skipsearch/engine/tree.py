@@ -1,0 +1,338 @@
+"""Token-tree rounds: several candidate continuations drafted, verified in one pass, the longest
+path the target agrees with kept (docs/theory.md, "Token trees"; the shape: `trees.TreeShape`).
+
+A round starts as a chain round does (`engine.ssd`): the cache holds positions `0 .. start-1`, the
+pending token `t` sits at position `start`. Node `i` of the tree (node 0 is `t`) lives in cache
+slot `start + i` and at position `start + depth(i)`; it attends to the prefix and to its
+ancestors (`tree_mask`).
+
+1. Draft: one pass per depth, the nodes of the depth as rows of the pass. Each row's top-`c`
+   tokens under the draft (greedy), or `c` tokens sampled from `q` without replacement
+   (sampling), become its children. Layers below `s1` run exactly as the full model's, so their
+   K/V — and the draft's residual stream at `s1` — are exact for every node the draft fed.
+2. Verify: the full model over the root and every node in one pass. The exact K/V below `s1` is
+   reused: layers `< s1` run only for the leaves, which the draft never fed; layers `>= s1` run for
+   every node from the draft's exact states, after cropping their scratch K/V back to `start`.
+3. Accept: greedy walks from the root to the child whose token is the target's argmax, while
+   there is one; sampling walks by recursive rejection sampling over each node's children
+   (`tree_sample_walk`), so the output distribution is exactly the target's.
+4. Compact: the accepted path's K/V moves to the positions after the root, the rest is cut off.
+
+A chain-shaped tree (`1x1x...`) attends causally: it runs no mask of its own, so it takes the
+chain's kernels and gives the chain's tokens and rounds, bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from skipsearch.engine.cache import check_lengths, crop
+from skipsearch.engine.result import DecodeResult, new_tokens
+from skipsearch.engine.sampling import GREEDY, Sampling, residual, sample
+from skipsearch.engine.steps import divergent_layer, draft_forward
+from skipsearch.engine.timing import RoundClock, RoundTiming
+from skipsearch.errors import ConfigError
+from skipsearch.masks import SkipMask
+from skipsearch.models.device import device_sync
+from skipsearch.models.draft_head import DraftHead
+from skipsearch.models.kernels import engaged
+from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.trees import TreeShape
+
+
+@dataclass(frozen=True)
+class TreeProposal:
+    """The drafted tree: `tokens[i - 1]` is node `i`'s token (-1: a child the draft had no token
+    for, which is never accepted); `probs[i]` the draft's `q` at fed node `i` over the full
+    vocabulary (sampling only); `exact` `[1, F, d]` the draft's exact states of the `F` fed nodes."""
+
+    shape: TreeShape
+    tokens: torch.Tensor
+    probs: torch.Tensor | None
+    exact: torch.Tensor
+
+
+def tree_mask(
+    shape: TreeShape, start: int, rows: range, keys: int, device: torch.device
+) -> torch.Tensor | None:
+    """`[1, 1, len(rows), keys]` True where node row attends: the prefix (`0 .. start-1`) and the
+    row's ancestors and itself (slot `start + node`). None where that is the causal mask (a chain,
+    the root's pass), so those passes run the plan's own kernels, as a chain's do."""
+    causal = keys == start + rows.stop and all(
+        shape.ancestors(node) == tuple(range(node + 1)) for node in rows
+    )
+    if causal:
+        return None
+    allowed = torch.zeros(len(rows), keys, dtype=torch.bool)
+    allowed[:, :start] = True
+    for row, node in enumerate(rows):
+        for ancestor in shape.ancestors(node):
+            allowed[row, start + ancestor] = True
+    return allowed[None, None].to(device)
+
+
+def depth_rows(shape: TreeShape, depth: int) -> range:
+    """The node numbers at `depth` (0: the root)."""
+    first = 1 + sum(shape.per_depth[: depth - 1]) if depth else 0
+    return range(first, first + (shape.per_depth[depth - 1] if depth else 1))
+
+
+def children_of(
+    logits: torch.Tensor,
+    width: int,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    head: DraftHead | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each row's `width` children `[rows, width]` (vocabulary ids), and `q` `[rows, V]` over the
+    full vocabulary (sampling). Greedy takes the draft's top `width`; sampling draws `width`
+    without replacement from `q` (Gumbel top-k), which `tree_sample_walk` undoes exactly; a draw
+    past the tokens `q` can give is -1."""
+    if sampling.greedy:
+        chosen = logits.topk(width, dim=-1).indices
+        q = None
+        valid = torch.ones_like(chosen, dtype=torch.bool)
+    else:
+        q = sampling.probs(logits)
+        noise = torch.rand(q.shape, generator=generator, device=q.device).clamp_min(1e-20)
+        keys = q.log() - (-noise.log()).log()
+        top = keys.topk(width, dim=-1)
+        chosen, valid = top.indices, torch.isfinite(top.values)
+    if head is not None:
+        chosen = head.token(chosen)
+        if q is not None:
+            full = q.new_zeros(q.shape[0], head.vocab_size)
+            full[:, head.ids] = q
+            q = full
+    return torch.where(valid, chosen, torch.full_like(chosen, -1)), q
+
+
+def draft_tree(
+    runner: LayerwiseRunner,
+    mask: SkipMask,
+    cache: object,
+    pending: torch.Tensor,
+    start: int,
+    shape: TreeShape,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    head: DraftHead | None = None,
+) -> TreeProposal:
+    """Step 1 of the module docstring: `shape.depth` passes of the masked model."""
+    device = runner.device
+    tokens = torch.empty(shape.nodes, dtype=torch.long, device=device)
+    probs = (
+        None if sampling.greedy else torch.empty(shape.verify_rows - shape.leaves, runner.config.vocab_size)
+    )
+    exact: list[torch.Tensor] = []
+    fed = pending.view(1)
+    for depth, width in enumerate(shape.widths):
+        rows = depth_rows(shape, depth)
+        at = torch.full((1, len(rows)), start + depth, device=device)
+        attend = tree_mask(shape, start, rows, start + rows.stop, device)
+        ids = fed.clamp_min(0).view(1, -1)  # a child without a token feeds token 0, never accepted
+        hidden, logits = draft_forward(runner, mask, ids, at, cache, head, attend)
+        exact.append(hidden)
+        chosen, q = children_of(logits[0], width, sampling, generator, head)
+        first = rows.stop
+        tokens[first - 1 : first - 1 + chosen.numel()] = chosen.reshape(-1)
+        if probs is not None and q is not None:
+            probs[rows.start : rows.stop] = q
+        fed = chosen.reshape(-1)
+    return TreeProposal(shape, tokens, probs, torch.cat(exact, dim=1))
+
+
+def verify_tree(
+    runner: LayerwiseRunner, mask: SkipMask, cache: object, proposal: TreeProposal, start: int
+) -> torch.Tensor:
+    """Step 2: full-model logits `[N + 1, V]`, row `i` after node `i`'s token. Expects layers
+    `>= s1` cropped to `start` and layers `< s1` holding the fed nodes' K/V."""
+    shape, device = proposal.shape, runner.device
+    s1 = divergent_layer(mask, None)
+    depths = torch.tensor(shape.depths, device=device)
+    fed = shape.verify_rows - shape.leaves
+    leaves = range(fed, shape.verify_rows)
+    leaf_ids = proposal.tokens[fed - 1 :].clamp_min(0).view(1, -1)
+    tail_mask = tree_mask(shape, start, leaves, start + shape.verify_rows, device)
+    tail_at = (start + depths[fed:]).view(1, -1)
+    tail = runner.run_layers(runner.embed(leaf_ids), 0, s1, tail_at, cache=cache, attention_mask=tail_mask)
+    exact = proposal.exact
+    if s1 > 0 and not mask.runs_mlp(s1 - 1):
+        exact = runner.mlp(s1 - 1, exact)
+    hidden = torch.cat([exact, tail], dim=1)
+    block_mask = tree_mask(shape, start, range(shape.verify_rows), start + shape.verify_rows, device)
+    block_at = (start + depths).view(1, -1)
+    hidden = runner.run_layers(
+        hidden, s1, runner.num_layers, block_at, cache=cache, attention_mask=block_mask
+    )
+    return runner.head(hidden)[0]
+
+
+def tree_greedy_walk(shape: TreeShape, tokens: Sequence[int], target: Sequence[int]) -> tuple[list[int], int]:
+    """The accepted path (node numbers) and the target's token after it: from the root, to the
+    child whose token is the target's argmax after its parent, while there is one."""
+    path, node = [], 0
+    while True:
+        after = target[node]
+        child = next((c for c in shape.children[node] if tokens[c - 1] == after), None)
+        if child is None:
+            return path, after
+        path.append(child)
+        node = child
+
+
+def tree_sample_walk(
+    shape: TreeShape,
+    tokens: Sequence[int],
+    p: torch.Tensor,
+    q: torch.Tensor,
+    generator: torch.Generator | None,
+) -> tuple[list[int], int]:
+    """The accepted path and the token after it, by recursive rejection sampling: at a node whose
+    children were drawn from `q` without replacement, child `x_i` is accepted with probability
+    `min(1, p_i(x_i) / q_i(x_i))`, where `q_i` is `q` without the children tried before it and
+    `p_i` the residual `norm(max(0, p_{i-1} - q_{i-1}))` after each rejection; past every child,
+    the token comes from the last residual. Each step is one speculative sampling step of a
+    proposal drawn from `q_i`, so the token that leaves a node follows `p` there exactly
+    (Leviathan et al. 2023; Jeon et al. 2024 for draws without replacement). `p` `[N + 1, V]`
+    is the target's at every node, `q` `[F, V]` the draft's at every fed node."""
+    path, node = [], 0
+    while True:
+        kids = [c for c in shape.children[node] if tokens[c - 1] >= 0]
+        target = p[node]
+        if not kids:
+            return path, int(sample(target, generator)[0])
+        proposal = q[node].clone()
+        accepted = None
+        for child in kids:
+            token = tokens[child - 1]
+            chance = torch.rand((), generator=generator, device=p.device)
+            ratio = target[token] / proposal[token]
+            if chance < torch.clamp(ratio, max=1.0):
+                accepted = child
+                break
+            target = residual(target, proposal)
+            target = target / target.sum()
+            proposal[token] = 0
+            total = proposal.sum()
+            if total <= 0:
+                break
+            proposal = proposal / total
+        if accepted is None:
+            return path, int(sample(target, generator)[0])
+        path.append(accepted)
+        node = accepted
+
+
+def compact(cache: object, start: int, path: Sequence[int]) -> None:
+    """Step 4: move the accepted nodes' K/V (slots `start + node`) to positions `start + 1 ..`
+    in every layer, then cut every layer to `start + len(path) + 1`."""
+    slots = [start + node for node in path]
+    if slots and slots != list(range(start + 1, start + 1 + len(slots))):
+        for layer in cache.layers:
+            for states in (layer.keys, layer.values):
+                kept = states[:, :, slots].clone()
+                states[:, :, start + 1 : start + 1 + len(slots)] = kept
+    crop(cache, start + len(path) + 1)
+
+
+@torch.no_grad()
+def tree_decode(
+    runner: LayerwiseRunner,
+    prompt: Sequence[int],
+    mask: SkipMask,
+    shape: TreeShape,
+    max_new_tokens: int,
+    sampling: Sampling = GREEDY,
+    generator: torch.Generator | None = None,
+    eos_ids: Collection[int] = (),
+    head: DraftHead | None = None,
+    timed: bool = True,
+) -> DecodeResult:
+    """Decode up to `max_new_tokens` after `prompt` with tree rounds of `shape` (module docstring).
+
+    Lossless as the chain is: greedy output equals `autoregressive_decode`'s token for token;
+    sampled output follows the target's distribution. A round near the end of the output drafts
+    fewer depths, so the output never overshoots. `DecodeResult.gammas` holds each round's depth,
+    `accepted` the depth it accepted.
+    """
+    mask.check_fits(runner.num_layers)
+    if max_new_tokens < 1 or not prompt:
+        raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
+    if head is not None and max(shape.widths) > len(head.ids):
+        raise ConfigError(f"tree {shape} has more children a node than the draft's {len(head.ids)} ids")
+    began = time.perf_counter()
+    clock = RoundClock(runner.device, timed)
+    cache = runner.prefill(prompt)
+    device_sync(runner.device)()
+    prefilled = time.perf_counter()
+    tokens = list(prompt)
+    pending = torch.tensor([[tokens[-1]]], device=runner.device)
+    gammas: list[int] = []
+    accepted: list[int] = []
+    timings: list[RoundTiming] = []
+    s1 = divergent_layer(mask, None)
+    with engaged():
+        while len(tokens) - len(prompt) < max_new_tokens:
+            clock.start()
+            start = len(tokens) - 1
+            depth = min(shape.depth, max_new_tokens - (len(tokens) - len(prompt)) - 1)
+            if depth == 0:  # the last token: one step of the full model
+                with clock.phase("verify"):
+                    logits = runner.step(tokens[-1], start, cache)
+                with clock.phase("sample"):
+                    token = (
+                        int(logits.argmax())
+                        if sampling.greedy
+                        else int(sample(sampling.probs(logits), generator)[0])
+                    )
+                tokens.append(token)
+                gammas.append(0)
+                accepted.append(0)
+                timing = clock.finish(start + 1, 0, 0)
+                if timing is not None:
+                    timings.append(timing)
+                break
+            at = TreeShape(shape.widths[:depth])
+            with clock.phase("draft"):
+                proposal = draft_tree(runner, mask, cache, pending, start, at, sampling, generator, head)
+            with clock.phase("cache"):
+                crop(cache, start, range(s1, runner.num_layers))
+            with clock.phase("verify"):
+                logits = verify_tree(runner, mask, cache, proposal, start)
+            with clock.phase("sample"):
+                drafted = proposal.tokens.tolist()
+                if sampling.greedy:
+                    path, after = tree_greedy_walk(at, drafted, logits.argmax(-1).tolist())
+                else:
+                    path, after = tree_sample_walk(
+                        at, drafted, sampling.probs(logits), proposal.probs, generator
+                    )
+            committed = [drafted[node - 1] for node in path] + [after]
+            with clock.phase("cache"):
+                compact(cache, start, path)
+                if timed:
+                    check_lengths(cache, start + len(path) + 1)
+            tokens += committed
+            pending = torch.tensor([[after]], device=runner.device)
+            gammas.append(depth)
+            accepted.append(len(path))
+            timing = clock.finish(start + 1, depth, len(path))
+            if timing is not None:
+                timings.append(timing)
+            if any(token in eos_ids for token in committed):
+                break
+    check_lengths(cache, len(tokens) - 1)
+    return DecodeResult(
+        prompt_length=len(prompt),
+        tokens=new_tokens(tokens, len(prompt), eos_ids),
+        seconds=time.perf_counter() - began,
+        gammas=tuple(gammas),
+        accepted=tuple(accepted),
+        timings=tuple(timings),
+        prefill_seconds=prefilled - began,
+    )

@@ -1,0 +1,170 @@
+"""Token-tree drafts: the shape of a tree and what it accepts (docs/theory.md, "Token trees").
+
+A chain draft of γ tokens loses the rest of its round at the first rejection. A tree drafts several
+candidates where the draft is unsure and the verify judges them all in one pass. A static shape
+gives the children of every node by depth: `2x2x1` drafts the draft's top 2 tokens after the
+pending one, the top 2 after each of those, then the top 1 after each of the 4: 2 + 4 + 4 = 10
+nodes over 3 draft passes of 1, 2 and 4 rows, and a verify of 11 rows. The chain of γ tokens is the
+shape `1x1x...x1` (γ ones), and drafts, verifies and accepts exactly as the chain does.
+
+Nodes are numbered in the order they are drafted, depth by depth, children of one parent in the
+draft's rank order; node 0 is the root (the pending token). So the parents precede their
+children, and the leaves (the last depth) come last: what the engine's cache layout and the
+verify's reuse of the draft's exact K/V rely on (`engine.tree`).
+
+Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from skipsearch.errors import ConfigError
+
+MAX_NODES = 64  # the most nodes a tree may have: a verify of 65 rows, the largest the profile measures
+MAX_WIDTH = 8  # the most children of a node: the ranks the estimator records (`RANK_CAP`)
+RANK_CAP = MAX_WIDTH  # ranks at or past it are stored as it: no shape reaches them
+SHAPE_FORM = re.compile(r"^[1-9]\d*(x[1-9]\d*)*$")
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """Children per node at each depth (`widths[d]`: at depth `d + 1`)."""
+
+    widths: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.widths:
+            raise ConfigError("a tree needs at least one depth: e.g. 2x1 (or 1 for a chain of one token)")
+        if any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in self.widths):
+            raise ConfigError(f"tree widths must be positive integers, got {list(self.widths)}")
+        if max(self.widths) > MAX_WIDTH:
+            raise ConfigError(
+                f"tree {self}: at most {MAX_WIDTH} children a node (the draft's ranks recorded): "
+                f"use widths <= {MAX_WIDTH}"
+            )
+        if self.nodes > MAX_NODES:
+            raise ConfigError(
+                f"tree {self} has {self.nodes} nodes, over the {MAX_NODES} a verify may hold: narrow a depth"
+            )
+
+    @classmethod
+    def parse(cls, text: str | int) -> TreeShape:
+        """`2x2x1`, or a number `γ` for the chain of γ tokens (`chain`, `1x1x1` alike)."""
+        text = str(text).strip().lower()
+        if text.isdigit():
+            return cls.chain(int(text))
+        if not SHAPE_FORM.match(text):
+            raise ConfigError(
+                f"bad tree shape {text!r}: give the children per depth as NxNx..., e.g. 2x2x1 "
+                "(or a number for a chain)"
+            )
+        return cls(tuple(int(part) for part in text.split("x")))
+
+    @classmethod
+    def chain(cls, gamma: int) -> TreeShape:
+        if gamma < 1:
+            raise ConfigError(f"a chain drafts at least one token, got {gamma}")
+        return cls((1,) * gamma)
+
+    def __str__(self) -> str:
+        return "x".join(str(width) for width in self.widths)
+
+    @property
+    def depth(self) -> int:
+        """Draft passes a round runs, and the most draft tokens it can accept."""
+        return len(self.widths)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(width == 1 for width in self.widths)
+
+    @cached_property
+    def per_depth(self) -> tuple[int, ...]:
+        """Nodes at depths 1..D (`n_d = n_{d-1} c_d`, the root alone at depth 0)."""
+        return tuple(math.prod(self.widths[: d + 1]) for d in range(self.depth))
+
+    @property
+    def nodes(self) -> int:
+        """Draft tokens a round proposes (the root excluded)."""
+        return sum(self.per_depth)
+
+    @property
+    def draft_rows(self) -> tuple[int, ...]:
+        """Rows of each draft pass: the root, then the nodes of each depth but the last."""
+        return (1, *self.per_depth[:-1])
+
+    @property
+    def verify_rows(self) -> int:
+        """Rows of the verify pass: the root and every node."""
+        return self.nodes + 1
+
+    @property
+    def leaves(self) -> int:
+        """Nodes the draft never feeds (the last depth): the verify runs every layer for them."""
+        return self.per_depth[-1]
+
+    @cached_property
+    def parents(self) -> tuple[int, ...]:
+        """The parent of every node (node 0, the root, has -1), in draft order."""
+        parents, level = [-1], [0]
+        for width in self.widths:
+            next_level = []
+            for parent in level:
+                for _ in range(width):
+                    parents.append(parent)
+                    next_level.append(len(parents) - 1)
+            level = next_level
+        return tuple(parents)
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        """The depth of every node (the root 0)."""
+        depths = [0]
+        for node in range(1, len(self.parents)):
+            depths.append(depths[self.parents[node]] + 1)
+        return tuple(depths)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """Every node's children, in rank order."""
+        found: list[list[int]] = [[] for _ in self.parents]
+        for node, parent in enumerate(self.parents[1:], start=1):
+            found[parent].append(node)
+        return tuple(tuple(kids) for kids in found)
+
+    def ancestors(self, node: int) -> tuple[int, ...]:
+        """`node` and its ancestors up to the root, root first."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return tuple(reversed(path))
+
+    def accepted_depth(self, ranks: Sequence[int]) -> int:
+        """Draft tokens a round accepts when the target's token at draft depth `d + 1` has rank
+        `ranks[d]` under the draft (0: the draft's argmax) along the target's own path: a greedy
+        round goes one depth further while the target's token is among the node's children, the
+        draft's top `c_d` (docs/theory.md, "Token trees")."""
+        accepted = 0
+        for width, rank in zip(self.widths, ranks, strict=False):
+            if rank >= width:
+                break
+            accepted += 1
+        return accepted
+
+
+def parse_trees(values: Sequence[str | int] | None) -> tuple[TreeShape, ...]:
+    """A space file's or a command line's tree shapes (`chain` or a number: chains only)."""
+    shapes: list[TreeShape] = []
+    for value in values or ():
+        if str(value).strip().lower() == "chain":
+            continue
+        shape = TreeShape.parse(value)
+        if shape not in shapes:
+            shapes.append(shape)
+    return tuple(shapes)

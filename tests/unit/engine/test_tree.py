@@ -1,0 +1,102 @@
+"""Token-tree rounds (`engine.tree`): greedy output equals autoregressive decoding for every mask and
+shape, a width-1 tree is the chain bit for bit, the cache holds the accepted path only, and the
+acceptance walks are exact (sampled distributions: test_tree_sampling.py)."""
+
+import pytest
+import torch
+
+from skipsearch.engine import speculative_decode
+from skipsearch.engine.tree import compact, tree_decode, tree_greedy_walk, tree_mask
+from skipsearch.masks import SkipMask
+from skipsearch.models.draft_head import DraftHead
+from skipsearch.trees import TreeShape
+from tests.unit.engine.conftest import NEW_TOKENS, PROMPT
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+MASKS = {
+    "contiguous exit 3": SkipMask.prefix(6, 3),
+    "sparse multi": SkipMask.from_layers(6, [1, 4]),
+    "first layer": SkipMask.from_layers(6, [0, 3]),
+    "mlp before skipped attn": SkipMask(6, attn=[3], mlp=[2]),
+    "empty": SkipMask(6),
+}
+SHAPES = ["2x2x1", "3x1", "1x2x2", "4", "2x2x2x1"]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
+def test_greedy_tree_decoding_equals_autoregressive(runner, reference, mask, shape):
+    result = tree_decode(runner, PROMPT, mask, TreeShape.parse(shape), NEW_TOKENS)
+    assert result.tokens == reference
+    assert sum(n + 1 for n in result.accepted) == NEW_TOKENS
+    assert max(result.gammas) <= TreeShape.parse(shape).depth
+
+
+@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
+def test_a_width_one_tree_is_the_chain(runner, mask):
+    """Same kernels, same tokens, same accepted count every round."""
+    chain = speculative_decode(runner, PROMPT, mask, NEW_TOKENS, gamma=3)
+    tree = tree_decode(runner, PROMPT, mask, TreeShape.chain(3), NEW_TOKENS)
+    assert tree.tokens == chain.tokens
+    assert tree.accepted == chain.accepted and tree.gammas == chain.gammas
+
+
+def test_a_wider_tree_accepts_at_least_what_its_chain_does(runner):
+    """Every path of the chain is in the tree, so greedy rounds accept as much or more."""
+    mask = SkipMask.from_layers(6, [1, 3, 4])
+    chain = tree_decode(runner, PROMPT, mask, TreeShape.parse("1x1x1"), NEW_TOKENS, timed=False)
+    tree = tree_decode(runner, PROMPT, mask, TreeShape.parse("3x3x3"), NEW_TOKENS, timed=False)
+    per_round = lambda r: sum(n + 1 for n in r.accepted) / len(r.accepted)  # noqa: E731
+    assert per_round(tree) > per_round(chain)
+
+
+def test_greedy_tree_with_a_draft_vocabulary_equals_autoregressive(runner, reference):
+    head = DraftHead.gather(runner, list(range(0, 61, 2)))
+    result = tree_decode(
+        runner, PROMPT, SkipMask.from_layers(6, [2]), TreeShape.parse("3x2x1"), NEW_TOKENS, head=head
+    )
+    assert result.tokens == reference
+
+
+def test_greedy_tree_is_lossless_on_the_plan_attention(plan_runner):
+    reference = tree_decode(plan_runner, PROMPT, SkipMask(6), TreeShape.chain(1), NEW_TOKENS).tokens
+    result = tree_decode(
+        plan_runner, PROMPT, SkipMask.from_layers(6, [1, 4]), TreeShape.parse("2x2x1"), NEW_TOKENS
+    )
+    assert result.tokens == reference
+
+
+def test_the_mask_lets_a_node_see_the_prefix_and_its_ancestors_only():
+    shape = TreeShape.parse("2x1")  # root 0; children 1, 2; grandchildren 3 (of 1), 4 (of 2)
+    mask = tree_mask(shape, 3, range(5), 8, torch.device("cpu"))[0, 0]
+    assert mask[:, :3].all()
+    assert mask[:, 3:].tolist() == [
+        [True, False, False, False, False],
+        [True, True, False, False, False],
+        [True, False, True, False, False],
+        [True, True, False, True, False],
+        [True, False, True, False, True],
+    ]
+    assert tree_mask(TreeShape.chain(3), 3, range(4), 7, torch.device("cpu")) is None
+    assert tree_mask(shape, 3, range(1), 4, torch.device("cpu")) is None  # the root's pass is causal
+
+
+def test_the_greedy_walk_follows_the_targets_argmax():
+    shape = TreeShape.parse("2x2")  # 1,2 under the root; 3,4 under 1; 5,6 under 2
+    tokens = [10, 20, 11, 12, 21, 22]
+    target = [20, 0, 22, 0, 0, 0, 7]  # after the root 20 (node 2), after node 2 22 (node 6), then 7
+    assert tree_greedy_walk(shape, tokens, target) == ([2, 6], 7)
+    assert tree_greedy_walk(shape, tokens, [99, *target[1:]]) == ([], 99)
+
+
+def test_compact_moves_the_accepted_path_next_to_the_root(runner):
+    cache = runner.prefill(list(PROMPT[:5]))  # 4 cached positions; the root at slot 4
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    runner.run_layers(runner.embed(ids), 0, runner.num_layers, torch.arange(4, 10)[None], cache=cache)
+    before = cache.layers[0].keys.clone()
+    compact(cache, 4, [2, 5])  # nodes 2 and 5: slots 6 and 9
+    keys = cache.layers[0].keys
+    assert keys.shape[2] == 7
+    assert torch.equal(keys[:, :, :5], before[:, :, :5])
+    assert torch.equal(keys[:, :, 5], before[:, :, 6]) and torch.equal(keys[:, :, 6], before[:, :, 9])

@@ -7,7 +7,8 @@ import numpy as np
 import torch
 
 from skipsearch.bench.clock import CudaClock
-from skipsearch.bench.graphed_profile import graphed_passes, measure_graphed_latency, run_in_order
+from skipsearch.bench.graphed_passes import graphed_passes, run_in_order
+from skipsearch.bench.graphed_profile import measure_graphed_latency
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.engine.cache import layer_lengths

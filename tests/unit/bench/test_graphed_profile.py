@@ -1,5 +1,6 @@
-"""`bench.graphed_profile`: the graphed parts' chain is the real forward pass, the profile it times
-loads and prices rounds, and the launch gap is taken off exactly (eager on a CPU: no capture here)."""
+"""`bench.graphed_profile`: timing leaves the graphed passes as they were, the profile it times loads
+and prices rounds, and the launch gap is taken off exactly (eager on a CPU: no capture here; the
+chain itself: test_graphed_passes.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ import pytest
 import torch
 
 from skipsearch.bench.clock import WallClock
+from skipsearch.bench.graphed_passes import graphed_passes, run_in_order
 from skipsearch.bench.graphed_profile import (
-    graphed_passes,
     measure_graphed_latency,
     reconcile,
-    run_in_order,
     time_graphed_passes,
     time_graphed_rounds,
 )
@@ -44,24 +44,6 @@ def runner() -> LayerwiseRunner:
 @pytest.fixture(scope="module")
 def measured(runner: LayerwiseRunner) -> LatencyProfile:
     return measure_graphed_latency(runner, CONTEXTS, POSITIONS, repeats=3, warmup=1, model="tiny")
-
-
-def test_the_chained_parts_compute_the_full_forward_pass(runner: LayerwiseRunner) -> None:
-    """Each part reads the previous part's output: in order they are the model over context + ids,
-    as the plain forward of the whole sequence (no cache at all) computes it; so is the whole pass."""
-    grid = graphed_passes(runner, CONTEXTS, POSITIONS, torch.Generator().manual_seed(1))
-    assert [[p.context for p in row] for row in grid] == [[c] * len(POSITIONS) for c in CONTEXTS]
-    for row in grid:
-        for graphed in row:
-            k = graphed.ids.shape[1]
-            assert len(graphed.parts) == 2 * LAYERS + 2
-            expected = runner.forward(torch.cat([graphed.tokens, graphed.ids], dim=1))[:, -k:]
-            chained = run_in_order(graphed.parts)
-            graphed.restore()
-            whole = graphed.whole(None)
-            graphed.restore()
-            torch.testing.assert_close(chained, expected, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(whole, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_timing_leaves_every_layer_at_its_context(runner: LayerwiseRunner) -> None:

@@ -44,14 +44,25 @@ from typing import Any
 import torch
 
 from skipsearch.acceptance.measure_config import ESTIMATOR_MODES, MODES_WITH_KV, refuse_pillars_in_self_mode
-from skipsearch.acceptance.profile import AcceptanceProfile, previous_round_starts, round_starts
+from skipsearch.acceptance.profile import (
+    AcceptanceProfile,
+    previous_round_starts,
+    round_starts,
+    tree_round_starts,
+)
 from skipsearch.acceptance.reference import FORWARD_BATCH, ReferenceCache
-from skipsearch.acceptance.statistics import greedy_confidence, sampling_acceptance, subset_acceptance
+from skipsearch.acceptance.statistics import (
+    greedy_confidence,
+    sampling_acceptance,
+    subset_acceptance,
+    target_rank,
+)
 from skipsearch.errors import ConfigError
 from skipsearch.kv.pillars import PillarChoice
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.device import device_sync
 from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.trees import RANK_CAP, TreeShape
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +102,7 @@ class Estimator:
         round_gamma: int = 3,
         round_vocab: int | None = None,
         round_stop: float = 0.0,
+        round_tree: TreeShape | None = None,
     ) -> None:
         if mode not in ESTIMATOR_MODES:
             raise ConfigError(f"unknown estimator mode {mode!r}: use one of {', '.join(ESTIMATOR_MODES)}")
@@ -103,6 +115,7 @@ class Estimator:
         self.round_gamma = round_gamma
         self.round_vocab = round_vocab  # `rounds` mode: the draft vocabulary whose argmax drafts
         self.round_stop = round_stop  # `rounds` mode: the confidence below which a round stops
+        self.round_tree = round_tree  # `rounds` mode: the token tree whose rounds are simulated
         self.passes: list[int] = []  # `rounds` mode: forward passes each evaluation took
         self._subsets: dict[int, torch.Tensor] = {}
         self._pillars: dict[tuple[KVPattern, int], PillarChoice] = {}
@@ -146,6 +159,13 @@ class Estimator:
         rounds = None
         for passes in range(1, self.target_tokens.numel() + 2):
             logits = self._shared_kv_logits(mask, rounds, kv)
+            if self.round_tree is not None and not self.round_tree.is_chain:
+                found = self._tree_rounds(logits, self.round_tree)
+                if rounds is not None and all(map(torch.equal, found, rounds)):
+                    self.passes.append(passes)
+                    return logits
+                rounds = found
+                continue
             matches = self._drafted(logits) == self.target_tokens
             confident = None
             if self.round_stop:
@@ -160,6 +180,14 @@ class Estimator:
                 return logits
             rounds = found
         raise RuntimeError(f"round-aware estimation of {mask} found no fixed point: a bug")
+
+    def _tree_rounds(self, logits: torch.Tensor, shape: TreeShape) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each query's round start under the greedy rounds of `shape` (`tree_round_starts`), and
+        no previous round's (a tree drafts over every key: no pillars)."""
+        ids = None if self.round_vocab is None else self.subset(self.round_vocab)
+        ranks = target_rank(logits, self.target_tokens, RANK_CAP, ids)
+        starts = self._per_query(ranks, lambda values, _gamma, _sure: tree_round_starts(values, shape))
+        return starts, torch.full_like(starts, -1)
 
     def _drafted(self, logits: torch.Tensor) -> torch.Tensor:
         """The token a greedy draft proposes: the argmax over `round_vocab` (all ids when None),
@@ -298,6 +326,7 @@ class Estimator:
             matches,
             sampling_acceptance(target, tokens, logits, temperature),
             greedy_confidence(logits),
+            target_rank(logits, tokens, RANK_CAP),
             temperature,
         )
         variants = tuple(
@@ -305,6 +334,7 @@ class Estimator:
                 mask,
                 *subset_acceptance(target, tokens, logits, self.subset(k), temperature),
                 greedy_confidence(logits[..., self.subset(k)]),
+                target_rank(logits, tokens, RANK_CAP, self.subset(k)),
                 temperature,
                 k,
             )
@@ -331,6 +361,7 @@ class Estimator:
         matches: torch.Tensor,
         accept: torch.Tensor,
         confidence: torch.Tensor,
+        ranks: torch.Tensor,
         temperature: float,
         draft_vocab: int | None = None,
     ) -> AcceptanceProfile:
@@ -342,6 +373,7 @@ class Estimator:
             temperature=temperature,
             draft_vocab=draft_vocab,
             greedy_confidence=tuple(tuple(r) for r in _split(confidence.tolist(), sizes)),
+            target_rank=tuple(tuple(r) for r in _split(ranks.tolist(), sizes)),
         )
 
     def time_full_forward(self) -> float:

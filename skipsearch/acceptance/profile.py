@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
+from skipsearch.trees import TreeShape
 
 
 def match_runs(matches: Sequence[bool]) -> np.ndarray:
@@ -68,6 +69,18 @@ def _walk(
     yield from play_rounds(len(matches), round_at)
 
 
+def _walk_tree(ranks: Sequence[int], shape: TreeShape) -> Iterator[tuple[int, int, int, bool]]:
+    """(start, depth, accepted, censored) of every greedy round of the tree `shape` over one
+    continuation (`play_rounds`): along the target's own path a round goes one depth further while
+    the target's token ranks below that depth's width under the draft (`TreeShape.accepted_depth`);
+    the accepted path's prefix is the target's, so its draft logits are the teacher-forced ones."""
+
+    def round_at(k: int) -> tuple[int, int]:
+        return shape.depth, shape.accepted_depth(ranks[k : k + shape.depth])
+
+    yield from play_rounds(len(ranks), round_at)
+
+
 def simulate_rounds(
     matches: Sequence[bool], gamma: int, confident: Sequence[bool] | None = None
 ) -> list[int]:
@@ -86,9 +99,19 @@ def round_starts(matches: Sequence[bool], gamma: int, confident: Sequence[bool] 
     The round-aware estimator lets a draft at `p` see its own K/V from `starts[p]` to `p` and the
     full model's before `starts[p]`, which is what the engine's draft sees.
     """
-    starts = list(range(len(matches)))
-    for k, drafted, accepted, _ in _walk(matches, gamma, confident):
-        for position in range(k, min(k + min(accepted + 1, drafted), len(matches))):
+    return _starts(_walk(matches, gamma, confident), len(matches))
+
+
+def tree_round_starts(ranks: Sequence[int], shape: TreeShape) -> list[int]:
+    """`round_starts` of the greedy rounds of a token tree (`_walk_tree`): along the accepted path
+    a tree's draft sees what a chain's does, its own K/V from the round's start (`engine.tree`)."""
+    return _starts(_walk_tree(ranks, shape), len(ranks))
+
+
+def _starts(walk: Iterator[tuple[int, int, int, bool]], length: int) -> list[int]:
+    starts = list(range(length))
+    for k, drafted, accepted, _ in walk:
+        for position in range(k, min(k + min(accepted + 1, drafted), length)):
             starts[position] = k
     return starts
 
@@ -119,7 +142,9 @@ class AcceptanceProfile:
     mask measured under other patterns (one forward each), each with its own `by_vocab`.
     `greedy_confidence` is the draft's softmax maximum over its vocabulary at each position (empty
     in profiles from before it was measured): with it, the rounds of a draft that stops below a
-    threshold follow too (`stop_below`).
+    threshold follow too (`stop_below`). `target_rank` is the rank of the target's token under
+    the draft at each position, capped at `trees.RANK_CAP` (empty in profiles from before it was
+    measured): with it, the greedy rounds of any static token tree follow (`tree_played`).
     """
 
     mask: str
@@ -131,6 +156,7 @@ class AcceptanceProfile:
     kv: KVPattern | None = None
     by_kv: tuple[AcceptanceProfile, ...] = ()
     greedy_confidence: tuple[tuple[float, ...], ...] = ()
+    target_rank: tuple[tuple[int, ...], ...] = ()
     _rounds: dict[tuple[int, float], list[tuple[int, int]]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -186,6 +212,38 @@ class AcceptanceProfile:
                 if not censored
             ]
         return self._rounds[key]
+
+    def tree_played(self, shape: TreeShape) -> list[tuple[int, int]]:
+        """(depth, accepted) of every simulated greedy round of the tree `shape` over all prompts
+        (`_walk_tree`); a chain-shaped tree plays the chain's rounds (`played`)."""
+        if shape.is_chain:
+            return self.played(shape.depth)
+        if not self.target_rank:
+            raise ValueError(
+                f"the profile of {self.mask} holds no target ranks, which the tree {shape} needs: "
+                "measure it again"
+            )
+        key = (-1, str(shape))  # never a chain's key: those have gamma >= 1
+        if key not in self._rounds:
+            self._rounds[key] = [
+                (depth, accepted)
+                for row in self.target_rank
+                for _, depth, accepted, censored in _walk_tree(row, shape)
+                if not censored
+            ]
+        return self._rounds[key]
+
+    def tree_tokens_per_round(self, shape: TreeShape) -> float:
+        """Mean tokens committed per round of the tree `shape` (`tree_played`)."""
+        played = self.tree_played(shape)
+        return float(np.mean([accepted for _, accepted in played])) + 1.0 if played else 1.0
+
+    def top_k_hit_rate(self, k: int) -> float:
+        """Share of positions where the target's token is among the draft's top `k`."""
+        ranks = np.concatenate([np.asarray(row) for row in self.target_rank]) if self.target_rank else None
+        if ranks is None:
+            raise ValueError(f"the profile of {self.mask} holds no target ranks: measure it again")
+        return float(np.mean(ranks < k))
 
     def rounds(self, gamma: int, stop_below: float = 0.0) -> list[int]:
         """Accepted lengths of every simulated round over all prompts (`played`)."""
@@ -243,12 +301,14 @@ class AcceptanceProfile:
             data["by_kv"] = [pattern.to_dict() for pattern in self.by_kv]
         if self.greedy_confidence:
             data["greedy_confidence"] = [[round(float(c), 6) for c in row] for row in self.greedy_confidence]
+        if self.target_rank:
+            data["target_rank"] = [[int(r) for r in row] for row in self.target_rank]
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> AcceptanceProfile:
-        """Reads profiles written before draft vocabularies, KV patterns or confidences existed
-        too (full vocabulary, every key, no variants, no confidences)."""
+        """Reads profiles written before draft vocabularies, KV patterns, confidences or ranks
+        existed too (full vocabulary, every key, no variants, no confidences, no ranks)."""
         return cls(
             mask=data["mask"],
             greedy_match=tuple(tuple(bool(m) for m in row) for row in data["greedy_match"]),
@@ -261,6 +321,7 @@ class AcceptanceProfile:
             greedy_confidence=tuple(
                 tuple(float(c) for c in row) for row in data.get("greedy_confidence", ())
             ),
+            target_rank=tuple(tuple(int(r) for r in row) for row in data.get("target_rank", ())),
         )
 
 

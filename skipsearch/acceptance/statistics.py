@@ -50,3 +50,18 @@ def subset_acceptance(
     p = torch.softmax(target_logits.float() / temperature, dim=-1)[..., ids]
     q = torch.softmax(subset.float() / temperature, dim=-1)
     return match, torch.minimum(p, q).sum(-1)
+
+
+def target_rank(
+    draft_logits: torch.Tensor, target_tokens: torch.Tensor, cap: int, ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per position, the rank of the target's token among the draft's logits (0: the draft's
+    argmax; over the subset `ids` of a draft vocabulary, where a token outside it ranks `cap`),
+    capped at `cap`: a token tree whose node has `c` children keeps the target's token there when its
+    rank is below `c` (docs/theory.md, "Token trees")."""
+    logits = draft_logits.float()
+    chosen = logits.gather(-1, target_tokens[..., None])
+    if ids is None:
+        return (logits > chosen).sum(-1).clamp(max=cap)
+    rank = (logits[..., ids] > chosen).sum(-1).clamp(max=cap)
+    return torch.where(torch.isin(target_tokens, ids), rank, torch.full_like(rank, cap))

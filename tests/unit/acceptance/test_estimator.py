@@ -17,13 +17,16 @@ import torch
 from transformers import DynamicCache
 
 from skipsearch.acceptance.estimator import Estimator
+from skipsearch.acceptance.profile import _walk_tree
 from skipsearch.cpu.attention_choice import AttentionChoice
 from skipsearch.cpu.attention_paths import KERNEL_ATTENTION
 from skipsearch.cpu.decode_attention import load_kernel
 from skipsearch.engine import GammaPolicy, speculative_decode
+from skipsearch.engine.tree import tree_decode
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.kernels import apply_attention
 from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.trees import TreeShape
 from tests.conftest import direct_matches, random_reference, tiny_model, with_plan_attention
 from tests.unit.acceptance.conftest import MASKS
 
@@ -276,3 +279,62 @@ def test_on_the_kernel_plan_one_short_prompt_keeps_the_estimators_own_masks() ->
     judged = engine_judgements(runner, reference, SkipMask(3), 3, kv, new_tokens=12)
     assert disagreements(estimator.evaluate(SkipMask(3), temperature=0, kv=kv), judged) == 0
     assert not all(accepted for _, _, accepted in judged)
+
+
+def engine_tree_judgements(runner, reference, mask, shape) -> tuple[list[tuple[int, int, int, bool]], list]:
+    """(reference row, continuation offset, depth, accepted) of every tree node on the target's
+    path the engine judged, and (row, offset, accepted) of every round of full depth that started
+    early enough to end inside the output (the engine cuts the rounds near its end short)."""
+    judged, rounds = [], []
+    for row in range(reference.input_ids.shape[0]):
+        prompt = reference.input_ids[row, : int(reference.prompt_lengths[row])].tolist()
+        result = tree_decode(runner, prompt, mask, shape, NEW_TOKENS, timed=False)
+        continuation = reference.input_ids[row, len(prompt) : int(reference.lengths[row])].tolist()
+        assert list(result.tokens) == continuation
+        offset = 0
+        for depth, accepted in zip(result.gammas, result.accepted, strict=True):
+            judged += [(row, offset + j, j, j < accepted) for j in range(min(accepted + 1, depth))]
+            if offset <= NEW_TOKENS - shape.depth - 1:
+                rounds.append((row, offset, accepted))
+            offset += accepted + 1
+    return judged, rounds
+
+
+@pytest.mark.parametrize("shape", ["2x2x1", "3x1x1", "2x2x2x1"])
+@pytest.mark.parametrize("mask", ROUND_MASKS[:3], ids=str)
+def test_rounds_mode_predicts_every_engine_judgement_of_a_tree(rounds_setup, mask, shape) -> None:
+    """A tree's node on the target's path is kept when the target's token ranks below its depth's
+    width under the draft: the ranks the round-aware estimator measures give the engine's every
+    judgement, and its tokens per round within 3% (the censored last rounds aside)."""
+    runner, reference = rounds_setup
+    tree = TreeShape.parse(shape)
+    profile = Estimator(runner, reference, "rounds", round_tree=tree).evaluate(mask, temperature=0)
+    judged, engine_rounds = engine_tree_judgements(runner, reference, mask, tree)
+    ranks = profile.target_rank
+    wrong = [
+        (row, offset)
+        for row, offset, depth, kept in judged
+        if (ranks[row][offset] < tree.widths[depth]) != kept
+    ]
+    assert not wrong
+    predicted = [
+        (row, start, accepted)
+        for row, ranks_of_row in enumerate(ranks)
+        for start, _, accepted, _ in _walk_tree(ranks_of_row, tree)
+        if start <= NEW_TOKENS - tree.depth - 1
+    ]
+    mean = lambda rounds: sum(n + 1 for *_, n in rounds) / len(rounds)  # noqa: E731
+    assert mean(predicted) == pytest.approx(mean(engine_rounds), rel=0.03)
+    assert any(depth > 0 and kept for _, _, depth, kept in judged)  # some rounds go deep
+
+
+def test_ranks_agree_with_the_greedy_match_and_give_the_top_k_hit_rates(rounds_setup) -> None:
+    runner, reference = rounds_setup
+    profile = Estimator(runner, reference, "shared-kv").evaluate(ROUND_MASKS[1], temperature=0)
+    for matches, ranks in zip(profile.greedy_match, profile.target_rank, strict=True):
+        assert [rank == 0 for rank in ranks] == list(matches)
+    rates = [profile.top_k_hit_rate(k) for k in (1, 2, 4, 8)]
+    assert rates == sorted(rates) and rates[0] == pytest.approx(profile.alpha) and rates[-1] <= 1
+    chain = profile.tree_tokens_per_round(TreeShape.chain(3))
+    assert chain == profile.tokens_per_round(3)
+    assert profile.tree_tokens_per_round(TreeShape.parse("4x4x1")) > chain

@@ -1,0 +1,76 @@
+"""A token tree's round priced from the latency profile (`cost.trees`): a chain-shaped tree costs the
+chain's round exactly, rows cost what the profile's passes over that many positions cost, and the
+best shape wins only where its extra rows pay."""
+
+import json
+
+import pytest
+
+from skipsearch.acceptance.profile import AcceptanceProfile
+from skipsearch.cost.calibrated import Calibrated
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.cost.trees import best_tree, score_tree, tree_round_time
+from skipsearch.masks import SkipMask
+from skipsearch.trees import TreeShape
+
+LAYERS = 4
+POSITIONS = (1, 2, 4, 8, 16, 32)
+
+
+def latency(per_row: float) -> LatencyProfile:
+    """Every sub-layer 1 ms at one position, `per_row` ms more for each further row; head 2 ms."""
+    row = [(1.0 + per_row * (p - 1)) / 1e3 for p in POSITIONS]
+    tables = {
+        "embed": [[0.0] * len(POSITIONS)],
+        "head": [[2 * t for t in row]],
+        "attn": [[row] for _ in range(LAYERS)],
+        "mlp": [[row] for _ in range(LAYERS)],
+    }
+    return LatencyProfile.from_dict(
+        {
+            "meta": {"device": "test", "model": "tiny", "num_layers": LAYERS},
+            "context_lengths": [512],
+            "positions": list(POSITIONS),
+            **tables,
+            "spread": json.loads(json.dumps(tables)),
+            "round_overhead": {"1": 0.0, "8": 0.0},
+        }
+    )
+
+
+def profile(ranks: list[int]) -> AcceptanceProfile:
+    return AcceptanceProfile(
+        mask="a:2|m:2",
+        greedy_match=(tuple(rank == 0 for rank in ranks),),
+        sampling_accept=(tuple(1.0 for _ in ranks),),
+        temperature=1.0,
+        target_rank=(tuple(ranks),),
+    )
+
+
+MASK = SkipMask.from_layers(LAYERS, [2])
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_a_chain_shaped_tree_costs_the_chains_round(gamma) -> None:
+    form = Calibrated(latency(0.3), MASK, context=512)
+    assert tree_round_time(form, TreeShape.chain(gamma)).total == pytest.approx(form.round_time(gamma).total)
+
+
+def test_a_tree_pays_for_each_extra_row_what_the_profile_says() -> None:
+    free, costly = Calibrated(latency(0.0), MASK, 512), Calibrated(latency(1.0), MASK, 512)
+    shape = TreeShape.parse("2x2")  # draft passes of 1 and 2 rows, a verify of 7 rows (4 leaves)
+    # rows free: the round is 2 draft steps and one step's verify, as the chain of 2 would be
+    assert tree_round_time(free, shape).total == pytest.approx(free.round_time(2).total)
+    # at 1 ms a row, each extra row of a draft pass and of the verify costs its sub-layers again
+    assert tree_round_time(costly, shape).total > tree_round_time(costly, TreeShape.chain(2)).total * 2
+
+
+def test_the_search_picks_a_tree_where_rows_are_free_and_the_chain_where_they_are_not() -> None:
+    ranks = [1, 0, 1, 0, 0, 1, 2, 0, 1, 0] * 10  # the target is often the draft's second choice
+    shapes = (TreeShape.chain(2), TreeShape.parse("2x2"), TreeShape.parse("3x3x1"))
+    free = best_tree(profile(ranks), Calibrated(latency(0.0), MASK, 512), shapes)
+    costly = best_tree(profile(ranks), Calibrated(latency(1.0), MASK, 512), shapes)
+    assert not free.shape.is_chain and costly.shape.is_chain
+    wide = score_tree(profile(ranks), Calibrated(latency(0.0), MASK, 512), TreeShape.parse("2x2"))
+    assert wide.tokens_per_round > profile(ranks).tokens_per_round(2)

@@ -25,7 +25,7 @@ from functools import cached_property
 
 from skipsearch.errors import ConfigError
 
-MAX_NODES = 64  # the most nodes a tree may have: a verify of 65 rows, the largest the profile measures
+MAX_NODES = 31  # the most nodes a tree may have: a verify of 32 rows, the most the profile measures
 MAX_WIDTH = 8  # the most children of a node: the ranks the estimator records (`RANK_CAP`)
 RANK_CAP = MAX_WIDTH  # ranks at or past it are stored as it: no shape reaches them
 SHAPE_FORM = re.compile(r"^[1-9]\d*(x[1-9]\d*)*$")

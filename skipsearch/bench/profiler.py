@@ -59,7 +59,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_LENGTHS = (128, 512, 2048)
-DEFAULT_POSITIONS = tuple(range(1, 10))
+# A pass over 1-9 positions is a draft step or a chain's verify up to γ = 8; 12-32 a token tree's
+# draft passes and verify, up to `trees.MAX_NODES` + 1 rows.
+DEFAULT_POSITIONS = (*range(1, 10), 12, 16, 24, 32)
+OVERHEAD_GAMMAS = range(1, 9)  # the round overhead is a chain's bookkeeping: timed up to γ = 8
 DEFAULT_REPEATS = 40  # over DEFAULT_PROCESSES processes: see results/profile/stability.md
 DEFAULT_WARMUP = 2
 # Draft-head sizes timed (those below the vocabulary, plus the full one): the draft vocabularies
@@ -214,9 +217,9 @@ def measure_samples(
 
     For each context length and each number of new positions `k`: embedding (+ rotary and mask),
     each attention and MLP sub-layer, and norm + head, `repeats` samples after `warmup` discarded
-    rounds. Round overhead is sampled for every γ with `γ + 1 <= max(positions)`; the draft head
-    for each of `head_rows` below the vocabulary size and for the full vocabulary; a round's pillar
-    choice and gather (`PILLAR_PATTERN`) at each context length.
+    rounds. Round overhead is sampled for every γ of `OVERHEAD_GAMMAS` with `γ + 1 <=
+    max(positions)`; the draft head for each of `head_rows` below the vocabulary size and for the
+    full vocabulary; a round's pillar choice and gather (`PILLAR_PATTERN`) at each context length.
     """
     import torch
 
@@ -229,7 +232,7 @@ def measure_samples(
     with gc_paused():
         caches = [prefill_cache(runner, context, generator) for context in contexts]
         samples = time_passes(runner, caches, steps, repeats, warmup, sync, generator, label)
-        gammas = range(1, steps[-1])
+        gammas = [gamma for gamma in OVERHEAD_GAMMAS if gamma + 1 <= steps[-1]]
         overhead = time_round_overhead(runner, caches[0], gammas, repeats, warmup, sync, generator)
         draft_head = time_draft_heads(runner, caches[0], rows, repeats, warmup, sync, generator)
         pillars = time_pillar_choice(runner, caches, PILLAR_PATTERN, repeats, warmup, sync, generator)

@@ -9,11 +9,13 @@ import pytest
 
 from skipsearch import cli
 from skipsearch.cli import main
+from skipsearch.bench.profiler import DEFAULT_POSITIONS
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.profile_summary import summary
 from skipsearch.masks import SkipMask
 from skipsearch.tiers.manifest import TierManifest
 from skipsearch.tiers.policy import TierPolicy
+from skipsearch.trees import MAX_NODES
 from tests.unit.cli.conftest import assert_one_line_error, only_profile, run_cli
 from tests.unit.engine.conftest import one_thread
 
@@ -55,7 +57,7 @@ def test_cli_on_the_embedded_model(tmp_path: Path, capsys) -> None:
     assert cli.main(["profile", *args, "--out", str(out)]) == 0
     profile = LatencyProfile.load(out)
     assert (profile.num_layers, profile.context_lengths) == (30, (64,))
-    assert profile.positions == tuple(range(1, 10))
+    assert profile.positions == DEFAULT_POSITIONS and profile.positions[-1] == MAX_NODES + 1
     assert (profile.meta["model"], profile.meta["processes"]) == ("smollm2-135m", 2)
     digest = summary(profile)
     assert digest.draft_cost[0][-1] == pytest.approx(1.0)

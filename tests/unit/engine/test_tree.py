@@ -46,7 +46,7 @@ def test_a_wider_tree_accepts_at_least_what_its_chain_does(runner):
     """Every path of the chain is in the tree, so greedy rounds accept as much or more."""
     mask = SkipMask.from_layers(6, [1, 3, 4])
     chain = tree_decode(runner, PROMPT, mask, TreeShape.parse("1x1x1"), NEW_TOKENS, timed=False)
-    tree = tree_decode(runner, PROMPT, mask, TreeShape.parse("3x3x3"), NEW_TOKENS, timed=False)
+    tree = tree_decode(runner, PROMPT, mask, TreeShape.parse("3x3x2"), NEW_TOKENS, timed=False)
     per_round = lambda r: sum(n + 1 for n in r.accepted) / len(r.accepted)  # noqa: E731
     assert per_round(tree) > per_round(chain)
 

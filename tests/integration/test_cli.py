@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from skipsearch import cli
-from skipsearch.cli import main
 from skipsearch.bench.profiler import DEFAULT_POSITIONS
+from skipsearch.cli import main
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.profile_summary import summary
 from skipsearch.masks import SkipMask

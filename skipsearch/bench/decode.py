@@ -22,6 +22,7 @@ from skipsearch.engine.timing import breakdown
 from skipsearch.errors import ConfigError
 from skipsearch.masks import Draft
 from skipsearch.models.kernels import busy_cpu_warning
+from skipsearch.trees import TreeShape
 
 if TYPE_CHECKING:
     from skipsearch.acceptance.measure_config import MeasureConfig
@@ -126,10 +127,12 @@ def decode_draft(
     settings: DecodeSettings,
     weights: RandomWeights | None,
     graphs: bool = False,
+    tree: TreeShape | None = None,
 ) -> dict[str, Any]:
     """One draft (`pick_draft(num_layers)`, called before anything slow) against autoregressive
     decoding, HF `generate` and, for a contiguous prefix, HF's early exit; with real weights, next
     to the estimator's prediction for it. Random weights: timing only, on random prompt ids.
+    `tree`: the draft drafts token trees of that shape, and runs as a chain of `policy`'s γ beside.
 
     `graphs` adds the draft and the autoregressive baseline replayed from CUDA graphs (run eagerly
     over the same static buffers off a GPU), and the graphed SSD is the one checked lossless."""
@@ -160,6 +163,9 @@ def decode_draft(
     mask, vocab, kv = draft.mask, draft.vocab, draft.kv
     head = None if vocab is None else DraftHead.gather(runner, vocab_ids(vocab))
     widest = (policy.initial if policy.is_fixed else policy.gamma_max) + 1
+    if tree is not None:
+        check_tree(tree, kv, policy, graphs)
+        widest = max(widest, tree.verify_rows)
     steps = None
     if graphs:
         check_graphable(kv, policy)
@@ -168,7 +174,7 @@ def decode_draft(
 
     def decoders(sampling: Sampling) -> dict[str, Decoder]:
         new, timed = settings.new_tokens, settings.breakdown
-        found = make_decoders(runner, loaded, mask, policy, sampling, new, head, kv, timed)
+        found = make_decoders(runner, loaded, mask, policy, sampling, new, head, kv, timed, tree)
         if steps is not None:
             found |= graphed_decoders(steps, policy, sampling, new, eos_ids(loaded.model), timed)
         return found
@@ -183,8 +189,9 @@ def decode_draft(
             policy,
             sampling,
             summaries[SSD],
+            tree,
         )
-        for e in (estimators(measurement) if measurement else [])
+        for e in (estimators(measurement, tree, vocab) if measurement else [])
     ]
     return {
         "model": config.model,
@@ -193,6 +200,7 @@ def decode_draft(
         "kv": kv_label(kv),
         "exit_layer": mask.exit_layer,
         "gamma": policy.initial,
+        "tree": None if tree is None else str(tree),
         "dynamic_gamma": not policy.is_fixed,
         "draft_stop": policy.stop_below,
         "random_weights": weights is not None,
@@ -211,6 +219,16 @@ def decode_draft(
         "graphs": None if steps is None else graphed_report(steps.mode, runs, summaries),
         "runs": measured.runs_dict(),
     }
+
+
+def check_tree(tree: TreeShape, kv: Any, policy: GammaPolicy, graphs: bool) -> None:
+    """Refuse what a token tree's rounds do not run, in one line each."""
+    if kv is not None:
+        raise ConfigError("a token tree drafts over every key: drop --tree, or the KV pattern")
+    if policy.stop_below or not policy.is_fixed:
+        raise ConfigError("a token tree drafts its whole shape: drop --draft-stop and --dynamic-gamma")
+    if graphs:
+        raise ConfigError("token trees are not captured as CUDA graphs yet: drop --graphs, or --tree")
 
 
 def check_graphable(kv: Any, policy: GammaPolicy) -> None:

@@ -21,13 +21,16 @@ from skipsearch.engine.graphs import GraphSteps
 from skipsearch.engine.result import DecodeResult
 from skipsearch.engine.sampling import Sampling
 from skipsearch.engine.ssd import speculative_decode
+from skipsearch.engine.tree import tree_decode
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.kernels import new_cache
 from skipsearch.models.loading import LoadedModel, eos_ids
 from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.trees import TreeShape
 
 AR, HF, SSD, EARLY_EXIT = "autoregressive", "hf-generate", "ssd", "hf-early-exit"
+SSD_CHAIN = "ssd-chain"  # a tree's draft as a chain, beside the tree
 AR_GRAPHS, SSD_GRAPHS = "autoregressive-graphs", "ssd-graphs"
 
 # -- the decoders ---------------------------------------------------------------------------------
@@ -44,12 +47,15 @@ def make_decoders(
     head: DraftHead | None = None,
     kv: KVPattern | None = None,
     timed: bool = True,
+    tree: TreeShape | None = None,
 ) -> dict[str, Decoder]:
     """Each configuration as `decode(prompt, generator) -> DecodeResult`, same stopping rule.
 
     `head`: the SSD draft's head over a draft vocabulary; `kv`: its KV pattern (HF's early exit
     has neither, so it runs only for a plain contiguous prefix); `timed`: SSD records its rounds'
-    phase breakdown, at a device sync per phase boundary (`engine.timing.RoundClock`)."""
+    phase breakdown, at a device sync per phase boundary (`engine.timing.RoundClock`); `tree`: SSD
+    drafts token trees of that shape (`engine.tree`), and the same draft as a chain of `policy`'s
+    γ runs beside it (`SSD_CHAIN`)."""
     model: Any = loaded.model
     tokenizer: Any = loaded.tokenizer
     stop = eos_ids(model)
@@ -68,6 +74,12 @@ def make_decoders(
             runner, prompt, mask, max_new_tokens, policy, sampling, generator, stop, head, kv, timed
         ),
     }
+    if tree is not None and not tree.is_chain:
+        decoders[SSD_CHAIN] = decoders[SSD]
+        decoders[SSD] = lambda prompt, generator: tree_decode(
+            runner, prompt, mask, tree, max_new_tokens, sampling, generator, stop, head, timed
+        )
+        return decoders
     if mask.exit_layer is not None and kv is None:
 
         def early_exit(prompt: tuple[int, ...], generator: torch.Generator | None) -> DecodeResult:

@@ -5,26 +5,42 @@ from __future__ import annotations
 from typing import Any
 
 from skipsearch.acceptance.estimator import Estimator
+from skipsearch.acceptance.measure_config import MODES_WITH_KV
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.acceptance.worker import Measurement
 from skipsearch.cost.closed_forms import tokens_per_round_iid
 from skipsearch.engine.gamma import GammaPolicy
 from skipsearch.engine.result import Summary
 from skipsearch.engine.sampling import Sampling
+from skipsearch.trees import TreeShape
 
 
-def estimators(measurement: Measurement) -> list[Estimator]:
+def estimators(
+    measurement: Measurement, tree: TreeShape | None = None, vocab: int | None = None
+) -> list[Estimator]:
     """The configured estimator, plus `self` mode when that is `shared-kv`: its reference holds
     the K/V and serves both, so one run shows which mode predicts the engine (docs/theory.md,
-    "Measuring acceptance")."""
+    "Measuring acceptance"). For a token `tree`: `shared-kv` and `rounds` simulating the tree's
+    rounds with the draft vocabulary `vocab`."""
     configured = measurement.estimator
+    if tree is not None and not tree.is_chain and configured.mode in MODES_WITH_KV:
+        runner, reference, ids = configured.runner, configured.reference, configured.vocab_ids
+        return [
+            Estimator(runner, reference, "shared-kv", ids),
+            Estimator(runner, reference, "rounds", ids, round_vocab=vocab, round_tree=tree),
+        ]
     if configured.mode == "self":
         return [configured]
     return [configured, Estimator(configured.runner, configured.reference, "self", configured.vocab_ids)]
 
 
 def estimator_dict(
-    profile: AcceptanceProfile, mode: str, policy: GammaPolicy, sampling: Sampling, measured: Summary
+    profile: AcceptanceProfile,
+    mode: str,
+    policy: GammaPolicy,
+    sampling: Sampling,
+    measured: Summary,
+    tree: TreeShape | None = None,
 ) -> dict[str, Any]:
     """The estimator's acceptance and tokens per round for the engine's γ, and the relative error.
 
@@ -37,7 +53,12 @@ def estimator_dict(
     alpha = profile.alpha if sampling.greedy else profile.sampling_acceptance
     predicted, why_not = None, None
     gamma, stop = policy.initial, policy.stop_below
-    if not policy.is_fixed:
+    if tree is not None and not tree.is_chain:
+        if sampling.greedy:
+            predicted = profile.tree_tokens_per_round(tree)
+        else:
+            why_not = "a sampled tree's acceptance has no closed form here"
+    elif not policy.is_fixed:
         why_not = "gamma is dynamic"
     elif sampling.greedy:
         predicted = profile.tokens_per_round(gamma, stop)

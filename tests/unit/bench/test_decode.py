@@ -5,12 +5,14 @@ import pytest
 
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec
-from skipsearch.bench.decode import DecodeSettings, decode_draft
+from skipsearch.bench.decode import DecodeSettings, check_tree, decode_draft
 from skipsearch.engine import GammaPolicy
 from skipsearch.engine.sampling import GREEDY
+from skipsearch.errors import ConfigError
 from skipsearch.masks import Draft, KVPattern, SkipMask
 from skipsearch.models.loading import LoadedModel
 from skipsearch.models.random_weights import RandomWeights
+from skipsearch.trees import TreeShape
 from tests.conftest import tiny_model, with_plan_attention
 
 NEW_TOKENS = 12
@@ -41,3 +43,29 @@ def test_without_graphs_the_check_has_no_graphed_decoders(monkeypatch) -> None:
     result = decode_draft(config, lambda layers: draft, GammaPolicy.fixed(3), settings, RandomWeights())
     assert result["graphs"] is None and not {"autoregressive-graphs", "ssd-graphs"} & set(result["summaries"])
     assert result["breakdown"]  # timed by default: the phase breakdown is there
+
+
+def test_a_tree_check_runs_the_tree_beside_the_same_draft_as_a_chain(monkeypatch) -> None:
+    loaded = LoadedModel(with_plan_attention(tiny_model("llama", layers=4)), None, "tiny", "memory")
+    monkeypatch.setattr("skipsearch.models.loading.load_model", lambda *args: loaded)
+    config = MeasureConfig("tiny", PromptSpec(n_prompts=2, max_prompt_tokens=9, new_tokens=NEW_TOKENS))
+    settings = DecodeSettings(GREEDY, NEW_TOKENS, repeats=1, seed=0)
+    draft = Draft(SkipMask(4, [1], [1, 2]), None, None)
+    tree = TreeShape.parse("2x2x1")
+    result = decode_draft(
+        config, lambda layers: draft, GammaPolicy.fixed(3), settings, RandomWeights(), tree=tree
+    )
+    assert set(result["summaries"]) == {"autoregressive", "hf-generate", "ssd", "ssd-chain"}
+    assert result["tree"] == "2x2x1" and result["lossless"]
+    runs = result["runs"]
+    assert [r["tokens"] for r in runs["ssd"]] == [r["tokens"] for r in runs["autoregressive"]]
+    assert max(g for r in runs["ssd"] for g in r["gammas"]) == tree.depth
+
+
+def test_a_tree_refuses_what_its_rounds_do_not_run() -> None:
+    with pytest.raises(ConfigError, match="every key"):
+        check_tree(TreeShape.parse("2x1"), KVPattern(4, 16), GammaPolicy.fixed(2), False)
+    with pytest.raises(ConfigError, match="whole shape"):
+        check_tree(TreeShape.parse("2x1"), None, GammaPolicy.fixed(2, 0.5), False)
+    with pytest.raises(ConfigError, match="CUDA graphs"):
+        check_tree(TreeShape.parse("2x1"), None, GammaPolicy.fixed(2), True)

@@ -1,6 +1,6 @@
 """fp32 against the default kernel plan, side by side: autoregressive, HF generate and one SSD probe.
 
-The kernel plan (issue 19; docs/theory.md, "The kernel plan") runs bf16 weights: with bf16
+The kernel plan (issue 19; docs/cpu-backend.md) runs bf16 weights: with bf16
 activations on oneDNN where a CPU multiplies bf16 natively and that measures faster, else with
 float32 activations on skipsearch's kernels (`cpu.bf16_activations`). This experiment runs
 `skipsearch decode` of one probe mask per model in each of `--plans` — `--dtype float32` (the

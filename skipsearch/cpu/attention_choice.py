@@ -1,5 +1,5 @@
 """Which attention path a model runs on this device
-(docs/theory.md, "The kernel plan").
+(docs/cpu-backend.md).
 
 A speedup is a ratio of two decoders, so both must run on the fastest kernels the device offers.
 The dtype of weights and activations is chosen from the CPU's flags (`cpu.dtypes`); then:

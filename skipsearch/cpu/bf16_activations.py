@@ -1,6 +1,6 @@
 """Whether `--dtype auto` on a CPU with native bf16 runs bf16 activations, or the fallback plan's
 float32 activations on the same bf16 weights: the first half of that CPU's kernel plan, measured
-once per machine (docs/theory.md, "The kernel plan").
+once per machine (docs/cpu-backend.md).
 
 Both plans read every weight matrix in bf16, so a decode step reads the same weight bytes; they
 differ in who multiplies. The bf16 plan hands every product to oneDNN on prepacked weights

@@ -1,5 +1,5 @@
 """bf16 weights in float32 arithmetic: the linear layers of the fallback plan on a CPU without
-native bf16, run by the `linear_rows.c` kernel (docs/theory.md, "The kernel plan").
+native bf16, run by the `linear_rows.c` kernel (docs/cpu-backend.md).
 
 A decode step reads every weight once, so its floor is the weight bytes over the memory's
 bandwidth, and a verify of a few positions should cost what one step costs. On an AVX2-only AMD

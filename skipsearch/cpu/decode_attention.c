@@ -1,6 +1,6 @@
 /* Attention of a short query block over a bf16 K/V cache, in float32 arithmetic, for CPUs with
  * AVX-512 and AVX-512 BF16 (skipsearch/cpu/decode_attention.py builds and loads it;
- * docs/theory.md, "The kernel plan").
+ * docs/cpu-backend.md).
  *
  * Why it exists: a decode step, a draft step and a verify pass attend with 1 to ~16 queries to
  * the whole cache, which makes attention a stream over the K/V: it should run at the memory's

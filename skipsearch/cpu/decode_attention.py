@@ -1,6 +1,6 @@
 """The decode-attention kernels (`decode_attention.c`, `decode_attention_fp32.c`,
 `decode_attention_amx.c`): built on first use, loaded with ctypes, and called for the short query
-blocks of a decode (docs/theory.md, "The kernel plan").
+blocks of a decode (docs/cpu-backend.md).
 
 A decode step, a draft step and a verify pass attend with a handful of queries to the whole
 cache, so their attention should stream the K/V at the memory's bandwidth. torch's CPU SDPA does

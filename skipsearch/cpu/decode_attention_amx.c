@@ -1,7 +1,7 @@
 /* Attention of a short query block of float32 activations over a bf16 K/V cache on AMX tiles, for
  * CPUs with AMX-BF16: the decode-attention kernel of the fp32 plan where it measures faster than
  * decode_attention_fp32.c (skipsearch/cpu/decode_attention.py builds and loads it,
- * skipsearch/cpu/attention_choice.py weighs it; docs/theory.md, "The kernel plan").
+ * skipsearch/cpu/attention_choice.py weighs it; docs/cpu-backend.md).
  *
  * Why it exists: decode_attention_fp32.c pays one FMA per key, dimension and row, so each query a
  * verify adds costs nearly what the first did: on the project's Xeon SmolLM2's attention over 512

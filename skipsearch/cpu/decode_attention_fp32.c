@@ -1,6 +1,6 @@
 /* Attention of a short query block over a float32 K/V cache, for CPUs with AVX2 and FMA: the
  * decode-attention kernel of the fp32 fallback plan (skipsearch/cpu/decode_attention.py builds
- * and loads it; docs/theory.md, "The kernel plan"). decode_attention.c is its AVX-512 sibling,
+ * and loads it; docs/cpu-backend.md). decode_attention.c is its AVX-512 sibling,
  * which reads a bf16 cache.
  *
  * Why it exists: a decode step, a draft step and a verify pass attend with 1 to ~16 queries to

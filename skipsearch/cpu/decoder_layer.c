@@ -1,6 +1,5 @@
 /* A decoder layer's sub-layers for a short block, each in one call: the C driver of the fused
- * layers (skipsearch/cpu/fused_layers.py builds the Layer and loads this; docs/theory.md, "The
- * kernel plan").
+ * layers (skipsearch/cpu/fused_layers.py builds the Layer and loads this; docs/cpu-backend.md).
  *
  * Why it exists: a fused layer's attention sub-layer is seven kernel calls and its MLP four, and
  * driving them from Python cost ~130 us a layer on the project's Xeon, in torch's dispatch of the

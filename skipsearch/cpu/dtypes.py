@@ -1,5 +1,5 @@
-"""The dtype half of the kernel plan: what `--dtype auto` means on this device (docs/theory.md, "The
-kernel plan").
+"""The dtype half of the kernel plan: what `--dtype auto` means on this device
+(docs/cpu-backend.md).
 
 Weights and activations run in bfloat16 on an accelerator and on a CPU that multiplies bf16
 natively (`avx512_bf16` or AMX in its flags): there bf16 linear layers read half the bytes and

@@ -1,5 +1,5 @@
 """Which product the fp32 fallback plan's linear layers run on this CPU: the linear half of that
-plan, measured once per machine (docs/theory.md, "The kernel plan").
+plan, measured once per machine (docs/cpu-backend.md).
 
 A CPU without native bf16 runs the plan in float32, where `F.linear` goes to MKL. On an AVX2-only
 AMD EPYC (Zen 3) MKL's fp32 products streamed the weights at 4-11 GB/s at one row and cost about

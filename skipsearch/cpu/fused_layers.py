@@ -1,5 +1,5 @@
 """The fallback plan's decoder sub-layers in one C call each, for the short blocks of a decode
-(`decoder_layer.c`; docs/theory.md, "The kernel plan").
+(`decoder_layer.c`; docs/cpu-backend.md).
 
 Why it exists: on the project's Zen 3 CPU a SmolLM2 decode step took 24-28 ms, of which the
 products' kernel took 11-12: the other half was transformers' attention and MLP modules calling

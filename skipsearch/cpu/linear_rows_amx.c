@@ -1,6 +1,6 @@
 /* The product of a few float32 rows with a bf16 weight matrix on AMX tiles, for CPUs with AMX-BF16
  * (skipsearch/cpu/bf16_weights.py builds and loads it, skipsearch/cpu/products_choice.py
- * weighs it against linear_rows.c per model; docs/theory.md, "The kernel plan").
+ * weighs it against linear_rows.c per model; docs/cpu-backend.md).
  *
  * Why it exists: linear_rows.c widens each bf16 weight to float32 and does one FMA per weight and
  * row, so on the project's Xeon a verify's extra rows are arithmetic that no longer hides under the

@@ -1,6 +1,6 @@
 """Building and loading the kernel plan's C kernels (`decode_attention*.c`, `linear_rows.c`): compiled
 on first use with the system C compiler into the cache directory, loaded with ctypes
-(docs/theory.md, "The kernel plan").
+(docs/cpu-backend.md).
 
 A kernel is built once per source, compiler version and compiler flags, and used only where the
 CPU has the features it is written for and a compiler is found; otherwise `NativeLibrary.reason`

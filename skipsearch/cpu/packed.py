@@ -1,5 +1,5 @@
 """Prepacked weights: every linear layer's matrix reordered once, at load, into the blocked layout
-oneDNN's bf16 matrix product reads (docs/theory.md, "The kernel plan").
+oneDNN's bf16 matrix product reads (docs/cpu-backend.md).
 
 `F.linear` on a bf16 CPU tensor hands oneDNN a plain row-major weight, and oneDNN reorders it into
 its blocked layout on every call: the reorder reads and writes the whole matrix again, so a decode

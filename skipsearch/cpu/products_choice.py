@@ -1,6 +1,6 @@
 """Which kernel multiplies a model's bf16 weights on a CPU with AMX: the vector kernel
 (`linear_rows.c`) or the tile kernel (`linear_rows_amx.c`), measured on the model's own steps
-(docs/theory.md, "The kernel plan").
+(docs/cpu-backend.md).
 
 On the project's Xeon a verify of 4 drafts costs 1.25 steps on the vector kernel, and the products'
 arithmetic is most of what each extra position adds: the vector kernel does one FMA per weight and

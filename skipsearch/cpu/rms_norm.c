@@ -1,5 +1,5 @@
 /* RMSNorm of float32 rows in one call, for CPUs with AVX2 and FMA (skipsearch/cpu/rms_norm.py
- * builds and loads it; docs/theory.md, "The kernel plan").
+ * builds and loads it; docs/cpu-backend.md).
  *
  * Why it exists: transformers' RMSNorm is eight torch operations (a cast, a square, a mean, an add,
  * a reciprocal square root, two products, a cast back) on a vector of a few hundred floats. Each

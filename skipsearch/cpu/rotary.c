@@ -1,5 +1,5 @@
 /* The rotary position embedding of a block's queries and keys in one call, for CPUs with AVX2
- * (skipsearch/cpu/rotary.py builds, loads and installs it; docs/theory.md, "The kernel plan").
+ * (skipsearch/cpu/rotary.py builds, loads and installs it; docs/cpu-backend.md).
  *
  * Why it exists: transformers applies it with about fifteen torch operations a layer (two slices,
  * a negation and a concatenation per tensor for `rotate_half`, then products and sums), each a

@@ -1,5 +1,5 @@
 """The fallback plan's rotary position embedding in one kernel call a layer (`rotary.c`;
-docs/theory.md, "The kernel plan").
+docs/cpu-backend.md).
 
 transformers applies the rotary embedding with about fifteen torch operations a layer, and on the
 project's CPU each dispatch costs a few microseconds on vectors of a few hundred floats: on a Zen 3

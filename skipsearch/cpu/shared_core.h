@@ -1,6 +1,6 @@
 /* A kernel's work split between the calling thread, on a free core, and helper threads on cores that
  * other processes keep busy, without the caller ever waiting for a helper (skipsearch/cpu/
- * shared_core.py engages it around a decode; docs/theory.md, "The kernel plan").
+ * shared_core.py engages it around a decode; docs/cpu-backend.md).
  *
  * Why it exists: when another process keeps one of two cores busy, an OpenMP thread on that core is
  * descheduled for whole time slices, and a static split of every product waits for it: the step

@@ -1,5 +1,5 @@
 /* SiLU of float32 rows, for CPUs with AVX2 and FMA (skipsearch/cpu/silu.py builds, loads and
- * installs it; docs/theory.md, "The kernel plan").
+ * installs it; docs/cpu-backend.md).
  *
  * Why it exists: the fused decoder layers (decoder_layer.c) run a layer's MLP in one C call, and
  * its activation must be the same bits as the modules' path, which prefills and teacher-forced

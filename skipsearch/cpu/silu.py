@@ -1,4 +1,4 @@
-"""The fallback plan's SiLU on a kernel (`silu.c`; docs/theory.md, "The kernel plan"), in both of
+"""The fallback plan's SiLU on a kernel (`silu.c`; docs/cpu-backend.md), in both of
 a layer's paths.
 
 The fused decoder layers run an MLP sub-layer in one C call (`cpu.fused_layers`), so their

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     import optuna
 
 PAYS_OFF = 1.05  # below this predicted speedup, overheads the model ignores eat the gain
+CHAIN = "chain"  # a round shape: the chain of γ tokens (`search.objective`)
 
 
 def study_dir(run_dir: Path, study_name: str | None) -> Path:
@@ -96,6 +97,9 @@ def best_summary(best: TrialRecord, config: RunConfig, provenance: dict) -> dict
         "score_by_draft_vocab": details.get("score_by_draft_vocab"),
         "kv": details.get("kv", FULL_KV),
         "score_by_kv": details.get("score_by_kv"),
+        "tree": details.get("tree"),
+        "score_by_tree": details.get("score_by_tree"),
+        "tree_verify_steps": details.get("tree_verify_steps"),
         "num_layers": best.num_layers,
         "skipped_attn": details.get("skipped_attn"),
         "skipped_mlp": details.get("skipped_mlp"),
@@ -195,7 +199,7 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
     lines = [
         f"# skipsearch run: {summary['model']}",
         "",
-        f"Best mask, with draft length γ = {summary['gamma_best']} ("
+        f"Best mask, {round_words(summary)} ("
         + (
             f"attention skipped at {summary['skipped_attn']}, MLP at {summary['skipped_mlp']}"
             if summary["skipped_attn"] != [] or summary["skipped_mlp"] != []
@@ -217,6 +221,7 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
         "",
         f"- predicted speedup: {predicted_speedups(summary)}",
         *gain_lines(summary),
+        *tree_lines(summary),
         f"- acceptance α = {acceptance['alpha']:.3f} (greedy), "
         f"{acceptance['sampling_acceptance']:.3f} sampling at T = {acceptance['temperature']}",
         f"- draft cost r_draft = {summary['r_draft']:.3f}, KV reuse r_reuse = {summary['r_reuse']:.3f}",
@@ -245,10 +250,29 @@ def plan_line(summary: dict) -> str:
     return f"kernel plan: {record[:100]}… (run.yaml)" if len(record) > 100 else f"kernel plan: {record}"
 
 
+def round_words(summary: dict) -> str:
+    """How the best draft's rounds go: a chain of γ tokens, or a token tree of its shape."""
+    tree = summary.get("tree")
+    if tree and tree != CHAIN:
+        return f'drafting token trees of shape {tree} (docs/theory.md, "Token trees")'
+    return f"with draft length γ = {summary['gamma_best']}"
+
+
+def tree_lines(summary: dict) -> list[str]:
+    """Why a chain won where token trees were searched: what the verify of the best tree's rows
+    costs on this device, in steps of one row (`tree_verify_steps`)."""
+    scores, tree = summary.get("score_by_tree"), summary.get("tree")
+    if not scores or tree != CHAIN or len(scores) < 2:
+        return []
+    rows, steps = summary.get("tree_verify_steps") or (None, None)
+    cost = f": a verify of {rows} rows costs {steps:.2f} steps on this device" if rows else ""
+    return [f"- the chain beats every token tree searched{cost}, more than the tree's extra tokens are worth"]
+
+
 def gain_lines(summary: dict) -> list[str]:
-    """Where the winner's gain comes from: its mask's best score with each draft vocabulary and
-    each KV pattern the run searched (absent for a dimension with one choice)."""
-    dimensions = {"draft_vocab": "draft vocabulary", "kv": "KV pattern"}
+    """Where the winner's gain comes from: its mask's best score with each draft vocabulary, each
+    KV pattern and each token tree the run searched (absent for a dimension with one choice)."""
+    dimensions = {"draft_vocab": "draft vocabulary", "kv": "KV pattern", "tree": "round shape"}
     parts = [
         f"{name} " + ", ".join(f"{label} {score:.3f}" for label, score in scores.items())
         for dimension, name in dimensions.items()

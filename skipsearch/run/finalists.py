@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from skipsearch.masks import FULL_KV, FULL_VOCAB, KVPattern, SkipMask, parse_draft_vocab
 from skipsearch.search.results import TrialRecord
 from skipsearch.store import FINALISTS_FILE, write_text_atomic
+from skipsearch.trees import CHAIN
 
 if TYPE_CHECKING:
     from skipsearch.acceptance.worker import Measurement
@@ -41,13 +42,20 @@ class Finalist:
     search_tokens_per_round: float | None
     exact_tokens_per_round: float
     kv: str = FULL_KV  # finalists.json files written before KV patterns lack it
+    tree: str = CHAIN  # the round shape: a chain of `gamma`, or a token tree (`trees.TreeShape`)
 
 
 def finalist_records(records: list[TrialRecord], count: int = FINALISTS) -> list[TrialRecord]:
-    """The `count` best distinct drafts (mask, draft vocabulary and KV pattern), best first."""
-    chosen: dict[tuple[str, object, object], TrialRecord] = {}
+    """The `count` best distinct drafts (mask, draft vocabulary, KV pattern and round shape), best first."""
+    chosen: dict[tuple[str, object, object, object], TrialRecord] = {}
     for record in sorted(records, key=lambda r: (-r.score, r.number)):
-        key = (record.mask, record.details.get("draft_vocab", FULL_VOCAB), record.details.get("kv", FULL_KV))
+        details = record.details
+        key = (
+            record.mask,
+            details.get("draft_vocab", FULL_VOCAB),
+            details.get("kv", FULL_KV),
+            details.get("tree"),
+        )
         chosen.setdefault(key, record)
     return list(chosen.values())[:count]
 
@@ -55,14 +63,18 @@ def finalist_records(records: list[TrialRecord], count: int = FINALISTS) -> list
 def rescore(
     records: list[TrialRecord], measurement: Measurement, scorer: Scorer, temperature: float
 ) -> list[Finalist]:
-    """Each finalist measured in `rounds` mode at its γ* and scored by `scorer` at that γ; best first."""
+    """Each finalist measured in `rounds` mode at its γ* (or simulating its token tree's rounds)
+    and scored by `scorer` at that γ (or that tree); best first."""
     from skipsearch.acceptance.estimator import Estimator
+    from skipsearch.trees import TreeShape
 
     estimator = measurement.estimator
     finalists = []
     for record in finalist_records(records):
         vocab = parse_draft_vocab(record.details.get("draft_vocab", FULL_VOCAB))
         kv = KVPattern.parse(record.details.get("kv", FULL_KV))
+        label = record.details.get("tree") or CHAIN
+        tree = None if label == CHAIN else TreeShape.parse(label)
         exact = Estimator(
             estimator.runner,
             estimator.reference,
@@ -70,12 +82,29 @@ def rescore(
             estimator.vocab_ids,
             round_gamma=record.gamma_best,
             round_vocab=vocab,
+            round_tree=tree,
         )
         mask = SkipMask.parse(record.mask, record.num_layers)
         vocabs = () if vocab is None else (vocab,)
         profile = exact.evaluate(mask, temperature, vocabs, kv).for_vocab(vocab, kv)
         score = scorer(mask, profile)
         gamma = record.gamma_best
+        if tree is not None:  # the tree's own score, from its simulated rounds
+            finalists.append(
+                Finalist(
+                    trial=record.number,
+                    mask=record.mask,
+                    draft_vocab=record.details.get("draft_vocab", FULL_VOCAB),
+                    gamma=tree.depth,
+                    search_score=record.score,
+                    exact_score=score.details["score_by_tree"][label],
+                    search_tokens_per_round=record.details.get("tree_tokens_per_round"),
+                    exact_tokens_per_round=profile.tree_tokens_per_round(tree),
+                    kv=record.details.get("kv", FULL_KV),
+                    tree=label,
+                )
+            )
+            continue
         finalists.append(
             Finalist(
                 trial=record.number,

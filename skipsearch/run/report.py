@@ -40,12 +40,12 @@ from skipsearch.store import (
     atomic_path,
     write_text_atomic,
 )
+from skipsearch.trees import CHAIN
 
 if TYPE_CHECKING:
     import optuna
 
 PAYS_OFF = 1.05  # below this predicted speedup, overheads the model ignores eat the gain
-CHAIN = "chain"  # a round shape: the chain of γ tokens (`search.objective`)
 
 
 def study_dir(run_dir: Path, study_name: str | None) -> Path:
@@ -119,7 +119,7 @@ def best_summary(best: TrialRecord, config: RunConfig, provenance: dict) -> dict
             "sampling_acceptance": details.get("sampling_acceptance"),
             "temperature": config.temperature,
             "tokens_per_round": {
-                str(g): details.get(f"tokens_per_round_{g}") for g in range(1, config.gamma_max + 1)
+                str(g): details.get(f"tokens_per_round_{g}") for g in range(1, len(best.per_gamma) + 1)
             },
         },
         "estimator_mode": config.measure.mode,

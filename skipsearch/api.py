@@ -28,6 +28,7 @@ from skipsearch.config import RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.masks import Draft, KVPattern, SkipMask, parse_draft_vocab
 from skipsearch.models.registry import DEFAULT_MODEL
+from skipsearch.options import check
 from skipsearch.store import BEST_FILE, TRIALS_TABLE
 
 if TYPE_CHECKING:
@@ -290,8 +291,8 @@ def decode(
     default (`temperature` > 0 samples, still lossless in distribution)."""
     from skipsearch.engine import GammaPolicy, Sampling
 
-    if gamma < 1:
-        raise ConfigError(f"gamma must be >= 1, got {gamma}: pass gamma=1 or more")
+    for name, value in (("gamma", gamma), ("temperature", temperature), ("decode_seed", seed)):
+        check(name, value)
     source = prompts if isinstance(prompts, str) else " ".join(prompts)
     spec = PromptSpec(source, n_prompts, max_prompt_tokens, new_tokens, seed)
     draft_vocab = draft.vocab if isinstance(draft, Draft) else None
@@ -337,8 +338,7 @@ def decode_report(
     timed against autoregressive decoding and HF `generate` and proven lossless; the report."""
     from skipsearch.bench.decode import DecodeSettings, decode_draft
 
-    if repeats < 1:
-        raise ConfigError(f"repeats must be >= 1, got {repeats}: pass 1 or more (3 or more to quote speeds)")
+    check("repeats", repeats)
     settings = DecodeSettings(sampling, new_tokens, repeats, seed, breakdown)
     return decode_draft(config, pick_draft, policy, settings, weights, graphs)
 

@@ -23,7 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from skipsearch.errors import InvalidMaskError
+from skipsearch.errors import ConfigError, InvalidMaskError
+from skipsearch.options import check
 
 
 def parse_layer_list(text: str) -> list[int]:
@@ -66,11 +67,15 @@ def parse_draft_vocab(text: str | int | None) -> int | None:
         size = int(text) if not isinstance(text, bool) else None
     except ValueError:
         size = None
-    if size is None or size < 1:
+    if size is None:
         raise InvalidMaskError(
-            f"draft vocabulary {text!r} is not a size: give a positive integer k (top-k ids) or 'full'"
+            f"--draft-vocab {text!r} is not a draft vocabulary size: pass a positive integer k (the top-k "
+            "ids) or full"
         )
-    return size
+    try:
+        return check("draft_vocab", size)
+    except ConfigError as error:
+        raise InvalidMaskError(f"{error} (or full)") from None
 
 
 def vocab_label(draft_vocab: int | None) -> int | str:
@@ -302,6 +307,11 @@ class KVPattern:
                 f"KV pattern {self}: the sink and the pillars must be >= 0 and the window >= 1 "
                 "(the window holds the draft's own position), e.g. s4w1024 or s4w256k64"
             )
+        try:
+            for name in ("sink", "window", "pillars"):
+                check(f"kv_{name}", getattr(self, name))
+        except ConfigError as error:
+            raise InvalidMaskError(f"KV pattern {self}: {error}") from None
 
     @classmethod
     def parse(cls, text: str | None) -> KVPattern | None:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern
+from skipsearch.options import check, check_dtype
 
 ESTIMATOR_MODES = ("shared-kv", "rounds", "self")
 """How the estimator's draft sees earlier positions (docs/theory.md, "Measuring acceptance"):
@@ -56,18 +57,16 @@ class MeasureConfig:
     round_stop: float = 0.0
 
     def __post_init__(self) -> None:
+        check_dtype(self.dtype)
         if self.mode not in ESTIMATOR_MODES:
             raise ConfigError(
                 f"unknown estimator mode {self.mode!r}: use one of {', '.join(ESTIMATOR_MODES)}"
             )
-        sizes = tuple(sorted({int(k) for k in self.draft_vocabs}, reverse=True))
-        if any(k < 1 for k in sizes):
-            raise ConfigError(f"draft vocabulary sizes must be >= 1, got {list(self.draft_vocabs)}")
-        object.__setattr__(self, "draft_vocabs", sizes)
-        if self.round_gamma < 1:
-            raise ConfigError(f"--round-gamma must be >= 1, got {self.round_gamma}")
-        if not 0 <= self.round_stop < 1:
-            raise ConfigError(f"the rounds' stop threshold must be in [0, 1), got {self.round_stop}")
+        for size in self.draft_vocabs:
+            check("draft_vocab", size)
+        object.__setattr__(self, "draft_vocabs", tuple(sorted(set(self.draft_vocabs), reverse=True)))
+        check("round_gamma", self.round_gamma)
+        check("round_stop", self.round_stop)
         if len(set(self.kv_patterns)) != len(self.kv_patterns):
             named = [str(kv) for kv in self.kv_patterns]
             raise ConfigError(f"KV patterns {named} name one twice: list each once")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skipsearch.errors import PromptError
+from skipsearch.options import check
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -95,9 +96,10 @@ class PromptSpec:
 
     def __post_init__(self) -> None:
         for name in ("n_prompts", "max_prompt_tokens", "new_tokens"):
-            value = getattr(self, name)
-            if value < 1:
-                raise PromptError(f"{name} must be >= 1, got {value}: set it to a positive count")
+            check(name, getattr(self, name))
+        check("prompt_seed", self.seed)
+        if not isinstance(self.source, str) or not self.source:
+            raise PromptError(f"prompt source {self.source!r} is not a source: {_SOURCE_HELP}")
 
     def key(self) -> str:
         """Stable cache key: readable source label plus a hash of the options and file contents.

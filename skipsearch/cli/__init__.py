@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import shlex
 import sys
+from typing import NoReturn
 
 from skipsearch.errors import SkipsearchError
 
@@ -19,8 +21,23 @@ COMMANDS = ("models", "plan", "measure", "speedup", "profile", "decode", "run", 
 _NOT_TYPED = object()
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad option as every other error is reported: one line naming the
+    problem and the fix, exit code 2 (argparse's own report starts with the whole usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        argument, _, rest = message.partition(": ")
+        option = argument.removeprefix("argument ").split("/")[-1]
+        if argument.startswith("argument ") and rest.startswith(f"{option} "):
+            message = rest  # a check of `skipsearch.options`: it names the option and the fix
+        else:
+            message = f"{message} (see `{self.prog} --help`)"
+        print(f"skipsearch: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="skipsearch", description="Find which layers a self-speculative draft should skip."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -47,7 +64,10 @@ def typed_options(argv: list[str], args: argparse.Namespace) -> frozenset[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # --help (0), or a bad option, reported in one line (2)
+        return int(stop.code or 0)
     args.typed = typed_options(argv, args)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
@@ -57,6 +77,28 @@ def main(argv: list[str] | None = None) -> int:
     except SkipsearchError as error:
         print(f"skipsearch: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # the environment refused a file no check could foresee (a full disk)
+        where = f"{error.filename}: " if error.filename else ""
+        print(
+            f"skipsearch: error: {where}{error.strerror or error}: check the path, its permissions and "
+            "the free space",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt:
-        print("skipsearch: interrupted", file=sys.stderr)
+        print(f"skipsearch: interrupted{_resume_hint(args)}", file=sys.stderr)
         return 130
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    """What an interrupted `run` or `compare` leaves: the command that continues it, or that
+    nothing was kept (a new run stopped before its first trial removes what it made)."""
+    from skipsearch.store import is_run
+
+    out = getattr(args, "resume_dir", None)
+    if out is None:
+        return ""
+    if is_run(out):
+        again = f"skipsearch {args.command} --out {shlex.quote(str(out))} --resume"
+        return f": every finished trial is kept; continue with `{again}`"
+    return ": no trial had finished, so nothing was kept; run the command again"

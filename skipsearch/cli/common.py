@@ -11,6 +11,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask, parse_draft_vocab, parse_layer_list, split_draft
 from skipsearch.models.random_weights import RandomWeights
 from skipsearch.models.registry import DEFAULT_MODEL
+from skipsearch.options import dtype_type, option_type
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +26,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default="auto",
+        type=dtype_type,
         help="auto (bfloat16 on a GPU and on a CPU that multiplies bf16 natively, unless float32 "
         "activations on bf16 weights measure faster there; else float32; the choice and its reason "
         "are printed) or a torch dtype (default %(default)s)",
@@ -39,7 +41,9 @@ def add_weight_options(parser: argparse.ArgumentParser) -> None:
         help="build the architecture from its shipped config with seeded random weights (no download)",
     )
     group.add_argument(
-        "--num-layers", type=int, help="with --random-weights: keep the width, cut the depth to N layers"
+        "--num-layers",
+        type=option_type("num_layers"),
+        help="with --random-weights: keep the width, cut the depth to N layers",
     )
 
 
@@ -62,25 +66,25 @@ def add_prompt_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--n-prompts",
-        type=int,
+        type=option_type("n_prompts"),
         default=PromptSpec.n_prompts,
         help="prompts to measure on (default %(default)s)",
     )
     parser.add_argument(
         "--max-prompt-tokens",
-        type=int,
+        type=option_type("max_prompt_tokens"),
         default=PromptSpec.max_prompt_tokens,
         help="keep the last N prompt tokens (default %(default)s)",
     )
     parser.add_argument(
         "--new-tokens",
-        type=int,
+        type=option_type("new_tokens"),
         default=PromptSpec.new_tokens,
         help="continuation length per prompt (default %(default)s)",
     )
     parser.add_argument(
         "--prompt-seed",
-        type=int,
+        type=option_type("prompt_seed"),
         default=PromptSpec.seed,
         help="which prompts are drawn (default %(default)s); apart from --seed, so searches with "
         "different seeds measure the same prompts",
@@ -95,7 +99,7 @@ def add_prompt_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--round-gamma",
-        type=int,
+        type=option_type("round_gamma"),
         help="the draft length whose rounds --mode rounds simulates (default 3; decode: its --gamma)",
     )
 
@@ -131,14 +135,20 @@ def add_kv_options(parser: argparse.ArgumentParser) -> None:
         "KV pattern (the draft attends to a sink, a recent window and pillars the last verify chose)"
     )
     group.add_argument(
-        "--kv-sink", type=int, metavar="S", help="the first S positions (default 0 with --kv-window)"
+        "--kv-sink",
+        type=option_type("kv_sink"),
+        metavar="S",
+        help="the first S positions (default 0 with --kv-window)",
     )
     group.add_argument(
-        "--kv-window", type=int, metavar="W", help="the last W positions, the draft's own included"
+        "--kv-window",
+        type=option_type("kv_window"),
+        metavar="W",
+        help="the last W positions, the draft's own included",
     )
     group.add_argument(
         "--kv-pillars",
-        type=int,
+        type=option_type("kv_pillars"),
         metavar="K",
         help="K more keys per layer and K/V head, those the previous verify attended to most (default 0)",
     )

@@ -28,7 +28,8 @@ from skipsearch.cli.common import (
 )
 from skipsearch.errors import ConfigError, SkipsearchError
 from skipsearch.masks import KVPattern, parse_draft_vocab
-from skipsearch.store import write_text_atomic
+from skipsearch.options import option_type
+from skipsearch.store import check_cache_dir, check_output_file, write_text_atomic
 
 DEFAULT_GAMMA = 3
 
@@ -54,12 +55,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-new-tokens",
         dest="new_tokens",
-        type=int,
+        type=option_type("new_tokens"),
         default=argparse.SUPPRESS,
         help="same as --new-tokens",
     )
     parser.add_argument(
-        "--gamma", type=int, help=f"draft length (default: from --from, else {DEFAULT_GAMMA})"
+        "--gamma",
+        type=option_type("gamma"),
+        help=f"draft length (default: from --from, else {DEFAULT_GAMMA})",
     )
     parser.add_argument(
         "--dynamic-gamma",
@@ -68,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--draft-stop",
-        type=float,
+        type=option_type("round_stop"),
         default=0.0,
         metavar="TAU",
         help="end a round after a draft token the draft itself gives a probability below TAU, so "
@@ -76,11 +79,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_draft_vocab_option(parser, "draft from a draft vocabulary (default: from --from, else full)")
     add_kv_options(parser)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
-    parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts (default 3)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
+    parser.add_argument(
+        "--temperature", type=option_type("temperature"), default=0.0, help="0 = greedy (default)"
+    )
+    parser.add_argument(
+        "--top-p", type=option_type("top_p"), default=1.0, help="nucleus sampling mass (default 1.0)"
+    )
+    parser.add_argument("--top-k", type=option_type("top_k"), help="sample among the k most likely tokens")
+    parser.add_argument(
+        "--repeats", type=option_type("repeats"), default=3, help="timed passes over the prompts (default 3)"
+    )
+    parser.add_argument(
+        "--seed", type=option_type("decode_seed"), default=0, help="sampling seed (default %(default)s)"
+    )
     parser.add_argument(
         "--graphs",
         action="store_true",
@@ -150,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.tiers.manifest import is_tier_manifest
 
     kv = kv_pattern_from_args(args)
+    if args.json:  # the outputs before any work
+        check_output_file(args.json, "--json")
+    check_cache_dir()
     if args.graphs and not args.device.startswith("cuda"):
         raise ConfigError(
             f"--graphs captures CUDA graphs, which need a GPU, but --device is {args.device}: "

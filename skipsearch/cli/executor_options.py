@@ -10,6 +10,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.executors.ray import measurement_executor
 from skipsearch.executors.ray_cluster import RayOptions, check_ray_address
+from skipsearch.options import option_type
 
 if TYPE_CHECKING:
     from skipsearch.acceptance.worker import Measurement
@@ -24,17 +25,24 @@ def add_executor_options(parser: argparse.ArgumentParser) -> None:
         help="local: in this process; ray: on Ray actors (default %(default)s)",
     )
     group.add_argument(
-        "--workers", type=int, help="ray: actors to run (default: one per GPU with --device cuda, else 1)"
+        "--workers",
+        type=option_type("workers"),
+        help="ray: actors to run (default: one per GPU with --device cuda, else 1)",
     )
     group.add_argument(
         "--ray-address",
         metavar="ADDR",
         help="ray: cluster to join: auto, HOST:PORT or ray://HOST:PORT (default RAY_ADDRESS, else local)",
     )
-    group.add_argument("--cpus-per-worker", type=int, default=1, help="ray: CPUs per actor (default 1)")
+    group.add_argument(
+        "--cpus-per-worker",
+        type=option_type("cpus_per_worker"),
+        default=1,
+        help="ray: CPUs per actor (default 1)",
+    )
     group.add_argument(
         "--gpus-per-worker",
-        type=float,
+        type=option_type("gpus_per_worker"),
         default=1.0,
         help="ray with --device cuda: share of a GPU per actor, e.g. 0.5 for two per GPU (default 1)",
     )

@@ -18,7 +18,8 @@ from skipsearch.cli.common import (
 )
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
 from skipsearch.cli.run import add_context_options
-from skipsearch.store import write_text_atomic
+from skipsearch.options import option_type
+from skipsearch.store import check_cache_dir, check_output_file, write_text_atomic
 
 if TYPE_CHECKING:  # imported when the command runs (`latency_profile`), not when the parser is built
     from skipsearch.cost.latency import LatencyProfile
@@ -38,7 +39,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_mask_options(parser)
     add_executor_options(parser)
     parser.add_argument(
-        "--temperature", type=float, default=1.0, help="for sampling acceptance (default 1.0)"
+        "--temperature",
+        type=option_type("temperature"),
+        default=1.0,
+        help="for sampling acceptance (default 1.0)",
     )
     add_draft_vocab_option(parser, "the draft proposes from a draft vocabulary")
     add_kv_options(parser)
@@ -58,15 +62,15 @@ def run(args: argparse.Namespace) -> int:
         mask_from_args,
         measure_config,
     )
-    from skipsearch.errors import ConfigError
     from skipsearch.models.device import check_device
     from skipsearch.models.random_weights import refuse_acceptance
     from skipsearch.run.preflight import known_depth
 
     refuse_acceptance(random_weights(args), "measure")
-    if args.temperature < 0:
-        raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
     config = measure_config(args)
+    if args.json:
+        check_output_file(args.json, "--json")
+    check_cache_dir()
     make_executor = executor_factory(args, workers=1)  # checks the executor options before the model loads
     check_mask_args(args, known_depth(args.model))
     check_device(args.device)  # the first check that imports torch

@@ -23,7 +23,8 @@ from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.profile_summary import ProfileSummary, summary
 from skipsearch.errors import ConfigError
 from skipsearch.models.random_weights import RandomWeights
-from skipsearch.store import default_profile_path
+from skipsearch.options import number_list, option_type
+from skipsearch.store import check_cache_dir, check_output_file, default_profile_path
 
 MS = 1e3
 
@@ -43,17 +44,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="KV-cache lengths to measure at, comma-separated (default %(default)s)",
     )
     parser.add_argument(
-        "--repeats", type=int, default=DEFAULT_REPEATS, help="timed samples per entry (default %(default)s)"
+        "--repeats",
+        type=option_type("profile_repeats"),
+        default=DEFAULT_REPEATS,
+        help="timed samples per entry (default %(default)s)",
     )
     parser.add_argument(
         "--processes",
-        type=int,
+        type=option_type("processes"),
         help="fresh processes sharing the repeats, one after another: a CPU process's speed is partly "
         f"a draw, the profile keeps their mean (default {DEFAULT_PROCESSES} on a CPU, 1 on a GPU)",
     )
     parser.add_argument(
         "--warmup",
-        type=int,
+        type=option_type("warmup"),
         default=DEFAULT_WARMUP,
         help="discarded rounds per process (default %(default)s)",
     )
@@ -78,15 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def context_lengths(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
-        raise ConfigError(
-            f"--context-lengths must be comma-separated integers >= 1, e.g. 128,512,2048; got {text!r}"
-        )
-    return values
+    return tuple(number_list("context_length", text))
 
 
 def output_path(args: argparse.Namespace) -> Path:
@@ -98,9 +94,7 @@ def output_path(args: argparse.Namespace) -> Path:
         if args.out
         else default_profile_path(name, args.device, dtype_name(args.device, args.dtype), args.graphs)
     )
-    if path.is_dir():
-        raise ConfigError(f"--out {path} is a directory: give a file path such as {path / 'profile.json'}")
-    return path
+    return check_output_file(path, "--out")
 
 
 def same_plan(
@@ -133,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     weights = random_weights(args)
     if args.graphs:
         check_graphs_options(args)
+    check_cache_dir()
     out = output_path(args)
     check_device(args.device)
     if args.skip_existing and out.is_file() and same_plan(LatencyProfile.load(out), args, weights, out):

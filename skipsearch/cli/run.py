@@ -14,13 +14,17 @@ from skipsearch.cli.common import (
 )
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
 from skipsearch.config import RunConfig
+from skipsearch.options import option_type
 from skipsearch.search.objective import AUTO_COST, COSTS, OBJECTIVES
 from skipsearch.search.strategies import SAMPLER_PACKAGES, STRATEGIES
 
 
 def add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--budget", type=int, default=RunConfig.budget, help="distinct masks to measure (default %(default)s)"
+        "--budget",
+        type=option_type("budget"),
+        default=RunConfig.budget,
+        help="distinct masks to measure (default %(default)s)",
     )
     parser.add_argument(
         "--space",
@@ -29,9 +33,8 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gamma-max",
-        type=int,
-        default=RunConfig.gamma_max,
-        help="largest draft length scored (default %(default)s)",
+        type=option_type("gamma_max"),
+        help="largest draft length scored (default: the space file's gamma_max, 8 in the shipped spaces)",
     )
     parser.add_argument(
         "--objective",
@@ -56,7 +59,7 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pareto", action="store_true", help="multi-objective: speedup vs r_draft")
     parser.add_argument(
         "--seed",
-        type=int,
+        type=option_type("seed"),
         default=RunConfig.seed,
         help="search seed: sampler and random masks (default %(default)s)",
     )
@@ -69,7 +72,7 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warm-start", action="store_true", help="learned: start from the best baselines")
     parser.add_argument(
         "--temperature",
-        type=float,
+        type=option_type("temperature"),
         default=RunConfig.temperature,
         help="for sampling acceptance (default %(default)s)",
     )
@@ -89,7 +92,7 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
 def add_context_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--context",
-        type=int,
+        type=option_type("context"),
         help="score with the latency profile at this context length (tokens; interpolated between "
         "profiled lengths; default 512)",
     )
@@ -159,7 +162,6 @@ def typed_settings(args: argparse.Namespace) -> dict[str, str]:
 
 def run_config(args: argparse.Namespace, strategy: str) -> RunConfig:
     from skipsearch.cli.common import draft_vocab_from_args, kv_pattern_from_args, measure_config
-    from skipsearch.config import RunConfig
 
     kv = kv_pattern_from_args(args)
 
@@ -192,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
     config = run_config(args, args.strategy)
     make_executor = executor_factory(args)  # checks the executor options before the model loads
     out = Path(args.out) if args.out else default_out(config)
+    args.resume_dir = out  # an interrupt says how to resume it (`cli.main`)
     result = run_search(
         config, out, resume=args.resume, typed=typed_settings(args), executor_factory=make_executor
     )

@@ -33,6 +33,7 @@ from skipsearch.cost.closed_forms import (
 )
 from skipsearch.cost.memory import MemoryBudget, throughput_ratio
 from skipsearch.errors import ConfigError
+from skipsearch.options import BOUNDS, number_list, option_type
 
 FORM_LABELS = {"sd": "SD", "ssd": "SSD general", "ssd_contiguous": "SSD contiguous"}
 DEFAULT_GAMMA_MAX = 8
@@ -45,30 +46,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Speedup of speculative decoding, E(gamma) / round cost, for each cost form given.",
     )
     acceptance = parser.add_mutually_exclusive_group()
-    acceptance.add_argument("--alpha", type=float, help="i.i.d. per-token acceptance rate in [0, 1]")
+    acceptance.add_argument(
+        "--alpha", type=option_type("alpha"), help="i.i.d. per-token acceptance rate in [0, 1]"
+    )
     acceptance.add_argument(
         "--alphas", help="acceptance by draft depth, alpha_1,alpha_2,... (comma-separated)"
     )
     parser.add_argument("--gamma", default="best", help="draft length, or 'best' for the optimum (default)")
     parser.add_argument(
-        "--gamma-max", type=int, help="largest gamma searched (default 8, or the number of --alphas if fewer)"
-    )
-    parser.add_argument("--c", type=float, help="separate draft: draft cost / target cost per token")
-    parser.add_argument("--r-draft", type=float, help="self-speculative: share of the forward the draft runs")
-    parser.add_argument(
-        "--r-reuse", type=float, help="self-speculative: share verify reuses (default: r-draft, contiguous)"
+        "--gamma-max",
+        type=option_type("gamma_max"),
+        help="largest gamma searched (default 8, or the number of --alphas if fewer)",
     )
     parser.add_argument(
-        "--epsilon", type=float, default=0.0, help="verify overhead f(gamma) = 1 + epsilon gamma"
+        "--c", type=option_type("c"), help="separate draft: draft cost / target cost per token"
+    )
+    parser.add_argument(
+        "--r-draft", type=option_type("r_draft"), help="self-speculative: share of the forward the draft runs"
+    )
+    parser.add_argument(
+        "--r-reuse",
+        type=option_type("r_reuse"),
+        help="self-speculative: share verify reuses (default: r-draft, contiguous)",
+    )
+    parser.add_argument(
+        "--epsilon",
+        type=option_type("epsilon"),
+        default=0.0,
+        help="verify overhead f(gamma) = 1 + epsilon gamma",
     )
     parser.add_argument(
         "--head-share",
-        type=float,
+        type=option_type("head_share"),
         help="self-speculative: the LM head's share of one step, in [0, 1) (e.g. 0.17 on SmolLM2)",
     )
     parser.add_argument(
         "--draft-vocab-share",
-        type=float,
+        type=option_type("draft_vocab_share"),
         help="self-speculative: share k/V of the head's rows the draft keeps, in (0, 1] (needs --head-share)",
     )
     add_kv_options(parser)
@@ -76,10 +90,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "KV-pattern what-if (with --kv-window and --r-draft): the draft runs the share r-draft of "
         "every attention sub-layer, each reading sink + window (+ pillars) of the cached keys"
     )
-    what_if.add_argument("--context", type=int, help="cached positions when the draft runs")
+    what_if.add_argument(
+        "--context", type=option_type("context"), help="cached positions when the draft runs"
+    )
     what_if.add_argument(
         "--kv-share",
-        type=float,
+        type=option_type("kv_share"),
         help="the K/V cache's share of one step at --context, in [0, 1] (e.g. the profile's "
         "K/V bytes over weight + K/V bytes)",
     )
@@ -88,10 +104,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "so SSD's largest batch is beta times SD's; give all four, in one unit (e.g. GiB), with --c "
         "and --r-draft"
     )
-    serving.add_argument("--memory", type=float, help="memory the weights and KV caches share")
-    serving.add_argument("--weights", type=float, help="the target model's weights")
-    serving.add_argument("--draft-weights", type=float, help="SD's separate draft model's weights")
-    serving.add_argument("--kv-per-sequence", type=float, help="one sequence's KV cache at its full length")
+    serving.add_argument(
+        "--memory", type=option_type("memory"), help="memory the weights and KV caches share"
+    )
+    serving.add_argument("--weights", type=option_type("weights"), help="the target model's weights")
+    serving.add_argument(
+        "--draft-weights", type=option_type("draft_weights"), help="SD's separate draft model's weights"
+    )
+    serving.add_argument(
+        "--kv-per-sequence",
+        type=option_type("kv_per_sequence"),
+        help="one sequence's KV cache at its full length",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON to stdout")
     parser.add_argument(
         "--table", action="store_true", help="print an alpha x gamma grid (docs/theory.md, Speedup)"
@@ -103,26 +127,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def _numbers(text: str, option: str, kind: type[float] | type[int]) -> list:
-    try:
-        values = [kind(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(
-            f"cannot read {option} {text!r}: give comma-separated numbers, e.g. 0.9,0.8,0.7"
-        ) from None
-    if not values:
-        raise ConfigError(f"{option} is empty: give comma-separated numbers, e.g. 0.9,0.8,0.7")
-    return values
-
-
 def _gamma(text: str) -> int | None:
-    """`None` for 'best', else the draft length (checked by the cost model)."""
+    """`None` for 'best', else the draft length, checked as `--gamma` is everywhere."""
     if text == "best":
         return None
     try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"--gamma must be a positive integer or 'best', got {text!r}") from None
+        return BOUNDS["gamma"].parse(text)
+    except ConfigError as error:
+        raise ConfigError(f"{error} (or 'best')") from None
 
 
 def _head_saving(args: argparse.Namespace) -> float:
@@ -240,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
     if args.alpha is not None:
         acceptance, result["alpha"] = args.alpha, args.alpha
     elif args.alphas is not None:
-        acceptance = result["alphas"] = _numbers(args.alphas, "--alphas", float)
+        acceptance = result["alphas"] = number_list("alphas", args.alphas)
     elif not args.table:
         raise ConfigError("give the acceptance: --alpha A or --alphas a1,a2,... (or --table for a grid)")
     if acceptance is not None:
@@ -252,8 +264,8 @@ def run(args: argparse.Namespace) -> int:
         if memory is not None:
             result["serving"] = _serving(memory, result["forms"])
     if args.table:
-        alphas = _numbers(args.table_alphas, "--table-alphas", float)
-        gammas = _numbers(args.table_gammas, "--table-gammas", int)
+        alphas = number_list("table_alphas", args.table_alphas)
+        gammas = number_list("table_gammas", args.table_gammas)
         result["table"] = {form.name: _grid(form, alphas, gammas) for form in forms}
     if args.json:
         print(json.dumps(result, indent=2))

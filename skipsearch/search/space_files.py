@@ -17,6 +17,7 @@ import yaml
 
 from skipsearch.errors import ConfigError, InvalidMaskError
 from skipsearch.masks import FULL_VOCAB, KVPattern, parse_draft_vocab
+from skipsearch.options import DEFAULT_GAMMA_MAX, GAMMA_CAP, TOKENS_CAP
 from skipsearch.search.space_spec import LayerRef, SpaceSpec, TierSpec, space_error
 from skipsearch.tiers.policy import TierPolicy, check_policy
 
@@ -162,8 +163,8 @@ def _parse_mask_space(reader: _Reader, kind: str, name: str) -> SpaceSpec:
         r_draft_max=reader.number("r_draft_max", 1.0),
         min_skipped=reader.count("min_skipped", 1),
         max_skipped=reader.count("max_skipped", None),
-        gamma_min=reader.integer("gamma_min", 1, 1),
-        gamma_max=reader.integer("gamma_max", 8, 1),
+        gamma_min=reader.integer("gamma_min", 1, 1, GAMMA_CAP),
+        gamma_max=reader.integer("gamma_max", DEFAULT_GAMMA_MAX, 1, GAMMA_CAP),
         draft_vocab=_choices(reader, "draft_vocab", parse_draft_vocab, "[full, 16384, 8192]"),
         kv=_choices(reader, "kv", KVPattern.parse, "[full, s4w512, s4w1024]"),
     )
@@ -217,7 +218,7 @@ def _parse_tiers(reader: _Reader, name: str, base_dir: Path) -> TierSpec:
         isinstance(t, float | int) and not isinstance(t, bool) for t in thresholds
     )
     tier_policy = TierPolicy(
-        window=policy.integer("window", 8, 1),
+        window=policy.integer("window", 8, 1, TOKENS_CAP),
         thresholds=tuple(float(t) for t in thresholds) if numbers else (),
     )
     try:

@@ -18,7 +18,7 @@ from skipsearch.acceptance.prompts import (
     select_prompts,
     truncate_keep_end,
 )
-from skipsearch.errors import PromptError
+from skipsearch.errors import ConfigError, PromptError
 from tests.conftest import make_tokenizer
 
 SPEC_BENCH_FILE = Path(__file__).parents[4] / "shared/data/spec_bench/question.jsonl"
@@ -226,6 +226,14 @@ def test_resolve_source_errors(value: str, path: str | None, message: str) -> No
 
 
 @pytest.mark.parametrize("field", ["n_prompts", "max_prompt_tokens", "new_tokens"])
-def test_counts_below_one_are_rejected(field: str) -> None:
-    with pytest.raises(PromptError, match=f"{field} must be >= 1, got 0"):
-        PromptSpec(**{field: 0})
+@pytest.mark.parametrize("value", [0, -1, float("nan"), 2**40, "8"])
+def test_counts_outside_their_bounds_are_rejected(field: str, value: object) -> None:
+    option = "--" + field.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"{option} .*: pass "):
+        PromptSpec(**{field: value})
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 1.5])
+def test_a_prompt_seed_is_in_the_samplers_range(seed: object) -> None:
+    with pytest.raises(ConfigError, match="--prompt-seed"):
+        PromptSpec(seed=seed)

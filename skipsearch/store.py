@@ -37,6 +37,7 @@ STUDIES_DIR = "studies"  # a compare directory's per-study reports (`report --st
 EVALUATIONS_FILE = "evaluations.jsonl"
 CACHE_KEY_FILE = "key.txt"
 EXPORT_README = "README.md"
+EXPORT_MARKER = ".skipsearch-export"  # in an export directory: the files export wrote there
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 IMPORTANCE_FILE = "importance.json"
 IMPORTANCE_PLOT = "importance.png"
@@ -73,8 +74,39 @@ REFERENCE_SUFFIX = ".safetensors"
 
 
 def cache_dir() -> Path:
-    """Where converted models, reference caches and profiles live (`SKIPSEARCH_CACHE` overrides)."""
-    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "skipsearch"))
+    """Where converted models, reference caches and profiles live: `SKIPSEARCH_CACHE`, else
+    `$HOME/.cache/skipsearch`. Either must be an absolute path: an empty or relative one would put
+    half a gigabyte into whatever directory the command runs in (or `/`), so it is one line
+    naming the variable instead."""
+    value = os.environ.get(CACHE_ENV)
+    if value is not None:
+        return _absolute(value, CACHE_ENV, "the cache directory, e.g. ~/.cache/skipsearch, or unset it")
+    home = os.environ.get("HOME")
+    base = Path.home() if home is None else _absolute(home, "HOME", "your home directory")
+    return base / ".cache" / "skipsearch"
+
+
+def _absolute(value: str, variable: str, what: str) -> Path:
+    path = Path(value).expanduser() if value.strip() else None
+    if path is None or not path.is_absolute():
+        problem = "is empty" if path is None else f"is {value!r}, a relative path"
+        raise ConfigError(
+            f"{variable} {problem}, so the cache would go wherever the command runs: set {variable} to "
+            f"an absolute path ({what}), or set {CACHE_ENV} to one"
+        )
+    return path
+
+
+def check_cache_dir() -> Path:
+    """The cache directory, checked before any work writes to it: a legal, absolute path to a
+    directory (or one that can be made) that this process can write to."""
+    directory = cache_dir()
+    variable = CACHE_ENV if CACHE_ENV in os.environ else "the cache"
+    try:
+        check_output_dir(directory, variable)
+    except ConfigError as error:
+        raise ConfigError(f"{error}; or set {CACHE_ENV} to a directory you can write to") from None
+    return directory
 
 
 def adopt_cache_dir(directory: Path) -> None:
@@ -151,6 +183,72 @@ def native_library_path(name: str, digest: str) -> Path:
 def draft_vocab_cache_path(model_id: str, corpus_hash: str) -> Path:
     """Where a draft vocabulary ranking is kept: one per model and counting corpus, counted once."""
     return cache_dir() / "draft_vocab" / f"{slug(model_id)}-{corpus_hash[:16]}.json"
+
+
+# -- output paths, checked before any work ---------------------------------------------------------
+NAME_MAX = 255  # bytes in one path component (Linux, every common file system)
+PATH_MAX = 4096  # bytes in a whole path, its terminating NUL included
+
+
+def check_output_file(path: str | Path, option: str) -> Path:
+    """A file a command will write (`--json`, a profile's `--out`), checked before its work: a legal
+    name, not a directory, in a directory that exists or can be made, which this process can write
+    to. The check writes nothing but a probe file it removes at once."""
+    path = _legal(path, option)
+    if path.is_dir():
+        raise ConfigError(f"{option} {path} is a directory: give a file path such as {path / 'out.json'}")
+    _check_writable(path.parent, option, path)
+    return path
+
+
+def check_output_dir(path: str | Path, option: str) -> Path:
+    """A directory a command will write into (`--out` of an export, the cache), checked the same
+    way: a legal name, not a file, existing or creatable, writable."""
+    path = _legal(path, option)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{option} {path} is a file: pass a directory")
+    _check_writable(path, option, path)
+    return path
+
+
+def _legal(path: str | Path, option: str) -> Path:
+    """`path` when every component fits NAME_MAX bytes and the whole path PATH_MAX: a longer one
+    fails inside the first `stat`, as a traceback, long after the command started."""
+    path = Path(path)
+    if not str(path):
+        raise ConfigError(f"{option} is empty: pass a path")
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise ConfigError(
+                f"{option}: the name {part[:40]}... is {len(os.fsencode(part))} bytes, longer than the "
+                f"{NAME_MAX} a file name may have: pass a shorter name"
+            )
+    if len(os.fsencode(os.path.abspath(path))) >= PATH_MAX:
+        raise ConfigError(
+            f"{option}: the path is longer than the {PATH_MAX} bytes a path may have: pass a shorter one"
+        )
+    return path
+
+
+def _check_writable(directory: Path, option: str, path: Path) -> None:
+    """Whether a file can be created in `directory`, or in the nearest ancestor that exists (the
+    command makes the rest): a probe file made and removed there, which is what root, a read-only
+    mount and `/proc` answer truthfully and `os.access` does not."""
+    existing = Path(os.path.abspath(directory))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(
+            f"{option} {path}: {existing} is a file, not a directory: pass a path in a directory"
+        )
+    try:
+        handle, probe = tempfile.mkstemp(dir=existing, prefix=".skipsearch-probe-")
+    except OSError as error:
+        raise ConfigError(
+            f"{option} {path} cannot be written ({existing}: {error.strerror}): pass a path you can write to"
+        ) from None
+    os.close(handle)
+    os.unlink(probe)
 
 
 # -- atomic writes --------------------------------------------------------------------------------

@@ -17,11 +17,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from skipsearch.run.report import study_dir, write_run_outputs
-    from skipsearch.store import BEST_FILE, SUMMARY_FILE, TRIALS_TABLE
+    from skipsearch.store import BEST_FILE, SUMMARY_FILE, TRIALS_TABLE, check_output_dir
 
     run_dir = Path(args.run_dir)
-    write_run_outputs(run_dir, args.study)
     out = study_dir(run_dir, args.study)
+    if run_dir.is_dir():  # the report is rewritten in place: a directory it cannot write fails first
+        check_output_dir(out, "the run directory")
+    write_run_outputs(run_dir, args.study)
     print((out / SUMMARY_FILE).read_text())
     print(f"rewrote {TRIALS_TABLE}, {BEST_FILE}, {SUMMARY_FILE} and plots in {out}")
     return 0

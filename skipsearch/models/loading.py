@@ -21,11 +21,12 @@ from skipsearch.cpu.dtypes import DtypeChoice, choose_dtype
 from skipsearch.cpu.threads import busy_cpu_warning
 from skipsearch.errors import ModelLoadError
 from skipsearch.models.compat import check_architecture
+from skipsearch.models.gguf_header import check_gguf_file
 from skipsearch.models.plan import KernelPlan
 from skipsearch.models.random_weights import RandomWeights, random_model
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
 from skipsearch.progress import status
-from skipsearch.store import atomic_path, converted_gguf_path, gguf_join_path
+from skipsearch.store import atomic_path, check_cache_dir, converted_gguf_path, gguf_join_path
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +141,16 @@ def converted_gguf_dir(gguf: Path, dtype: str = "float32") -> Path:
         tokenizer = AutoTokenizer.from_pretrained(base)
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)
     else:
+        check_gguf_file(gguf)  # a file cut short fails here in one line, not inside the converter
         log.warning("converting %s to %s safetensors once (cached in %s)", gguf.name, dtype, target)
         try:
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
         except (ValueError, KeyError, RuntimeError, struct.error) as error:  # struct: a truncated header
-            raise ModelLoadError(f"cannot convert {gguf}: {error}") from None
+            raise ModelLoadError(
+                f"cannot convert {gguf} ({error}): it may be damaged; download it again, or convert it "
+                "with llama.cpp's tools"
+            ) from None
         check_architecture(model.config)
         # The de-quantized weights are plain float tensors; drop the GGUF marker so they can be saved.
         del model.config.quantization_config
@@ -259,6 +264,7 @@ def load_model(
 
     from skipsearch.models.backend import apply_plan
 
+    check_cache_dir()  # converted weights and kernel choices go there
     choice = dtype_choice(device, dtype)
     torch_dtype = resolve_dtype(choice, dtype)
     if random_weights is not None:

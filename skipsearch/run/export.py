@@ -18,7 +18,7 @@ from pathlib import Path
 from skipsearch.errors import ConfigError, SkipsearchError
 from skipsearch.run.export_formats import ALL, FORMATS, NOTES, Format
 from skipsearch.run.export_source import Exported, ExportedDraft, ExportSource
-from skipsearch.store import EXPORT_README, TIERS_FILE, write_text_atomic
+from skipsearch.store import EXPORT_MARKER, EXPORT_README, TIERS_FILE, check_output_dir, write_text_atomic
 from skipsearch.tiers.manifest import TierManifest
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ def draft_for(source: ExportSource, fmt: Format) -> ExportedDraft:
 def export(source: ExportSource, formats: Iterable[str], out: Path) -> list[Exported]:
     """Write and read back every requested format, then README.md; `all` skips (and notes) the
     early-exit formats a sparse-only run cannot fill, where asking for one by name is an error."""
+    check_export_dir(out)
     names = list(formats)
     unknown = [n for n in names if n != ALL and n not in FORMATS]
     if unknown:
@@ -63,9 +64,35 @@ def export(source: ExportSource, formats: Iterable[str], out: Path) -> list[Expo
     if source.tiers is not None:
         exported.append(_write_tiers(source.tiers, out))
     write_text_atomic(out / EXPORT_README, readme(source, exported, skipped))
+    written = sorted({item.path.name for item in exported} | {EXPORT_README})
+    write_text_atomic(out / EXPORT_MARKER, "\n".join(written) + "\n")
     for name, why in skipped.items():
         log.warning("format %s not written: %s", name, why)
     return exported
+
+
+def check_export_dir(out: Path) -> None:
+    """Refuse, before anything is written, an `--out` that export could not write or that holds
+    files it did not write (a user's README.md would be replaced), as `run --out` refuses a
+    directory of other files. Export's own directory carries `EXPORT_MARKER`; one written before
+    the marker existed is recognised by its file names and its README's first line."""
+    check_output_dir(out, "--out")
+    if not out.is_dir() or (out / EXPORT_MARKER).is_file():
+        return
+    names = sorted(path.name for path in out.iterdir())
+    ours = {fmt.file for fmt in FORMATS.values()} | {TIERS_FILE, EXPORT_README}
+    readme_path = out / EXPORT_README
+    old_export = readme_path.is_file() and readme_path.read_text(errors="replace").startswith(_README_TITLE)
+    foreign = [name for name in names if name not in ours or not old_export]
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise ConfigError(
+            f"--out {out} holds files skipsearch export did not write ({foreign[0]}{more}), which it would "
+            "replace: pass a new or empty directory"
+        )
+
+
+_README_TITLE = "# skipsearch export:"
 
 
 def _write(source: ExportSource, fmt: Format, draft: ExportedDraft, out: Path) -> Exported:
@@ -93,7 +120,7 @@ def _write_tiers(manifest: TierManifest, out: Path) -> Exported:
 
 def readme(source: ExportSource, exported: list[Exported], skipped: Mapping[str, str]) -> str:
     lines = [
-        f"# skipsearch export: {source.model}",
+        f"{_README_TITLE} {source.model}",
         "",
         f"Best mask `{source.best.mask}` at γ = {source.best.gamma} from {source.path}"
         + (f" (study `{source.study}`)." if source.study else "."),

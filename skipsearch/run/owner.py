@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from skipsearch.errors import ConfigError
-from skipsearch.store import JOURNAL_FILE, LOCK_FILE, is_run, refuse_symlinks
+from skipsearch.store import JOURNAL_FILE, LOCK_FILE, check_output_dir, is_run, refuse_symlinks
 
 _ATTEMPTS = 10  # a previous owner may remove the directory between our open and our lock
 
@@ -51,6 +51,7 @@ def _refuse_foreign(out: Path, resume: bool) -> None:
     not a run (`--out /`, a source tree), or no run to resume: even the lock file does not belong
     there. Checked again under the lock (`_check_contents`), where the answer cannot change; a
     directory with a lock file is left to that check, as its owner may be half-way through."""
+    check_output_dir(out, "--out")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file: pass a directory")
     if not is_run(out) and not (out / LOCK_FILE).exists():

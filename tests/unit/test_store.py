@@ -1,10 +1,20 @@
-"""Where profiles are stored and read back."""
+"""Where profiles and the cache are stored, and the checks every output path passes before work."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from skipsearch.store import default_profile_path, readable_profile_path
+import pytest
+
+from skipsearch.errors import ConfigError
+from skipsearch.store import (
+    cache_dir,
+    check_cache_dir,
+    check_output_dir,
+    check_output_file,
+    default_profile_path,
+    readable_profile_path,
+)
 
 # -- paths ---------------------------------------------------------------------------------------
 
@@ -32,3 +42,66 @@ def test_a_graphed_profile_has_its_own_file_and_never_reads_the_eager_one(cache_
     legacy.parent.mkdir(parents=True)
     legacy.write_text("{}")
     assert readable_profile_path("smollm2-135m", "cuda", "bfloat16", graphs=True) == graphed
+
+
+# -- the cache's location and the outputs, checked before any work ---------------------------------
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("SKIPSEARCH_CACHE", "", "SKIPSEARCH_CACHE is empty"),
+        ("SKIPSEARCH_CACHE", "cache", "SKIPSEARCH_CACHE is 'cache', a relative path"),
+        ("HOME", "", "HOME is empty"),
+        ("HOME", "home", "HOME is 'home', a relative path"),
+    ],
+)
+def test_an_empty_or_relative_cache_location_is_refused_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str
+) -> None:
+    """Either would put the cache wherever the command runs (or into `/`)."""
+    monkeypatch.delenv("SKIPSEARCH_CACHE", raising=False)
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=f"{message}, so the cache would go wherever the command runs"):
+        cache_dir()
+
+
+def test_a_cache_that_is_a_file_or_under_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "file"))
+    with pytest.raises(ConfigError, match=r"SKIPSEARCH_CACHE .*file is a file: pass a directory"):
+        check_cache_dir()
+    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "file" / "cache"))
+    with pytest.raises(ConfigError, match=r"is a file, not a directory.*set SKIPSEARCH_CACHE to a directory"):
+        check_cache_dir()
+    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "new" / "cache"))
+    assert check_cache_dir() == tmp_path / "new" / "cache"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # checked, nothing made
+
+
+def test_an_output_file_is_refused_before_work_when_it_cannot_be_written(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    assert check_output_file(tmp_path / "a" / "b.json", "--json") == tmp_path / "a" / "b.json"
+    with pytest.raises(ConfigError, match=r"--json .* is a directory: give a file path"):
+        check_output_file(tmp_path, "--json")
+    with pytest.raises(ConfigError, match="file is a file, not a directory"):
+        check_output_file(tmp_path / "file" / "x.json", "--json")
+    with pytest.raises(ConfigError, match="longer than the 255 a file name may have"):
+        check_output_file(tmp_path / ("x" * 300), "--json")
+    with pytest.raises(ConfigError, match="longer than the 4096 bytes a path may have"):
+        check_output_file(tmp_path.joinpath(*["y" * 200] * 25), "--json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_a_directory_the_process_cannot_write_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root writes anywhere chmod allows nothing, so the refusal is simulated where the probe file
+    is made (what a read-only mount or /sys answers)."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("skipsearch.store.tempfile.mkstemp", refuse)
+    with pytest.raises(ConfigError, match=r"--out .*out cannot be written \(.*Permission denied\)"):
+        check_output_dir(tmp_path / "out", "--out")

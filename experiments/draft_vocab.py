@@ -48,7 +48,7 @@ from skipsearch.masks import Draft, SkipMask, vocab_label
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.loading import dtype_name, eos_ids
 from skipsearch.run.finalists import rescore
-from skipsearch.run.pipeline import open_context, resolve_draft_choices, run_scorer, search_one
+from skipsearch.run.pipeline import open_context, resolve_space_settings, run_scorer, search_one
 from skipsearch.search import EvaluationCache, load_study
 from skipsearch.search.results import trial_records
 from skipsearch.store import JOURNAL_FILE, readable_profile_path
@@ -104,7 +104,7 @@ def study_config(
 ) -> RunConfig:
     """The config a study of one variant runs, and its finalists are re-scored with: the evaluator
     measures every vocabulary size whatever the variant searches (one shared evaluation cache)."""
-    config = resolve_draft_choices(run_config(model, space, budget, seed, choices))
+    config = resolve_space_settings(run_config(model, space, budget, seed, choices))
     return replace(config, measure=replace(config.measure, draft_vocabs=SIZES))
 
 
@@ -309,7 +309,7 @@ def main() -> None:
             raise SystemExit(
                 f"no latency profile of {args.model}: run `skipsearch profile --model {args.model}` first"
             )
-        config = resolve_draft_choices(run_config(args.model, "sparse", args.budget, 0, (None, *SIZES)))
+        config = resolve_space_settings(run_config(args.model, "sparse", args.budget, 0, (None, *SIZES)))
         context = open_context(config)
         if "acceptance" in args.parts:
             data["acceptance"] = acceptance(args.model, context)

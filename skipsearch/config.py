@@ -15,15 +15,13 @@ from skipsearch.acceptance.importance import IMPORTANCE_SOURCES
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, kv_label, parse_draft_vocab, vocab_label
+from skipsearch.options import check
 from skipsearch.store import write_text_atomic
 
 
 def check_context(context: int | None) -> None:
     """A scoring context is a positive number of tokens (None: the default)."""
-    if context is not None and context < 1:
-        raise ConfigError(
-            f"--context must be a positive number of tokens, got {context}: pass --context >= 1"
-        )
+    check("context", context)
 
 
 def check_graphs(device: str) -> None:
@@ -48,6 +46,9 @@ class RunConfig:
     reference cache, or `measured`, one single-unit mask per free unit, counted in the budget).
     `graphs`: score with the latency profile of CUDA-graph replays (`skipsearch profile --graphs`),
     what a graphed engine pays, instead of the eager one.
+    `gamma_min`, `gamma_max`: the draft lengths a mask's best γ is chosen from; None until the run
+    resolves them from the space file (`gamma_min:`, `gamma_max:`) where `--gamma-max` left them.
+    Every number is checked against its declared bound (`skipsearch.options`).
     """
 
     measure: MeasureConfig = field(default_factory=MeasureConfig)
@@ -56,7 +57,7 @@ class RunConfig:
     sampler: str = "tpe"
     budget: int = 60
     seed: int = 0
-    gamma_max: int = 8
+    gamma_max: int | None = None
     objective: str = "speedup"
     cost: str = "closed-form"
     pareto: bool = False
@@ -68,15 +69,16 @@ class RunConfig:
     extrapolate_context: bool = False
     importance: str = "proxy"
     graphs: bool = False
+    gamma_min: int | None = None
 
     def __post_init__(self) -> None:
-        if self.budget <= 0:
-            raise ConfigError(f"--budget must be a positive number of evaluations, got {self.budget}")
-        if self.gamma_max < 1:
-            raise ConfigError(f"--gamma-max must be >= 1, got {self.gamma_max}")
-        if self.temperature < 0:
-            raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
-        check_context(self.context)
+        for name in ("budget", "seed", "gamma_min", "gamma_max", "temperature", "context"):
+            check(name, getattr(self, name))
+        if self.gamma_min is not None and self.gamma_max is not None and self.gamma_min > self.gamma_max:
+            raise ConfigError(
+                f"the shortest draft scored, gamma_min={self.gamma_min}, is above --gamma-max "
+                f"{self.gamma_max}: pass --gamma-max {self.gamma_min} or more, or lower the space's gamma_min"
+            )
         if self.graphs:
             check_graphs(self.measure.device)
         if self.importance not in IMPORTANCE_SOURCES:
@@ -106,25 +108,88 @@ class RunConfig:
             }
         )
 
-    def save(self, path: Path, provenance: dict) -> None:
-        """Written atomically: a kill leaves the old `run.yaml` or the new one, never half of one."""
-        write_text_atomic(
-            path, yaml.safe_dump({"config": self.to_dict(), "provenance": provenance}, sort_keys=False)
-        )
+    def save(self, path: Path, provenance: dict, compare: CompareSettings | None = None) -> None:
+        """`run.yaml`: the run's kind (`run`, or `compare` with its `CompareSettings`), every setting
+        and the provenance. Written atomically: a kill leaves the old file or the new one."""
+        data: dict = {"kind": RUN_KIND if compare is None else COMPARE_KIND, "config": self.to_dict()}
+        if compare is not None:
+            data["compare"] = compare.to_dict()
+        write_text_atomic(path, yaml.safe_dump({**data, "provenance": provenance}, sort_keys=False))
 
     @classmethod
     def load(cls, path: Path) -> tuple[RunConfig, dict]:
         """The config and provenance of `path`; a damaged file is one `ConfigError` naming it."""
-        if not path.is_file():
-            raise ConfigError(f"{path} not found: pass the directory of a `skipsearch run`")
-        try:
-            data = yaml.safe_load(path.read_text())
-            return cls.from_dict(data["config"]), dict(data.get("provenance") or {})
-        except ConfigError as error:
-            raise ConfigError(f"{path}: {error}") from None
-        except (yaml.YAMLError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        config, provenance, _ = load_run_file(path)
+        return config, provenance
+
+
+RUN_KIND, COMPARE_KIND = "run", "compare"
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    """What a `compare` directory runs besides its `RunConfig`: the strategies side by side, the
+    seeds each gets (`seed`, `seed + 1`, ...) and random search at `random_multiple` times the
+    budget (0: none), stored in `run.yaml` so `compare --resume` restores them exactly."""
+
+    strategies: tuple[str, ...]
+    seeds: int = 3
+    random_multiple: int = 0
+
+    def __post_init__(self) -> None:
+        check("seeds", self.seeds)
+        check("random_multiple", self.random_multiple)
+        if self.random_multiple == 1:
             raise ConfigError(
-                f"{path} is damaged or not a skipsearch run file ({reason}): restore it, or start a new "
-                "run in another --out"
-            ) from None
+                "--random-multiple 1 is the budget the strategies already get: pass 0 (none) or 2 or more"
+            )
+        if not self.strategies:
+            raise ConfigError("--strategies is empty: name at least one, e.g. --strategies random,learned")
+
+    def to_dict(self) -> dict:
+        return {
+            "strategies": list(self.strategies),
+            "seeds": self.seeds,
+            "random_multiple": self.random_multiple,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CompareSettings:
+        return cls(tuple(data["strategies"]), int(data["seeds"]), int(data.get("random_multiple", 0)))
+
+    @classmethod
+    def from_labels(cls, labels: list[str], seeds: int) -> CompareSettings:
+        """A `run.yaml` written before it had a kind: its provenance listed the study labels, random
+        search at M times the budget as `random@Mx`."""
+        multiples = [int(label[len("random@") : -1]) for label in labels if label.startswith("random@")]
+        strategies = tuple(label for label in labels if not label.startswith("random@"))
+        return cls(strategies, seeds, multiples[0] if multiples else 0)
+
+
+def load_run_file(path: Path) -> tuple[RunConfig, dict, CompareSettings | None]:
+    """`run.yaml`: the config, the provenance and, for a `compare` directory, its settings (None for
+    a run); a damaged file is one `ConfigError` naming it."""
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: pass the directory of a `skipsearch run`")
+    try:
+        data = yaml.safe_load(path.read_text())
+        config, provenance = RunConfig.from_dict(data["config"]), dict(data.get("provenance") or {})
+        kind = data.get("kind")
+        if kind is None:  # written before run.yaml said its kind
+            legacy = "strategies" in provenance
+            compare = (
+                CompareSettings.from_labels(provenance["strategies"], provenance["seeds"]) if legacy else None
+            )
+        elif kind in (RUN_KIND, COMPARE_KIND):
+            compare = CompareSettings.from_dict(data["compare"]) if kind == COMPARE_KIND else None
+        else:
+            raise ValueError(f"kind {kind!r} is neither {RUN_KIND} nor {COMPARE_KIND}")
+        return config, provenance, compare
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+    except (yaml.YAMLError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ConfigError(
+            f"{path} is damaged or not a skipsearch run file ({reason}): restore it, or start a new "
+            "run in another --out"
+        ) from None

@@ -9,7 +9,10 @@ from pathlib import Path
 from skipsearch.cli.common import add_model_options, add_prompt_options
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
 from skipsearch.cli.run import add_search_options
+from skipsearch.options import option_type
 from skipsearch.run.pipeline import COMPARED_STRATEGIES
+
+COMPARE_OPTIONS = ("strategies", "seeds", "random_multiple")  # stored in run.yaml's `compare:`
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_prompt_options(parser)
     add_search_options(parser)
     add_executor_options(parser)
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per strategy (default %(default)s)")
+    parser.add_argument(
+        "--seeds", type=option_type("seeds"), default=3, help="seeds per strategy (default %(default)s)"
+    )
     parser.add_argument(
         "--strategies",
         default=",".join(COMPARED_STRATEGIES),
@@ -26,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--random-multiple",
-        type=int,
+        type=option_type("random_multiple"),
         default=0,
         metavar="M",
         help="also run random search at M times the budget, the reference to beat (default: none)",
@@ -40,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from skipsearch.cli.run import run_config, typed_settings
+    from skipsearch.config import CompareSettings
     from skipsearch.progress import console
     from skipsearch.run.pipeline import run_compare
     from skipsearch.run.report import write_compare_outputs
@@ -47,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = run_config(args, "learned")
     out = Path(args.out or f"results/compare-{config.measure.model}-{config.space}")
+    args.resume_dir = out  # an interrupt says how to resume it (`cli.main`)
 
     def progress(name: str) -> Callable[[int, int, float | None], None]:
         def on_trial(scored: int, total: int, best: float | None) -> None:
@@ -56,18 +63,12 @@ def run(args: argparse.Namespace) -> int:
 
         return on_trial
 
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    studies = run_compare(
-        config,
-        args.seeds,
-        out,
-        args.resume,
-        progress,
-        executor_factory(args),
-        typed_settings(args),
-        strategies=strategies,
-        random_multiple=args.random_multiple,
-    )
+    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+    compare = CompareSettings(strategies, args.seeds, args.random_multiple)
+    typed = typed_settings(args) | {
+        f"compare.{dest}": "--" + dest.replace("_", "-") for dest in COMPARE_OPTIONS if dest in args.typed
+    }
+    studies = run_compare(config, compare, out, args.resume, progress, executor_factory(args), typed)
     write_compare_outputs(out, studies)
     Console().print((out / COMPARISON_SUMMARY).read_text())
     Console().print(f"{COMPARISON_TABLE}, {COMPARISON_SUMMARY} and {CONVERGENCE_PLOT} in {out}")

@@ -114,14 +114,15 @@ class Prediction:
     calibrated: tuple[float, ...] | None = None
     draft_vocab: int | None = None
     kv: KVPattern | None = None
+    gamma_min: int = 1
 
     @property
     def best_closed_form(self) -> Optimum:
-        return best_of(self.closed_form)
+        return best_of(self.closed_form, self.gamma_min)
 
     @property
     def best_calibrated(self) -> Optimum | None:
-        return None if self.calibrated is None else best_of(self.calibrated)
+        return None if self.calibrated is None else best_of(self.calibrated, self.gamma_min)
 
     @property
     def best(self) -> Optimum:
@@ -159,6 +160,7 @@ def predict(
     head_share: float | None = None,
     kv: KVPattern | None = None,
     kv_share: float | None = None,
+    gamma_min: int = 1,
 ) -> Prediction:
     """Score a mask from its measured acceptance: cheap enough to call for every search trial.
 
@@ -195,4 +197,5 @@ def predict(
         ),
         draft_vocab=draft_vocab,
         kv=kv,
+        gamma_min=gamma_min,
     )

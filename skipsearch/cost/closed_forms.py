@@ -356,9 +356,10 @@ def speedup_curve(acceptance: Acceptance, form: CostForm, gamma_max: int) -> tup
     return tuple(speedup(acceptance, form, gamma) for gamma in range(1, gamma_max + 1))
 
 
-def best_of(curve: Sequence[float]) -> Optimum:
-    """Argmax of a speedup curve indexed from γ = 1; ties go to the smaller γ (cheaper, less waste)."""
-    index = max(range(len(curve)), key=lambda i: (curve[i], -i))
+def best_of(curve: Sequence[float], gamma_min: int = 1) -> Optimum:
+    """Argmax of a speedup curve indexed from γ = 1, over γ >= `gamma_min`; ties go to the smaller γ
+    (cheaper, less waste)."""
+    index = max(range(gamma_min - 1, len(curve)), key=lambda i: (curve[i], -i))
     return Optimum(index + 1, curve[index])
 
 

@@ -17,10 +17,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from skipsearch.config import RunConfig
+from skipsearch.config import CompareSettings, RunConfig
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.masks import KVPattern
+from skipsearch.options import SEED_LIMIT
 from skipsearch.progress import console, status
 from skipsearch.run.finalists import FINALISTS
 from skipsearch.run.owner import run_owner
@@ -36,25 +37,26 @@ if TYPE_CHECKING:  # heavy (torch) types: imported where they are used
     from skipsearch.search.strategies import Strategy
 
 
-def resolve_draft_choices(config: RunConfig) -> RunConfig:
-    """The draft vocabularies and KV patterns the run scores every mask with, made concrete before
-    `run.yaml`: `--draft-vocab` / `--kv-window` when given, else the space file's `draft_vocab:` /
-    `kv:` (full only for a tiers space, whose masks are captured with the full head and cache).
-    The measurement measures every size and pattern given.
+def resolve_space_settings(config: RunConfig) -> RunConfig:
+    """The settings a space file gives and the command line may override, made concrete before
+    `run.yaml`: the draft vocabularies and KV patterns every mask is scored with (`--draft-vocab` /
+    `--kv-window` when given, else the space file's `draft_vocab:` / `kv:`; full only for a tiers
+    space, whose masks are captured with the full head and cache), and the draft lengths a mask's
+    best γ is chosen from (`--gamma-max` when given, else the space's `gamma_max:`; the space's
+    `gamma_min:`). The measurement measures every size and pattern given.
 
     A KV pattern is priced at the run's `--context` and must be measured there: a pattern measured
     on prompts it covers is exact, and priced at a longer context it would look free. So a run with
     patterns needs `--context`, and prompts cut to at least that many tokens.
     """
     from skipsearch.search.space_files import load_space
-    from skipsearch.search.space_spec import SpaceSpec
+    from skipsearch.search.space_spec import TierSpec
 
-    spec = None
-    if config.draft_vocab is None or config.kv is None:
-        spec = load_space(config.space)
-    spec = spec if isinstance(spec, SpaceSpec) else None
-    vocabs = config.draft_vocab if config.draft_vocab is not None else (spec.draft_vocab if spec else (None,))
-    patterns = config.kv if config.kv is not None else (spec.kv if spec else (None,))
+    loaded = load_space(config.space)
+    tiers = isinstance(loaded, TierSpec)
+    spec = loaded.base if tiers else loaded
+    vocabs = config.draft_vocab if config.draft_vocab is not None else (None,) if tiers else spec.draft_vocab
+    patterns = config.kv if config.kv is not None else (None,) if tiers else spec.kv
     measure = replace(
         config.measure,
         draft_vocabs=tuple(k for k in vocabs if k is not None),
@@ -62,7 +64,21 @@ def resolve_draft_choices(config: RunConfig) -> RunConfig:
     )
     if measure.kv_patterns:
         _check_kv_context(config.context, measure.prompts.max_prompt_tokens, measure.kv_patterns)
-    return replace(config, draft_vocab=tuple(vocabs), kv=tuple(patterns), measure=measure)
+    gamma_max = spec.gamma_max if config.gamma_max is None else config.gamma_max
+    gamma_min = spec.gamma_min if config.gamma_min is None else config.gamma_min
+    if gamma_min > gamma_max:
+        raise ConfigError(
+            f"--gamma-max {gamma_max} is below the space's gamma_min={gamma_min} ({spec.source}): pass "
+            f"--gamma-max {gamma_min} or more, or lower gamma_min in the space file"
+        )
+    return replace(
+        config,
+        draft_vocab=tuple(vocabs),
+        kv=tuple(patterns),
+        measure=measure,
+        gamma_min=gamma_min,
+        gamma_max=gamma_max,
+    )
 
 
 def _drafts_beyond_layers(config: RunConfig) -> bool:
@@ -96,14 +112,22 @@ def _check_kv_context(context: int | None, prompt_tokens: int, patterns: Sequenc
 
 
 def prepare_config(
-    config: RunConfig, out: Path, resume: bool, typed: Mapping[str, str], strategies: Sequence[str]
-) -> RunConfig:
-    """The config a run will use, with every model-free check done: the stored settings of a
-    resumed run (`typed` as in `resumed_config`), the draft vocabularies, the cost model, the
-    search of each of `strategies`, the device. The run directory itself is `run_owner`'s."""
+    config: RunConfig,
+    out: Path,
+    resume: bool,
+    typed: Mapping[str, str],
+    compare: CompareSettings | None = None,
+) -> tuple[RunConfig, CompareSettings | None]:
+    """The config a run (or, with `compare`, a compare) will use, with every model-free check done:
+    the stored settings of a resumed one (`typed` as in `resumed_config`), the space's settings,
+    the cost model, the search of each strategy it runs, the device. The run directory itself is
+    `run_owner`'s."""
     if resume:
-        config = resumed_config(out, config, typed)
-    return preflight(resolve_draft_choices(config), strategies)
+        config, compare = resumed_config(out, config, typed, compare)
+    strategies = (config.strategy,) if compare is None else compare_strategies(compare)
+    if compare is not None:
+        check_compare(config, compare)
+    return preflight(resolve_space_settings(config), strategies), compare
 
 
 @dataclass
@@ -156,10 +180,12 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
     return RunContext(measurement, latency, provenance)
 
 
-def save_run(config: RunConfig, context: RunContext, out: Path, extra: dict | None = None) -> None:
-    """`run.yaml` with its provenance, and the draft-vocabulary ranking the run drafts from."""
+def save_run(
+    config: RunConfig, context: RunContext, out: Path, compare: CompareSettings | None = None
+) -> None:
+    """`run.yaml` with its kind and provenance, and the draft-vocabulary ranking the run drafts from."""
     out.mkdir(parents=True, exist_ok=True)
-    config.save(out / RUN_FILE, {**context.provenance, **(extra or {})})
+    config.save(out / RUN_FILE, context.provenance, compare)
     if config.measure.draft_vocabs:
         context.measurement.ranking.save(out / DRAFT_VOCAB_FILE)
 
@@ -177,7 +203,7 @@ def start_run(
     `on_start(config)` is called once the model is loaded (with the run's final config) and
     returns the per-trial progress callback."""
     with run_owner(out, resume):
-        config = prepare_config(config, out, resume, typed, (config.strategy,))
+        config, _ = prepare_config(config, out, resume, typed)
         context = open_context(config)
         status.print(cost_note(config, context))
         save_run(config, context, out)
@@ -279,6 +305,7 @@ def run_scorer(config: RunConfig, context: RunContext) -> Scorer:
         head_share=None if context.latency else head_share_from_config(model_config.to_dict()),
         kv=config.kv or (None,),
         kv_share=None if context.latency else model_kv_share(runner.model, at),
+        gamma_min=config.gamma_min or 1,
     )
 
 
@@ -336,42 +363,58 @@ def _strategy(
 COMPARED_STRATEGIES = ("random", "uniform", "ranking", "knapsack", "learned", "knapsack+tpe")
 
 
+def compare_strategies(compare: CompareSettings) -> tuple[str, ...]:
+    """The strategies a compare searches with (random search at a multiple of the budget too)."""
+    extra = ("random",) if compare.random_multiple else ()
+    return tuple(dict.fromkeys((*compare.strategies, *extra)))
+
+
+def check_compare(config: RunConfig, compare: CompareSettings) -> None:
+    """A compare's own settings against what the strategies and seeds can be: known strategies,
+    and seeds `seed .. seed + seeds - 1` all in the samplers' range."""
+    from skipsearch.search.strategies import STRATEGIES
+
+    unknown = [s for s in compare.strategies if s not in STRATEGIES]
+    if unknown:
+        raise ConfigError(
+            f"unknown strategy {unknown[0]!r} in --strategies: use some of {', '.join(STRATEGIES)}"
+        )
+    last = config.seed + compare.seeds - 1
+    if last >= SEED_LIMIT:
+        raise ConfigError(
+            f"--seed {config.seed} with --seeds {compare.seeds} runs seeds up to {last}, past the samplers' "
+            f"{SEED_LIMIT - 1}: pass --seed {SEED_LIMIT - compare.seeds} or less"
+        )
+
+
 def run_compare(
     config: RunConfig,
-    seeds: int,
+    compare: CompareSettings,
     out: Path,
     resume: bool,
     progress: Callable[[str], ProgressCallback],
     executor_factory: ExecutorFactory = local_executor,
     typed: Mapping[str, str] | None = None,
-    strategies: Sequence[str] = COMPARED_STRATEGIES,
-    random_multiple: int = 0,
 ) -> list[tuple[str, int, str]]:
-    """Every strategy × seed with the same budget in one journal, sharing one evaluation cache
-    (a mask measured for one strategy is free for the others) and one executor, whose workers
-    load the model once for all studies. `random_multiple` > 1 adds random search at that multiple
-    of the budget (label `random@<m>x`), the reference a learned strategy should beat.
-    Returns (label, seed, study)."""
-    from skipsearch.search.strategies import STRATEGIES
-
-    if seeds < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown or not strategies:
-        raise ConfigError(f"unknown strategies {unknown or strategies}: use some of {', '.join(STRATEGIES)}")
-    if random_multiple < 0 or random_multiple == 1:
-        raise ConfigError(f"--random-multiple must be 0 (none) or >= 2, got {random_multiple}")
+    """Every strategy × seed of `compare` with the same budget in one journal, sharing one
+    evaluation cache (a mask measured for one strategy is free for the others) and one executor,
+    whose workers load the model once for all studies. A `random_multiple` > 1 adds random search
+    at that multiple of the budget (label `random@<m>x`), the reference a learned strategy should
+    beat. A resume restores the stored settings, those of `compare` included (`typed` as in
+    `resumed_config`). Returns (label, seed, study)."""
+    check_compare(config, compare)
     with run_owner(out, resume):
-        config = prepare_config(config, out, resume, typed or {}, tuple(strategies))
-        studies_of = [(s, s, config.budget) for s in strategies]
-        if random_multiple:
-            studies_of.append((f"random@{random_multiple}x", "random", config.budget * random_multiple))
-        return _compare(config, seeds, out, resume, progress, executor_factory, studies_of)
+        config, compare = prepare_config(config, out, resume, typed or {}, compare)
+        studies_of = [(s, s, config.budget) for s in compare.strategies]
+        if compare.random_multiple:
+            multiple = compare.random_multiple
+            studies_of.append((f"random@{multiple}x", "random", config.budget * multiple))
+        return _compare(config, compare, out, resume, progress, executor_factory, studies_of)
 
 
 def _compare(
     config: RunConfig,
-    seeds: int,
+    compare: CompareSettings,
     out: Path,
     resume: bool,
     progress: Callable[[str], ProgressCallback],
@@ -382,11 +425,11 @@ def _compare(
 
     context = open_context(config, tuple(dict.fromkeys(strategy for _, strategy, _ in studies_of)))
     status.print(cost_note(config, context))
-    save_run(config, context, out, {"seeds": seeds, "strategies": [label for label, _, _ in studies_of]})
+    save_run(config, context, out, compare)
     cache = EvaluationCache(out / CACHE_DIR)
     studies = []
     with executor_factory(config.measure, config.temperature, context.measurement) as executor:
-        for seed in range(config.seed, config.seed + seeds):
+        for seed in range(config.seed, config.seed + compare.seeds):
             for label, strategy, budget in studies_of:
                 name = f"{label.replace('@', '-')}-s{seed}"
                 one = replace(config, strategy=strategy, seed=seed, budget=budget)

@@ -11,12 +11,13 @@ the slow reference build (`open_context`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from skipsearch.config import RunConfig
+from skipsearch.config import CompareSettings, RunConfig, load_run_file
+from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
 from skipsearch.models.device import check_device
 from skipsearch.models.loading import dtype_name
@@ -33,7 +34,7 @@ from skipsearch.search.strategies import (
     make_strategy,
     measured_units_budget,
 )
-from skipsearch.store import RUN_FILE, readable_profile_path
+from skipsearch.store import RUN_FILE, check_cache_dir, readable_profile_path
 
 
 @dataclass(frozen=True)
@@ -113,9 +114,24 @@ def resolve_cost(config: RunConfig) -> RunConfig:
             f"exist: run `skipsearch profile --model {measure.model} --device {measure.device}{flag}` "
             f"first, or {instead}"
         )
-    if config.cost != AUTO_COST:
-        return config
-    return replace(config, cost="calibrated" if profiled else "closed-form")
+    if config.cost == AUTO_COST:
+        config = replace(config, cost="calibrated" if profiled else "closed-form")
+    if config.cost == "calibrated":
+        check_gamma_priced(config.gamma_max, LatencyProfile.load(path), path)
+    return config
+
+
+def check_gamma_priced(gamma_max: int | None, latency: LatencyProfile, path: Path) -> None:
+    """The calibrated cost prices a round's verify over γ + 1 positions from the profile's measured
+    position counts: a γ past what it measured would be priced by extrapolation, so it is refused
+    (the profiler measures 1..9 positions by default, enough for the default `gamma_max` 8)."""
+    reach = max(latency.positions) - 1
+    if gamma_max is not None and gamma_max > reach:
+        raise ConfigError(
+            f"gamma_max {gamma_max} (--gamma-max, or the space file's) needs a verify of {gamma_max + 1} "
+            f"positions priced, and the latency profile {path} measured up to {reach + 1}: pass "
+            f"--gamma-max {max(reach, 1)}, or profile again with more positions"
+        )
 
 
 def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -128,27 +144,52 @@ def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def resumed_config(out: Path, requested: RunConfig, typed: Mapping[str, str]) -> RunConfig:
-    """The settings a run started with, from its `run.yaml`, to the budget typed, else the stored one.
+def resumed_config(
+    out: Path, requested: RunConfig, typed: Mapping[str, str], compare: CompareSettings | None = None
+) -> tuple[RunConfig, CompareSettings | None]:
+    """The settings a run started with, from its `run.yaml`, to the budget typed, else the stored
+    one; for a compare (`compare` is what this command asked for), its stored strategies, seeds and
+    random multiple too.
 
     Only the budget may change on resume, or one study would mix trials scored, measured or
-    constrained in two ways. `typed` maps the `RunConfig` fields (dotted: `measure.prompts.
-    n_prompts`) the user set on this command line to the option that set them; one that differs
-    from the stored value would be ignored, so it is refused, naming the stored value. An untyped
-    setting is the parser's default, not a request, so it never replaces a stored value.
+    constrained in two ways. `typed` maps the fields (dotted: `measure.prompts.n_prompts`,
+    `compare.seeds`) the user set on this command line to the option that set them; one that
+    differs from the stored value would be ignored, so it is refused, naming the stored value. An
+    untyped setting is the parser's default, not a request, so it never replaces a stored value.
+    A directory of the other kind (a compare resumed by `run`, or the reverse) is refused.
     """
-    stored = RunConfig.load(out / RUN_FILE)[0]
+    stored, _, stored_compare = load_run_file(out / RUN_FILE)
+    _refuse_other_kind(out, stored_compare is not None, compare is not None)
     old, new = _flat(stored.to_dict()), _flat(requested.to_dict())
+    if compare is not None and stored_compare is not None:
+        old |= _flat(stored_compare.to_dict(), "compare.")
+        new |= _flat(compare.to_dict(), "compare.")
     for field, option in typed.items():
         if field == "budget" or (field == "cost" and new[field] == AUTO_COST):
             continue  # a new budget is the point of a resume; auto means "whatever the run resolved to"
         if new[field] != old[field]:
+            stored = f"{field.rsplit('.', 1)[-1]}={_shown(old[field], repr)}"
             raise ConfigError(
-                f"{option} {new[field]} would be ignored: the run in {out} continues with its stored "
-                f"{field.rsplit('.', 1)[-1]}={old[field]!r} ({out / RUN_FILE}); drop {option}, or start a "
-                "new run in another --out"
+                f"{option} {_shown(new[field], str)} would be ignored: the run in {out} continues with its "
+                f"stored {stored} ({out / RUN_FILE}); drop {option}, or start a new run in another --out"
             )
-    return stored.with_budget(requested.budget) if "budget" in typed else stored
+    return (stored.with_budget(requested.budget) if "budget" in typed else stored), stored_compare
+
+
+def _shown(value: Any, show: Callable[[Any], str]) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else show(value)
+
+
+def _refuse_other_kind(out: Path, stored_compare: bool, compare: bool) -> None:
+    """`run --resume` of a compare directory, or `compare --resume` of a run: one line naming the
+    command that continues it (the two would mix studies of two kinds in one journal)."""
+    if stored_compare == compare:
+        return
+    kind, other = ("compare", "run") if stored_compare else ("run", "compare")
+    raise ConfigError(
+        f"{out} holds a `skipsearch {kind}`, not a {other}: continue it with `skipsearch {kind} --out {out} "
+        f"--resume`, or start the {other} in another --out"
+    )
 
 
 def check_searches(config: RunConfig, num_layers: int, strategies: Iterable[str]) -> None:
@@ -159,6 +200,7 @@ def check_searches(config: RunConfig, num_layers: int, strategies: Iterable[str]
 
 def preflight(config: RunConfig, strategies: Iterable[str]) -> RunConfig:
     """Every check of `config` that needs no model; returns it with the cost model resolved."""
+    check_cache_dir()
     config = resolve_cost(config)
     depth = known_depth(config.measure.model)
     if depth is not None:

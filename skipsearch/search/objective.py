@@ -67,6 +67,7 @@ def make_scorer(
     head_share: float | None = None,
     kv: Sequence[KVPattern | None] = (None,),
     kv_share: float | None = None,
+    gamma_min: int = 1,
 ) -> Scorer:
     """Scorer maximising the best-γ predicted speedup, or greedy acceptance (SWIFT-style, with the
     r_draft budget set by the search space), over the draft vocabularies `draft_vocab` and the KV
@@ -76,7 +77,8 @@ def make_scorer(
     `vocab_size` and `head_share` (the LM head's share of a step, for the closed form without a
     profile: `cost.closed_forms.head_share_from_config`) price a draft vocabulary's smaller head,
     and `kv_share` (the K/V cache's share of a step, for the closed form without a profile:
-    `model_kv_share`) a KV pattern's unread keys."""
+    `model_kv_share`) a KV pattern's unread keys. A mask's best γ is chosen in
+    `gamma_min..gamma_max` (a space file's bounds)."""
     if objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
     if cost not in COSTS:
@@ -102,6 +104,7 @@ def make_scorer(
             head_share=head_share,
             kv=profile.kv,
             kv_share=kv_share,
+            gamma_min=gamma_min,
         )
         curve = prediction.calibrated if cost == "calibrated" else prediction.closed_form
         best = prediction.best_calibrated if cost == "calibrated" else prediction.best_closed_form

@@ -34,6 +34,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from skipsearch.acceptance.profile import AcceptanceProfile
+from skipsearch.config import COMPARE_KIND, RUN_KIND, load_run_file
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, Outcome
 from skipsearch.masks import SkipMask, SublayerWeights
@@ -43,7 +44,7 @@ from skipsearch.search.results import DETAIL_PREFIX, TrialRecord, best_trial, pa
 from skipsearch.search.score import Scorer
 from skipsearch.search.spaces import ConcreteSpace, SubsetSpace
 from skipsearch.search.strategies import PlanContext, Strategy
-from skipsearch.store import CACHE_DIR, JOURNAL_FILE, refuse_symlinks
+from skipsearch.store import CACHE_DIR, JOURNAL_FILE, RUN_FILE, refuse_symlinks
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,24 @@ def journal_storage(run_dir: Path) -> JournalStorage:
     refuse_symlinks(run_dir)
     path = run_dir / JOURNAL_FILE
     repair_journal(path)
-    return JournalStorage(JournalFileBackend(str(path), lock_obj=FlockLock(path)))
+    try:  # Optuna replays every record on its first read: a damaged one fails here, in one line
+        storage = JournalStorage(JournalFileBackend(str(path), lock_obj=FlockLock(path)))
+        optuna.study.get_all_study_names(storage)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+        raise ConfigError(
+            f"{path} is damaged: a record is whole JSON but not an Optuna journal operation "
+            f"({type(error).__name__}: {error}); restore the file from a copy, or start a new run in "
+            "another --out"
+        ) from None
+    return storage
+
+
+def stored_kind(run_dir: Path) -> str:
+    """`run` or `compare`: the command that made `run_dir` (a run where its `run.yaml` cannot say)."""
+    try:
+        return COMPARE_KIND if load_run_file(run_dir / RUN_FILE)[2] is not None else RUN_KIND
+    except ConfigError:
+        return RUN_KIND
 
 
 def load_study(run_dir: Path, study_name: str) -> optuna.Study:
@@ -134,6 +152,12 @@ def load_study(run_dir: Path, study_name: str) -> optuna.Study:
         raise ConfigError(f"{run_dir} holds no study journal ({JOURNAL_FILE}): pass the directory of a run")
     storage = journal_storage(run_dir)
     names = optuna.study.get_all_study_names(storage)
+    if not names:
+        raise ConfigError(
+            f"{run_dir / JOURNAL_FILE} holds no study: the run stopped before its first trial was "
+            f"recorded, or the file was emptied; continue it with `skipsearch {stored_kind(run_dir)} --out "
+            f"{run_dir} --resume`, or start it again in another --out"
+        )
     if study_name not in names:
         raise ConfigError(
             f"{run_dir} has no study {study_name!r}: it has {', '.join(names) or 'none'} "

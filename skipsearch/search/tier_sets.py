@@ -24,6 +24,7 @@ from skipsearch.cost.closed_forms import optimal_gamma
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
+from skipsearch.options import DEFAULT_GAMMA_MAX
 from skipsearch.search.space_spec import TierSpace
 from skipsearch.search.stored import load_run, run_profiles
 from skipsearch.store import TIER_TABLE_FILE, TIERS_FILE, write_text_atomic
@@ -302,8 +303,9 @@ def search_run_tiers(
     """Tier sets from the evaluation caches of `run_dirs` (one model, one prompt set)."""
     profiles, config, provenance = load_profiles(run_dirs)
     num_layers = int(provenance["num_layers"])
-    pool = candidate_pool(profiles, num_layers, cost, config.gamma_max, top_n)
-    results = search_tier_sets(pool, cost, config.gamma_max, trials, sizes, seed, start)
+    gamma_max = config.gamma_max or DEFAULT_GAMMA_MAX  # a run.yaml made by hand may leave it to the space
+    pool = candidate_pool(profiles, num_layers, cost, gamma_max, top_n)
+    results = search_tier_sets(pool, cost, gamma_max, trials, sizes, seed, start)
     manifest = results[0].manifest(
         config.measure.model,
         {

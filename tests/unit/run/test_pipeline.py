@@ -3,8 +3,9 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
-from skipsearch.config import RunConfig
+from skipsearch.config import CompareSettings, RunConfig, load_run_file
 from skipsearch.errors import ConfigError
 from skipsearch.run import pipeline
 from skipsearch.run.pipeline import RunContext, cost_note
@@ -27,7 +28,8 @@ def test_a_resumed_comparison_keeps_its_settings(
 ) -> None:
     """Started in closed form for acceptance: a resume that types neither continues exactly that,
     to the new budget it types (the model is never loaded: the test stops where it would be)."""
-    RunConfig(cost="closed-form", objective="acceptance", budget=5).save(tmp_path / RUN_FILE, {})
+    stored = CompareSettings(("random", "learned"), seeds=2, random_multiple=3)
+    RunConfig(cost="closed-form", objective="acceptance", budget=5).save(tmp_path / RUN_FILE, {}, stored)
     opened: list[RunConfig] = []
 
     def stop(config: RunConfig, strategies: tuple[str, ...]) -> RunContext:
@@ -38,21 +40,42 @@ def test_a_resumed_comparison_keeps_its_settings(
     with pytest.raises(KeyboardInterrupt):
         pipeline.run_compare(
             RunConfig(cost="auto", budget=9),
-            1,
+            CompareSettings(pipeline.COMPARED_STRATEGIES),  # the defaults, not typed
             tmp_path,
             resume=True,
             progress=print,
             typed={"budget": "--budget"},
         )
     assert (opened[0].cost, opened[0].objective, opened[0].budget) == ("closed-form", "acceptance", 9)
+    assert load_run_file(tmp_path / RUN_FILE)[2] == stored  # the strategies, seeds and multiple kept
     assert (tmp_path / RUN_FILE).is_file()  # a resumed run is never removed
 
 
 def test_a_resume_refuses_a_typed_setting_it_would_ignore(tmp_path: Path, cache_in_tmp: Path) -> None:
-    RunConfig(objective="acceptance", budget=5).save(tmp_path / RUN_FILE, {})
+    RunConfig(objective="acceptance", budget=5).save(tmp_path / RUN_FILE, {}, CompareSettings(("random",), 1))
     typed = {"objective": "--objective"}
+    compare = CompareSettings(("random",), 1)
     with pytest.raises(ConfigError, match=r"--objective speedup would be ignored.*objective='acceptance'"):
-        pipeline.run_compare(RunConfig(budget=9), 1, tmp_path, resume=True, progress=print, typed=typed)
+        pipeline.run_compare(RunConfig(budget=9), compare, tmp_path, resume=True, progress=print, typed=typed)
+    typed = {"compare.seeds": "--seeds"}
+    with pytest.raises(ConfigError, match=r"--seeds 3 would be ignored.*stored seeds=1"):
+        pipeline.run_compare(RunConfig(), CompareSettings(("random",), 3), tmp_path, True, print, typed=typed)
+
+
+def test_a_resume_refuses_a_directory_of_the_other_kind(tmp_path: Path, cache_in_tmp: Path) -> None:
+    RunConfig(budget=5).save(tmp_path / RUN_FILE, {})  # a run
+    with pytest.raises(
+        ConfigError, match=r"holds a `skipsearch run`, not a compare: continue it with `skipsearch run --out"
+    ):
+        pipeline.run_compare(RunConfig(), CompareSettings(("random",), 1), tmp_path, True, print)
+
+
+def test_a_run_yaml_from_before_kinds_reads_its_compare_settings_from_the_provenance(tmp_path: Path) -> None:
+    provenance = {"seeds": 2, "strategies": ["random", "learned", "random@3x"]}
+    (tmp_path / RUN_FILE).write_text(
+        yaml.safe_dump({"config": RunConfig().to_dict(), "provenance": provenance})
+    )
+    assert load_run_file(tmp_path / RUN_FILE)[2] == CompareSettings(("random", "learned"), 2, 3)
 
 
 def test_the_note_names_the_profile_or_how_to_make_one() -> None:

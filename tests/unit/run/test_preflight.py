@@ -12,16 +12,18 @@ from skipsearch.errors import ConfigError
 from skipsearch.models.loading import dtype_name
 from skipsearch.run.preflight import resolve_cost
 from skipsearch.store import default_profile_path
+from tests.unit.conftest import synthetic_latency
 from tests.unit.search.conftest import (
     NUM_LAYERS,
 )
 
 
-def write_profile() -> None:
-    """Only the file's existence decides `auto` (the model is never touched)."""
-    path = default_profile_path("smollm2-135m", "cpu", dtype_name("cpu", "auto"))
-    path.parent.mkdir(parents=True)
-    path.write_text("{}")
+def write_profile(device: str = "cpu", graphs: bool = False) -> None:
+    """The file's existence decides `auto` (the model is never touched); its positions (1..3)
+    bound the draft lengths it can price."""
+    path = default_profile_path("smollm2-135m", device, dtype_name(device, "auto"), graphs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    synthetic_latency().save(path)
 
 
 def test_the_run_checks_informed_strategies_before_the_reference_is_built() -> None:
@@ -65,10 +67,20 @@ def test_graphs_score_with_the_graphed_profile_and_need_it(cache_in_tmp: Path) -
     graphed = RunConfig(cost="auto", graphs=True, measure=replace(RunConfig().measure, device="cuda"))
     with pytest.raises(ConfigError, match="skipsearch profile --model smollm2-135m --device cuda --graphs"):
         resolve_cost(graphed)
-    path = default_profile_path("smollm2-135m", "cuda", dtype_name("cuda", "auto"), graphs=True)
-    path.write_text("{}")
+    write_profile("cuda", graphs=True)
     assert resolve_cost(graphed).cost == "calibrated"
     assert RunConfig.from_dict(graphed.to_dict()) == graphed
+
+
+def test_a_calibrated_run_scores_only_the_draft_lengths_its_profile_prices(cache_in_tmp: Path) -> None:
+    """A verify of γ + 1 positions is priced from the profile's measured positions (1..3 here)."""
+    write_profile()
+    assert resolve_cost(RunConfig(cost="auto", gamma_max=2)).cost == "calibrated"
+    with pytest.raises(
+        ConfigError, match=r"gamma_max 3 .* needs a verify of 4 positions .*: pass --gamma-max 2,"
+    ):
+        resolve_cost(RunConfig(cost="auto", gamma_max=3))
+    assert resolve_cost(RunConfig(cost="closed-form", gamma_max=8)).gamma_max == 8  # no profile read
 
 
 def test_graphs_off_a_gpu_are_refused() -> None:

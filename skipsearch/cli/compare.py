@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from skipsearch.cli.run import run_config, typed_settings
     from skipsearch.config import CompareSettings
     from skipsearch.progress import console
-    from skipsearch.run.pipeline import run_compare
+    from skipsearch.run.compare import run_compare
     from skipsearch.run.report import write_compare_outputs
     from skipsearch.store import COMPARISON_SUMMARY, COMPARISON_TABLE, CONVERGENCE_PLOT
 

@@ -57,6 +57,7 @@ def resolve_space_settings(config: RunConfig) -> RunConfig:
     spec = loaded.base if tiers else loaded
     vocabs = config.draft_vocab if config.draft_vocab is not None else (None,) if tiers else spec.draft_vocab
     patterns = config.kv if config.kv is not None else (None,) if tiers else spec.kv
+    trees = config.trees if config.trees is not None else () if tiers else tuple(map(str, spec.tree))
     measure = replace(
         config.measure,
         draft_vocabs=tuple(k for k in vocabs if k is not None),
@@ -75,6 +76,7 @@ def resolve_space_settings(config: RunConfig) -> RunConfig:
         config,
         draft_vocab=tuple(vocabs),
         kv=tuple(patterns),
+        trees=tuple(trees),
         measure=measure,
         gamma_min=gamma_min,
         gamma_max=gamma_max,
@@ -289,6 +291,7 @@ def run_scorer(config: RunConfig, context: RunContext) -> Scorer:
     """The run's objective under its cost model, as the search and the finalists' re-score use it."""
     from skipsearch.cost.closed_forms import head_share_from_config
     from skipsearch.search.objective import DEFAULT_CONTEXT, make_scorer, model_kv_share
+    from skipsearch.trees import TreeShape
 
     runner = context.measurement.runner
     model_config = runner.config
@@ -306,6 +309,7 @@ def run_scorer(config: RunConfig, context: RunContext) -> Scorer:
         kv=config.kv or (None,),
         kv_share=None if context.latency else model_kv_share(runner.model, at),
         gamma_min=config.gamma_min or 1,
+        trees=tuple(TreeShape.parse(shape) for shape in config.trees or ()),
     )
 
 
@@ -385,72 +389,3 @@ def check_compare(config: RunConfig, compare: CompareSettings) -> None:
             f"--seed {config.seed} with --seeds {compare.seeds} runs seeds up to {last}, past the samplers' "
             f"{SEED_LIMIT - 1}: pass --seed {SEED_LIMIT - compare.seeds} or less"
         )
-
-
-def run_compare(
-    config: RunConfig,
-    compare: CompareSettings,
-    out: Path,
-    resume: bool,
-    progress: Callable[[str], ProgressCallback],
-    executor_factory: ExecutorFactory = local_executor,
-    typed: Mapping[str, str] | None = None,
-) -> list[tuple[str, int, str]]:
-    """Every strategy × seed of `compare` with the same budget in one journal, sharing one
-    evaluation cache (a mask measured for one strategy is free for the others) and one executor,
-    whose workers load the model once for all studies. A `random_multiple` > 1 adds random search
-    at that multiple of the budget (label `random@<m>x`), the reference a learned strategy should
-    beat. A resume restores the stored settings, those of `compare` included (`typed` as in
-    `resumed_config`). Returns (label, seed, study)."""
-    check_compare(config, compare)
-    with run_owner(out, resume):
-        config, compare = prepare_config(config, out, resume, typed or {}, compare)
-        studies_of = [(s, s, config.budget) for s in compare.strategies]
-        if compare.random_multiple:
-            multiple = compare.random_multiple
-            studies_of.append((f"random@{multiple}x", "random", config.budget * multiple))
-        return _compare(config, compare, out, resume, progress, executor_factory, studies_of)
-
-
-def _compare(
-    config: RunConfig,
-    compare: CompareSettings,
-    out: Path,
-    resume: bool,
-    progress: Callable[[str], ProgressCallback],
-    executor_factory: ExecutorFactory,
-    studies_of: list[tuple[str, str, int]],
-) -> list[tuple[str, int, str]]:
-    from skipsearch.search import EvaluationCache
-
-    context = open_context(config, tuple(dict.fromkeys(strategy for _, strategy, _ in studies_of)))
-    status.print(cost_note(config, context))
-    save_run(config, context, out, compare)
-    cache = EvaluationCache(out / CACHE_DIR)
-    studies = []
-    with executor_factory(config.measure, config.temperature, context.measurement) as executor:
-        for seed in range(config.seed, config.seed + compare.seeds):
-            for label, strategy, budget in studies_of:
-                name = f"{label.replace('@', '-')}-s{seed}"
-                one = replace(config, strategy=strategy, seed=seed, budget=budget)
-                has_study = resume and name in _study_names(out)
-                search_one(
-                    one,
-                    context,
-                    out,
-                    has_study,
-                    study_name=name,
-                    cache=cache,
-                    on_trial=progress(name),
-                    executor=executor,
-                )
-                studies.append((label, seed, name))
-    return studies
-
-
-def _study_names(out: Path) -> list[str]:
-    import optuna
-
-    from skipsearch.search.study import journal_storage
-
-    return optuna.study.get_all_study_names(journal_storage(out))

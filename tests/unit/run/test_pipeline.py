@@ -7,6 +7,7 @@ import yaml
 
 from skipsearch.config import CompareSettings, RunConfig, load_run_file
 from skipsearch.errors import ConfigError
+from skipsearch.run import compare as runs
 from skipsearch.run import pipeline
 from skipsearch.run.pipeline import RunContext, cost_note
 from skipsearch.store import RUN_FILE
@@ -36,9 +37,9 @@ def test_a_resumed_comparison_keeps_its_settings(
         opened.append(config)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "open_context", stop)
+    monkeypatch.setattr(runs, "open_context", stop)
     with pytest.raises(KeyboardInterrupt):
-        pipeline.run_compare(
+        runs.run_compare(
             RunConfig(cost="auto", budget=9),
             CompareSettings(pipeline.COMPARED_STRATEGIES),  # the defaults, not typed
             tmp_path,
@@ -56,10 +57,14 @@ def test_a_resume_refuses_a_typed_setting_it_would_ignore(tmp_path: Path, cache_
     typed = {"objective": "--objective"}
     compare = CompareSettings(("random",), 1)
     with pytest.raises(ConfigError, match=r"--objective speedup would be ignored.*objective='acceptance'"):
-        pipeline.run_compare(RunConfig(budget=9), compare, tmp_path, resume=True, progress=print, typed=typed)
+        runs.run_compare(
+            RunConfig(budget=9), compare, tmp_path, resume=True, progress=print, typed=typed
+        )
     typed = {"compare.seeds": "--seeds"}
     with pytest.raises(ConfigError, match=r"--seeds 3 would be ignored.*stored seeds=1"):
-        pipeline.run_compare(RunConfig(), CompareSettings(("random",), 3), tmp_path, True, print, typed=typed)
+        runs.run_compare(
+            RunConfig(), CompareSettings(("random",), 3), tmp_path, True, print, typed=typed
+        )
 
 
 def test_a_resume_refuses_a_directory_of_the_other_kind(tmp_path: Path, cache_in_tmp: Path) -> None:
@@ -67,7 +72,7 @@ def test_a_resume_refuses_a_directory_of_the_other_kind(tmp_path: Path, cache_in
     with pytest.raises(
         ConfigError, match=r"holds a `skipsearch run`, not a compare: continue it with `skipsearch run --out"
     ):
-        pipeline.run_compare(RunConfig(), CompareSettings(("random",), 1), tmp_path, True, print)
+        runs.run_compare(RunConfig(), CompareSettings(("random",), 1), tmp_path, True, print)
 
 
 def test_a_run_yaml_from_before_kinds_reads_its_compare_settings_from_the_provenance(tmp_path: Path) -> None:

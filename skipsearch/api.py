@@ -30,6 +30,7 @@ from skipsearch.masks import Draft, KVPattern, SkipMask, parse_draft_vocab
 from skipsearch.models.registry import DEFAULT_MODEL
 from skipsearch.options import check
 from skipsearch.store import BEST_FILE, TRIALS_TABLE
+from skipsearch.trees import CHAIN, TreeShape, parse_trees
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -47,13 +48,15 @@ class SearchResult:
     run gives the same result (`SearchResult.load`).
 
     `best` is the draft the verdict names (the finalist with the best exact re-score where the run
-    re-scored them), `gamma` its draft length, `predicted_speedup` its speedup over autoregressive
+    re-scored them), `gamma` its draft length, `tree` the shape of its rounds (`chain`, or a token
+    tree such as `2x2x1` where one won), `predicted_speedup` its speedup over autoregressive
     decoding by the run's cost model, `pays` whether that clears the verdict's margin, `verdict`
     the verdict's sentence, `trials` one row per trial (`trials.csv`), `summary` all of `best.json`.
     """
 
     best: Draft
     gamma: int
+    tree: str
     predicted_speedup: float
     pays: bool
     verdict: str
@@ -87,6 +90,7 @@ class SearchResult:
         return cls(
             best=draft,
             gamma=int(finalists[0]["gamma"] if finalists else summary["gamma_best"]),
+            tree=(finalists[0].get("tree") if finalists else summary.get("tree")) or CHAIN,
             predicted_speedup=float(speedup),
             pays=speedup >= PAYS_OFF,
             verdict=verdict_sentence(summary),
@@ -104,6 +108,7 @@ def search(
     strategy: str | None = None,
     draft_vocab: int | str | None = None,
     kv: str | None = None,
+    trees: Sequence[str] | None = None,
     out: str | Path | None = None,
     resume: bool = False,
     seed: int | None = None,
@@ -132,6 +137,8 @@ def search(
     - `space`: a shipped space (`sparse`, `contiguous`, `block`, `sublayer`, `tiers`) or a YAML path.
     - `draft_vocab`: score every mask drafting from the K most frequent token ids.
     - `kv`: a KV pattern such as `s4w1024` (needs `context`).
+    - `trees`: token-tree shapes each draft is also scored as, e.g. `["2x1", "2x2x1"]` (`["chain"]`:
+      chains only; default: the space's `tree:` list).
     - `cost`: `auto` (calibrated where `skipsearch profile` measured this model on this device),
       `calibrated` or `closed-form`.
     - `out`: the run directory (default `results/<model>-<space>-<strategy>-s<seed>`).
@@ -170,12 +177,15 @@ def search(
         **{"cost": AUTO, **settings},
         draft_vocab=vocab,
         kv=pattern,
+        trees=None if trees is None else tuple(str(shape) for shape in parse_trees(trees)),
     )
     typed = {name for name, value in {**given, **measured, **prompt_settings}.items() if value is not None}
     if draft_vocab is not None:
         typed.add("draft_vocab")
     if kv is not None:
         typed.add("kv")
+    if trees is not None:
+        typed.add("trees")
     directory = Path(out) if out is not None else default_out(config)
     return run_search(config, directory, resume=resume, typed=stored_fields(typed), progress=progress)
 
@@ -285,10 +295,12 @@ def decode(
     seed: int = 0,
     device: str = "cpu",
     dtype: str = "auto",
+    tree: TreeShape | str | None = None,
 ) -> DecodeResult:
     """Decode with `draft` (a `Draft`, or its string form such as `a:4,14|m:4,14|v:16384`) for real,
     against autoregressive decoding on the same kernels, as `skipsearch decode` does; greedy by
-    default (`temperature` > 0 samples, still lossless in distribution)."""
+    default (`temperature` > 0 samples, still lossless in distribution). `tree`: draft token trees
+    of that shape (e.g. `2x2x1`, or a `SearchResult`'s `tree`), beside the chain of `gamma`."""
     from skipsearch.engine import GammaPolicy, Sampling
 
     for name, value in (("gamma", gamma), ("temperature", temperature), ("decode_seed", seed)):
@@ -316,8 +328,9 @@ def decode(
         picked.append(draft if isinstance(draft, Draft) else Draft.parse(draft, num_layers))
         return picked[-1]
 
+    shape = None if tree in (None, CHAIN) else TreeShape.parse(tree) if isinstance(tree, str) else tree
     report = decode_report(
-        config, pick, GammaPolicy.fixed(gamma), Sampling(temperature), new_tokens, repeats, seed
+        config, pick, GammaPolicy.fixed(gamma), Sampling(temperature), new_tokens, repeats, seed, tree=shape
     )
     return DecodeResult.from_report(report, picked[-1])
 
@@ -333,14 +346,16 @@ def decode_report(
     breakdown: bool = True,
     weights: RandomWeights | None = None,
     graphs: bool = False,
+    tree: TreeShape | None = None,
 ) -> dict[str, Any]:
     """One decode check (`skipsearch decode`'s whole job): the draft `pick_draft(depth)` gives,
-    timed against autoregressive decoding and HF `generate` and proven lossless; the report."""
+    timed against autoregressive decoding and HF `generate` and proven lossless; the report. With
+    a `tree`, the draft drafts token trees of that shape, beside the same draft as a chain."""
     from skipsearch.bench.decode import DecodeSettings, decode_draft
 
     check("repeats", repeats)
     settings = DecodeSettings(sampling, new_tokens, repeats, seed, breakdown)
-    return decode_draft(config, pick_draft, policy, settings, weights, graphs)
+    return decode_draft(config, pick_draft, policy, settings, weights, graphs, tree)
 
 
 def load_model(

@@ -17,6 +17,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, kv_label, parse_draft_vocab, vocab_label
 from skipsearch.options import check
 from skipsearch.store import write_text_atomic
+from skipsearch.trees import TreeShape
 
 
 def check_context(context: int | None) -> None:
@@ -41,6 +42,8 @@ class RunConfig:
     None until the run resolves it from the space file or `--draft-vocab` (`run.pipeline`).
     `kv`: the KV patterns each mask is scored with (None in it: every key), resolved the same way
     from the space file's `kv:` or `--kv-window`.
+    `trees`: the token-tree shapes each draft is also scored as (`trees.TreeShape` strings; none:
+    chains only), from the space file's `tree:` or `--tree`, resolved the same way.
     `context`: the context length the calibrated cost model scores at (None: its default);
     `importance`: what ranks sub-layers for the ranking and knapsack strategies (`proxy`, from the
     reference cache, or `measured`, one single-unit mask per free unit, counted in the budget).
@@ -70,6 +73,7 @@ class RunConfig:
     importance: str = "proxy"
     graphs: bool = False
     gamma_min: int | None = None
+    trees: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("budget", "seed", "gamma_min", "gamma_max", "temperature", "context"):
@@ -81,6 +85,8 @@ class RunConfig:
             )
         if self.graphs:
             check_graphs(self.measure.device)
+        for shape in self.trees or ():
+            TreeShape.parse(shape)  # a bad shape is one line, before anything is written
         if self.importance not in IMPORTANCE_SOURCES:
             raise ConfigError(
                 f"unknown importance {self.importance!r}: use one of {', '.join(IMPORTANCE_SOURCES)}"
@@ -92,7 +98,14 @@ class RunConfig:
     def to_dict(self) -> dict:
         labels = None if self.draft_vocab is None else [vocab_label(k) for k in self.draft_vocab]
         patterns = None if self.kv is None else [kv_label(kv) for kv in self.kv]
-        return {**asdict(self), "measure": self.measure.to_dict(), "draft_vocab": labels, "kv": patterns}
+        trees = None if self.trees is None else list(self.trees)
+        return {
+            **asdict(self),
+            "measure": self.measure.to_dict(),
+            "draft_vocab": labels,
+            "kv": patterns,
+            "trees": trees,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> RunConfig:
@@ -105,6 +118,7 @@ class RunConfig:
                 "measure": MeasureConfig.from_dict(data["measure"]),
                 "draft_vocab": None if labels is None else tuple(parse_draft_vocab(k) for k in labels),
                 "kv": None if patterns is None else tuple(KVPattern.parse(kv) for kv in patterns),
+                "trees": None if data.get("trees") is None else tuple(str(s) for s in data["trees"]),
             }
         )
 

@@ -30,6 +30,7 @@ from skipsearch.errors import ConfigError, SkipsearchError
 from skipsearch.masks import KVPattern, parse_draft_vocab
 from skipsearch.options import option_type
 from skipsearch.store import check_cache_dir, check_output_file, write_text_atomic
+from skipsearch.trees import CHAIN, TreeShape
 
 DEFAULT_GAMMA = 3
 
@@ -63,6 +64,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--gamma",
         type=option_type("gamma"),
         help=f"draft length (default: from --from, else {DEFAULT_GAMMA})",
+    )
+    parser.add_argument(
+        "--tree",
+        metavar="SHAPE",
+        help="draft token trees of this shape, e.g. 2x2x1 (children per node by depth; default: from "
+        "--from, else a chain of --gamma), decoded beside the same draft as a chain of --gamma",
     )
     parser.add_argument(
         "--dynamic-gamma",
@@ -113,6 +120,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def read_tree(path: Path) -> str | None:
+    """A JSON file's token-tree shape (a search run's best.json names one when a tree won)."""
+    try:
+        tree = json.loads(path.read_text()).get("tree")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return None if tree in (None, CHAIN) else str(tree)
+
+
 def read_from(path: Path) -> tuple[str, int | None]:
     """The draft of a JSON file — its `mask` string, plus `|v:K` when it names a `draft_vocab` and
     `|kv:sSwW` when it names a `kv` pattern — and its optional `gamma` (or a search run's
@@ -146,7 +162,7 @@ def named_file(path: Path) -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     from skipsearch.api import decode_report
-    from skipsearch.bench.decode import check_graphable
+    from skipsearch.bench.decode import check_graphable, check_tree
     from skipsearch.cli.common import (
         check_mask_args,
         draft_vocab_from_args,
@@ -183,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
     mask_text, file_gamma = read_from(Path(args.from_path)) if args.from_path else (None, None)
+    shape = args.tree or (read_tree(Path(args.from_path)) if args.from_path else None)
+    tree = None if shape in (None, CHAIN) else TreeShape.parse(shape)
     if mask_text is not None and any(
         value is not None for value in (args.skip, args.mask, args.attn_skip, args.mlp_skip)
     ):
@@ -197,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.graphs:
         check_graphable(kv, policy)
+    if tree is not None:
+        check_tree(tree, kv, policy, args.graphs)
 
     config = measure_config(args)
     if args.round_gamma is None:  # the round-aware estimator simulates the rounds this decode runs
@@ -231,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
         args.breakdown,
         weights,
         args.graphs,
+        tree,
     )
     print_result(result)
     if args.json:
@@ -249,6 +270,8 @@ def print_result(result: dict[str, Any]) -> None:
     gamma = f"dynamic from {result['gamma']}" if result["dynamic_gamma"] else str(result["gamma"])
     if result["draft_stop"]:
         gamma += f", stopping below {result['draft_stop']}"
+    if result.get("tree"):
+        gamma = f"token trees {result['tree']}, beside the chain of gamma {gamma}"
     kv = "" if result["kv"] == "full" else f"  KV pattern [cyan]{result['kv']}[/]"
     console.print(
         f"[bold]{result['model']}[/]  mask [cyan]{result['mask']}[/]{kv}  gamma {gamma}  {decoding}\n"

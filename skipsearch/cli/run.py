@@ -78,6 +78,13 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     )
     add_draft_vocab_option(parser, "score every mask with this draft vocabulary only (overrides the space)")
     add_kv_options(parser)  # score every mask with this KV pattern only (overrides the space's kv:)
+    parser.add_argument(
+        "--tree",
+        nargs="+",
+        metavar="SHAPE",
+        help="score every draft also drafting token trees of these shapes, e.g. 2x1 2x2x1 (children per "
+        "node by depth; `chain`: chains only); default: the space file's tree: list",
+    )
     add_context_options(parser)
     parser.add_argument(
         "--importance",
@@ -151,6 +158,7 @@ STORED_OPTIONS = {
     "draft_vocab": "draft_vocab",
     "kv_sink": "kv",
     "kv_window": "kv",
+    "tree": "trees",
 }
 
 
@@ -162,6 +170,7 @@ def typed_settings(args: argparse.Namespace) -> dict[str, str]:
 
 def run_config(args: argparse.Namespace, strategy: str) -> RunConfig:
     from skipsearch.cli.common import draft_vocab_from_args, kv_pattern_from_args, measure_config
+    from skipsearch.trees import parse_trees
 
     kv = kv_pattern_from_args(args)
 
@@ -179,6 +188,7 @@ def run_config(args: argparse.Namespace, strategy: str) -> RunConfig:
         warm_start=args.warm_start,
         temperature=args.temperature,
         draft_vocab=None if args.draft_vocab is None else (draft_vocab_from_args(args),),
+        trees=None if args.tree is None else tuple(str(shape) for shape in parse_trees(args.tree)),
         kv=None if kv is None else (kv,),
         context=args.context,
         extrapolate_context=args.extrapolate_context,

@@ -26,6 +26,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask, vocab_label
 from skipsearch.run.export_source import EXPORT_VERSION, ExportedDraft, ExportSource
 from skipsearch.store import DRAFT_VOCAB_FILE, TIERS_FILE, write_text_atomic
+from skipsearch.trees import CHAIN
 
 NOTES_FILE = "export_notes.md"  # the prose of every note, per format
 
@@ -67,7 +68,19 @@ def note_values(source: ExportSource, draft: ExportedDraft) -> dict[str, Any]:
         "best_speed": f"{best.speedup:.3f}x" if best.speedup is not None else "its score",
         "draft_vocab": source.draft_vocab,
         "draft_vocab_file": DRAFT_VOCAB_FILE,
+        "tree": _tree(source),
     }
+
+
+def _tree(source: ExportSource) -> str | None:
+    """The token-tree shape the run's best draft drafts (None: a chain)."""
+    tree = source.best_json.get("tree")
+    return None if tree in (None, CHAIN) else str(tree)
+
+
+def _no_tree_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
+    """An engine that drafts chains, told the best draft was scored as a token tree."""
+    return [] if _tree(source) is None else notes("no-tree", source, draft)
 
 
 def _key_list(keys: tuple[str, ...]) -> str:
@@ -136,6 +149,7 @@ def write_skipsearch(source: ExportSource, draft: ExportedDraft, path: Path) -> 
             "draft_vocab_ids": None if source.draft_vocab_ids is None else list(source.draft_vocab_ids),
             "gamma": draft.gamma,
             "gamma_policy": {"kind": "fixed", "gamma": draft.gamma},
+            "tree": _tree(source),
             "tiers": None if source.tiers is None else source.tiers.to_dict(),
             "r_draft": best.get("r_draft"),
             "r_reuse": best.get("r_reuse"),
@@ -186,7 +200,8 @@ def read_skipsearch(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 def notes_skipsearch(source: ExportSource, draft: ExportedDraft) -> list[str]:
     tiers = [] if source.tiers is None else notes("skipsearch-tiers", source, draft)
     vocab = [] if source.draft_vocab is None else notes("skipsearch-draft-vocab", source, draft)
-    return [*notes("skipsearch", source, draft), *vocab, *tiers]
+    tree = [] if _tree(source) is None else notes("skipsearch-tree", source, draft)
+    return [*notes("skipsearch", source, draft), *vocab, *tree, *tiers]
 
 
 def _full_vocab_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
@@ -226,7 +241,12 @@ def read_hf(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 
 
 def notes_hf(source: ExportSource, draft: ExportedDraft) -> list[str]:
-    return [*_fallback_note(source, draft), *_full_vocab_note(source, draft), *notes("hf", source, draft)]
+    fallbacks = [
+        *_fallback_note(source, draft),
+        *_full_vocab_note(source, draft),
+        *_no_tree_note(source, draft),
+    ]
+    return [*fallbacks, *notes("hf", source, draft)]
 
 
 # skip-layers -------------------------------------------------------------------------------------
@@ -274,7 +294,11 @@ def read_skip_layers(path: Path, num_layers: int) -> tuple[SkipMask, int | None]
 
 
 def notes_skip_layers(source: ExportSource, draft: ExportedDraft) -> list[str]:
-    return [*_full_vocab_note(source, draft), *notes("skip-layers", source, draft)]
+    return [
+        *_full_vocab_note(source, draft),
+        *_no_tree_note(source, draft),
+        *notes("skip-layers", source, draft),
+    ]
 
 
 # layerskip ---------------------------------------------------------------------------------------
@@ -317,7 +341,7 @@ def read_layerskip(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 
 def notes_layerskip(source: ExportSource, draft: ExportedDraft) -> list[str]:
     fallback, full_vocab = _fallback_note(source, draft), _full_vocab_note(source, draft)
-    return [*fallback, *full_vocab, *notes("layerskip", source, draft)]
+    return [*fallback, *full_vocab, *_no_tree_note(source, draft), *notes("layerskip", source, draft)]
 
 
 def _fallback_note(source: ExportSource, draft: ExportedDraft) -> list[str]:

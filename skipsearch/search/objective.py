@@ -14,11 +14,13 @@ from dataclasses import replace
 
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.config import check_context
-from skipsearch.cost.calibrated import Prediction, predict
+from skipsearch.cost.calibrated import Calibrated, Prediction, predict
 from skipsearch.cost.latency import LatencyProfile
+from skipsearch.cost.trees import score_tree
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
 from skipsearch.search.score import Score, Scorer
+from skipsearch.trees import CHAIN, TreeShape
 
 OBJECTIVES = ("speedup", "acceptance")
 COSTS = ("closed-form", "calibrated")
@@ -68,6 +70,7 @@ def make_scorer(
     kv: Sequence[KVPattern | None] = (None,),
     kv_share: float | None = None,
     gamma_min: int = 1,
+    trees: Sequence[TreeShape] = (),
 ) -> Scorer:
     """Scorer maximising the best-γ predicted speedup, or greedy acceptance (SWIFT-style, with the
     r_draft budget set by the search space), over the draft vocabularies `draft_vocab` and the KV
@@ -88,6 +91,7 @@ def make_scorer(
             "--cost calibrated needs a latency profile: run `skipsearch profile --model M` first"
         )
     allowed, allowed_kv = tuple(draft_vocab), tuple(kv)
+    shapes = tuple(shape for shape in trees if not shape.is_chain) if cost == "calibrated" else ()
     patterned = any(pattern is not None for pattern in allowed_kv)
     latency = scoring_latency(cost, latency, context, extrapolate_context, patterned)
     at = DEFAULT_CONTEXT if context is None else context
@@ -111,6 +115,16 @@ def make_scorer(
         per_gamma = {g: s for g, s in enumerate(curve, start=1)}
         value = best.speedup if objective == "speedup" else profile.alpha
         details = _details(mask, profile, prediction)
+        if shapes and latency is not None and profile.kv is None and objective == "speedup":
+            form = Calibrated(latency, mask, at, profile.draft_vocab, vocab_size)
+            scored = [score_tree(profile, form, shape) for shape in shapes]
+            winner = max(scored, key=lambda s: (s.speedup, -s.shape.nodes))
+            details["score_by_tree"] = {CHAIN: value, **{str(s.shape): s.speedup for s in scored}}
+            details["tree_verify_steps"] = (winner.shape.verify_rows, _verify_steps(form, winner.shape))
+            details["tree"] = CHAIN
+            if winner.speedup > value:
+                value = winner.speedup
+                details |= {"tree": str(winner.shape), "tree_tokens_per_round": winner.tokens_per_round}
         return Score(value=value, gamma_best=best.gamma, per_gamma=per_gamma, details=details)
 
     def score(mask: SkipMask, profile: AcceptanceProfile) -> Score:
@@ -120,11 +134,16 @@ def make_scorer(
         best = max(scores, key=lambda s: s.value)
         if len(scores) == 1:
             return best
-        return replace(
-            best, details={**best.details, **_best_by("draft_vocab", scores), **_best_by("kv", scores)}
-        )
+        by = {**_best_by("draft_vocab", scores), **_best_by("kv", scores)}
+        return replace(best, details={**best.details, **by})
 
     return score
+
+
+def _verify_steps(form: Calibrated, shape: TreeShape) -> float:
+    """A verify of the tree's rows, in steps of one row: what rows cost on this device."""
+    latency = form.latency
+    return latency.weights(form.context, shape.verify_rows).total / latency.step_time(form.context)
 
 
 def _details(mask: SkipMask, profile: AcceptanceProfile, prediction: Prediction) -> dict:

@@ -20,6 +20,7 @@ from skipsearch.masks import FULL_VOCAB, KVPattern, parse_draft_vocab
 from skipsearch.options import DEFAULT_GAMMA_MAX, GAMMA_CAP, TOKENS_CAP
 from skipsearch.search.space_spec import LayerRef, SpaceSpec, TierSpec, space_error
 from skipsearch.tiers.policy import TierPolicy, check_policy
+from skipsearch.trees import TreeShape, parse_trees
 
 KINDS = ("contiguous", "block", "sparse", "sublayer", "tiers")
 SPACES_DIR = Path(str(resources.files("skipsearch.search") / "builtin_spaces"))
@@ -39,6 +40,7 @@ _MASK_KEYS = (
     "gamma_max",
     "draft_vocab",
     "kv",
+    "tree",
 )
 _TIER_KEYS = ("name", "kind", "description", "base", "num_tiers", "policy")
 _POLICY_KEYS = ("window", "thresholds")
@@ -167,6 +169,7 @@ def _parse_mask_space(reader: _Reader, kind: str, name: str) -> SpaceSpec:
         gamma_max=reader.integer("gamma_max", DEFAULT_GAMMA_MAX, 1, GAMMA_CAP),
         draft_vocab=_choices(reader, "draft_vocab", parse_draft_vocab, "[full, 16384, 8192]"),
         kv=_choices(reader, "kv", KVPattern.parse, "[full, s4w512, s4w1024]"),
+        tree=_trees(reader),
     )
     for low, high in (
         ("r_draft_min", "r_draft_max"),
@@ -194,6 +197,19 @@ def _choices(reader: _Reader, key: str, parse: Callable[[Any], Any], example: st
     if len(set(choices)) != len(choices):
         raise reader.error(key, f"{raw} names one twice", "list each once")
     return choices
+
+
+def _trees(reader: _Reader) -> tuple[TreeShape, ...]:
+    """`tree: [chain, 2x1, 2x2x1]`: the token-tree shapes every draft is also scored as, beside
+    the chains of every γ (default: chains only)."""
+    raw = reader.data.get("tree", [])
+    example = "[chain, 2x1, 2x2x1]"
+    if not isinstance(raw, list):
+        raise reader.error("tree", f"expected a list of shapes, got {raw!r}", f"write e.g. {example}")
+    try:
+        return parse_trees(raw)
+    except ConfigError as error:
+        raise reader.error("tree", str(error), f"write e.g. {example}") from None
 
 
 def _parse_tiers(reader: _Reader, name: str, base_dir: Path) -> TierSpec:

@@ -96,3 +96,26 @@ def synthetic_latency(tmp_path: Path | None = None) -> LatencyProfile:
     if tmp_path is not None:
         profile.save(tmp_path / "profile.json")
     return profile
+
+
+def rows_latency(per_row: float, layers: int = 2) -> LatencyProfile:
+    """`layers` layers at one 512-token context, every part 1 ms at one position and `per_row` ms
+    more for each further row (up to 32): rows free (0) or costly, as a token tree's prices need."""
+    positions = (1, 2, 4, 8, 16, 32)
+    row = [(1.0 + per_row * (p - 1)) / 1e3 for p in positions]
+    tables = {
+        "embed": [[0.0] * len(positions)],
+        "head": [row],
+        "attn": [[row]] * layers,
+        "mlp": [[row]] * layers,
+    }
+    return LatencyProfile.from_dict(
+        {
+            "meta": {"device": "test", "model": "tiny", "num_layers": layers},
+            "context_lengths": [512],
+            "positions": list(positions),
+            **tables,
+            "spread": tables,
+            "round_overhead": {"1": 0.0, "8": 0.0},
+        }
+    )

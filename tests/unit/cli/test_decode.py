@@ -84,6 +84,21 @@ def test_decode_reads_mask_and_gamma_from_a_run(tmp_path, capsys):
     assert "once" in capsys.readouterr().err
 
 
+def test_decode_reads_a_runs_token_tree_and_refuses_what_a_tree_does_not_run(tmp_path, capsys):
+    from skipsearch.cli.decode import read_tree
+
+    tree = tmp_path / "best.json"
+    tree.write_text(json.dumps({"mask": "a:1|m:1", "gamma_best": 2, "tree": "2x2x1"}))
+    assert read_tree(tree) == "2x2x1"
+    chain = tmp_path / "chain.json"
+    chain.write_text(json.dumps({"mask": "a:1|m:1", "gamma_best": 2, "tree": "chain"}))
+    assert read_tree(chain) is None
+    assert main(["decode", "--from", str(tree), "--draft-stop", "0.5"]) == 2
+    assert "whole shape" in capsys.readouterr().err
+    assert main(["decode", "--skip", "1", "--tree", "2x0"]) == 2
+    assert "bad tree shape" in capsys.readouterr().err
+
+
 # -- decode --from tiers.json ------------------------------------------------------------------------
 def test_decode_command_runs_a_tier_manifest(runner, tmp_path, monkeypatch, capsys):
     from skipsearch.models.loading import LoadedModel

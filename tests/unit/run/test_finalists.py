@@ -14,7 +14,9 @@ from skipsearch.run.finalists import finalist_records, load_finalists, rescore
 from skipsearch.search.objective import make_scorer
 from skipsearch.search.results import TrialRecord
 from skipsearch.store import FINALISTS_FILE, SUMMARY_FILE
+from skipsearch.trees import TreeShape
 from tests.conftest import make_tokenizer, random_reference, tiny_model
+from tests.unit.conftest import rows_latency
 
 LAYERS = 6
 
@@ -111,3 +113,24 @@ def test_a_run_writes_its_finalists_and_its_verdict_ranks_by_them(
     text = (out / SUMMARY_FILE).read_text()
     assert "Finalists re-scored exactly" in text and "kernel plan: " in text
     assert f"{finalists[0].exact_score:.2f}x" in text.split("## Verdict")[1]
+
+
+def test_a_tree_finalist_is_re_scored_with_its_own_trees_rounds(measurement) -> None:
+    """A draft whose search chose the tree 2x1 is re-measured in rounds mode simulating that tree,
+    and its exact score is the tree's, from those rounds."""
+    tree = TreeShape.parse("2x1")
+    best = record(0, "a:2|m:2", 1.3)
+    best = TrialRecord(
+        **{**best.__dict__, "details": {**best.details, "tree": "2x1", "tree_tokens_per_round": 2.0}}
+    )
+    scorer = make_scorer(cost="calibrated", latency=rows_latency(0.0, LAYERS), trees=(tree,))
+    [finalist] = rescore([best], measurement, scorer, 1.0)
+    assert (finalist.tree, finalist.gamma) == ("2x1", tree.depth)
+    estimator = measurement.estimator
+    exact = Estimator(estimator.runner, estimator.reference, "rounds", round_tree=tree)
+    profile = exact.evaluate(SkipMask.parse("a:2|m:2", LAYERS), 1.0)
+    assert finalist.exact_tokens_per_round == profile.tree_tokens_per_round(tree)
+    assert (
+        finalist.exact_score
+        == scorer(SkipMask.parse("a:2|m:2", LAYERS), profile).details["score_by_tree"]["2x1"]
+    )

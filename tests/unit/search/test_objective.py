@@ -8,7 +8,8 @@ from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.search.objective import make_scorer
-from tests.unit.conftest import synthetic_latency
+from skipsearch.trees import TreeShape
+from tests.unit.conftest import rows_latency, synthetic_latency
 
 
 def test_context_changes_the_score_exactly_as_the_profile_says() -> None:
@@ -70,3 +71,31 @@ def test_a_context_outside_the_profile_needs_extrapolation() -> None:
     far = latency.for_context(4096, extrapolate=True)
     assert far.attn_time(0, 4096) == pytest.approx(1e-3 + 1e-6 * 4096)
     assert latency.attn_time(0, 4096) == pytest.approx(1e-3 + 1e-6 * 2048)  # clamped as before
+
+
+def _ranked(ranks: list[int], mask: SkipMask) -> AcceptanceProfile:
+    return AcceptanceProfile(
+        str(mask),
+        (tuple(rank == 0 for rank in ranks),),
+        ((1.0,) * len(ranks),),
+        0.0,
+        target_rank=(tuple(ranks),),
+    )
+
+
+def test_a_draft_keeps_the_best_of_its_chains_and_trees_by_what_rows_cost() -> None:
+    """The target is often the draft's second choice. Where the profile prices extra rows at
+    nothing, a tree wins and says so; where each row costs a step, the chain wins, and the score
+    keeps what each shape scored and what the best tree's verify would cost."""
+    mask = SkipMask(2, attn={1})
+    profile = _ranked([1, 0, 1, 0, 0, 1, 2, 0, 1, 0] * 8, mask)
+    trees = (TreeShape.parse("2x1"), TreeShape.parse("2x2x1"))
+    free = make_scorer(cost="calibrated", latency=rows_latency(0.0), trees=trees)(mask, profile)
+    costly = make_scorer(cost="calibrated", latency=rows_latency(1.0), trees=trees)(mask, profile)
+    assert free.details["tree"] in ("2x1", "2x2x1") and free.value > max(free.per_gamma.values())
+    assert costly.details["tree"] == "chain" and costly.value == max(costly.per_gamma.values())
+    assert set(costly.details["score_by_tree"]) == {"chain", "2x1", "2x2x1"}
+    rows, steps = costly.details["tree_verify_steps"]
+    assert rows in (5, 11) and steps > 2
+    closed = make_scorer(cost="closed-form", trees=trees)(mask, profile)  # prices no rows: chains only
+    assert "tree" not in closed.details

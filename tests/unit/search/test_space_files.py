@@ -10,6 +10,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern
 from skipsearch.search.space_files import SPACES_DIR, available_spaces, load_space
 from skipsearch.search.space_spec import SpaceSpec, TierSpec
+from skipsearch.trees import TreeShape
 from tests.unit.search.conftest import write_space
 
 
@@ -60,6 +61,9 @@ def test_load_by_path_equals_load_by_name() -> None:
         ("kind: sparse\nkv: [s4w0]\n", "kv"),
         ("kind: sparse\nkv: [1024]\n", "kv"),
         ("kind: sparse\nkv: [s4w64, s4w64]\n", "kv"),
+        ("kind: sparse\ntree: 2x1\n", "tree"),
+        ("kind: sparse\ntree: [2x0]\n", "tree"),
+        ("kind: sparse\ntree: [9x1]\n", "tree"),
         ("kind: tiers\nnum_tiers: 5\npolicy: {thresholds: [0.5]}\n", "num_tiers"),
         ("kind: tiers\nnum_tiers: 3\npolicy: {thresholds: [0.5]}\n", "policy.thresholds"),
         ("kind: tiers\nnum_tiers: 3\npolicy: {thresholds: [0.8, 0.5]}\n", "policy.thresholds"),
@@ -85,6 +89,14 @@ def test_a_space_lists_the_kv_patterns_every_mask_is_scored_with(tmp_path: Path)
     assert isinstance(spec, SpaceSpec)
     assert spec.kv == (None, KVPattern(4, 512), KVPattern(0, 64))
     assert load_space("sparse").kv == (None,)  # every key unless a space says otherwise
+
+
+def test_a_space_lists_the_token_trees_every_draft_is_also_scored_as(tmp_path: Path) -> None:
+    spec = load_space(write_space(tmp_path, "kind: sparse\ntree: [chain, 2x2x1, 3, 2x2x1]\n", "t.yaml"))
+    assert isinstance(spec, SpaceSpec)
+    assert spec.tree == (TreeShape((2, 2, 1)), TreeShape.chain(3))  # chains are always scored; once each
+    assert load_space(write_space(tmp_path, "kind: sparse\n", "plain.yaml")).tree == ()  # chains only
+    assert TreeShape.parse("2x2x1") in load_space("sparse").tree  # the shipped spaces weigh trees
 
 
 def test_file_level_errors(tmp_path: Path) -> None:

@@ -70,6 +70,10 @@ class TreeShape:
     def chain(cls, gamma: int) -> TreeShape:
         if gamma < 1:
             raise ConfigError(f"a chain drafts at least one token, got {gamma}")
+        if gamma > MAX_NODES:  # before the tuple is built: a huge number would not fit in memory
+            raise ConfigError(
+                f"a chain of {gamma} tokens is over the {MAX_NODES} nodes a verify may hold: pass {MAX_NODES} or fewer"
+            )
         return cls((1,) * gamma)
 
     def __str__(self) -> str:

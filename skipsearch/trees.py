@@ -72,7 +72,8 @@ class TreeShape:
             raise ConfigError(f"a chain drafts at least one token, got {gamma}")
         if gamma > MAX_NODES:  # before the tuple is built: a huge number would not fit in memory
             raise ConfigError(
-                f"a chain of {gamma} tokens is over the {MAX_NODES} nodes a verify may hold: pass {MAX_NODES} or fewer"
+                f"a chain of {gamma} tokens is over the {MAX_NODES} nodes a verify may hold: pass "
+                f"{MAX_NODES} or fewer"
             )
         return cls((1,) * gamma)
 

@@ -231,6 +231,20 @@ def number_list(name: str, text: str) -> list:
     return [bound.parse(part) for part in parts]
 
 
+def list_type(name: str) -> Callable[[str], list]:
+    """The argparse `type=` of a comma-separated list of setting `name`: checked when parsed, so a
+    list an option only reads in some modes is never a silent accept in the others."""
+
+    def parse(text: str) -> list:
+        try:
+            return number_list(name, text)
+        except ConfigError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parse.__name__ = "list"
+    return parse
+
+
 # -- the dtype: a setting with a legal set, not a range ---------------------------------------------
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 

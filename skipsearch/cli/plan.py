@@ -19,11 +19,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from skipsearch.cli.common import random_weights
+    from skipsearch.models.device import check_device
     from skipsearch.models.kernels import describe_cpu
     from skipsearch.models.loading import load_model
     from skipsearch.store import check_cache_dir, kernels_dir
 
     check_cache_dir()
+    check_device(args.device)
     loaded = load_model(args.model, args.device, args.dtype, random_weights(args), announce=False)
     device = describe_cpu() if args.device == "cpu" else args.device
     print(f"{loaded.model_id} on {device}:")

@@ -23,7 +23,7 @@ from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.profile_summary import ProfileSummary, summary
 from skipsearch.errors import ConfigError
 from skipsearch.models.random_weights import RandomWeights
-from skipsearch.options import number_list, option_type
+from skipsearch.options import list_type, option_type
 from skipsearch.store import check_cache_dir, check_output_file, default_profile_path
 
 MS = 1e3
@@ -40,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_weight_options(parser)
     parser.add_argument(
         "--context-lengths",
+        type=list_type("context_length"),
         default=",".join(map(str, DEFAULT_CONTEXT_LENGTHS)),
         help="KV-cache lengths to measure at, comma-separated (default %(default)s)",
     )
@@ -81,10 +82,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def context_lengths(text: str) -> tuple[int, ...]:
-    return tuple(number_list("context_length", text))
-
-
 def output_path(args: argparse.Namespace) -> Path:
     from skipsearch.models.loading import dtype_name
 
@@ -94,6 +91,7 @@ def output_path(args: argparse.Namespace) -> Path:
         if args.out
         else default_profile_path(name, args.device, dtype_name(args.device, args.dtype), args.graphs)
     )
+    check_output_file(path.with_suffix(".txt"), "--out (its tables, beside it)")
     return check_output_file(path, "--out")
 
 
@@ -123,7 +121,7 @@ def check_graphs_options(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from skipsearch.models.device import check_device
 
-    contexts = context_lengths(args.context_lengths)
+    contexts = tuple(args.context_lengths)
     weights = random_weights(args)
     if args.graphs:
         check_graphs_options(args)

@@ -33,7 +33,7 @@ from skipsearch.cost.closed_forms import (
 )
 from skipsearch.cost.memory import MemoryBudget, throughput_ratio
 from skipsearch.errors import ConfigError
-from skipsearch.options import BOUNDS, number_list, option_type
+from skipsearch.options import BOUNDS, list_type, option_type
 
 FORM_LABELS = {"sd": "SD", "ssd": "SSD general", "ssd_contiguous": "SSD contiguous"}
 DEFAULT_GAMMA_MAX = 8
@@ -50,7 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--alpha", type=option_type("alpha"), help="i.i.d. per-token acceptance rate in [0, 1]"
     )
     acceptance.add_argument(
-        "--alphas", help="acceptance by draft depth, alpha_1,alpha_2,... (comma-separated)"
+        "--alphas",
+        type=list_type("alphas"),
+        help="acceptance by draft depth, alpha_1,alpha_2,... (comma-separated)",
     )
     parser.add_argument("--gamma", default="best", help="draft length, or 'best' for the optimum (default)")
     parser.add_argument(
@@ -121,9 +123,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--table", action="store_true", help="print an alpha x gamma grid (docs/theory.md, Speedup)"
     )
     parser.add_argument(
-        "--table-alphas", default="0.6,0.7,0.8,0.9", help="grid columns (default %(default)s)"
+        "--table-alphas",
+        type=list_type("table_alphas"),
+        default="0.6,0.7,0.8,0.9",
+        help="grid columns (default %(default)s)",
     )
-    parser.add_argument("--table-gammas", default="1,2,3,4,6,8", help="grid rows (default %(default)s)")
+    parser.add_argument(
+        "--table-gammas",
+        type=list_type("table_gammas"),
+        default="1,2,3,4,6,8",
+        help="grid rows (default %(default)s)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -252,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     if args.alpha is not None:
         acceptance, result["alpha"] = args.alpha, args.alpha
     elif args.alphas is not None:
-        acceptance = result["alphas"] = number_list("alphas", args.alphas)
+        acceptance = result["alphas"] = args.alphas
     elif not args.table:
         raise ConfigError("give the acceptance: --alpha A or --alphas a1,a2,... (or --table for a grid)")
     if acceptance is not None:
@@ -264,8 +274,7 @@ def run(args: argparse.Namespace) -> int:
         if memory is not None:
             result["serving"] = _serving(memory, result["forms"])
     if args.table:
-        alphas = number_list("table_alphas", args.table_alphas)
-        gammas = number_list("table_gammas", args.table_gammas)
+        alphas, gammas = args.table_alphas, args.table_gammas
         result["table"] = {form.name: _grid(form, alphas, gammas) for form in forms}
     if args.json:
         print(json.dumps(result, indent=2))

@@ -95,4 +95,4 @@ def test_every_numeric_option_reads_its_declared_bound() -> None:
     ]
     assert not plain
     names = {action.type.__name__ for _, action in numeric_actions()}
-    assert names <= {"integer", "number", "dtype_type"}, names
+    assert names <= {"integer", "number", "list", "dtype_type"}, names

@@ -12,12 +12,16 @@
 - `Draft`, `SkipMask`, `KVPattern`: what a candidate draft is.
 
 The names load on first use (`skipsearch.api`), so `import skipsearch` and the light commands stay
-quick; the command line calls the same functions.
+quick; the command line calls the same functions. `skipsearch.search` is the function even once
+the subpackage of the same name is imported (`_Package`); the subpackage is reached by its
+dotted name (`from skipsearch.search import spaces`).
 """
 
 from __future__ import annotations
 
+import sys
 from importlib import import_module
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -53,3 +57,16 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'skipsearch' has no attribute {name!r}")
+
+
+class _Package(ModuleType):
+    """This package, whose API names win over its subpackages': importing `skipsearch.search` (the
+    search's package) would otherwise rebind `skipsearch.search` from the API's function to it."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -1,0 +1,73 @@
+"""The Python API (`skipsearch.api`, exported by `skipsearch`): its names, and a search on a tiny local
+model run and read back through it (the README's example on the real model: tests/integration/test_api.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import skipsearch
+from skipsearch.api import SearchResult
+from skipsearch.errors import ConfigError
+from tests.unit.conftest import SMALL
+
+pytestmark = pytest.mark.usefixtures("cache_in_tmp")
+
+
+def test_importing_skipsearch_loads_no_torch_and_exports_the_api() -> None:
+    code = (
+        "import sys, skipsearch; assert 'torch' not in sys.modules; "
+        "print(sorted(n for n in skipsearch.__all__ if not n.startswith('_')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [
+        "['DecodeResult',", "'Draft',", "'KVPattern',", "'SearchResult',", "'SkipMask',", "'decode',",
+        "'load_model',", "'search']",
+    ]  # fmt: skip
+
+
+def test_search_stays_the_function_once_the_search_package_is_imported() -> None:
+    import skipsearch.search.spaces  # binds the package's name on `skipsearch`, but for _Package
+
+    assert callable(skipsearch.search) and skipsearch.search.__module__ == "skipsearch.api"
+    from skipsearch.search import spaces
+
+    assert spaces.__name__ == "skipsearch.search.spaces"
+
+
+def test_a_search_runs_and_reads_back_its_result(model_dir: str, tmp_path: Path) -> None:
+    out = tmp_path / "api-run"
+    prompts = dict(zip(SMALL[::2], SMALL[1::2], strict=True))
+    result = skipsearch.search(
+        model_dir,
+        budget=3,
+        strategy="random",
+        out=out,
+        n_prompts=int(prompts["--n-prompts"]),
+        new_tokens=int(prompts["--new-tokens"]),
+        max_prompt_tokens=int(prompts["--max-prompt-tokens"]),
+        progress=False,
+    )
+    assert result.run_dir == out and len(result.trials) == 3 and result.measured_now == 3
+    assert result.tree == "chain" and result.gamma >= 1 and str(result.best.mask) == result.summary["mask"]
+    again = SearchResult.load(out)  # a finished run reads back the same
+    assert (again.best, again.gamma, again.predicted_speedup) == (
+        result.best,
+        result.gamma,
+        result.predicted_speedup,
+    )
+    with pytest.raises(ConfigError, match="budget"):  # a typed setting a resume cannot take
+        skipsearch.search(model_dir, budget=0, out=out, resume=True)
+
+
+def test_a_bad_setting_is_refused_before_any_work(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="budget"):
+        skipsearch.search(budget=0, out=tmp_path / "r")
+    with pytest.raises(ConfigError, match="tree"):
+        skipsearch.search(trees=["2x"], out=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(ConfigError, match=r"holds no best\.json"):
+        SearchResult.load(tmp_path)

@@ -80,21 +80,38 @@ def cache_dir() -> Path:
     naming the variable instead."""
     value = os.environ.get(CACHE_ENV)
     if value is not None:
-        return _absolute(value, CACHE_ENV, "the cache directory, e.g. ~/.cache/skipsearch, or unset it")
+        return _absolute(value, CACHE_ENV, "the cache would", "e.g. ~/.cache/skipsearch, or unset it")
     home = os.environ.get("HOME")
-    base = Path.home() if home is None else _absolute(home, "HOME", "your home directory")
-    return base / ".cache" / "skipsearch"
+    if home is None:
+        return Path.home() / ".cache" / "skipsearch"
+    fix = f"your home directory, or set {CACHE_ENV} to an absolute path"
+    return _absolute(home, "HOME", "the cache would", fix) / ".cache" / "skipsearch"
 
 
-def _absolute(value: str, variable: str, what: str) -> Path:
+def _absolute(value: str, variable: str, what: str, fix: str) -> Path:
     path = Path(value).expanduser() if value.strip() else None
     if path is None or not path.is_absolute():
         problem = "is empty" if path is None else f"is {value!r}, a relative path"
         raise ConfigError(
-            f"{variable} {problem}, so the cache would go wherever the command runs: set {variable} to "
-            f"an absolute path ({what}), or set {CACHE_ENV} to one"
+            f"{variable} {problem}, so {what} go wherever the command runs: set {variable} to an absolute "
+            f"path ({fix})"
         )
     return path
+
+
+def check_environment() -> None:
+    """`HOME` and `SKIPSEARCH_CACHE` as the command will use them, checked before anything is imported
+    that reads them: an empty or relative `HOME` has matplotlib and Hugging Face make their caches
+    under `/` or the current directory at import, before the cache's own check."""
+    home = os.environ.get("HOME")
+    if home is not None:
+        _absolute(
+            home,
+            "HOME",
+            "the caches of the libraries skipsearch uses (matplotlib's, ...) would",
+            "your home directory",
+        )
+    cache_dir()
 
 
 def check_cache_dir() -> Path:

@@ -14,11 +14,13 @@ import sys
 from typing import NoReturn
 
 from skipsearch.errors import SkipsearchError
+from skipsearch.store import check_environment
 
 COMMANDS = ("models", "plan", "measure", "speedup", "profile", "decode", "run", "compare", "report", "export")
 
 
 _NOT_TYPED = object()
+WRITES_NOTHING = ("speedup",)  # arithmetic only: no cache, no library that writes under HOME
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -69,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as stop:  # --help (0), or a bad option, reported in one line (2)
         return int(stop.code or 0)
     args.typed = typed_options(argv, args)
+    if args.command not in WRITES_NOTHING:
+        try:
+            check_environment()
+        except SkipsearchError as error:
+            print(f"skipsearch: error: {error}", file=sys.stderr)
+            return 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

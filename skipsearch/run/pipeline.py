@@ -26,7 +26,7 @@ from skipsearch.progress import console, status
 from skipsearch.run.finalists import FINALISTS
 from skipsearch.run.owner import run_owner
 from skipsearch.run.preflight import SearchSetup, build_search, check_searches, preflight, resumed_config
-from skipsearch.search.study import ProgressCallback, SearchResult
+from skipsearch.search.study import ProgressCallback, SearchResult, journal_storage
 from skipsearch.store import CACHE_DIR, DRAFT_VOCAB_FILE, RUN_FILE
 
 if TYPE_CHECKING:  # heavy (torch) types: imported where they are used
@@ -126,6 +126,9 @@ def prepare_config(
     `run_owner`'s."""
     if resume:
         config, compare = resumed_config(out, config, typed, compare)
+        journal_storage(
+            out
+        )  # a damaged journal fails now, not after the model loaded and run.yaml was rewritten
     strategies = (config.strategy,) if compare is None else compare_strategies(compare)
     if compare is not None:
         check_compare(config, compare)

@@ -10,6 +10,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.store import (
     cache_dir,
     check_cache_dir,
+    check_environment,
     check_output_dir,
     check_output_file,
     default_profile_path,
@@ -105,3 +106,17 @@ def test_a_directory_the_process_cannot_write_is_refused(
     monkeypatch.setattr("skipsearch.store.tempfile.mkstemp", refuse)
     with pytest.raises(ConfigError, match=r"--out .*out cannot be written \(.*Permission denied\)"):
         check_output_dir(tmp_path / "out", "--out")
+
+
+def test_an_empty_home_is_refused_even_with_a_cache_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """matplotlib makes its cache under HOME at import: an empty HOME put it into `/`."""
+    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", "")
+    with pytest.raises(
+        ConfigError, match=r"HOME is empty, so the caches of the libraries .* set HOME to an absolute"
+    ):
+        check_environment()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    check_environment()

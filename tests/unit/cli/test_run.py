@@ -311,3 +311,48 @@ def test_a_run_scores_each_mask_with_each_kv_pattern_and_says_which_wins(
     assert finalist_patterns and finalist_patterns <= {"full", "s1w6"}
     assert "with each KV pattern full" in (out / "summary.md").read_text()
     assert RunConfig.load(out / RUN_FILE)[0].kv == (None, KVPattern(1, 6))
+
+
+# -- a space file's settings reach the search -------------------------------------------------------
+def test_a_space_files_gamma_bounds_reach_the_search_and_run_yaml(
+    model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A space that allows only γ = 4 scores every mask at 4 (the audit's run reported 1, with 8 in
+    run.yaml); a --gamma-max below its gamma_min is one line, before anything is written."""
+    space = tmp_path / "g4.yaml"
+    space.write_text("kind: sparse\ngamma_min: 4\ngamma_max: 4\n")
+    out = tmp_path / "r"
+    assert main(run_args(model_dir, out, "--space", str(space), "--budget", "2", "--strategy", "random")) == 0
+    capsys.readouterr()
+    config = RunConfig.load(out / RUN_FILE)[0]
+    assert (config.gamma_min, config.gamma_max) == (4, 4)
+    assert json.loads((out / "best.json").read_text())["gamma_best"] == 4
+    err = one_line_error(
+        capsys, *run_args(model_dir, tmp_path / "r3", "--space", str(space), "--gamma-max", "3")
+    )
+    assert "--gamma-max 3 is below the space's gamma_min=4" in err and "pass --gamma-max 4 or more" in err
+    assert not (tmp_path / "r3").exists()
+
+
+def test_an_interrupt_before_the_first_trial_says_nothing_was_kept(
+    model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "search_one", interrupted)
+    assert main(run_args(model_dir, tmp_path / "r", "--budget", "2")) == 130
+    assert "no trial had finished, so nothing was kept" in capsys.readouterr().err
+
+
+def test_a_journal_of_records_that_are_no_operations_is_refused_before_the_model_loads(
+    finished_run: Path, model_dir: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole JSON that Optuna cannot replay (a KeyError in its reader): one line naming the file,
+    before the model loads and before run.yaml is rewritten."""
+    monkeypatch.setattr(pipeline, "open_context", lambda *a: pytest.fail("the model was loaded"))
+    (finished_run / JOURNAL_FILE).write_text('{"op_code": 0}\n')
+    before = digest(finished_run / RUN_FILE)
+    err = one_line_error(capsys, "run", "--model", model_dir, "--out", str(finished_run), "--resume")
+    assert "optuna.journal is damaged: a record is whole JSON but not an Optuna journal operation" in err
+    assert digest(finished_run / RUN_FILE) == before

@@ -1,115 +1,822 @@
-"""Bad input, the way a new user and a hostile tester type it: every case one line and exit 2?
+"""Bad input, the way a hostile tester types it: every option of every sub-command, every path,
+every stored setting on `--resume`, interrupts and the environment (issues 20 and 51).
 
-Issue 20's audit, as a script: each case runs `skipsearch` in a fresh process against a tiny random
-Llama saved as a local model directory (as the tests build it) or the embedded model where a case
-needs real weights, in a scratch directory. A case passes when the command exits 2 with exactly one
-line on stderr that starts with `skipsearch: error:`; any `Traceback` fails it. Prints one row per
-case and the totals; exits 1 when any case failed.
+Each case runs `skipsearch` in a fresh process, in an empty directory of its own, with a 60 s limit,
+against a tiny random Llama saved as a local model directory (as the tests build it), with the
+cache and `HOME` in a scratch directory. The cases are generated:
 
-Run: `.venv/bin/python experiments/audit_inputs.py` (about two minutes on two cores).
+- every option of every sub-command, as `skipsearch COMMAND --help` lists them (the experiment
+  never imports the command line: it reads it as a user does), added to a command that works:
+  a value option with 0, -1, nan, inf, a huge number and a word; a flag on its own;
+- every path option (outputs and inputs) given a file, a directory, a path whose parent is
+  missing, a place that cannot be written and a name longer than a file name may be;
+- `--resume` of a finished run and of a finished compare with each stored setting typed
+  differently, across kinds, and after SIGINT and SIGKILL;
+- `HOME` and `SKIPSEARCH_CACHE` empty, relative, a file, under a file, unwritable;
+- files in bad formats (GGUF cut short, journals empty or damaged, `run.yaml` damaged).
+
+A case fails on: a traceback; a hang (60 s); an exit code other than 0, 2 (1 for a decode that was
+not lossless, 130 for an interrupt); a refusal that is not exactly one `skipsearch: error:` line;
+a silent accept (exit 0 for a value outside the option's declared bound, `skipsearch.options`);
+a file written outside the paths the case named and the cache, or anything left behind by a
+command that failed (a half-made directory, a rewritten file); a resume that does not restore
+what was stored. Writes `results/trust/audit.md` (totals by class, every failure) and exits 1 when
+any case failed.
+
+Run as root here: root writes through any mode bits, so "cannot be written" is a path under a
+regular file (ENOTDIR) and one in `/sys/kernel` (EACCES even for root), not a `chmod`ed directory.
+
+Run: `.venv/bin/python experiments/audit_inputs.py [--jobs 2] [--only PATTERN]` (about 35 minutes
+on two cores).
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
+import concurrent.futures
 import os
-import struct
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from race import tiny_model_dir
 
+from skipsearch.errors import ConfigError
+from skipsearch.options import DECLARED, Bound
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 60
 SMALL = ["--n-prompts", "1", "--new-tokens", "4", "--max-prompt-tokens", "16"]
+COMMANDS = ("models", "plan", "measure", "speedup", "profile", "decode", "run", "compare", "report", "export")
+VALUES = {
+    "zero": "0",
+    "negative": "-1",
+    "nan": "nan",
+    "inf": "inf",
+    "huge": "99999999999999999999",
+    "word": "many",
+}
+UNWRITABLE = Path("/sys/kernel/skipsearch-audit")  # EACCES for root too
+LONG_NAME = "x" * 300  # a file name may have 255 bytes
+# The bound an option reads where its name alone does not say (`skipsearch.options.DECLARED`).
+BOUND_OF = {
+    ("profile", "--repeats"): "profile_repeats",
+    ("decode", "--seed"): "decode_seed",
+    ("decode", "--max-new-tokens"): "new_tokens",
+    ("decode", "--draft-stop"): "round_stop",
+    ("profile", "--context-lengths"): "context_length",
+    ("speedup", "--gamma"): "gamma",
+}
+# Options in the base command that the option under test cannot be given with.
+CONFLICTS = {
+    "--alphas": ("--alpha",),
+    "--mask": ("--skip",),
+    "--attn-skip": ("--skip",),
+    "--mlp-skip": ("--skip",),
+    "--from": ("--skip",),
+}
+# Path options: outputs (a file or a directory the command writes) and inputs it reads.
+OUTPUTS = {
+    ("run", "--out"): "dir",
+    ("compare", "--out"): "dir",
+    ("export", "--out"): "dir",
+    ("profile", "--out"): "file",
+    ("measure", "--json"): "file",
+    ("decode", "--json"): "file",
+}
+INPUTS = {
+    ("measure", "--model"),
+    ("measure", "--prompts"),
+    ("measure", "--latency-profile"),
+    ("run", "--space"),
+    ("decode", "--from"),
+    ("report", "RUN"),
+    ("export", "RUN"),
+}
 
 
-def cases(model: str, scratch: Path) -> list[tuple[str, list[str]]]:
-    """(name, arguments) of every bad input; files they need are made in `scratch`."""
-    truncated = scratch / "truncated.gguf"
-    truncated.write_bytes(b"GGUF" + struct.pack("<I", 3) + b"\x00" * 14)
-    not_gguf = scratch / "fake.gguf"
-    not_gguf.write_bytes(b"not a gguf at all")
-    stranger = scratch / "someone-elses"
-    stranger.mkdir()
-    (stranger / "notes.txt").write_text("not a run")
-    bad_best = scratch / "best.json"
-    bad_best.write_text('{"mask": "a:4|m:4", "gamma_best": -4}')
-    no_mask = scratch / "nomask.json"
-    no_mask.write_text('{"gamma": 2}')
-    empty_prompts = scratch / "empty.jsonl"
-    empty_prompts.write_text("")
-    run = ["run", "--model", model, *SMALL]
+@dataclass
+class Case:
+    """One command line to run in a fresh process, in its own empty directory `{case}`."""
+
+    group: str
+    name: str
+    argv: list[str]
+    refuse: bool = False  # the case must exit 2
+    env: dict[str, str | None] = field(default_factory=dict)  # None: unset the variable
+    outputs: tuple[str, ...] = ()  # paths (relative to the case directory) the case may write
+    copies: dict[str, Path] = field(default_factory=dict)  # name in the case directory -> fixture
+    codes: tuple[int, ...] = (0, 2)
+    check: Callable[[Path, subprocess.CompletedProcess], str] | None = None  # '' when it holds
+
+
+@dataclass
+class Outcome:
+    case: Case
+    code: int | None
+    seconds: float
+    failures: list[str]
+    last_line: str
+
+
+# -- the options, as the command line lists them ---------------------------------------------------
+def help_options(command: str) -> list[tuple[str, bool]]:
+    """(option, takes a value) of every option `skipsearch COMMAND --help` lists, `-h` aside."""
+    text = subprocess.run(
+        [sys.executable, "-m", "skipsearch", command, "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    return options_in_help(text)
+
+
+def options_in_help(text: str) -> list[tuple[str, bool]]:
+    """The options of one command's help text: `  --name VALUE  help` takes a value, `  --name  help`
+    does not."""
+    found = []
+    for line in text.splitlines():
+        match = re.match(r"^  (?:-\w, )?(--[a-z][\w-]*)(.*)$", line)
+        if match and match.group(1) != "--help":
+            rest = match.group(2)
+            takes_value = rest.startswith(" ") and not rest.startswith("  ") and rest.strip() != ""
+            found.append((match.group(1), takes_value))
+    return found
+
+
+def bound_of(command: str, option: str) -> Bound | None:
+    name = BOUND_OF.get((command, option))
+    by_option = {b.option: b for b in DECLARED if b.name not in BOUND_OF.values()}
+    return next((b for b in DECLARED if b.name == name), None) if name else by_option.get(option)
+
+
+def must_refuse(bound: Bound | None, text: str) -> bool:
+    """Whether `text` is outside the option's declared bound (nothing is known of a string option)."""
+    if bound is None:
+        return False
+    try:
+        bound.parse(text)
+    except ConfigError:
+        return True
+    return False
+
+
+# -- the commands that work, to add one option to --------------------------------------------------
+def base(command: str, model: str, fixtures: Path) -> tuple[list[str], dict[str, Path]]:
+    """A command line that succeeds quickly, and the fixtures it needs copied into the case."""
+    lines = {
+        "models": "",
+        "plan": "--model M",
+        "measure": "--model M SMALL --skip 2",
+        "speedup": "--alpha 0.8 --c 0.3",
+        "profile": "--model M --repeats 2 --processes 1 --warmup 0 --context-lengths 16 --out p.json",
+        "decode": "--model M SMALL --skip 2 --repeats 1",
+        "run": "--model M SMALL --budget 2 --strategy random --out r",
+        "compare": "--model M SMALL --budget 2 --seeds 1 --strategies random --out c",
+        "report": "run",
+        "export": "run",
+    }
+    words = [w for word in lines[command].split() for w in ({"M": [model], "SMALL": SMALL}.get(word, [word]))]
+    copies = {"run": fixtures / "run"} if command in ("report", "export") else {}
+    return [command, *words], copies
+
+
+def with_option(argv: list[str], option: str, value: str | None) -> list[str]:
+    """`argv` with `option` (and its value) set: replaced where given, added otherwise."""
+    argv = list(argv)
+    for dropped in (option, *CONFLICTS.get(option, ())):
+        if dropped in argv:
+            at = argv.index(dropped)
+            del argv[at : at + 2]
+    return argv + [option] + ([] if value is None else [value])
+
+
+def outputs_of(argv: list[str]) -> tuple[str, ...]:
+    """The paths a command line names for its outputs."""
+    return tuple(argv[i + 1] for i, word in enumerate(argv[:-1]) if word in ("--out", "--json"))
+
+
+def option_cases(model: str, fixtures: Path) -> list[Case]:
+    cases = []
+    for command in COMMANDS:
+        line, copies = base(command, model, fixtures)
+        for option, takes_value in help_options(command):
+            bound = bound_of(command, option)
+            values = VALUES.items() if takes_value else [("flag", None)]
+            for kind, value in values:
+                argv = with_option(line, option, value)
+                refuse = value is not None and must_refuse(bound, value)
+                name = f"{command} {option}" + ("" if value is None else f" {value}")
+                cases.append(
+                    Case(
+                        f"value: {kind}",
+                        name,
+                        argv,
+                        refuse,
+                        outputs=outputs_of(argv),
+                        copies=dict(copies),
+                        codes=(0, 1, 2) if command == "decode" else (0, 2),
+                    )
+                )
+    return cases
+
+
+# -- paths ----------------------------------------------------------------------------------------
+def path_cases(model: str, fixtures: Path) -> list[Case]:
+    """Every path option with a file, a directory, a missing parent, an unwritable place and an
+    over-long name. `file` and `dir` exist in every case directory."""
+    kinds = {
+        "a file": "file",
+        "a directory": "dir",
+        "a missing parent": "missing/parent/x",
+        "an unwritable place": str(UNWRITABLE / "x"),
+        "under a file": "file/x",
+        "an over-long name": LONG_NAME,
+    }
+    cases = []
+    for (command, option), want in {**OUTPUTS, **dict.fromkeys(INPUTS, "input")}.items():
+        line, copies = base(command, model, fixtures)
+        for kind, path in kinds.items():
+            argv = [command, path] if option == "RUN" else with_option(line, option, path)
+            # An output that is a new path in a directory that can be made is legal; the rest is not.
+            legal = want != "input" and (
+                path == "missing/parent/x"
+                or (path == "dir" and want == "dir")
+                or (path == "file" and want == "file")
+            )
+            if command == "measure" and option == "--prompts":
+                legal = False  # none of these is a prompt file
+            refuse = not legal
+            if want == "input" and path == "dir" and option in ("--model",):
+                refuse = True  # a directory without config.json
+            cases.append(
+                Case(
+                    f"path: {kind}",
+                    f"{command} {option} {kind}",
+                    argv,
+                    refuse,
+                    outputs=outputs_of(argv),
+                    copies=dict(copies),
+                    codes=(0, 1, 2) if command == "decode" else (0, 2),
+                )
+            )
+    return cases
+
+
+# -- resume -----------------------------------------------------------------------------------------
+RUN_CHANGES = [
+    ("--seed", "1"),
+    ("--space", "contiguous"),
+    ("--strategy", "uniform"),
+    ("--sampler", "gp"),
+    ("--gamma-max", "4"),
+    ("--objective", "acceptance"),
+    ("--cost", "calibrated"),
+    ("--temperature", "0.5"),
+    ("--n-prompts", "2"),
+    ("--max-prompt-tokens", "24"),
+    ("--new-tokens", "6"),
+    ("--prompt-seed", "1"),
+    ("--mode", "self"),
+    ("--round-gamma", "2"),
+    ("--dtype", "float16"),
+    ("--device", "meta"),
+    ("--prompts", "stdlib"),
+    ("--context", "64"),
+    ("--extrapolate-context", None),
+    ("--importance", "measured"),
+    ("--draft-vocab", "8"),
+    ("--kv-window", "8"),
+    ("--pareto", None),
+    ("--warm-start", None),
+    ("--model", "smollm2-135m"),
+]
+COMPARE_CHANGES = [("--seeds", "2"), ("--strategies", "uniform"), ("--random-multiple", "2")]
+
+
+def stored_config(run_dir: Path) -> dict:
+    import yaml
+
+    data = yaml.safe_load((run_dir / "run.yaml").read_text())
+    return {key: value for key, value in data.items() if key != "provenance"}
+
+
+def unchanged_but_budget(name: str, budget: int) -> Callable[[Path, subprocess.CompletedProcess], str]:
+    """The resumed directory keeps every stored setting, the budget now `budget`, and its journal
+    holds exactly the studies it had, each finished to the budget."""
+
+    def check(case_dir: Path, result: subprocess.CompletedProcess) -> str:
+        import yaml
+
+        copy = case_dir / name
+        before = yaml.safe_load((case_dir.parent.parent / "fixtures" / name / "run.yaml").read_text())
+        after = yaml.safe_load((copy / "run.yaml").read_text())
+        before["config"]["budget"] = budget
+        for key in ("kind", "config", "compare"):
+            if before.get(key) != after.get(key):
+                return f"run.yaml's {key} changed on resume"
+        studies = finished_trials(copy)
+        expected = {"run": ["random"], "compare": ["random-s0"]}[name]
+        if sorted(studies) != expected or any(n != budget for n in studies.values()):
+            return f"studies after resume {studies}, expected {expected} with {budget} trials each"
+        return ""
+
+    return check
+
+
+def finished_trials(run_dir: Path) -> dict[str, int]:
+    import optuna
+    from optuna.trial import TrialState
+
+    from skipsearch.search.study import journal_storage
+
+    storage = journal_storage(run_dir)
+    return {
+        name: len(
+            optuna.load_study(study_name=name, storage=storage).get_trials(states=(TrialState.COMPLETE,))
+        )
+        for name in optuna.study.get_all_study_names(storage)
+    }
+
+
+def resume_cases(fixtures: Path) -> list[Case]:
+    cases = []
+    compare_changes = [
+        c for c in RUN_CHANGES if c[0] != "--strategy"
+    ] + COMPARE_CHANGES  # compare has no --strategy
+    for kind, changes in (("run", RUN_CHANGES), ("compare", compare_changes)):
+        for option, value in changes:
+            argv = [kind, "--out", kind, "--resume", option, *([] if value is None else [value])]
+            cases.append(
+                Case(
+                    "resume: a stored setting typed differently",
+                    f"{kind} --resume {option} {value or ''}".strip(),
+                    argv,
+                    True,
+                    outputs=(kind,),
+                    copies={kind: fixtures / kind},
+                )
+            )
+        cases.append(
+            Case(
+                "resume: restores every stored setting",
+                f"{kind} --resume --budget 3",
+                [kind, "--out", kind, "--resume", "--budget", "3"],
+                False,
+                outputs=(kind,),
+                copies={kind: fixtures / kind},
+                check=unchanged_but_budget(kind, 3),
+            )
+        )
+        cases.append(
+            Case(
+                "resume: restores every stored setting",
+                f"{kind} --resume --seed 0 (as stored)",
+                [kind, "--out", kind, "--resume", "--seed", "0"],
+                False,
+                outputs=(kind,),
+                copies={kind: fixtures / kind},
+                check=unchanged_but_budget(kind, 2),
+            )
+        )
+    cases.append(
+        Case(
+            "resume: across kinds",
+            "run --resume of a compare",
+            ["run", "--out", "compare", "--resume"],
+            True,
+            outputs=("compare",),
+            copies={"compare": fixtures / "compare"},
+        )
+    )
+    cases.append(
+        Case(
+            "resume: across kinds",
+            "compare --resume of a run",
+            ["compare", "--out", "run", "--resume"],
+            True,
+            outputs=("run",),
+            copies={"run": fixtures / "run"},
+        )
+    )
+    return cases
+
+
+# -- the environment ----------------------------------------------------------------------------------
+def environment_cases(model: str, fixtures: Path) -> list[Case]:
+    settings = {
+        "HOME empty": {"SKIPSEARCH_CACHE": None, "HOME": ""},
+        "HOME relative": {"SKIPSEARCH_CACHE": None, "HOME": "home"},
+        "SKIPSEARCH_CACHE empty": {"SKIPSEARCH_CACHE": ""},
+        "SKIPSEARCH_CACHE relative": {"SKIPSEARCH_CACHE": "cache"},
+        "SKIPSEARCH_CACHE a file": {"SKIPSEARCH_CACHE": "{case}/file"},
+        "SKIPSEARCH_CACHE under a file": {"SKIPSEARCH_CACHE": "{case}/file/cache"},
+        "SKIPSEARCH_CACHE unwritable": {"SKIPSEARCH_CACHE": str(UNWRITABLE / "cache")},
+    }
+    cases = []
+    for command in ("plan", "measure", "profile", "decode", "run", "compare"):
+        line, _ = base(command, model, fixtures)
+        for name, env in settings.items():
+            cases.append(
+                Case(
+                    f"environment: {name}",
+                    f"{command} with {name}",
+                    line,
+                    True,
+                    env=env,
+                    outputs=outputs_of(line),
+                )
+            )
+    return cases
+
+
+# -- files in bad formats ------------------------------------------------------------------------------
+def format_cases(model: str, fixtures: Path) -> list[Case]:
+    gguf = fixtures / "model.gguf"
+    cases = []
+    for size in (20, 5000, 2_000_000, 40_000_000):
+        cut = fixtures / f"cut-{size}.gguf"
+        if gguf.is_file():
+            with gguf.open("rb") as handle:
+                cut.write_bytes(handle.read(size))
+            cases.append(
+                Case(
+                    "format: a GGUF cut short",
+                    f"measure --model a GGUF cut at {size:,} bytes",
+                    ["measure", "--model", str(cut), "--skip", "2", *SMALL],
+                    True,
+                )
+            )
+    (fixtures / "fake.gguf").write_bytes(b"not a gguf at all")
+    cases.append(
+        Case(
+            "format: not a GGUF",
+            "measure --model fake.gguf",
+            ["measure", "--model", str(fixtures / "fake.gguf"), "--skip", "2"],
+            True,
+        )
+    )
+    for what, text in (
+        ("empty", ""),
+        ("damaged", '{"op_code": 0}\n'),
+        ("not JSON", "{{{\n"),
+        ("a list", "[1]\n"),
+    ):
+        run = fixtures / f"journal-{what.replace(' ', '-')}"
+        shutil.copytree(fixtures / "run", run)
+        (run / "optuna.journal").write_text(text)
+        for command in (["report", "run"], ["export", "run"], ["run", "--out", "run", "--resume"]):
+            # A journal whose records are not JSON is cut to its whole records (none here), and saved
+            # beside it; a run resumes from that, as from an empty one. Whole JSON that is no Optuna
+            # operation is refused.
+            # Export reads best.json and only the journal's early exits, so an empty journal costs it
+            # nothing; report reads the study itself.
+            refuse = command[0] == "report" or what in ("damaged", "a list")
+            cases.append(
+                Case(
+                    f"format: a journal {what}",
+                    f"{command[0]} with a journal {what}",
+                    command,
+                    refuse,
+                    outputs=("run",),
+                    copies={"run": run},
+                )
+            )
+    for what, text in (("empty", ""), ("not YAML", "{{{"), ("a list", "- 1\n"), ("a bad budget", None)):
+        run = fixtures / f"runyaml-{what.replace(' ', '-')}"
+        shutil.copytree(fixtures / "run", run)
+        if text is None:
+            text = (run / "run.yaml").read_text().replace("budget: 2", "budget: .nan")
+        (run / "run.yaml").write_text(text)
+        for command in (["report", "run"], ["run", "--out", "run", "--resume"]):
+            cases.append(
+                Case(
+                    f"format: run.yaml {what}",
+                    f"{command[0]} with run.yaml {what}",
+                    command,
+                    True,
+                    outputs=("run",),
+                    copies={"run": run},
+                )
+            )
+    return cases
+
+
+# -- running one case -----------------------------------------------------------------------------------
+def snapshot(directory: Path) -> dict[str, tuple]:
+    """Every path under `directory`: (size, mtime) of files, () of directories."""
+    seen = {}
+    for parent, folders, files in os.walk(directory):
+        for name in folders:
+            seen[os.path.relpath(os.path.join(parent, name), directory)] = ()
+        for name in files:
+            path = os.path.join(parent, name)
+            try:
+                stat = os.lstat(path)
+            except OSError:
+                continue
+            seen[os.path.relpath(path, directory)] = (stat.st_size, stat.st_mtime_ns)
+    return seen
+
+
+def error_lines(stderr: str) -> list[str]:
+    """Stderr without progress bars and log records: what a refusal must keep to one line."""
     return [
-        ("--out /", [*run, "--out", "/"]),
-        ("--out a directory of other files", [*run, "--out", str(stranger)]),
-        ("--out under a file", [*run, "--out", str(bad_best / "x")]),
-        ("--resume with no run", [*run, "--out", str(scratch / "none"), "--resume"]),
-        ("--budget 0", [*run, "--budget", "0", "--out", str(scratch / "b0")]),
-        ("--budget -3", [*run, "--budget", "-3", "--out", str(scratch / "b3")]),
-        ("unknown space", [*run, "--space", "nope", "--out", str(scratch / "s")]),
-        ("--context 0", [*run, "--context", "0", "--out", str(scratch / "c0")]),
-        ("--context -5 --extrapolate-context", [*run, "--context", "-5", "--extrapolate-context"]),
-        ("--gamma-max 0", [*run, "--gamma-max", "0", "--out", str(scratch / "g0")]),
-        ("--draft-vocab 0", [*run, "--draft-vocab", "0", "--out", str(scratch / "v0")]),
-        (
-            "--draft-vocab big",
-            ["measure", "--model", model, *SMALL, "--skip", "2", "--draft-vocab", "9999999"],
-        ),
-        ("unknown model", ["measure", "--model", "no-such-model", "--skip", "2"]),
-        ("a file that is not a GGUF", ["measure", "--model", str(not_gguf), "--skip", "2"]),
-        ("a truncated GGUF header", ["measure", "--model", str(truncated), "--skip", "2"]),
-        ("a backwards range", ["measure", "--model", model, *SMALL, "--skip", "5-2"]),
-        ("a layer past the depth", ["measure", "--model", model, *SMALL, "--skip", "40"]),
-        ("a mangled mask", ["measure", "--model", model, *SMALL, "--mask", "zz:1,2|q"]),
-        ("two masks", ["measure", "--model", model, *SMALL, "--skip", "2", "--mask", "a:1|m:1"]),
-        ("--dtype nonsense", ["measure", "--model", model, *SMALL, "--skip", "2", "--dtype", "float7"]),
-        (
-            "--device cuda without one",
-            ["measure", "--model", model, *SMALL, "--skip", "2", "--device", "cuda"],
-        ),
-        (
-            "a prompt past the context",
-            ["measure", "--model", model, "--skip", "2", "--max-prompt-tokens", "9000"],
-        ),
-        (
-            "an empty prompt file",
-            ["measure", "--model", model, *SMALL, "--skip", "2", "--prompts", str(empty_prompts)],
-        ),
-        ("decode --from a bad gamma_best", ["decode", "--model", model, *SMALL, "--from", str(bad_best)]),
-        ("decode --from a file with no mask", ["decode", "--model", model, *SMALL, "--from", str(no_mask)]),
-        ("decode --gamma 0", ["decode", "--model", model, *SMALL, "--skip", "2", "--gamma", "0"]),
-        ("decode --repeats 0", ["decode", "--model", model, *SMALL, "--skip", "2", "--repeats", "0"]),
-        ("report of no run", ["report", str(scratch / "none")]),
-        ("export of no run", ["export", str(scratch / "none")]),
-        ("speedup --alpha 2", ["speedup", "--alpha", "2", "--gamma", "3", "--c", "0.3"]),
-        ("profile --context-lengths x", ["profile", "--model", model, "--context-lengths", "x"]),
-        ("profile --out a directory", ["profile", "--model", model, "--out", str(stranger)]),
+        line
+        for line in stderr.splitlines()
+        if line.strip()
+        and "━" not in line
+        and "%|" not in line
+        and not re.match(r"(WARNING|INFO|DEBUG) ", line)
     ]
 
 
-def main() -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        scratch = Path(tmp)
-        model = tiny_model_dir(scratch / "tiny-model")
-        env = {**os.environ, "SKIPSEARCH_CACHE": str(scratch / "cache")}
-        failures = 0
-        bad_inputs = cases(model, scratch)
-        print(f"{'case':<40} {'exit':>4}  one line  traceback")
-        for name, args in bad_inputs:
-            out = subprocess.run(
-                [sys.executable, "-m", "skipsearch", *args], capture_output=True, text=True, env=env, cwd=tmp
+def run_case(case: Case, scratch: Path, number: int) -> Outcome:
+    case_dir = scratch / "cases" / f"{number:04d}"
+    case_dir.mkdir(parents=True)
+    (case_dir / "file").write_text("a file that is not a run\n")
+    (case_dir / "dir").mkdir()
+    for name, fixture in case.copies.items():
+        shutil.copytree(fixture, case_dir / name)
+    env = {**os.environ, "HOME": str(scratch / "home"), "SKIPSEARCH_CACHE": str(scratch / "cache")}
+    for key, value in case.env.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value.replace("{case}", str(case_dir))
+    before, home_before, root_before = snapshot(case_dir), snapshot(scratch / "home"), set(os.listdir("/"))
+    start = time.monotonic()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "skipsearch", *case.argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=case_dir,
+            timeout=TIMEOUT,
+        )
+        code: int | None = result.returncode
+    except subprocess.TimeoutExpired as expired:
+        result = subprocess.CompletedProcess(case.argv, -1, expired.stdout or "", expired.stderr or "")
+        code = None
+    seconds = time.monotonic() - start
+    stderr = (
+        result.stderr if isinstance(result.stderr, str) else (result.stderr or b"").decode(errors="replace")
+    )
+    failures = judge(case, code, stderr, case_dir, before)
+    if snapshot(scratch / "home") != home_before:
+        failures.append("wrote into HOME")
+    if set(os.listdir("/")) != root_before:
+        failures.append("wrote into /")
+    if not failures and code == 0 and case.check is not None:
+        why = case.check(case_dir, result)
+        failures += [why] if why else []
+    lines = error_lines(stderr)
+    shutil.rmtree(case_dir, ignore_errors=True)
+    return Outcome(case, code, seconds, failures, lines[-1] if lines else "")
+
+
+def named(path: str, output: str) -> bool:
+    """Whether `path` is what a case named `output` may write: the output itself, what is inside
+    it, a directory made on the way to it, or the tables a profile writes beside itself."""
+    return (
+        path in (output, os.path.splitext(output)[0] + ".txt")
+        or path.startswith(output + os.sep)
+        or output.startswith(path + os.sep)
+    )
+
+
+def judge(case: Case, code: int | None, stderr: str, case_dir: Path, before: dict[str, tuple]) -> list[str]:
+    failures = []
+    if code is None:
+        return ["hang"]
+    if "Traceback" in stderr:
+        failures.append("traceback")
+    if code not in case.codes:
+        failures.append(f"exit {code}")
+    if code == 2:
+        lines = error_lines(stderr)
+        if len(lines) != 1 or not lines[0].startswith("skipsearch: error: "):
+            failures.append("not one line")
+    if case.refuse and code in (0, 1):
+        failures.append("silent accept")
+    after = snapshot(case_dir)
+    allowed = tuple(os.path.normpath(p) for p in (*case.outputs, *case.copies) if not os.path.isabs(p))
+    changed = [p for p in after if before.get(p) != after[p]] + [p for p in before if p not in after]
+    # The owner's lock file records its holder's pid, and a journal torn by a killed writer is cut
+    # to its whole records with the original kept beside it (docs/search.md): both by design.
+    changed = [p for p in changed if not re.search(r"(^|/)(\.owner\.lock|optuna\.journal(\.torn-\d+)?)$", p)]
+    if code == 2:
+        if changed:
+            failures.append(f"left behind: {changed[0]}")
+    else:
+        stray = [p for p in changed if not any(named(p, a) for a in allowed)]
+        if stray:
+            failures.append(f"wrote outside its outputs: {stray[0]}")
+    return failures
+
+
+# -- interrupts ------------------------------------------------------------------------------------------
+def interrupt_outcomes(model: str, scratch: Path) -> list[Outcome]:
+    """A run and a compare stopped by SIGINT and by SIGKILL once a trial finished, then resumed:
+    the interrupt says how to resume; the resume finishes the budget with every trial kept."""
+    outcomes = []
+    env = {**os.environ, "HOME": str(scratch / "home"), "SKIPSEARCH_CACHE": str(scratch / "cache")}
+    for kind in ("run", "compare"):
+        for sig in (signal.SIGINT, signal.SIGKILL):
+            work = scratch / "interrupts" / f"{kind}-{sig.name}"
+            work.mkdir(parents=True)
+            line, _ = base(kind, model, scratch / "fixtures")
+            argv = with_option(with_option(line, "--budget", "6"), "--out", "out")
+            start = time.monotonic()
+            process = subprocess.Popen(
+                [sys.executable, "-m", "skipsearch", *argv],
+                cwd=work,
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a shell's `&` ignores it
             )
-            lines = [line for line in out.stderr.splitlines() if line.strip() and "━" not in line]
-            one_line = len(lines) == 1 and lines[0].startswith("skipsearch: error:")
-            traceback = "Traceback" in out.stderr
-            ok = out.returncode == 2 and one_line and not traceback
-            failures += not ok
-            line_cell, traceback_cell = "yes" if one_line else "NO", "YES" if traceback else "no"
-            print(f"{name:<40} {out.returncode:>4}  {line_cell:>8}  {traceback_cell:>9}")
-            if not ok:
-                print("    " + (out.stderr.strip().splitlines() or ["(no stderr)"])[-1][:160])
-        print(f"{len(bad_inputs) - failures} passed, {failures} failed")
-    return 1 if failures else 0
+            journal = work / "out" / "optuna.journal"
+            while time.monotonic() - start < TIMEOUT and process.poll() is None:
+                if journal.is_file() and re.search(
+                    r'"state":1\b', journal.read_text(errors="replace").replace(" ", "")
+                ):
+                    break
+                time.sleep(0.05)
+            process.send_signal(sig)
+            _, stderr = process.communicate(timeout=TIMEOUT)
+            failures = []
+            if "Traceback" in stderr:
+                failures.append("traceback")
+            if sig == signal.SIGINT and f"skipsearch {kind} --out out --resume" not in stderr:
+                failures.append("no resume command on SIGINT")
+            name = f"{kind} stopped by {sig.name}"
+            case = Case(f"interrupt: {sig.name}", name, argv)
+            outcomes.append(
+                Outcome(
+                    case,
+                    process.returncode,
+                    time.monotonic() - start,
+                    failures,
+                    (error_lines(stderr) or [""])[-1],
+                )
+            )
+            resumed = subprocess.run(
+                [sys.executable, "-m", "skipsearch", kind, "--out", "out", "--resume"],
+                cwd=work,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT,
+            )
+            failures = ["traceback"] if "Traceback" in resumed.stderr else []
+            if resumed.returncode != 0:
+                failures.append(f"exit {resumed.returncode}")
+            else:
+                trials = finished_trials(work / "out")
+                if any(n != 6 for n in trials.values()) or not trials:
+                    failures.append(f"finished trials after resume {trials}, expected 6 each")
+            case = Case(
+                f"interrupt: {sig.name}, then --resume",
+                f"{name}, resumed",
+                [kind, "--out", "out", "--resume"],
+            )
+            outcomes.append(
+                Outcome(case, resumed.returncode, 0.0, failures, (error_lines(resumed.stderr) or [""])[-1])
+            )
+    return outcomes
+
+
+# -- the whole audit -------------------------------------------------------------------------------------
+def fixtures_in(scratch: Path, model: str) -> Path:
+    """A finished run and a finished compare of the tiny model, and the embedded model's GGUF."""
+    fixtures = scratch / "fixtures"
+    fixtures.mkdir()
+    env = {**os.environ, "HOME": str(scratch / "home"), "SKIPSEARCH_CACHE": str(scratch / "cache")}
+    for kind in ("run", "compare"):
+        line, _ = base(kind, model, fixtures)
+        line = with_option(line, "--out", str(fixtures / kind))
+        subprocess.run([sys.executable, "-m", "skipsearch", *line], env=env, check=True, capture_output=True)
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from skipsearch.models.loading import resolve_gguf; from skipsearch.models.registry "
+            "import REGISTRY; print(resolve_gguf(REGISTRY['smollm2-135m']))",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if found.returncode == 0:
+        os.symlink(found.stdout.strip(), fixtures / "model.gguf")
+    return fixtures
+
+
+def table(outcomes: list[Outcome]) -> list[str]:
+    groups: dict[str, list[Outcome]] = collections.defaultdict(list)
+    for outcome in outcomes:
+        groups[outcome.case.group].append(outcome)
+    lines = ["| class | cases | passed | failed | why (count) |", "|---|---:|---:|---:|---|"]
+    for group, rows in sorted(groups.items()):
+        reasons = collections.Counter(f.split(":")[0] for o in rows for f in o.failures)
+        failed = sum(bool(o.failures) for o in rows)
+        why = ", ".join(f"{r} ({n})" for r, n in reasons.most_common()) or "-"
+        lines.append(f"| {group} | {len(rows)} | {len(rows) - failed} | {failed} | {why} |")
+    failed = sum(bool(o.failures) for o in outcomes)
+    lines.append(f"| **all** | **{len(outcomes)}** | **{len(outcomes) - failed}** | **{failed}** | |")
+    return lines
+
+
+def report(outcomes: list[Outcome], minutes: float) -> str:
+    reasons = collections.Counter(f.split(":")[0] for o in outcomes for f in o.failures)
+    slowest = max(outcomes, key=lambda o: o.seconds)
+    lines = [
+        "# Bad input, audited (issues 20 and 51)",
+        "",
+        f"`.venv/bin/python experiments/audit_inputs.py`, {time.strftime('%Y-%m-%d')}: "
+        f"{len(outcomes)} cases, each "
+        f"`skipsearch` in a fresh process with a {TIMEOUT} s limit, in {minutes:.0f} minutes on "
+        f"{os.cpu_count()} cores; the slowest case took {slowest.seconds:.0f} s ({slowest.case.name}).",
+        "",
+        "Failures by kind over all cases: "
+        + (", ".join(f"{reason}: {count}" for reason, count in reasons.most_common()) or "none")
+        + f". Tracebacks: {reasons['traceback']}; hangs: {reasons['hang']}; silent accepts: "
+        f"{reasons['silent accept']}; files written outside the named paths and the cache: "
+        f"{reasons['wrote outside its outputs'] + reasons['wrote into HOME'] + reasons['wrote into /']}; "
+        f"left behind by a failed command: {reasons['left behind']}.",
+        "",
+        *table(outcomes),
+        "",
+    ]
+    failed = [o for o in outcomes if o.failures]
+    if failed:
+        lines += ["## Failures", ""]
+        lines += [
+            f"- `{o.case.name}` (exit {o.code}): {'; '.join(o.failures)}. Last line: `{o.last_line[:200]}`"
+            for o in failed
+        ]
+        lines.append("")
+    lines += ["## A refusal of each class", ""]
+    shown = set()
+    for outcome in outcomes:
+        if outcome.case.group not in shown and outcome.code == 2 and outcome.last_line:
+            shown.add(outcome.case.group)
+            lines.append(f"- {outcome.case.group}, `{outcome.case.name}`: `{outcome.last_line[:240]}`")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default %(default)s)")
+    parser.add_argument("--only", help="run only the cases whose name matches this regular expression")
+    parser.add_argument("--out", default=str(ROOT / "results" / "trust" / "audit.md"), help="report file")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="audit-") as work:
+        scratch = Path(work)
+        (scratch / "home").mkdir()
+        model = tiny_model_dir(scratch / "tiny-model")
+        fixtures = fixtures_in(scratch, model)
+        cases = (
+            option_cases(model, fixtures)
+            + path_cases(model, fixtures)
+            + resume_cases(fixtures)
+            + environment_cases(model, fixtures)
+            + format_cases(model, fixtures)
+        )
+        if args.only:
+            cases = [c for c in cases if re.search(args.only, c.name)]
+        print(f"{len(cases)} cases, {args.jobs} at a time", flush=True)
+        outcomes: list[Outcome] = []
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            futures = [pool.submit(run_case, case, scratch, number) for number, case in enumerate(cases)]
+            for future in concurrent.futures.as_completed(futures):
+                outcome = future.result()
+                outcomes.append(outcome)
+                if outcome.failures:
+                    print(
+                        f"FAIL {outcome.case.name}: {'; '.join(outcome.failures)} | {outcome.last_line[:99]}",
+                        flush=True,
+                    )
+                if len(outcomes) % 50 == 0:
+                    print(f"{len(outcomes)}/{len(cases)} done", flush=True)
+        if not args.only or re.search(args.only, "interrupt"):
+            outcomes += interrupt_outcomes(model, scratch)
+    order = {case.name: i for i, case in enumerate(cases)}
+    outcomes.sort(key=lambda o: order.get(o.case.name, len(order)))
+    text = report(outcomes, (time.monotonic() - started) / 60)
+    if not args.only:
+        Path(args.out).write_text(text)
+    print("\n".join(table(outcomes)))
+    return 1 if any(o.failures for o in outcomes) else 0
 
 
 if __name__ == "__main__":

@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import shlex
 import sys
 from typing import NoReturn
 
 from skipsearch.errors import SkipsearchError
-from skipsearch.store import check_environment
+from skipsearch.store import cache_dir, check_environment
 
 COMMANDS = ("models", "plan", "measure", "speedup", "profile", "decode", "run", "compare", "report", "export")
 
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         except SkipsearchError as error:
             print(f"skipsearch: error: {error}", file=sys.stderr)
             return 2
+        # matplotlib's font cache with skipsearch's, not in HOME: a command writes where it was
+        # pointed and into its cache, nowhere else
+        os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

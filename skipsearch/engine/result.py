@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,3 +100,37 @@ def new_tokens(sequence: Sequence[int], prompt_length: int, eos_ids: Collection[
     generated = tuple(sequence[prompt_length:])
     end = next((i + 1 for i, token in enumerate(generated) if token in eos_ids), len(generated))
     return generated[:end]
+
+
+@dataclass
+class Rounds:
+    """The rounds of one decode as they are played (a chain's, `engine.ssd`, or a tree's,
+    `engine.tree`): when it began and when its prefill ended, and each round's draft length (a
+    tree's depth), accepted drafts and, when timed, its phase breakdown."""
+
+    began: float = field(default_factory=time.perf_counter)
+    prefilled: float = 0.0
+    gammas: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    timings: list[RoundTiming] = field(default_factory=list)
+
+    def prefill_done(self) -> None:
+        self.prefilled = time.perf_counter()
+
+    def add(self, gamma: int, accepted: int, timing: RoundTiming | None) -> None:
+        self.gammas.append(gamma)
+        self.accepted.append(accepted)
+        if timing is not None:
+            self.timings.append(timing)
+
+    def result(self, sequence: Sequence[int], prompt_length: int, eos_ids: Collection[int]) -> DecodeResult:
+        """The decode's `DecodeResult`: `sequence` is the prompt and every committed token."""
+        return DecodeResult(
+            prompt_length=prompt_length,
+            tokens=new_tokens(sequence, prompt_length, eos_ids),
+            seconds=time.perf_counter() - self.began,
+            gammas=tuple(self.gammas),
+            accepted=tuple(self.accepted),
+            timings=tuple(self.timings),
+            prefill_seconds=self.prefilled - self.began,
+        )

@@ -36,7 +36,6 @@ after every draft token (`steps.confidence`), and a timed round syncs at every p
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -46,10 +45,10 @@ from transformers import DynamicCache
 
 from skipsearch.engine.cache import check_lengths, crop
 from skipsearch.engine.gamma import GammaController, GammaPolicy
-from skipsearch.engine.result import DecodeResult, new_tokens
+from skipsearch.engine.result import DecodeResult, Rounds
 from skipsearch.engine.sampling import GREEDY, Sampling, greedy_commit, sample_accept
 from skipsearch.engine.steps import EagerSteps, Proposal, Round, RoundSteps, divergent_layer
-from skipsearch.engine.timing import RoundClock, RoundTiming
+from skipsearch.engine.timing import RoundClock
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.device import device_sync
@@ -137,19 +136,16 @@ def run_rounds(
     """
     if max_new_tokens < 1 or not prompt:
         raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
-    began = time.perf_counter()
+    rounds = Rounds()
     clock = RoundClock(runner.device, timed)
     cache = steps.prefill(prompt)
     device_sync(runner.device)()
-    prefilled = time.perf_counter()
+    rounds.prefill_done()
     tokens = list(prompt)
     if timed:
         check_lengths(cache, len(tokens) - 1)
     pending = torch.tensor([[tokens[-1]]], device=runner.device)
     tiers: list[int] = []
-    gammas: list[int] = []
-    accepted: list[int] = []
-    timings: list[RoundTiming] = []
     ended = False
     with engaged():  # the busy cores' helpers, where the kernel plan has them
         while len(tokens) - len(prompt) < max_new_tokens and not ended:
@@ -170,22 +166,10 @@ def run_rounds(
             schedule.update(n, g)
             ended = any(token in eos_ids for token in committed)
             tiers.append(tier)
-            gammas.append(g)
-            accepted.append(n)
-            timing = clock.finish(start + 1, g, n)
-            if timing is not None:
-                timings.append(timing)
+            rounds.add(g, n, clock.finish(start + 1, g, n))
     if not timed:
         check_lengths(cache, len(tokens) - 1)
-    result = DecodeResult(
-        prompt_length=len(prompt),
-        tokens=new_tokens(tokens, len(prompt), eos_ids),
-        seconds=time.perf_counter() - began,
-        gammas=tuple(gammas),
-        accepted=tuple(accepted),
-        timings=tuple(timings),
-        prefill_seconds=prefilled - began,
-    )
+    result = rounds.result(tokens, len(prompt), eos_ids)
     return result, tuple(tiers)
 
 

@@ -24,17 +24,16 @@ chain's kernels and gives the chain's tokens and rounds, bit for bit.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from skipsearch.engine.cache import check_lengths, crop
-from skipsearch.engine.result import DecodeResult, new_tokens
+from skipsearch.engine.result import DecodeResult, Rounds
 from skipsearch.engine.sampling import GREEDY, Sampling, residual, sample
 from skipsearch.engine.steps import divergent_layer, draft_forward
-from skipsearch.engine.timing import RoundClock, RoundTiming
+from skipsearch.engine.timing import RoundClock
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.models.device import device_sync
@@ -265,16 +264,13 @@ def tree_decode(
         raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
     if head is not None and max(shape.widths) > len(head.ids):
         raise ConfigError(f"tree {shape} has more children a node than the draft's {len(head.ids)} ids")
-    began = time.perf_counter()
+    rounds = Rounds()
     clock = RoundClock(runner.device, timed)
     cache = runner.prefill(prompt)
     device_sync(runner.device)()
-    prefilled = time.perf_counter()
+    rounds.prefill_done()
     tokens = list(prompt)
     pending = torch.tensor([[tokens[-1]]], device=runner.device)
-    gammas: list[int] = []
-    accepted: list[int] = []
-    timings: list[RoundTiming] = []
     s1 = divergent_layer(mask, None)
     with engaged():
         while len(tokens) - len(prompt) < max_new_tokens:
@@ -291,11 +287,7 @@ def tree_decode(
                         else int(sample(sampling.probs(logits), generator)[0])
                     )
                 tokens.append(token)
-                gammas.append(0)
-                accepted.append(0)
-                timing = clock.finish(start + 1, 0, 0)
-                if timing is not None:
-                    timings.append(timing)
+                rounds.add(0, 0, clock.finish(start + 1, 0, 0))
                 break
             at = TreeShape(shape.widths[:depth])
             with clock.phase("draft"):
@@ -319,20 +311,8 @@ def tree_decode(
                     check_lengths(cache, start + len(path) + 1)
             tokens += committed
             pending = torch.tensor([[after]], device=runner.device)
-            gammas.append(depth)
-            accepted.append(len(path))
-            timing = clock.finish(start + 1, depth, len(path))
-            if timing is not None:
-                timings.append(timing)
+            rounds.add(depth, len(path), clock.finish(start + 1, depth, len(path)))
             if any(token in eos_ids for token in committed):
                 break
     check_lengths(cache, len(tokens) - 1)
-    return DecodeResult(
-        prompt_length=len(prompt),
-        tokens=new_tokens(tokens, len(prompt), eos_ids),
-        seconds=time.perf_counter() - began,
-        gammas=tuple(gammas),
-        accepted=tuple(accepted),
-        timings=tuple(timings),
-        prefill_seconds=prefilled - began,
-    )
+    return rounds.result(tokens, len(prompt), eos_ids)

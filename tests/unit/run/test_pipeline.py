@@ -57,14 +57,10 @@ def test_a_resume_refuses_a_typed_setting_it_would_ignore(tmp_path: Path, cache_
     typed = {"objective": "--objective"}
     compare = CompareSettings(("random",), 1)
     with pytest.raises(ConfigError, match=r"--objective speedup would be ignored.*objective='acceptance'"):
-        runs.run_compare(
-            RunConfig(budget=9), compare, tmp_path, resume=True, progress=print, typed=typed
-        )
+        runs.run_compare(RunConfig(budget=9), compare, tmp_path, resume=True, progress=print, typed=typed)
     typed = {"compare.seeds": "--seeds"}
     with pytest.raises(ConfigError, match=r"--seeds 3 would be ignored.*stored seeds=1"):
-        runs.run_compare(
-            RunConfig(), CompareSettings(("random",), 3), tmp_path, True, print, typed=typed
-        )
+        runs.run_compare(RunConfig(), CompareSettings(("random",), 3), tmp_path, True, print, typed=typed)
 
 
 def test_a_resume_refuses_a_directory_of_the_other_kind(tmp_path: Path, cache_in_tmp: Path) -> None:

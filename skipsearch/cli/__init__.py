@@ -72,19 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as stop:  # --help (0), or a bad option, reported in one line (2)
         return int(stop.code or 0)
     args.typed = typed_options(argv, args)
-    if args.command not in WRITES_NOTHING:
-        try:
-            check_environment()
-        except SkipsearchError as error:
-            print(f"skipsearch: error: {error}", file=sys.stderr)
-            return 2
-        # matplotlib's font cache with skipsearch's, not in HOME: a command writes where it was
-        # pointed and into its cache, nowhere else
-        os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     try:
+        if args.command not in WRITES_NOTHING:  # before any import that writes under HOME
+            check_environment()
+            # matplotlib's font cache with skipsearch's, not in HOME: a command writes where it was
+            # pointed and into its cache, nowhere else
+            os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
         return int(args.handler(args) or 0)
     except SkipsearchError as error:
         print(f"skipsearch: error: {error}", file=sys.stderr)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from skipsearch import cli
+from skipsearch.bench.profiler import DEFAULT_POSITIONS
 from skipsearch.cli import build_parser
 from skipsearch.cli.common import draft_vocab_from_args, mask_from_args
 from skipsearch.cost.latency import LatencyProfile
@@ -60,7 +61,7 @@ def test_profile_of_the_mistral_7b_shape_on_this_cpu(tmp_path: Path, capsys: pyt
     meta = data["meta"]
     assert (meta["num_layers"], meta["measured_layers"], meta["hidden_size"]) == (32, 2, 4096)
     assert meta["random_weights"] is True
-    assert np.asarray(data["attn"]).shape == (32, 1, 9)
+    assert np.asarray(data["attn"]).shape == (32, 1, len(DEFAULT_POSITIONS))
     profile = LatencyProfile.load(out)
     assert profile.weights(128).attn[0] == profile.weights(128).attn[31] > 0
 

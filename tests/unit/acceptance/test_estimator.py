@@ -337,4 +337,4 @@ def test_ranks_agree_with_the_greedy_match_and_give_the_top_k_hit_rates(rounds_s
     assert rates == sorted(rates) and rates[0] == pytest.approx(profile.alpha) and rates[-1] <= 1
     chain = profile.tree_tokens_per_round(TreeShape.chain(3))
     assert chain == profile.tokens_per_round(3)
-    assert profile.tree_tokens_per_round(TreeShape.parse("4x4x1")) > chain
+    assert profile.tree_tokens_per_round(TreeShape.parse("4x2x1")) > chain

@@ -7,6 +7,8 @@ For one draft (a mask and a draft vocabulary) on one CPU:
   re-scored exactly with the `rounds` estimator simulating its rounds), its round priced by the
   calibrated cost model on this CPU's latency profile (`cost.trees`: draft passes of the tree's
   rows, a verify of all its nodes), and which shape the cost model picks: the search's choice.
+  Fidelity: the engine (`tree_decode`, `speculative_decode`) decodes the same prompts greedily and
+  its tokens per round, over the rounds that did not meet the output's end, beside the estimate.
 - `decode`: autoregressive decoding, the best chain and the best tree (the cost model's pick, or
   the best tree when it picked a chain), on held-out HumanEval prompts (never seen by the
   prediction), interleaved and paired, every output checked token for token
@@ -112,6 +114,7 @@ def predict(
     chains = [r for r in rows.values() if r["chain"]]
     trees = [r for r in rows.values() if not r["chain"]]
     best = max(rows.values(), key=lambda r: (r["speedup"], -r["nodes"]))
+    engine_rows(measurement, draft, rows)
     return {
         "top_k": {str(k): profile.top_k_hit_rate(k) for k in TOP_K},
         "shapes": rows,
@@ -123,6 +126,38 @@ def predict(
             str(rows_): latency.weights(context, rows_).total / step for rows_ in (1, 2, 4, 8, 16, 32)
         },
     }
+
+
+def engine_rows(measurement: Any, draft: Draft, rows: dict[str, dict[str, Any]]) -> None:
+    """Each shape's tokens per round as the engine plays it, greedy on the prediction's own prompts
+    for the reference's length, over the rounds that began at least a round's depth before the
+    output's end (the estimator censors the rest): `engine_tokens_per_round` in each row."""
+    runner, reference = measurement.runner, measurement.estimator.reference
+    head = None if draft.vocab is None else DraftHead.gather(runner, measurement.vocab_ids(draft.vocab))
+    stop = eos_ids(measurement.loaded.model)
+    for row in rows.values():
+        shape = TreeShape.parse(row["shape"])
+        kept: list[int] = []
+        for index in range(reference.input_ids.shape[0]):
+            length = int(reference.prompt_lengths[index])
+            prompt = reference.input_ids[index, :length].tolist()
+            new = int(reference.lengths[index]) - length
+            if shape.is_chain:
+                run = speculative_decode(
+                    runner, prompt, draft.mask, new, shape.depth, eos_ids=stop, head=head, timed=False
+                )
+            else:
+                run = tree_decode(
+                    runner, prompt, draft.mask, shape, new, eos_ids=stop, head=head, timed=False
+                )
+            offset = 0
+            for accepted in run.accepted:
+                if offset <= new - shape.depth - 1:
+                    kept.append(accepted + 1)
+                offset += accepted + 1
+        engine = sum(kept) / len(kept) if kept else 1.0
+        row["engine_tokens_per_round"] = engine
+        row["engine_error_pct"] = 100 * (row["tokens_per_round"] - engine) / engine
 
 
 def _row(shape: TreeShape, tokens: float, form: Calibrated, step: float, teacher: float) -> dict[str, Any]:
@@ -196,7 +231,10 @@ def report(results: dict[str, Any], command: str) -> str:
             + ".",
             "",
         ]
-        header = ["shape", "nodes", "draft rows", "verify rows", "tokens/round", "round (steps)", "speedup"]
+        header = [
+            "shape", "nodes", "draft rows", "verify rows", "tokens/round", "engine's", "round (steps)",
+            "speedup",
+        ]  # fmt: skip
         rows = sorted(predicted["shapes"].values(), key=lambda r: -r["speedup"])
         lines += markdown_table(
             header,
@@ -207,12 +245,21 @@ def report(results: dict[str, Any], command: str) -> str:
                     "+".join(map(str, r["draft_rows"])),
                     str(r["verify_rows"]),
                     f"{r['tokens_per_round']:.3f}",
+                    fmt(r.get("engine_tokens_per_round"), ".3f"),
                     f"{r['round_steps']:.3f}",
                     f"{r['speedup']:.3f}",
                 ]
                 for r in rows
             ],
         )
+        errors = [abs(r["engine_error_pct"]) for r in rows if "engine_error_pct" in r]
+        if errors:
+            lines += [
+                "",
+                "tokens/round: the `rounds` estimator's; engine's: the engine's greedy decode of the same "
+                "prompts (rounds clear of the output's end). Largest gap "
+                f"{max(errors):.1f}% over {len(errors)} shapes.",
+            ]
         lines += ["", f"The cost model picks `{predicted['choice']}`.", ""]
     for part, title in (("decode", "Decoded (held-out HumanEval prompts)"), ("spec_bench", "Spec-Bench")):
         if part not in results:

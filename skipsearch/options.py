@@ -19,7 +19,7 @@ from skipsearch.errors import ConfigError
 
 GAMMA_CAP = 32
 """The longest draft scored or run without a latency profile to say more: a verify of γ + 1
-positions must be priced, and `skipsearch profile` measures up to 9 positions by default; past
+positions must be priced, and `skipsearch profile` measures verifies of up to 32 positions; past
 32, E(γ) has stopped growing for any acceptance below 0.97 (α^33 < 0.37)."""
 DEFAULT_GAMMA_MAX = 8  # a space file's `gamma_max` when it gives none (all shipped ones say 8)
 SEED_LIMIT = 2**32  # numpy's and Optuna's samplers take seeds in [0, 2**32)

@@ -124,7 +124,7 @@ def resolve_cost(config: RunConfig) -> RunConfig:
 def check_gamma_priced(gamma_max: int | None, latency: LatencyProfile, path: Path) -> None:
     """The calibrated cost prices a round's verify over γ + 1 positions from the profile's measured
     position counts: a γ past what it measured would be priced by extrapolation, so it is refused
-    (the profiler measures 1..9 positions by default, enough for the default `gamma_max` 8)."""
+    (the profiler measures 1..9, 12, 16, 24 and 32 positions by default: `gamma_max` up to 31)."""
     reach = max(latency.positions) - 1
     if gamma_max is not None and gamma_max > reach:
         raise ConfigError(

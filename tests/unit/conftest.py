@@ -4,6 +4,7 @@ the one-line-error helpers, and a synthetic latency profile for context-aware sc
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,12 +52,24 @@ def run_args(model_dir: str, out: Path, *extra: str) -> list[str]:
     return ["run", "--model", model_dir, *SMALL, "--out", str(out), *extra]
 
 
+@pytest.fixture(scope="module")
+def _finished_master(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One finished 3-trial run per module, with the cache it filled: `finished_run` copies both."""
+    home = tmp_path_factory.mktemp("finished")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SKIPSEARCH_CACHE", str(home / "cache"))
+        assert main(run_args(model_dir, home / "run", "--budget", "3", "--strategy", "random")) == 0
+    return home
+
+
 @pytest.fixture
-def finished_run(model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> Path:
-    out = tmp_path / "run"
-    assert main(run_args(model_dir, out, "--budget", "3", "--strategy", "random")) == 0
+def finished_run(_finished_master: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> Path:
+    """A finished run of the module's tiny model in this test's folder, its reference in this
+    test's cache (`cache_in_tmp`): a copy of the module's one run, which is as the test's own
+    would be (a seeded random search of 3 trials), without its seconds."""
     capsys.readouterr()
-    return out
+    shutil.copytree(_finished_master / "cache", tmp_path / "cache", dirs_exist_ok=True)
+    return Path(shutil.copytree(_finished_master / "run", tmp_path / "run"))
 
 
 REPOSITORY = Path(__file__).resolve().parents[2]

@@ -53,7 +53,8 @@ def test_profile_of_the_mistral_7b_shape_on_this_cpu(tmp_path: Path, capsys: pyt
     """The acceptance criterion of issue 14: a 2-layer cut of the 7B architecture, scaled to 32."""
     out = tmp_path / "mistral.json"
     args = (
-        "--model mistral-7b --random-weights --num-layers 2 --context-lengths 128 --processes 1 --repeats 3"
+        "--model mistral-7b --random-weights --num-layers 2 --context-lengths 128 --processes 1 --repeats 2 "
+        "--warmup 0"
     )
     assert cli.main(["profile", *args.split(), "--out", str(out)]) == 0
     assert "depth scaled" in out.with_suffix(".txt").read_text()  # the tables beside the profile

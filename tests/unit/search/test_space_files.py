@@ -96,7 +96,7 @@ def test_a_space_lists_the_token_trees_every_draft_is_also_scored_as(tmp_path: P
     assert isinstance(spec, SpaceSpec)
     assert spec.tree == (TreeShape((2, 2, 1)), TreeShape.chain(3))  # chains are always scored; once each
     assert load_space(write_space(tmp_path, "kind: sparse\n", "plain.yaml")).tree == ()  # chains only
-    assert TreeShape.parse("2x2x1") in load_space("sparse").tree  # the shipped spaces weigh trees
+    assert load_space("sparse").tree == ()  # trees are opt-in: the shipped spaces score chains
 
 
 def test_file_level_errors(tmp_path: Path) -> None:

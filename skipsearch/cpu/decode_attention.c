@@ -236,16 +236,20 @@ static void merge_row(const float *partial, int64_t chunks, int64_t stride, int6
  * `scores` ([heads][length] floats, filled with -inf by the caller), query 0's scaled scores of
  * the cache's keys it sees are written there too (a verify's pillar choice). Returns 0, or -1 when
  * the shape is outside what the kernel handles (dim not a multiple of 32 up to MAX_DIM, heads not a
- * multiple of kv_heads) or memory for the partial results runs out. */
+ * multiple of kv_heads), memory for the partial results runs out, or a token tree's bits are given
+ * (`tree`: the float32 kernel reads them). */
 int decode_attention(const uint16_t *q, int64_t q_head_stride, int64_t q_row_stride, const uint16_t *k,
                      const uint16_t *v, int64_t kv_stride, uint16_t *out, int64_t heads, int64_t kv_heads,
                      int64_t queries, int64_t dim, int64_t length, int64_t sink, int64_t window, float scale,
-                     const uint16_t *extra_k, const uint16_t *extra_v, int64_t extra, float *scores) {
+                     const uint16_t *extra_k, const uint16_t *extra_v, int64_t extra, float *scores,
+                     const uint32_t *tree, int64_t tree_base) {
     if (dim % 32 != 0 || dim > MAX_DIM || kv_heads < 1 || heads % kv_heads != 0 || queries < 1 || extra < 0)
         return -1;
     int64_t rows = heads / kv_heads * queries;
     Keys keys;
-    int planned = plan_keys(&keys, length, queries, sink, window, extra);
+    if (tree) return -1; /* token trees run on the float32 kernel (decode_attention_keys.h) */
+    (void)tree_base;
+    int planned = plan_keys(&keys, length, queries, sink, window, extra, NULL, 0);
     int64_t units = keys.units, chunks = keys.chunks;
     int64_t stride = rows * (dim + 2); /* per unit and head: m, l, acc */
     float *partial = malloc(sizeof(float) * (units ? units : 1) * kv_heads * stride);

@@ -34,7 +34,7 @@ from skipsearch.cpu.native import KernelSource, NativeLibrary, load_amx_native, 
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURE = (
     _POINTER, _INT, _INT, _POINTER, _POINTER, _INT, _POINTER, *[_INT] * 7, ctypes.c_float,
-    _POINTER, _POINTER, _INT, _POINTER,
+    _POINTER, _POINTER, _INT, _POINTER, _POINTER, _INT,
 )  # fmt: skip
 _KEYS = Path(__file__).with_name("decode_attention_keys.h")  # which keys a block sees, for both
 _LANES = Path(__file__).with_name("avx2_lanes.h")  # the fixed-order lane sums, shared with linear_rows.c
@@ -102,6 +102,7 @@ def decode_attention(
     extra: tuple[torch.Tensor, torch.Tensor] | None = None,
     scores: torch.Tensor | None = None,
     amx: bool = False,
+    tree: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor | None:
     """Causal attention `[1, M, H, D]` (transformers' layout, in the cache's dtype) of `query`
     `[1, H, M, D]` at the cache's last M positions over `key`/`value` `[1, KV, N, D]` (bf16 or
@@ -110,7 +111,10 @@ def decode_attention(
     `[1, KV, P, D]` (contiguous) that every query sees (a draft's pillars); None where the kernel
     does not apply (not loaded, another dtype, a batch, a long block, or a layout it does not read).
     `scores` `[H, N]` (float32, contiguous, filled with -inf) receives query 0's scaled scores of
-    the keys it sees. `amx`: float32 queries over a bf16 cache (and pillars) on the AMX kernel."""
+    the keys it sees. `amx`: float32 queries over a bf16 cache (and pillars) on the AMX kernel.
+    `tree`: a token tree's rows, `(bits, base)` (`kv.tree_keys.TreeKeys`: int32 `[M]`, contiguous),
+    which only the float32 kernel reads: query i sees the keys before `base` and key `base + j`
+    where bit j of its pattern is set, at position `base` + its depth."""
     cache = torch.bfloat16 if amx else query.dtype  # the AMX kernel: float32 queries, a bf16 cache
     if amx:
         function = load_amx_kernel().function if query.dtype == torch.float32 else None
@@ -126,6 +130,8 @@ def decode_attention(
         or any(t.stride(-1) != 1 or t.stride(-2) != dim or t.stride(1) != key.stride(1) for t in (key, value))
         or (extra is not None and not all(t.dtype == cache and t.is_contiguous() for t in extra))
         or (scores is not None and not (scores.dtype == torch.float32 and scores.is_contiguous()))
+        or (tree is not None and not (tree[0].dtype == torch.int32 and tree[0].is_contiguous()))
+        or (tree is not None and (amx or tree[0].shape != (queries,)))
     ):
         return None
     out = query.new_empty((1, queries, heads, dim))
@@ -137,5 +143,6 @@ def decode_attention(
         None if extra_values is None else extra_values.data_ptr(),
         0 if extra_keys is None else extra_keys.shape[2],
         None if scores is None else scores.data_ptr(),
+        None if tree is None else tree[0].data_ptr(), 0 if tree is None else tree[1],
     )  # fmt: skip
     return None if failed else out

@@ -269,17 +269,21 @@ int decode_attention_amx_ready(void) { return amx_ready(); }
  * filled with -inf by the caller), query 0's scaled scores of the cache's keys it sees are written
  * there too. Returns 0, or -1 when the shape is outside what the kernel handles (dim not a multiple
  * of 32 up to MAX_DIM, heads not a multiple of kv_heads), memory runs out, or the process may not
- * use the tiles. decode_attention_fp32.c's results, to bf16 rounding. */
+ * use the tiles, or a token tree's bits are given (`tree`: the float32 kernel reads them).
+ * decode_attention_fp32.c's results, to bf16 rounding. */
 int decode_attention_amx(const float *q, int64_t q_head_stride, int64_t q_row_stride, const uint16_t *k,
                          const uint16_t *v, int64_t kv_stride, float *out, int64_t heads, int64_t kv_heads,
                          int64_t queries, int64_t dim, int64_t length, int64_t sink, int64_t window, float scale,
-                         const uint16_t *extra_k, const uint16_t *extra_v, int64_t extra, float *scores) {
+                         const uint16_t *extra_k, const uint16_t *extra_v, int64_t extra, float *scores,
+                         const uint32_t *tree, int64_t tree_base) {
     if (dim % 32 != 0 || dim > MAX_DIM || kv_heads < 1 || heads % kv_heads != 0 || queries < 1 || extra < 0 ||
         !amx_ready())
         return -1;
     int64_t group = heads / kv_heads, rows = group * queries, blocks = (rows + BLOCK - 1) / BLOCK;
     Keys keys;
-    int planned = plan_keys(&keys, length, queries, sink, window, extra);
+    if (tree) return -1; /* token trees run on the float32 kernel (decode_attention_keys.h) */
+    (void)tree_base;
+    int planned = plan_keys(&keys, length, queries, sink, window, extra, NULL, 0);
     int64_t units = keys.units, chunks = keys.chunks;
     int64_t stride = rows * (dim + 2); /* per unit and head: m, l, acc */
     int64_t turned = dim / 32 * 256; /* uint32s of one block's turned queries */

@@ -76,14 +76,16 @@ static inline __attribute__((always_inline)) __m256 dot8(const float *row, const
 }
 
 /* Scaled scores of one row against the tile's `width` keys from `start` (-inf before `first`, where
- * the row's query, at `position`, does not see the key, and past `width`); whether it sees any. */
+ * the row's query, at `position` with tree bits `bits`, does not see the key, and past `width`);
+ * whether it sees any. */
 static int score_row(const float *row, const float *k, int64_t dim, int64_t start, int64_t first, int64_t width,
-                     int64_t position, const Visibility *vis, float scale, float *scores) {
+                     int64_t position, uint32_t bits, const Visibility *vis, float scale, float *scores) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i low = _mm256_set1_epi32((int32_t)(first - 1)), high = _mm256_set1_epi32((int32_t)(start + width));
     const __m256i at = _mm256_set1_epi32((int32_t)position);
     const __m256i sink = _mm256_set1_epi32((int32_t)vis->sink);
     const __m256i window_start = _mm256_set1_epi32((int32_t)(position - vis->window));
+    const __m256i tree_base = _mm256_set1_epi32((int32_t)vis->tree_base), row_bits = _mm256_set1_epi32((int32_t)bits);
     __m256i any = _mm256_setzero_si256();
     for (int64_t t = 0; t < TILE; t += 8) {
         __m256i index = _mm256_add_epi32(_mm256_set1_epi32((int32_t)(start + t)), lane);
@@ -94,6 +96,14 @@ static int score_row(const float *row, const float *k, int64_t dim, int64_t star
         if (vis->window > 0)
             seen = _mm256_and_si256(seen, _mm256_or_si256(_mm256_cmpgt_epi32(sink, index),
                                                           _mm256_cmpgt_epi32(index, window_start)));
+        if (vis->tree) { /* past tree_base: the row's bits, not causality (decode_attention_keys.h) */
+            __m256i relative = _mm256_sub_epi32(index, tree_base);  /* < 0 or >= 32: shifted out */
+            __m256i bit = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(1), relative), row_bits);
+            __m256i in_tree = _mm256_cmpgt_epi32(index, _mm256_sub_epi32(tree_base, _mm256_set1_epi32(1)));
+            __m256i in_range = _mm256_and_si256(_mm256_cmpgt_epi32(index, low), _mm256_cmpgt_epi32(high, index));
+            __m256i ancestor = _mm256_andnot_si256(_mm256_cmpeq_epi32(bit, _mm256_setzero_si256()), in_tree);
+            seen = _mm256_or_si256(_mm256_andnot_si256(in_tree, seen), _mm256_and_si256(in_range, ancestor));
+        }
         __m256 sum = _mm256_setzero_ps();
         int n = t < width ? (width - t < 8 ? (int)(width - t) : 8) : 0;
         if (n == 8 && dim == 64)  /* the common head size: a constant unrolls the row */
@@ -160,8 +170,9 @@ static void attend_chunk(const float *q, const float *k, const float *v, int64_t
         int64_t first = start > begin ? start : begin;
         int64_t width = end - start < TILE ? end - start : TILE;
         for (int64_t row = 0; row < rows; row++) {
-            int64_t position = vis->length - vis->queries + row % vis->queries;
-            int seen = score_row(q + row * dim, k, dim, start, first, width, position, vis, scale, weights);
+            int64_t query = row % vis->queries, position = query_position(vis, query);
+            uint32_t bits = vis->tree ? vis->tree[query] : 0;
+            int seen = score_row(q + row * dim, k, dim, start, first, width, position, bits, vis, scale, weights);
             if (scores && row % vis->queries == 0) /* query 0's scores, for the draft's pillars */
                 memcpy(scores + row / vis->queries * vis->length + first, weights + (first - start),
                        sizeof(float) * (width - (first - start)));
@@ -180,18 +191,21 @@ static void attend_chunk(const float *q, const float *k, const float *v, int64_t
  * keys per K/V head that every query sees (`extra_k`/`extra_v`, [kv_heads][extra][dim]: a draft's
  * pillars), written to `out` [queries][heads][dim]. With `scores` ([heads][length] floats, filled
  * with -inf by the caller), query 0's scaled scores of the cache's keys it sees are written there
- * too (a verify's pillar choice). Returns 0, or -1 when the shape is outside what the kernel
- * handles (dim not a multiple of 8 up to MAX_DIM, heads not a multiple of kv_heads) or memory for
- * the partial results runs out. */
+ * too (a verify's pillar choice). With `tree` (one uint32 a query), a token tree's block: query i
+ * sees the keys before `tree_base` and key tree_base + j where bit j of tree[i] is set
+ * (decode_attention_keys.h). Returns 0, or -1 when the shape is outside what the kernel
+ * handles (dim not a multiple of 8 up to MAX_DIM, heads not a multiple of kv_heads), a tree past
+ * its 32 bits, or memory for the partial results runs out. */
 int decode_attention_fp32(const float *q, int64_t q_head_stride, int64_t q_row_stride, const float *k,
                           const float *v, int64_t kv_stride, float *out, int64_t heads, int64_t kv_heads,
                           int64_t queries, int64_t dim, int64_t length, int64_t sink, int64_t window, float scale,
-                          const float *extra_k, const float *extra_v, int64_t extra, float *scores) {
+                          const float *extra_k, const float *extra_v, int64_t extra, float *scores,
+                          const uint32_t *tree, int64_t tree_base) {
     if (dim % 8 != 0 || dim > MAX_DIM || kv_heads < 1 || heads % kv_heads != 0 || queries < 1 || extra < 0)
         return -1;
     int64_t group = heads / kv_heads, rows = group * queries;
     Keys keys;
-    int planned = plan_keys(&keys, length, queries, sink, window, extra);
+    int planned = plan_keys(&keys, length, queries, sink, window, extra, tree, tree_base);
     int64_t units = keys.units, chunks = keys.chunks;
     int64_t stride = rows * (dim + 2); /* per unit and head: m, l, acc */
     float *partial = malloc(sizeof(float) * (units ? units : 1) * kv_heads * stride);

@@ -4,7 +4,11 @@
  * (skipsearch/cpu/native.py hashes this header into both builds).
  *
  * Query i of a block of `queries` sits at position length - queries + i and sees the keys
- * n <= its position with n < sink or n > position - window (window <= 0: every key). The keys are
+ * n <= its position with n < sink or n > position - window (window <= 0: every key). A token
+ * tree's block (`tree`, the float32 kernel only) replaces causality past `tree_base`: row i sees
+ * the keys before `tree_base` (its prefix, under the sink and window) and key tree_base + j where
+ * bit j of tree[i] is set (its ancestors and itself, at most 32 slots); its position, for the
+ * window, is tree_base + its depth (the bits set, less one). The keys are
  * split into chunks at fixed positions whatever the cache length, so a query's chunks are the same
  * alone or in a block: SMALL_CHUNK keys each up to SPLIT, LARGE_CHUNK keys each after. A chunk of
  * one K/V head is a unit of work, which the kernels hand to the threads as they finish. With 512
@@ -21,12 +25,21 @@
 
 typedef struct {
     int64_t length, queries, sink, window;
+    const uint32_t *tree; /* NULL: causal; else one bit pattern a query (the header's comment) */
+    int64_t tree_base;    /* the first key the bits cover (`length` where there is no tree) */
 } Visibility;
+
+/* The position query `row` of the block stands at: its slot, or in a tree its root's plus its depth. */
+static inline int64_t query_position(const Visibility *vis, int64_t row) {
+    if (vis->tree) return vis->tree_base + __builtin_popcount(vis->tree[row]) - 1;
+    return vis->length - vis->queries + row;
+}
 
 /* The keys some query sees, as at most two ranges: the sink and the span from the first query's
  * window start to the end. Returns how many ranges. */
 static int visible_ranges(const Visibility *vis, int64_t ranges[2][2]) {
-    int64_t window_start = vis->length - vis->queries + 1 - vis->window;
+    int64_t lowest = vis->tree ? vis->tree_base : vis->length - vis->queries; /* the lowest query position */
+    int64_t window_start = lowest + 1 - vis->window;
     if (vis->window <= 0 || window_start <= vis->sink) {
         ranges[0][0] = 0, ranges[0][1] = vis->length;
         return 1;
@@ -80,10 +93,16 @@ typedef struct {
 } Keys;
 
 /* The keys of a block of `queries` over `length` cached positions, with `sink` + `window` and `extra`
- * keys; 0, or -1 when memory runs out. */
-static int plan_keys(Keys *keys, int64_t length, int64_t queries, int64_t sink, int64_t window, int64_t extra) {
-    keys->vis = (Visibility){length, queries, sink, window};
-    keys->everything = (Visibility){extra + queries, queries, 0, 0};
+ * keys, and a token tree's bits from `tree_base` (`tree` NULL: causal); 0, or -1 when memory runs out
+ * or a tree does not fit its 32 bits. */
+static int plan_keys(Keys *keys, int64_t length, int64_t queries, int64_t sink, int64_t window, int64_t extra,
+                     const uint32_t *tree, int64_t tree_base) {
+    if (tree && (tree_base < 0 || tree_base > length - queries || length - tree_base > 32)) {
+        keys->chunk = NULL;
+        return -1;
+    }
+    keys->vis = (Visibility){length, queries, sink, window, tree, tree ? tree_base : length};
+    keys->everything = (Visibility){extra + queries, queries, 0, 0, NULL, extra + queries};
     keys->count = visible_ranges(&keys->vis, keys->ranges);
     keys->chunk = visible_chunks(&keys->vis, keys->ranges, keys->count, &keys->chunks);
     keys->units = keys->chunks + (extra > 0);

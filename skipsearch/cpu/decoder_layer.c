@@ -35,7 +35,7 @@ typedef int (*attention_fn)(const float *q, int64_t q_head_stride, int64_t q_row
                             const void *v, int64_t kv_stride, float *out, int64_t heads, int64_t kv_heads,
                             int64_t queries, int64_t dim, int64_t length, int64_t sink, int64_t window,
                             float scale, const void *extra_k, const void *extra_v, int64_t extra,
-                            float *scores);
+                            float *scores, const uint32_t *tree, int64_t tree_base);
 typedef int (*silu_fn)(const float *x, int64_t rows, int64_t n, int64_t x_stride, float *y, int64_t y_stride);
 
 /* The kernels and one layer's shapes and weights (the products' in linear_rows.c's packed layout;
@@ -62,6 +62,8 @@ typedef struct {
     const float *cos, *sin;
     const void *extra_keys, *extra_values;
     float *scores;
+    const uint32_t *tree; /* NULL, or a token tree's bits a row from key tree_base (decode_attention_keys.h) */
+    int64_t tree_base;
 } Attend;
 
 static double now(void) {
@@ -131,7 +133,7 @@ int layer_attention(const Layer *l, const Attend *a, const float *hidden, int64_
                                qkv + r * width + q_width + kv_width + h * l->dim, sizeof(float) * l->dim);
             status = l->attention(query, l->dim, q_width, a->keys, a->values, head_stride, attended, l->heads,
                                   l->kv_heads, rows, l->dim, a->start + rows, a->sink, a->window, l->scale,
-                                  a->extra_keys, a->extra_values, a->extra, a->scores);
+                                  a->extra_keys, a->extra_values, a->extra, a->scores, a->tree, a->tree_base);
         }
         if (!status) status = product(l, attended, rows, q_width, l->o, l->hidden, l->o_bias, out);
         if (!status) add_residual(hidden, rows * l->hidden, out);

@@ -21,7 +21,8 @@ modules' path on this plan: a fused q/k/v product gives each output the bits its
 and the rotary kernel is transformers' bits. So the logits are the modules' bits exactly (tested),
 and choosing this path changes no result, only the time. Longer blocks (prefills, the estimator's
 teacher-forced passes), a caller's own attention mask, sliding-window layers and inputs the kernels
-do not take run the modules.
+do not take run the modules. A token tree's passes run here too: the decode-attention kernel reads
+each row's ancestors (`kv.tree_keys`) in place of causality.
 
 `LayerwiseRunner` (the engine, the estimator) calls the fused sub-layers itself. A whole-model
 forward (transformers' `generate`, the comparison every decode reports) calls the decoder layers,
@@ -52,6 +53,7 @@ from skipsearch.cpu.rms_norm import KernelRMSNorm
 from skipsearch.cpu.silu import KernelSiLU
 from skipsearch.kv.cache import GrowingLayer
 from skipsearch.kv.pillars import PillarChoice, PillarKeys
+from skipsearch.kv.tree_keys import TreeKeys
 from skipsearch.masks import KVPattern
 
 # The supported families' sub-layers: q/k/v/o projections (Qwen2's with biases), a gated MLP.
@@ -82,7 +84,8 @@ class _Attend(ctypes.Structure):
         ("keys", _POINTER),
         ("values", _POINTER),
         *((name, _INT) for name in ("capacity", "start", "sink", "window", "extra", "bf16")),
-        *((name, _POINTER) for name in ("cos", "sin", "extra_keys", "extra_values", "scores")),
+        *((name, _POINTER) for name in ("cos", "sin", "extra_keys", "extra_values", "scores", "tree")),
+        ("tree_base", _INT),
     ]
 
 
@@ -197,9 +200,12 @@ class FusedLayer:
             )
         )
 
-    def takes(self, hidden: torch.Tensor, cache: Any, choice: PillarChoice | None) -> bool:
+    def takes(
+        self, hidden: torch.Tensor, cache: Any, choice: PillarChoice | None, tree: TreeKeys | None = None
+    ) -> bool:
         """Whether this pass's attention runs here: a short block of one sequence over this layer's
-        in-place cache in the plan's dtype, its pillars (if it records them) chosen by one row."""
+        in-place cache in the plan's dtype, its pillars (if it records them) chosen by one row, and a
+        token tree's rows (`tree`) only over a float32 cache (the AMX kernel does not read them)."""
         layer = cache.layers[self.layer] if cache is not None else None
         return (
             self.takes_rows(hidden)
@@ -207,6 +213,7 @@ class FusedLayer:
             and layer.is_initialized
             and layer.buffers[0].dtype is self.kv_dtype
             and (choice is None or choice.rows == 1)
+            and (tree is None or (self.kv_dtype is torch.float32 and tree.rows == hidden.shape[1]))
         )
 
     @staticmethod
@@ -231,9 +238,11 @@ class FusedLayer:
         cache: Any,
         kv: KVPattern | PillarKeys | None = None,
         choice: PillarChoice | None = None,
+        tree: TreeKeys | None = None,
     ) -> torch.Tensor:
         """Residual + self-attention of `hidden` `[1, M, E]` (`takes`), appending its K/V to `cache`,
-        over the keys of `kv` when given; `choice` records the layer's pillar scores."""
+        over the keys of `kv` when given and of a token tree's rows (`tree`); `choice` records the
+        layer's pillar scores."""
         rows = hidden.shape[1]
         layer: GrowingLayer = cache.layers[self.layer]
         start = layer.claim(rows)
@@ -248,6 +257,7 @@ class FusedLayer:
             cos.data_ptr(), sin.data_ptr(),
             None if pillars is None else pillars[0].data_ptr(),
             None if pillars is None else pillars[1].data_ptr(), _pointer(scores),
+            None if tree is None else tree.bits.data_ptr(), 0 if tree is None else tree.base,
         )  # fmt: skip
         out = torch.empty_like(hidden)
         if load_driver().function(self.spec, call, hidden.data_ptr(), rows, out.data_ptr()):

@@ -19,7 +19,12 @@ ancestors (`tree_mask`).
 4. Compact: the accepted path's K/V moves to the positions after the root, the rest is cut off.
 
 A chain-shaped tree (`1x1x...`) attends causally: it runs no mask of its own, so it takes the
-chain's kernels and gives the chain's tokens and rounds, bit for bit.
+chain's kernels and gives the chain's tokens and rounds, bit for bit. Other trees' passes run the
+plan's kernels too where the plan fuses its layers: the float32 decode-attention kernel reads
+each row's ancestors as bits (`kv.tree_keys`); elsewhere (another plan, a GPU) the modules' SDPA
+reads the same mask as a dense one. Under a draft's KV pattern (a sink and a window; not pillars)
+a draft row sees the prefix's sink and window from its position and all its ancestors, and the
+verify reuses no layer, as the chain's does (`engine.steps.divergent_layer`).
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from skipsearch.engine.sampling import GREEDY, Sampling, residual, sample
 from skipsearch.engine.steps import divergent_layer, draft_forward
 from skipsearch.engine.timing import RoundClock
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask
+from skipsearch.kv.tree_keys import TreeKeys
+from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.device import device_sync
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.kernels import engaged
@@ -56,22 +62,41 @@ class TreeProposal:
 
 
 def tree_mask(
-    shape: TreeShape, start: int, rows: range, keys: int, device: torch.device
-) -> torch.Tensor | None:
-    """`[1, 1, len(rows), keys]` True where node row attends: the prefix (`0 .. start-1`) and the
-    row's ancestors and itself (slot `start + node`). None where that is the causal mask (a chain,
-    the root's pass), so those passes run the plan's own kernels, as a chain's do."""
+    shape: TreeShape,
+    start: int,
+    rows: range,
+    keys: int,
+    device: torch.device,
+    pattern: KVPattern | None = None,
+) -> TreeKeys | None:
+    """The keys of the node rows `rows` over `keys` slots (`kv.tree_keys`): the prefix
+    (`0 .. start-1`, under `pattern`'s sink and window when a draft has one) and each row's
+    ancestors and itself (slot `start + node`). None where that is the causal mask (a chain, the
+    root's pass), so those passes run the chain's path (with `pattern` as the chain's KV pattern)."""
     causal = keys == start + rows.stop and all(
         shape.ancestors(node) == tuple(range(node + 1)) for node in rows
     )
     if causal:
         return None
-    allowed = torch.zeros(len(rows), keys, dtype=torch.bool)
-    allowed[:, :start] = True
-    for row, node in enumerate(rows):
-        for ancestor in shape.ancestors(node):
-            allowed[row, start + ancestor] = True
-    return allowed[None, None].to(device)
+    ancestors = [shape.ancestors(node) for node in rows]
+    return TreeKeys.build(start, ancestors, [shape.depths[node] for node in rows], keys, device, pattern)
+
+
+def check_tree_pattern(shape: TreeShape, kv: KVPattern | None) -> None:
+    """Refuse a KV pattern a tree's draft does not run, in one line: pillars (chosen by a chain's
+    verify), or a window no wider than the tree is deep (a node sees all its ancestors, as a
+    chain's token sees the tokens drafted before it while they are in its window)."""
+    if kv is None:
+        return
+    if kv.pillars:
+        raise ConfigError(
+            f"a token tree's draft takes a sink and a window, not pillars: drop k{kv.pillars} from {kv}"
+        )
+    if kv.window <= shape.depth:
+        raise ConfigError(
+            f"KV pattern {kv} has a window of {kv.window}, not wider than tree {shape} is deep: "
+            f"use a window over {shape.depth}"
+        )
 
 
 def depth_rows(shape: TreeShape, depth: int) -> range:
@@ -120,8 +145,10 @@ def draft_tree(
     sampling: Sampling,
     generator: torch.Generator | None,
     head: DraftHead | None = None,
+    kv: KVPattern | None = None,
 ) -> TreeProposal:
-    """Step 1 of the module docstring: `shape.depth` passes of the masked model."""
+    """Step 1 of the module docstring: `shape.depth` passes of the masked model (over `kv`'s
+    keys of the prefix where the draft has a KV pattern)."""
     device = runner.device
     tokens = torch.empty(shape.nodes, dtype=torch.long, device=device)
     probs = (
@@ -132,9 +159,9 @@ def draft_tree(
     for depth, width in enumerate(shape.widths):
         rows = depth_rows(shape, depth)
         at = torch.full((1, len(rows)), start + depth, device=device)
-        attend = tree_mask(shape, start, rows, start + rows.stop, device)
+        attend = tree_mask(shape, start, rows, start + rows.stop, device, kv)
         ids = fed.clamp_min(0).view(1, -1)  # a child without a token feeds token 0, never accepted
-        hidden, logits = draft_forward(runner, mask, ids, at, cache, head, attend)
+        hidden, logits = draft_forward(runner, mask, ids, at, cache, head, attend, kv)
         exact.append(hidden)
         chosen, q = children_of(logits[0], width, sampling, generator, head)
         first = rows.stop
@@ -146,12 +173,18 @@ def draft_tree(
 
 
 def verify_tree(
-    runner: LayerwiseRunner, mask: SkipMask, cache: object, proposal: TreeProposal, start: int
+    runner: LayerwiseRunner,
+    mask: SkipMask,
+    cache: object,
+    proposal: TreeProposal,
+    start: int,
+    kv: KVPattern | None = None,
 ) -> torch.Tensor:
     """Step 2: full-model logits `[N + 1, V]`, row `i` after node `i`'s token. Expects layers
-    `>= s1` cropped to `start` and layers `< s1` holding the fed nodes' K/V."""
+    `>= s1` cropped to `start` and layers `< s1` holding the fed nodes' K/V (`s1` is 0 under a
+    draft's KV pattern `kv`)."""
     shape, device = proposal.shape, runner.device
-    s1 = divergent_layer(mask, None)
+    s1 = divergent_layer(mask, kv)
     depths = torch.tensor(shape.depths, device=device)
     fed = shape.verify_rows - shape.leaves
     leaves = range(fed, shape.verify_rows)
@@ -251,15 +284,18 @@ def tree_decode(
     eos_ids: Collection[int] = (),
     head: DraftHead | None = None,
     timed: bool = True,
+    kv: KVPattern | None = None,
 ) -> DecodeResult:
     """Decode up to `max_new_tokens` after `prompt` with tree rounds of `shape` (module docstring).
 
     Lossless as the chain is: greedy output equals `autoregressive_decode`'s token for token;
     sampled output follows the target's distribution. A round near the end of the output drafts
     fewer depths, so the output never overshoots. `DecodeResult.gammas` holds each round's depth,
-    `accepted` the depth it accepted.
+    `accepted` the depth it accepted. `kv`: the draft's KV pattern (a sink and a window wider than
+    the tree is deep; not pillars, which the tree's verify does not choose).
     """
     mask.check_fits(runner.num_layers)
+    check_tree_pattern(shape, kv)
     if max_new_tokens < 1 or not prompt:
         raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
     if head is not None and max(shape.widths) > len(head.ids):
@@ -271,7 +307,7 @@ def tree_decode(
     rounds.prefill_done()
     tokens = list(prompt)
     pending = torch.tensor([[tokens[-1]]], device=runner.device)
-    s1 = divergent_layer(mask, None)
+    s1 = divergent_layer(mask, kv)
     with engaged():
         while len(tokens) - len(prompt) < max_new_tokens:
             clock.start()
@@ -291,11 +327,11 @@ def tree_decode(
                 break
             at = TreeShape(shape.widths[:depth])
             with clock.phase("draft"):
-                proposal = draft_tree(runner, mask, cache, pending, start, at, sampling, generator, head)
+                proposal = draft_tree(runner, mask, cache, pending, start, at, sampling, generator, head, kv)
             with clock.phase("cache"):
                 crop(cache, start, range(s1, runner.num_layers))
             with clock.phase("verify"):
-                logits = verify_tree(runner, mask, cache, proposal, start)
+                logits = verify_tree(runner, mask, cache, proposal, start, kv)
             with clock.phase("sample"):
                 drafted = proposal.tokens.tolist()
                 if sampling.greedy:

@@ -18,6 +18,7 @@ from skipsearch.cpu.fused_layers import fused_layer
 from skipsearch.errors import ConfigError
 from skipsearch.kv.patterns import KV_PATTERN_KEYWORD, OWN_MASK_KEYWORD
 from skipsearch.kv.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys
+from skipsearch.kv.tree_keys import TreeKeys
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.attention import supports_kv_patterns
 from skipsearch.models.compat import check_architecture, check_installed_transformers
@@ -94,14 +95,21 @@ class LayerwiseRunner:
         kv: KVPattern | PillarKeys | None = None,
         pillars: PillarChoice | None = None,
         own_mask: bool = False,
+        tree: TreeKeys | None = None,
     ) -> torch.Tensor:
         """Residual + self-attention sub-layer (writes this layer's K/V into `cache` if given),
         attending only to the keys of `kv` when given (`kv.patterns`); `pillars`, when
         given, records the layer's choice of pillars (`kv.pillars`). `own_mask` says that
         `attention_mask` is the caller's, not the causal one (`OWN_MASK_KEYWORD`). A short block
         runs the layer's fused path where it has one (`cpu.fused_layers`; the causal mask is
-        then not read)."""
-        if not own_mask and self._fused_attention(layer, hidden, cache, pillars):
+        then not read). `tree`, a token tree's pass (`kv.tree_keys`): the fused path where it takes
+        the tree, else the modules over its dense mask, which holds `kv`'s sink and window."""
+        if tree is not None:
+            fused = self.fused[layer]
+            if fused is not None and fused.takes(hidden, cache, pillars, tree):
+                return fused.attention(hidden, position_embeddings, cache, kv, pillars, tree)
+            attention_mask, kv, own_mask = tree.dense, None, True
+        elif not own_mask and self._fused_attention(layer, hidden, cache, pillars):
             return self.fused[layer].attention(hidden, position_embeddings, cache, kv, pillars)
         block = self.layers[layer]
         extra: dict[str, Any] = {} if kv is None else {KV_PATTERN_KEYWORD: kv}
@@ -143,7 +151,7 @@ class LayerwiseRunner:
         position_ids: torch.Tensor,
         mask: SkipMask | None = None,
         cache: Any = None,
-        attention_mask: torch.Tensor | Sequence[torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | Sequence[torch.Tensor] | TreeKeys | None = None,
         collect: list[torch.Tensor] | None = None,
         kv: KVPattern | PillarKeys | None = None,
         pillars: PillarChoice | None = None,
@@ -155,6 +163,7 @@ class LayerwiseRunner:
         estimator needs its own), or per layer when a sequence indexed by layer (the estimator's
         pillars differ by layer); otherwise it is built per layer from that layer's cache
         length, since a draft that skips attention leaves some layers' caches shorter.
+        A `TreeKeys` is a token tree's pass (`kv.tree_keys`), its rows' ancestors for every layer.
         `collect`, when given, receives the input of every layer run and finally the output;
         `pillars`, the pillars each layer's attention chooses (`kv.pillars`).
         """
@@ -164,6 +173,9 @@ class LayerwiseRunner:
                 f"{self.config._attn_implementation!r}: load the model with load_model (or apply_attention)"
             )
         position_embeddings = self.rotary(hidden, position_ids)
+        tree = attention_mask if isinstance(attention_mask, TreeKeys) else None
+        if tree is not None:
+            attention_mask = None
         masks: dict[tuple[str, int], torch.Tensor | None] = {}
         for layer in range(start, end):
             if collect is not None:
@@ -172,7 +184,11 @@ class LayerwiseRunner:
                 layer_mask = attention_mask
                 if layer_mask is not None and not isinstance(layer_mask, torch.Tensor):
                     layer_mask = layer_mask[layer]
-                if layer_mask is None and not self._fused_attention(layer, hidden, cache, pillars):
+                if (
+                    layer_mask is None
+                    and tree is None
+                    and not self._fused_attention(layer, hidden, cache, pillars)
+                ):
                     seen = cache.layers[layer].get_seq_length() if cache is not None else 0
                     key = (self.layer_types[layer], seen)
                     if key not in masks:
@@ -187,6 +203,7 @@ class LayerwiseRunner:
                     kv,
                     pillars,
                     attention_mask is not None,
+                    tree,
                 )
             if mask is None or mask.runs_mlp(layer):
                 hidden = self.mlp(layer, hidden)

@@ -67,9 +67,23 @@ def test_greedy_tree_is_lossless_on_the_plan_attention(plan_runner):
     assert result.tokens == reference
 
 
+@pytest.mark.parametrize("shape", ["2x1", "2x2x1"])
+def test_greedy_tree_under_a_kv_pattern_is_lossless_on_the_modules(plan_runner, shape):
+    """The modules' path (no fused layers here) reads the tree's dense mask, the pattern's sink and
+    window folded in: lossless."""
+    from skipsearch.masks import KVPattern
+
+    prompt = list(range(3, 45))
+    reference = tree_decode(plan_runner, prompt, SkipMask(6), TreeShape.chain(1), NEW_TOKENS).tokens
+    mask = SkipMask.from_layers(6, [1, 4])
+    patterned = tree_decode(plan_runner, prompt, mask, TreeShape.parse(shape), NEW_TOKENS, kv=KVPattern(2, 6))
+    assert patterned.tokens == reference
+
+
 def test_the_mask_lets_a_node_see_the_prefix_and_its_ancestors_only():
     shape = TreeShape.parse("2x1")  # root 0; children 1, 2; grandchildren 3 (of 1), 4 (of 2)
-    mask = tree_mask(shape, 3, range(5), 8, torch.device("cpu"))[0, 0]
+    keys = tree_mask(shape, 3, range(5), 8, torch.device("cpu"))
+    mask = keys.dense[0, 0]
     assert mask[:, :3].all()
     assert mask[:, 3:].tolist() == [
         [True, False, False, False, False],
@@ -78,6 +92,7 @@ def test_the_mask_lets_a_node_see_the_prefix_and_its_ancestors_only():
         [True, True, False, True, False],
         [True, False, True, False, True],
     ]
+    assert keys.base == 3 and keys.bits.tolist() == [0b1, 0b11, 0b101, 0b1011, 0b10101]
     assert tree_mask(TreeShape.chain(3), 3, range(4), 7, torch.device("cpu")) is None
     assert tree_mask(shape, 3, range(1), 4, torch.device("cpu")) is None  # the root's pass is causal
 

@@ -183,7 +183,7 @@ class Estimator:
 
     def _tree_rounds(self, logits: torch.Tensor, shape: TreeShape) -> tuple[torch.Tensor, torch.Tensor]:
         """Each query's round start under the greedy rounds of `shape` (`tree_round_starts`), and
-        no previous round's (a tree drafts over every key: no pillars)."""
+        no previous round's (a tree's draft takes no pillars)."""
         ids = None if self.round_vocab is None else self.subset(self.round_vocab)
         ranks = target_rank(logits, self.target_tokens, RANK_CAP, ids)
         starts = self._per_query(ranks, lambda values, _gamma, _sure: tree_round_starts(values, shape))

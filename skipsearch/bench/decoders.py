@@ -17,6 +17,7 @@ import torch
 from skipsearch.engine.autoregressive import autoregressive_decode
 from skipsearch.engine.gamma import GammaPolicy
 from skipsearch.engine.graphed_decode import graphed_autoregressive_decode, graphed_speculative_decode
+from skipsearch.engine.graphed_tree import TreeGraphSteps, graphed_tree_decode
 from skipsearch.engine.graphs import GraphSteps
 from skipsearch.engine.result import DecodeResult
 from skipsearch.engine.sampling import Sampling
@@ -32,6 +33,7 @@ from skipsearch.trees import TreeShape
 AR, HF, SSD, EARLY_EXIT = "autoregressive", "hf-generate", "ssd", "hf-early-exit"
 SSD_CHAIN = "ssd-chain"  # a tree's draft as a chain, beside the tree
 AR_GRAPHS, SSD_GRAPHS = "autoregressive-graphs", "ssd-graphs"
+SSD_CHAIN_GRAPHS = "ssd-chain-graphs"  # a graphed tree's draft as a graphed chain, beside the tree
 
 # -- the decoders ---------------------------------------------------------------------------------
 Decoder = Callable[[tuple[int, ...], torch.Generator | None], DecodeResult]
@@ -77,7 +79,7 @@ def make_decoders(
     if tree is not None and not tree.is_chain:
         decoders[SSD_CHAIN] = decoders[SSD]
         decoders[SSD] = lambda prompt, generator: tree_decode(
-            runner, prompt, mask, tree, max_new_tokens, sampling, generator, stop, head, timed
+            runner, prompt, mask, tree, max_new_tokens, sampling, generator, stop, head, timed, kv
         )
         return decoders
     if mask.exit_layer is not None and kv is None:
@@ -97,11 +99,13 @@ def graphed_decoders(
     max_new_tokens: int,
     stop: Collection[int],
     timed: bool = False,
+    tree: TreeGraphSteps | None = None,
 ) -> dict[str, Decoder]:
     """The autoregressive baseline and mask 0's SSD replayed from the graphs of `steps`: a graphed
     engine is compared with a graphed baseline, never with an eager one. `timed` as in
-    `make_decoders`: its syncs stall the replays, so it is off unless asked for."""
-    return {
+    `make_decoders`: its syncs stall the replays, so it is off unless asked for. `tree`: SSD drafts
+    token trees on its graphs (`engine.graphed_tree`), the graphed chain beside (`SSD_CHAIN_GRAPHS`)."""
+    decoders: dict[str, Decoder] = {
         AR_GRAPHS: lambda prompt, generator: graphed_autoregressive_decode(
             steps, prompt, max_new_tokens, sampling, generator, stop
         ),
@@ -109,6 +113,12 @@ def graphed_decoders(
             steps, prompt, max_new_tokens, policy, sampling, generator, stop, timed
         ),
     }
+    if tree is not None:
+        decoders[SSD_CHAIN_GRAPHS] = decoders[SSD_GRAPHS]
+        decoders[SSD_GRAPHS] = lambda prompt, generator: graphed_tree_decode(
+            tree, prompt, max_new_tokens, sampling, generator, stop, timed
+        )
+    return decoders
 
 
 def hf_generate(

@@ -7,15 +7,17 @@ pass of `r` rows is a pass of the draft's sub-layers over `r` positions, its hea
 draft vocabulary's; the verify runs the sub-layers the draft reused (below `s1`) only for the `L`
 leaves the draft never fed, and every sub-layer from `s1` on for all `N + 1` rows. Rows are nearly
 free while a device's products stay memory-bound (AMX tiles, a GPU), and not on a CPU's vector
-units: the profile says which, so the search decides per device where a tree pays. A chain-shaped
-tree costs exactly the chain's round (`cost.calibrated.Calibrated`), which this reproduces.
+units: the profile says which, so the search decides per device where a tree pays. Under a KV
+pattern (a sink and a window) each draft pass's attention is priced at the keys it reads and the
+verify reuses nothing, as for the chain. A chain-shaped tree costs exactly the chain's round
+(`cost.calibrated.Calibrated`), which this reproduces.
 
 Pure arithmetic, no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cost.calibrated import Calibrated, RoundTime, _in_order
@@ -37,19 +39,21 @@ class TreeScore:
 
 def tree_round_time(form: Calibrated, shape: TreeShape) -> RoundTime:
     """Seconds of one round of `shape` for the draft `form` prices (module docstring)."""
-    latency, context = form.latency, form.context
-    if form.kv is not None:
-        raise ValueError("a token tree drafts over every key: a KV pattern's draft is a chain")
+    latency, context, kv = form.latency, form.context, form.kv
+    if kv is not None and kv.pillars:
+        raise ValueError("a token tree's draft takes a sink and a window, not pillars")
     one = latency.weights(context, 1)
     head_one = latency.draft_head_time(form.draft_vocab, context, form.vocab_size)
     draft = 0.0
     for rows in shape.draft_rows:
         passed = latency.weights(context, rows)
+        if kv is not None:  # attention at the keys the pattern reads, as the chain's draft step
+            passed = replace(passed, attn=latency.weights(min(context, kv.keys_read), rows).attn)
         head = head_one * passed.head / one.head  # the draft head grows with rows as the full one does
         draft += passed.total * form.mask.r_draft(passed) - (passed.head - head)
     full = latency.weights(context, shape.verify_rows)
     leaves = latency.weights(context, shape.leaves)
-    reused = form.mask.reused_sublayers
+    reused = form.mask.reused_sublayers if kv is None else 0  # a pattern's draft: no layer is exact
     verify = leaves.embed + sum(_in_order(leaves)[:reused]) + sum(_in_order(full)[reused:]) + full.head
     return RoundTime(draft, verify, latency.overhead(shape.depth))
 

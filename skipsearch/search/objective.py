@@ -115,9 +115,10 @@ def make_scorer(
         per_gamma = {g: s for g, s in enumerate(curve, start=1)}
         value = best.speedup if objective == "speedup" else profile.alpha
         details = _details(mask, profile, prediction)
-        if shapes and latency is not None and profile.kv is None and objective == "speedup":
-            form = Calibrated(latency, mask, at, profile.draft_vocab, vocab_size)
-            scored = [score_tree(profile, form, shape) for shape in shapes]
+        kv_shapes = tuple(s for s in shapes if profile.kv is None or profile.kv.window > s.depth)
+        if kv_shapes and latency is not None and not _pillars(profile.kv) and objective == "speedup":
+            form = Calibrated(latency, mask, at, profile.draft_vocab, vocab_size, profile.kv)
+            scored = [score_tree(profile, form, shape) for shape in kv_shapes]
             winner = max(scored, key=lambda s: (s.speedup, -s.shape.nodes))
             details["score_by_tree"] = {CHAIN: value, **{str(s.shape): s.speedup for s in scored}}
             details["tree_verify_steps"] = (winner.shape.verify_rows, _verify_steps(form, winner.shape))
@@ -144,6 +145,12 @@ def _verify_steps(form: Calibrated, shape: TreeShape) -> float:
     """A verify of the tree's rows, in steps of one row: what rows cost on this device."""
     latency = form.latency
     return latency.weights(form.context, shape.verify_rows).total / latency.step_time(form.context)
+
+
+def _pillars(kv: KVPattern | None) -> bool:
+    """Whether a draft's KV pattern chooses pillars, which a token tree's draft does not take
+    (`engine.tree.check_tree_pattern`): its trees are not scored."""
+    return kv is not None and kv.pillars > 0
 
 
 def _details(mask: SkipMask, profile: AcceptanceProfile, prediction: Prediction) -> dict:

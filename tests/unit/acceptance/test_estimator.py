@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.profile import _walk_tree
 from skipsearch.cpu.attention_choice import AttentionChoice
-from skipsearch.cpu.attention_paths import KERNEL_ATTENTION
+from skipsearch.cpu.attention_paths import FP32_ATTENTION, KERNEL_ATTENTION
 from skipsearch.cpu.decode_attention import load_kernel
 from skipsearch.engine import GammaPolicy, speculative_decode
 from skipsearch.engine.tree import tree_decode
@@ -281,14 +281,16 @@ def test_on_the_kernel_plan_one_short_prompt_keeps_the_estimators_own_masks() ->
     assert not all(accepted for _, _, accepted in judged)
 
 
-def engine_tree_judgements(runner, reference, mask, shape) -> tuple[list[tuple[int, int, int, bool]], list]:
+def engine_tree_judgements(
+    runner, reference, mask, shape, kv=None
+) -> tuple[list[tuple[int, int, int, bool]], list]:
     """(reference row, continuation offset, depth, accepted) of every tree node on the target's
     path the engine judged, and (row, offset, accepted) of every round of full depth that started
     early enough to end inside the output (the engine cuts the rounds near its end short)."""
     judged, rounds = [], []
     for row in range(reference.input_ids.shape[0]):
         prompt = reference.input_ids[row, : int(reference.prompt_lengths[row])].tolist()
-        result = tree_decode(runner, prompt, mask, shape, NEW_TOKENS, timed=False)
+        result = tree_decode(runner, prompt, mask, shape, NEW_TOKENS, timed=False, kv=kv)
         continuation = reference.input_ids[row, len(prompt) : int(reference.lengths[row])].tolist()
         assert list(result.tokens) == continuation
         offset = 0
@@ -326,6 +328,24 @@ def test_rounds_mode_predicts_every_engine_judgement_of_a_tree(rounds_setup, mas
     mean = lambda rounds: sum(n + 1 for *_, n in rounds) / len(rounds)  # noqa: E731
     assert mean(predicted) == pytest.approx(mean(engine_rounds), rel=0.03)
     assert any(depth > 0 and kept for _, _, depth, kept in judged)  # some rounds go deep
+
+
+def test_rounds_mode_predicts_a_kv_pattern_trees_judgements() -> None:
+    """Under a sink-and-window draft too, the round-aware ranks give every judgement of the engine's
+    tree (whose rows see the prefix's sink and window and their ancestors)."""
+    model = tiny_model("llama", layers=3, seed=1)
+    model.generation_config.eos_token_id = None
+    apply_attention(model, AttentionChoice("float32", FP32_ATTENTION))
+    runner, kv, tree, mask = LayerwiseRunner(model), KVPattern(1, 4), TreeShape.parse("2x2x1"), SkipMask(3)
+    reference = random_reference(runner, [14, 9], new_tokens=NEW_TOKENS, seed=3)
+    ranks = (
+        Estimator(runner, reference, "rounds", round_tree=tree)
+        .evaluate(mask, temperature=0, kv=kv)
+        .target_rank
+    )
+    judged, _ = engine_tree_judgements(runner, reference, mask, tree, kv)
+    assert not [(r, o) for r, o, depth, kept in judged if (ranks[r][o] < tree.widths[depth]) != kept]
+    assert not all(kept for *_, kept in judged)
 
 
 def test_ranks_agree_with_the_greedy_match_and_give_the_top_k_hit_rates(rounds_setup) -> None:

@@ -10,26 +10,27 @@ from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.trees import best_tree, score_tree, tree_round_time
-from skipsearch.masks import SkipMask
+from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.trees import TreeShape
 
 LAYERS = 4
 POSITIONS = (1, 2, 4, 8, 16, 32)
 
 
-def latency(per_row: float) -> LatencyProfile:
-    """Every sub-layer 1 ms at one position, `per_row` ms more for each further row; head 2 ms."""
+def latency(per_row: float, contexts: tuple[int, ...] = (512,)) -> LatencyProfile:
+    """Every sub-layer 1 ms at one position, `per_row` ms more for each further row; head 2 ms;
+    attention over `c` keys `c / 512` of that (a table per context in `contexts`)."""
     row = [(1.0 + per_row * (p - 1)) / 1e3 for p in POSITIONS]
     tables = {
-        "embed": [[0.0] * len(POSITIONS)],
-        "head": [[2 * t for t in row]],
-        "attn": [[row] for _ in range(LAYERS)],
-        "mlp": [[row] for _ in range(LAYERS)],
+        "embed": [[0.0] * len(POSITIONS) for _ in contexts],
+        "head": [[2 * t for t in row] for _ in contexts],
+        "attn": [[[t * c / 512 for t in row] for c in contexts] for _ in range(LAYERS)],
+        "mlp": [[row for _ in contexts] for _ in range(LAYERS)],
     }
     return LatencyProfile.from_dict(
         {
             "meta": {"device": "test", "model": "tiny", "num_layers": LAYERS},
-            "context_lengths": [512],
+            "context_lengths": list(contexts),
             "positions": list(POSITIONS),
             **tables,
             "spread": json.loads(json.dumps(tables)),
@@ -55,6 +56,19 @@ MASK = SkipMask.from_layers(LAYERS, [2])
 def test_a_chain_shaped_tree_costs_the_chains_round(gamma) -> None:
     form = Calibrated(latency(0.3), MASK, context=512)
     assert tree_round_time(form, TreeShape.chain(gamma)).total == pytest.approx(form.round_time(gamma).total)
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_under_a_kv_pattern_a_chain_shaped_tree_costs_the_patterned_chains_round(gamma) -> None:
+    """The draft's attention at the keys the pattern reads and no layer reused, as the chain's."""
+    two = latency(0.3, (32, 512))
+    form = Calibrated(two, MASK, context=512, kv=KVPattern(4, 28))
+    assert tree_round_time(form, TreeShape.chain(gamma)).total == pytest.approx(form.round_time(gamma).total)
+    plain = Calibrated(two, MASK, context=512)
+    shape = TreeShape.parse("2x1")
+    assert tree_round_time(form, shape).draft < tree_round_time(plain, shape).draft  # 32 keys read, not 512
+    with pytest.raises(ValueError, match="pillars"):
+        tree_round_time(Calibrated(latency(0.3), MASK, 512, kv=KVPattern(4, 28, 8)), TreeShape.parse("2x1"))
 
 
 def test_a_tree_pays_for_each_extra_row_what_the_profile_says() -> None:

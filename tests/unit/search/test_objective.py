@@ -99,3 +99,19 @@ def test_a_draft_keeps_the_best_of_its_chains_and_trees_by_what_rows_cost() -> N
     assert rows in (5, 11) and steps > 2
     closed = make_scorer(cost="closed-form", trees=trees)(mask, profile)  # prices no rows: chains only
     assert "tree" not in closed.details
+
+
+def test_a_kv_pattern_draft_scores_trees_its_window_holds_and_no_tree_with_pillars() -> None:
+    """A sink-and-window draft's trees are scored (those shallower than its window); a pattern
+    with pillars keeps its chain, as the engine runs no tree with pillars."""
+    from dataclasses import replace
+
+    mask = SkipMask(2, attn={1})
+    ranks = _ranked([1, 0, 1, 0, 0, 1, 2, 0, 1, 0] * 8, mask)
+    trees = (TreeShape.parse("2x1"), TreeShape.parse("2x2x1"))
+    scorer = make_scorer(cost="calibrated", latency=rows_latency(0.0), trees=trees, kv=(KVPattern(2, 3),))
+    windowed = scorer(mask, replace(ranks, kv=KVPattern(2, 3)))
+    assert set(windowed.details["score_by_tree"]) == {"chain", "2x1"}  # 2x2x1 is as deep as the window
+    assert windowed.details["score_by_tree"]["2x1"] > 0 and windowed.details["tree"] in ("chain", "2x1")
+    pillars = make_scorer(cost="calibrated", latency=rows_latency(0.0), trees=trees, kv=(KVPattern(2, 3, 4),))
+    assert "score_by_tree" not in pillars(mask, replace(ranks, kv=KVPattern(2, 3, 4))).details

@@ -19,6 +19,7 @@ from skipsearch.engine.gamma import GammaPolicy
 from skipsearch.engine.result import DecodeResult, Summary
 from skipsearch.engine.sampling import GREEDY, Sampling
 from skipsearch.engine.timing import breakdown
+from skipsearch.engine.tree import check_tree_pattern
 from skipsearch.errors import ConfigError
 from skipsearch.masks import Draft
 from skipsearch.models.kernels import busy_cpu_warning
@@ -135,10 +136,12 @@ def decode_draft(
     `tree`: the draft drafts token trees of that shape, and runs as a chain of `policy`'s γ beside.
 
     `graphs` adds the draft and the autoregressive baseline replayed from CUDA graphs (run eagerly
-    over the same static buffers off a GPU), and the graphed SSD is the one checked lossless."""
+    over the same static buffers off a GPU), and the graphed SSD is the one checked lossless; with a
+    `tree`, the graphed SSD drafts trees (`engine.graphed_tree`) and the graphed chain runs beside."""
     from skipsearch.acceptance.worker import prepare
     from skipsearch.bench.decoders import graphed_decoders, make_decoders
     from skipsearch.bench.estimate import estimator_dict, estimators
+    from skipsearch.engine.graphed_tree import TreeGraphSteps
     from skipsearch.engine.graphs import GraphSteps
     from skipsearch.masks import kv_label, vocab_label
     from skipsearch.models.draft_head import DraftHead
@@ -162,21 +165,25 @@ def decode_draft(
         vocab_ids = range
     mask, vocab, kv = draft.mask, draft.vocab, draft.kv
     head = None if vocab is None else DraftHead.gather(runner, vocab_ids(vocab))
-    widest = (policy.initial if policy.is_fixed else policy.gamma_max) + 1
+    gamma = policy.initial if policy.is_fixed else policy.gamma_max
+    widest = gamma + 1
     if tree is not None:
         check_tree(tree, kv, policy, graphs)
         widest = max(widest, tree.verify_rows)
-    steps = None
+    steps, tree_steps = None, None
     if graphs:
         check_graphable(kv, policy)
         room = max(len(p) for p in prompts) + settings.new_tokens + widest + 1
-        steps = GraphSteps(runner, [mask], [widest - 1], room, heads=[head], kvs=[kv])
+        steps = GraphSteps(runner, [mask], [gamma], room, heads=[head], kvs=[kv])
+        if tree is not None and not tree.is_chain:  # a chain-shaped tree decodes as the chain
+            tree_steps = TreeGraphSteps(steps, tree)
 
     def decoders(sampling: Sampling) -> dict[str, Decoder]:
         new, timed = settings.new_tokens, settings.breakdown
         found = make_decoders(runner, loaded, mask, policy, sampling, new, head, kv, timed, tree)
         if steps is not None:
-            found |= graphed_decoders(steps, policy, sampling, new, eos_ids(loaded.model), timed)
+            stop = eos_ids(loaded.model)
+            found |= graphed_decoders(steps, policy, sampling, new, stop, timed, tree_steps)
         return found
 
     measured = measure(decoders, runner, prompts, settings, SSD if steps is None else SSD_GRAPHS, widest)
@@ -223,12 +230,14 @@ def decode_draft(
 
 def check_tree(tree: TreeShape, kv: Any, policy: GammaPolicy, graphs: bool) -> None:
     """Refuse what a token tree's rounds do not run, in one line each."""
-    if kv is not None:
-        raise ConfigError("a token tree drafts over every key: drop --tree, or the KV pattern")
+    check_tree_pattern(tree, kv)
     if policy.stop_below or not policy.is_fixed:
         raise ConfigError("a token tree drafts its whole shape: drop --draft-stop and --dynamic-gamma")
-    if graphs:
-        raise ConfigError("token trees are not captured as CUDA graphs yet: drop --graphs, or --tree")
+    if graphs and kv is not None:
+        raise ConfigError(
+            "token trees on CUDA graphs draft over every key (engine.graphed_tree): drop --graphs, "
+            "or the KV pattern"
+        )
 
 
 def check_graphable(kv: Any, policy: GammaPolicy) -> None:

@@ -102,8 +102,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--graphs",
         action="store_true",
-        help="also decode the draft and the autoregressive baseline on CUDA graphs, and compare them "
-        "(needs --device cuda; with a tier set, same as --require-graphs)",
+        help="also decode the draft (with --tree, its trees and its chain) and the autoregressive "
+        "baseline on CUDA graphs, and compare them (needs --device cuda; with a tier set, same as "
+        "--require-graphs)",
     )
     parser.add_argument(
         "--require-graphs",

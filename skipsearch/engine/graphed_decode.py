@@ -10,7 +10,7 @@ output stops at the first end-of-sequence token like `autoregressive_decode`'s.
 
 The speculative rounds are `engine.ssd.run_rounds` over the graphed steps, with one mask and the
 γ controller (`speculative_decode`'s schedule); an untimed greedy round reads the host once, to
-accept.
+accept. Token-tree rounds on the same steps' cache and pool: `engine.graphed_tree`.
 """
 
 from __future__ import annotations

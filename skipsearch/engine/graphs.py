@@ -22,6 +22,11 @@ tokens (the engine decodes one sequence; a batched server would capture each buc
 On a CPU, or with `capture=False`, the very same step functions run eagerly, and say so. After
 capture every graph is replayed once against its eager step, so a graph that recorded the wrong
 work (a keyword an older transformers swallows, say) fails there instead of decoding wrongly.
+
+Token trees take the same cache, pool and capture (`engine.graphed_tree.TreeGraphSteps`, built on
+a `GraphSteps` by `record`): a fixed node budget — the shape's draft rows per depth and its verify
+rows — over static buffers, the tree mask filled on the device before a round's replays; eager
+on a CPU as these steps are (not yet measured on a GPU).
 """
 
 from __future__ import annotations
@@ -150,9 +155,9 @@ class GraphSteps:
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         tiers = range(len(self.masks))
         with torch.no_grad():  # a captured graph must not record autograd state
-            self.drafts = [self._record(self._draft_step(t)) for t in tiers]
+            self.drafts = [self.record(self._draft_step(t)) for t in tiers]
             self.verifies = {
-                (t, g): self._record(self._verify_step(t, g)) for t in tiers for g in range(gammas[t] + 1)
+                (t, g): self.record(self._verify_step(t, g)) for t in tiers for g in range(gammas[t] + 1)
             }
         if self.capture:
             log.info("captured %d draft and %d verify CUDA graphs", len(self.drafts), len(self.verifies))
@@ -192,7 +197,7 @@ class GraphSteps:
 
         return step
 
-    def _record(self, step: Callable[[], Outputs]) -> Callable[[], Outputs]:
+    def record(self, step: Callable[[], Outputs]) -> Callable[[], Outputs]:
         """`step` itself when eager; else a replay of its captured graph.
 
         Warm-up runs write K/V and advance the cache lengths; the lengths are restored after each,

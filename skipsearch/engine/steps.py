@@ -98,18 +98,19 @@ def verify_forward(
     kv: KVPattern | None = None,
     pillars: PillarChoice | None = None,
 ) -> torch.Tensor:
-    """Full-model logits `[γ + 1, V]` over `block_positions` `[1, γ + 1]`, reusing the draft's work.
+    """Full-model logits `[γ + T, V]` over `block_positions` `[1, γ + T]`, reusing the draft's work.
 
-    `exact` `[b, γ, d]`: the drafts' exact states (None or empty when γ = 0); `last` `[b, 1]`: the
-    last draft token (the pending token when γ = 0), which the draft never fed. Layers `< s1` run
-    only for `last`; the exact states are completed with the MLP of layer `s1 - 1` when the draft
-    skipped it; layers `>= s1` run for all γ + 1 positions. Shared by `verify` and `engine.graphs`.
-    `pillars` records the next round's pillars from the block's first position (a KV pattern's
-    `s1` is 0, so every layer runs the whole block).
+    `exact` `[b, γ, d]`: the exact states of the γ positions the draft fed (None or empty when
+    γ = 0); `last` `[b, T]`: the tokens it never fed, at the block's last T positions — a chain's
+    last draft token (the pending token when γ = 0), or a token tree's leaves (`engine.graphed_tree`).
+    Layers `< s1` run only for `last`; the exact states are completed with the MLP of layer `s1 - 1`
+    when the draft skipped it; layers `>= s1` run for the whole block. Shared by `verify`,
+    `engine.graphs` and `engine.graphed_tree`. `pillars` records the next round's pillars from the
+    block's first position (a KV pattern's `s1` is 0, so every layer runs the whole block).
     """
     s1, gamma = divergent_layer(mask, kv), 0 if exact is None else exact.shape[1]
-    tail_mask = None if attention_mask is None else attention_mask[:, :, gamma : gamma + 1]
-    tail_position = block_positions[:, gamma : gamma + 1]
+    tail_mask = None if attention_mask is None else attention_mask[:, :, gamma:]
+    tail_position = block_positions[:, gamma:]
     tail = runner.run_layers(runner.embed(last), 0, s1, tail_position, cache=cache, attention_mask=tail_mask)
     if exact is None:
         hidden = tail

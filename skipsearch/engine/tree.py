@@ -151,9 +151,8 @@ def draft_tree(
     keys of the prefix where the draft has a KV pattern)."""
     device = runner.device
     tokens = torch.empty(shape.nodes, dtype=torch.long, device=device)
-    probs = (
-        None if sampling.greedy else torch.empty(shape.verify_rows - shape.leaves, runner.config.vocab_size)
-    )
+    fed_rows = shape.verify_rows - shape.leaves
+    probs = None if sampling.greedy else torch.empty(fed_rows, runner.config.vocab_size, device=device)
     exact: list[torch.Tensor] = []
     fed = pending.view(1)
     for depth, width in enumerate(shape.widths):

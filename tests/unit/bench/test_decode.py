@@ -63,9 +63,35 @@ def test_a_tree_check_runs_the_tree_beside_the_same_draft_as_a_chain(monkeypatch
 
 
 def test_a_tree_refuses_what_its_rounds_do_not_run() -> None:
-    with pytest.raises(ConfigError, match="every key"):
-        check_tree(TreeShape.parse("2x1"), KVPattern(4, 16), GammaPolicy.fixed(2), False)
+    check_tree(TreeShape.parse("2x1"), KVPattern(4, 16), GammaPolicy.fixed(2), False)  # a sink and a window
+    with pytest.raises(ConfigError, match="not pillars"):
+        check_tree(TreeShape.parse("2x1"), KVPattern(4, 16, 8), GammaPolicy.fixed(2), False)
+    with pytest.raises(ConfigError, match="window of 2"):
+        check_tree(TreeShape.parse("2x1"), KVPattern(4, 2), GammaPolicy.fixed(2), False)
     with pytest.raises(ConfigError, match="whole shape"):
         check_tree(TreeShape.parse("2x1"), None, GammaPolicy.fixed(2, 0.5), False)
-    with pytest.raises(ConfigError, match="CUDA graphs"):
-        check_tree(TreeShape.parse("2x1"), None, GammaPolicy.fixed(2), True)
+    check_tree(TreeShape.parse("2x1"), None, GammaPolicy.fixed(2), True)  # graphed trees run
+    with pytest.raises(ConfigError, match="CUDA graphs draft over every key"):
+        check_tree(TreeShape.parse("2x1"), KVPattern(4, 16), GammaPolicy.fixed(2), True)
+
+
+def test_a_graphed_tree_check_runs_the_graphed_tree_beside_the_graphed_chain(monkeypatch) -> None:
+    """`--graphs --tree`: the graphed SSD drafts trees (depth 2 a round at most), the graphed chain
+    drafts gamma 3 beside it, both over the graphed steps run eagerly off a GPU; the graphed tree is
+    the SSD checked lossless."""
+    loaded = LoadedModel(with_plan_attention(tiny_model("llama", layers=4)), None, "tiny", "memory")
+    monkeypatch.setattr("skipsearch.models.loading.load_model", lambda *args: loaded)
+    config = MeasureConfig("tiny", PromptSpec(n_prompts=2, max_prompt_tokens=9, new_tokens=NEW_TOKENS))
+    settings = DecodeSettings(GREEDY, NEW_TOKENS, repeats=1, seed=0, breakdown=False)
+    draft = Draft(SkipMask(4, [1], [1, 2]), None, None)
+    tree = TreeShape.parse("2x1")
+    result = decode_draft(
+        config, lambda layers: draft, GammaPolicy.fixed(3), settings, RandomWeights(), True, tree
+    )
+    assert result["graphs"]["mode"] == "static-eager" and result["lossless"]
+    runs = result["runs"]
+    assert {"ssd-graphs", "ssd-chain-graphs", "autoregressive-graphs"} <= set(runs)
+    assert [r["tokens"] for r in runs["ssd-graphs"]] == [r["tokens"] for r in runs["autoregressive"]]
+    assert [r["gammas"] for r in runs["ssd-graphs"]] == [r["gammas"] for r in runs["ssd"]]
+    assert max(g for r in runs["ssd-graphs"] for g in r["gammas"]) == tree.depth
+    assert max(g for r in runs["ssd-chain-graphs"] for g in r["gammas"]) == 3

@@ -99,6 +99,26 @@ def test_decode_reads_a_runs_token_tree_and_refuses_what_a_tree_does_not_run(tmp
     assert "bad tree shape" in capsys.readouterr().err
 
 
+def test_decode_runs_a_graphed_tree(tmp_path, monkeypatch, capsys):
+    """`--graphs --tree 2x1` decodes (no refusal): with the device check stood in, the graphed steps run
+    eagerly on this CPU, the report says so, and the graphed tree and chain run beside the eager ones."""
+    from skipsearch.models.loading import LoadedModel
+    from tests.conftest import tiny_model, with_plan_attention
+
+    loaded = LoadedModel(with_plan_attention(tiny_model("llama", layers=4)), None, "tiny", "memory")
+    monkeypatch.setattr("skipsearch.models.loading.load_model", lambda *args: loaded)
+    monkeypatch.setattr("skipsearch.models.device.check_device", lambda device: None)
+    out = tmp_path / "decode.json"
+    options = "--random-weights --skip 1 --gamma 3 --n-prompts 1 --max-prompt-tokens 8 --new-tokens 8 "
+    options += "--repeats 1"
+    graphed = ["--tree", "2x1", "--graphs", "--device", "cuda"]
+    assert main(["decode", "--model", "mistral-7b", *options.split(), *graphed, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["tree"] == "2x1" and result["lossless"] and result["graphs"]["mode"] == "static-eager"
+    assert {"ssd-graphs", "ssd-chain-graphs"} <= set(result["summaries"])
+    assert "graphed (static-eager)" in capsys.readouterr().out
+
+
 # -- decode --from tiers.json ------------------------------------------------------------------------
 def test_decode_command_runs_a_tier_manifest(runner, tmp_path, monkeypatch, capsys):
     from skipsearch.models.loading import LoadedModel

@@ -1,8 +1,9 @@
-"""Why a token tree's round costs more than the profile prices: one full pass of r rows, causal
-(the chain's path: fused layers, the decode-attention kernel, what `skipsearch profile` times)
-against the same rows under a token tree's ancestor mask (the tree's path: transformers' attention
-modules with an explicit mask) and under an explicit mask that is just the causal one (the tree's
-path with the chain's pattern: the path's cost apart from the pattern's).
+"""A token tree's verify pass against the chain's: one full pass of r rows, causal (the chain's
+path: fused layers, the decode-attention kernel, what `skipsearch profile` times), under the tree's
+ancestor mask as the engine runs it (`kv.tree_keys`: on the fused layers the kernel reads each
+row's ancestors as bits), and under the same mask as a dense one through transformers' attention
+modules and SDPA (the path trees ran before the kernel read them, and still run where the plan does
+not fuse its layers).
 
 On one model, after a prompt of `--context` tokens, for the verify of each tree shape (`--shapes`),
 the three passes interleaved, `--repeats` times, the cache cropped back after each; median and
@@ -32,7 +33,7 @@ from skipsearch.models.loading import load_model
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.trees import TreeShape
 
-PATHS = ("causal", "tree mask", "causal as a mask")
+PATHS = ("causal", "tree (kernel)", "tree (modules, dense mask)")
 
 
 def main() -> None:
@@ -63,9 +64,8 @@ def main() -> None:
         else:
             at = (start + torch.tensor(shape.depths))[None]
             mask = tree_mask(shape, start, range(rows), start + rows, runner.device)
-            if path == "causal as a mask":
-                at = torch.arange(start, start + rows)[None]
-                mask = torch.ones(rows, start + rows, dtype=torch.bool).tril(start)[None, None]
+            if path != "tree (kernel)":
+                mask = mask.dense  # a tensor: the caller's own mask, which the modules read
         began = time.perf_counter()
         with torch.no_grad():
             hidden = runner.run_layers(

@@ -16,12 +16,13 @@ key slot of the static cache — row `i` sees the prefix (slots `< start`) and t
 once, on the device, from `start` (`TreeGraphSteps.begin`); each depth's draft writes its
 children's tokens into the next depth's rows.
 
-The round is `tree_decode`'s: drafts write the nodes' K/V in slot `start + i` (in node order, so the
-static cache's append is that layout); the verify reuses the layers below `s1` (the mask's first
-divergent layer): they run only for the leaves, the rest from the draft's exact states, after the
-layers `>= s1` are cropped back to `start` (`steps.verify_forward`). The greedy or sampled walk of
-`engine.tree` picks the path; its K/V moves next to the root in every layer (`compact_static`)
-and the device lengths are clamped behind it, as `StaticKV` crops.
+The round is `tree_decode`'s, run by the same loop (`tree.run_tree_rounds`): drafts write the
+nodes' K/V in slot `start + i` (in node order, so the static cache's append is that layout); the
+verify reuses the layers below `s1` (the mask's first divergent layer): they run only for the
+leaves, the rest from the draft's exact states, after the layers `>= s1` are cropped back to
+`start` (`steps.verify_forward`). The greedy or sampled walk of `engine.tree` picks the path; its
+K/V moves next to the root in every layer (`compact_static`) and the device lengths are clamped
+behind it, as `StaticKV` crops.
 
 A chain-shaped tree (`1x1...`) fills the causal mask: the chain's kernels, the chain's tokens.
 Host reads: an untimed greedy round reads the drafted tokens and the target's argmax in one copy.
@@ -34,16 +35,13 @@ from collections.abc import Callable, Collection, Sequence
 
 import torch
 
-from skipsearch.engine.cache import StaticKV, check_lengths, crop
+from skipsearch.engine.cache import StaticKV, crop
 from skipsearch.engine.graphs import GraphSteps, Outputs
-from skipsearch.engine.result import DecodeResult, Rounds
-from skipsearch.engine.sampling import GREEDY, Sampling, sample
+from skipsearch.engine.result import DecodeResult
+from skipsearch.engine.sampling import GREEDY, Sampling
 from skipsearch.engine.steps import divergent_layer, draft_forward, verify_forward
-from skipsearch.engine.timing import RoundClock
-from skipsearch.engine.tree import TreeProposal, children_of, depth_rows, tree_greedy_walk, tree_sample_walk
+from skipsearch.engine.tree import TreeProposal, children_of, depth_rows, run_tree_rounds
 from skipsearch.errors import ConfigError
-from skipsearch.models.device import device_sync
-from skipsearch.models.kernels import engaged
 from skipsearch.trees import TreeShape
 
 
@@ -84,7 +82,7 @@ class TreeGraphSteps:
     one round's `verify_rows`."""
 
     def __init__(self, base: GraphSteps, shape: TreeShape, tier: int = 0) -> None:
-        self.base, self.shape, self.mode = base, shape, base.mode
+        self.base, self.shape, self.mode, self.runner = base, shape, base.mode, base.runner
         self.mask, self.head = base.masks[tier], base.heads[tier]
         if base.kvs[tier] is not None:
             raise ConfigError(
@@ -103,7 +101,8 @@ class TreeGraphSteps:
         self.exact = torch.zeros(bucket, fed, runner.config.hidden_size, dtype=base.dtype, device=device)
         self.depths = torch.tensor(shape.depths, **long)
         self.ancestry = ancestry(shape).to(device)
-        self.begin(0, 0)  # inputs a capture-time run can attend with
+        self.cache, self.start, self.s1 = base.cache, 0, divergent_layer(self.mask, None)
+        self._fill(0, 0)  # inputs a capture-time run can attend with
         with torch.no_grad():  # a captured graph must not record autograd state
             self.drafts = [base.record(self._draft_step(depth)) for depth in range(shape.depth)]
             self.verifies = [base.record(self._verify_step(depth)) for depth in range(shape.depth + 1)]
@@ -138,11 +137,18 @@ class TreeGraphSteps:
 
     # -- a round ------------------------------------------------------------------------------
     def prefill(self, prompt: Sequence[int]) -> StaticKV:
-        return self.base.prefill(prompt)
+        self.cache = self.base.prefill(prompt)
+        return self.cache
 
-    def begin(self, start: int, root: int) -> None:
-        """Fill a round's inputs on the device: the root token, every node's position
-        `start + depth`, and the tree mask over every slot (module docstring)."""
+    def begin(self, start: int, root: int, depth: int) -> None:
+        """A round of `depth` depths from slot `start` (checked to fit the cache): fill its inputs
+        on the device, the root token, every node's position `start + depth`, and the tree mask
+        over every slot (module docstring)."""
+        self.base.check_room(start + (cut(self.shape, depth).verify_rows if depth else 1))
+        self._fill(start, root)
+        self.start = start
+
+    def _fill(self, start: int, root: int) -> None:
         self.ids[:, 0].fill_(root)
         self.positions.copy_(self.depths[None] + start)
         offset = self.base.slots - start
@@ -171,30 +177,20 @@ class TreeGraphSteps:
                 probs[rows.start : rows.stop] = q
         return TreeProposal(at, tokens, probs, self.exact[:1, :fed])
 
-    def verify(self, depth: int) -> torch.Tensor:
-        """One replay of the verify of the tree cut to `depth`: full-model logits `[rows, V]`, row
-        `i` after node `i` (a copy: the captured tensor is rewritten by the next replay)."""
-        (logits,) = self.verifies[depth]()
+    def verify(self, proposal: TreeProposal) -> torch.Tensor:
+        """One replay of the verify of `proposal`'s tree (the shape cut to its depth): full-model
+        logits `[rows, V]`, row `i` after node `i` (a copy: the next replay rewrites the captured
+        tensor)."""
+        (logits,) = self.verifies[proposal.shape.depth]()
         return logits.clone()
 
+    def step(self) -> torch.Tensor:
+        """The depth-0 verify: one full-model step of the root, logits `[V]`."""
+        (logits,) = self.verifies[0]()
+        return logits[0].clone()
 
-def walk(
-    proposal: TreeProposal, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
-) -> tuple[list[int], list[int]]:
-    """The accepted path (node numbers) and the tokens the round commits: the path's and the
-    target's after it (`tree.tree_greedy_walk`, `tree.tree_sample_walk`). Greedy reads the drafted
-    tokens and the target's argmax back in one copy."""
-    count = len(proposal.tokens)
-    if sampling.greedy:
-        both = torch.cat([proposal.tokens, logits.argmax(-1)]).tolist()
-        drafted = both[:count]
-        path, after = tree_greedy_walk(proposal.shape, drafted, both[count:])
-    else:
-        drafted = proposal.tokens.tolist()
-        path, after = tree_sample_walk(
-            proposal.shape, drafted, sampling.probs(logits), proposal.probs, generator
-        )
-    return path, [drafted[node - 1] for node in path] + [after]
+    def compact(self, path: Sequence[int]) -> None:
+        compact_static(self.cache, self.start, path)
 
 
 @torch.no_grad()
@@ -207,51 +203,9 @@ def graphed_tree_decode(
     eos_ids: Collection[int] = (),
     timed: bool = False,
 ) -> DecodeResult:
-    """`tree_decode` with the mask and shape of `steps`, on their graphs: greedy output equals
-    `autoregressive_decode`'s token for token, sampled output follows the target's distribution.
-    `gammas` holds each round's depth, `accepted` the depth it accepted. `timed` records each
-    round's phases and checks the cache after it, at a device sync per phase boundary; untimed,
-    the cache is checked once, after the last round."""
-    if max_new_tokens < 1 or not prompt:
-        raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
-    runner, shape = steps.base.runner, steps.shape
-    rounds = Rounds()
-    clock = RoundClock(runner.device, timed)
-    cache = steps.prefill(prompt)
-    device_sync(runner.device)()
-    rounds.prefill_done()
-    tokens = list(prompt)
-    s1 = divergent_layer(steps.mask, None)
-    with engaged():
-        while len(tokens) - len(prompt) < max_new_tokens:
-            clock.start()
-            start = len(tokens) - 1
-            depth = min(shape.depth, max_new_tokens - (len(tokens) - len(prompt)) - 1)
-            steps.base.check_room(start + (cut(shape, depth).verify_rows if depth else 1))
-            steps.begin(start, tokens[-1])
-            if depth == 0:  # the last token: one step of the full model
-                with clock.phase("verify"):
-                    logits = steps.verify(0)[0]
-                with clock.phase("sample"):
-                    chosen = logits.argmax() if sampling.greedy else sample(sampling.probs(logits), generator)
-                tokens.append(int(chosen))
-                rounds.add(0, 0, clock.finish(start + 1, 0, 0))
-                break
-            with clock.phase("draft"):
-                proposal = steps.draft(depth, sampling, generator)
-            with clock.phase("cache"):
-                crop(cache, start, range(s1, runner.num_layers))
-            with clock.phase("verify"):
-                logits = steps.verify(depth)
-            with clock.phase("sample"):
-                path, committed = walk(proposal, logits, sampling, generator)
-            with clock.phase("cache"):
-                compact_static(cache, start, path)
-                if timed:
-                    check_lengths(cache, start + len(path) + 1)
-            tokens += committed
-            rounds.add(depth, len(path), clock.finish(start + 1, depth, len(path)))
-            if any(token in eos_ids for token in committed):
-                break
-    check_lengths(cache, len(tokens) - 1)
-    return rounds.result(tokens, len(prompt), eos_ids)
+    """`tree_decode` with the mask and shape of `steps`, on their graphs (`tree.run_tree_rounds`):
+    greedy output equals `autoregressive_decode`'s token for token, sampled output follows the
+    target's distribution. `gammas` holds each round's depth, `accepted` the depth it accepted.
+    `timed` records each round's phases and checks the cache after it, at a device sync per phase
+    boundary; untimed, the cache is checked once, after the last round."""
+    return run_tree_rounds(steps, prompt, max_new_tokens, sampling, generator, eos_ids, timed)

@@ -18,6 +18,9 @@ ancestors (`tree_mask`).
    (`tree_sample_walk`), so the output distribution is exactly the target's.
 4. Compact: the accepted path's K/V moves to the positions after the root, the rest is cut off.
 
+One loop runs the rounds (`run_tree_rounds`) over the passes of a `TreeSteps`: eagerly on the
+runner here (`EagerTreeSteps`), or on CUDA graphs (`engine.graphed_tree`).
+
 A chain-shaped tree (`1x1x...`) attends causally: it runs no mask of its own, so it takes the
 chain's kernels and gives the chain's tokens and rounds, bit for bit. Other trees' passes run the
 plan's kernels too where the plan fuses its layers: the float32 decode-attention kernel reads
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -261,17 +265,172 @@ def tree_sample_walk(
 
 def compact(cache: object, start: int, path: Sequence[int]) -> None:
     """Step 4: move the accepted nodes' K/V (slots `start + node`) to positions `start + 1 ..`
-    in every layer, then cut every layer to `start + len(path) + 1`."""
-    slots = [start + node for node in path]
-    if slots and slots != list(range(start + 1, start + 1 + len(slots))):
+    in every layer, then cut every layer to `start + len(path) + 1`. Only the nodes out of place
+    move, one position at a time (a view's copy: no gather, no clone); a node's slot is never an
+    earlier node's target, since the i-th node of a path is at least node i + 1."""
+    moves = [(start + node, start + 1 + i) for i, node in enumerate(path) if node != i + 1]
+    if moves:
         for layer in cache.layers:
             for states in (layer.keys, layer.values):
-                kept = states[:, :, slots].clone()
-                states[:, :, start + 1 : start + 1 + len(slots)] = kept
+                for source, target in moves:
+                    states.select(2, target).copy_(states.select(2, source))
     crop(cache, start + len(path) + 1)
 
 
+def walk(
+    proposal: TreeProposal, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+) -> tuple[list[int], list[int]]:
+    """Step 3: the accepted path (node numbers) and the tokens the round commits, the path's and the
+    target's after it. Greedy reads the drafted tokens and the target's argmax back in one copy."""
+    count = len(proposal.tokens)
+    if sampling.greedy:
+        both = torch.cat([proposal.tokens, logits.argmax(-1)]).tolist()
+        drafted = both[:count]
+        path, after = tree_greedy_walk(proposal.shape, drafted, both[count:])
+    else:
+        drafted = proposal.tokens.tolist()
+        path, after = tree_sample_walk(
+            proposal.shape, drafted, sampling.probs(logits), proposal.probs, generator
+        )
+    return path, [drafted[node - 1] for node in path] + [after]
+
+
+class TreeSteps(Protocol):
+    """The passes of a tree's rounds, eager (`EagerTreeSteps`) or on CUDA graphs
+    (`engine.graphed_tree.TreeGraphSteps`): one round loop runs either (`run_tree_rounds`)."""
+
+    runner: LayerwiseRunner
+    shape: TreeShape
+    s1: int
+
+    def prefill(self, prompt: Sequence[int]) -> Any: ...
+
+    def begin(self, start: int, root: int, depth: int) -> None: ...
+
+    def step(self) -> torch.Tensor: ...
+
+    def draft(self, depth: int, sampling: Sampling, generator: torch.Generator | None) -> TreeProposal: ...
+
+    def verify(self, proposal: TreeProposal) -> torch.Tensor: ...
+
+    def compact(self, path: Sequence[int]) -> None: ...
+
+
+class EagerTreeSteps:
+    """A tree's passes on the runner, eagerly (module docstring): `draft_tree`, `verify_tree`,
+    `compact` over the cache of the last `prefill`."""
+
+    def __init__(
+        self,
+        runner: LayerwiseRunner,
+        mask: SkipMask,
+        shape: TreeShape,
+        head: DraftHead | None = None,
+        kv: KVPattern | None = None,
+    ) -> None:
+        mask.check_fits(runner.num_layers)
+        check_tree_pattern(shape, kv)
+        if head is not None and max(shape.widths) > len(head.ids):
+            raise ConfigError(f"tree {shape} has more children a node than the draft's {len(head.ids)} ids")
+        self.runner, self.mask, self.shape, self.head, self.kv = runner, mask, shape, head, kv
+        self.s1 = divergent_layer(mask, kv)
+        self.cache: Any = None
+        self.start, self.root = 0, 0
+
+    def prefill(self, prompt: Sequence[int]) -> Any:
+        self.cache = self.runner.prefill(prompt)
+        return self.cache
+
+    def begin(self, start: int, root: int, depth: int) -> None:
+        self.start, self.root = start, root
+
+    def step(self) -> torch.Tensor:
+        """One step of the full model for the root (a sequence's last token): logits `[V]`."""
+        return self.runner.step(self.root, self.start, self.cache)
+
+    def draft(self, depth: int, sampling: Sampling, generator: torch.Generator | None) -> TreeProposal:
+        pending = torch.tensor([[self.root]], device=self.runner.device)
+        at = TreeShape(self.shape.widths[:depth])
+        return draft_tree(
+            self.runner,
+            self.mask,
+            self.cache,
+            pending,
+            self.start,
+            at,
+            sampling,
+            generator,
+            self.head,
+            self.kv,
+        )
+
+    def verify(self, proposal: TreeProposal) -> torch.Tensor:
+        return verify_tree(self.runner, self.mask, self.cache, proposal, self.start, self.kv)
+
+    def compact(self, path: Sequence[int]) -> None:
+        compact(self.cache, self.start, path)
+
+
 @torch.no_grad()
+def run_tree_rounds(
+    steps: TreeSteps,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    sampling: Sampling = GREEDY,
+    generator: torch.Generator | None = None,
+    eos_ids: Collection[int] = (),
+    timed: bool = True,
+) -> DecodeResult:
+    """Decode up to `max_new_tokens` after `prompt` with tree rounds of `steps.shape` (module
+    docstring). A round near the end of the output drafts fewer depths, so the output never
+    overshoots; the last token is one step of the full model. `timed` records each round's
+    phases and checks the cache after it, at a device sync per phase boundary."""
+    if max_new_tokens < 1 or not prompt:
+        raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
+    runner, shape = steps.runner, steps.shape
+    rounds = Rounds()
+    clock = RoundClock(runner.device, timed)
+    cache = steps.prefill(prompt)
+    device_sync(runner.device)()
+    rounds.prefill_done()
+    tokens = list(prompt)
+    with engaged():
+        while len(tokens) - len(prompt) < max_new_tokens:
+            clock.start()
+            start = len(tokens) - 1
+            depth = min(shape.depth, max_new_tokens - (len(tokens) - len(prompt)) - 1)
+            steps.begin(start, tokens[-1], depth)
+            if depth == 0:  # the last token: one step of the full model
+                with clock.phase("verify"):
+                    logits = steps.step()
+                with clock.phase("sample"):
+                    greedy = sampling.greedy
+                    token = (
+                        int(logits.argmax()) if greedy else int(sample(sampling.probs(logits), generator)[0])
+                    )
+                tokens.append(token)
+                rounds.add(0, 0, clock.finish(start + 1, 0, 0))
+                break
+            with clock.phase("draft"):
+                proposal = steps.draft(depth, sampling, generator)
+            with clock.phase("cache"):
+                crop(cache, start, range(steps.s1, runner.num_layers))
+            with clock.phase("verify"):
+                logits = steps.verify(proposal)
+            with clock.phase("sample"):
+                path, committed = walk(proposal, logits, sampling, generator)
+            with clock.phase("cache"):
+                steps.compact(path)
+                if timed:
+                    check_lengths(cache, start + len(path) + 1)
+            tokens += committed
+            rounds.add(depth, len(path), clock.finish(start + 1, depth, len(path)))
+            if any(token in eos_ids for token in committed):
+                break
+    check_lengths(cache, len(tokens) - 1)
+    return rounds.result(tokens, len(prompt), eos_ids)
+
+
 def tree_decode(
     runner: LayerwiseRunner,
     prompt: Sequence[int],
@@ -285,69 +444,13 @@ def tree_decode(
     timed: bool = True,
     kv: KVPattern | None = None,
 ) -> DecodeResult:
-    """Decode up to `max_new_tokens` after `prompt` with tree rounds of `shape` (module docstring).
+    """Decode up to `max_new_tokens` after `prompt` with tree rounds of `shape` (module docstring)
+    on the runner, eagerly (`EagerTreeSteps`, `run_tree_rounds`).
 
     Lossless as the chain is: greedy output equals `autoregressive_decode`'s token for token;
-    sampled output follows the target's distribution. A round near the end of the output drafts
-    fewer depths, so the output never overshoots. `DecodeResult.gammas` holds each round's depth,
-    `accepted` the depth it accepted. `kv`: the draft's KV pattern (a sink and a window wider than
-    the tree is deep; not pillars, which the tree's verify does not choose).
+    sampled output follows the target's distribution. `DecodeResult.gammas` holds each round's
+    depth, `accepted` the depth it accepted. `kv`: the draft's KV pattern (a sink and a window
+    wider than the tree is deep; not pillars, which the tree's verify does not choose).
     """
-    mask.check_fits(runner.num_layers)
-    check_tree_pattern(shape, kv)
-    if max_new_tokens < 1 or not prompt:
-        raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
-    if head is not None and max(shape.widths) > len(head.ids):
-        raise ConfigError(f"tree {shape} has more children a node than the draft's {len(head.ids)} ids")
-    rounds = Rounds()
-    clock = RoundClock(runner.device, timed)
-    cache = runner.prefill(prompt)
-    device_sync(runner.device)()
-    rounds.prefill_done()
-    tokens = list(prompt)
-    pending = torch.tensor([[tokens[-1]]], device=runner.device)
-    s1 = divergent_layer(mask, kv)
-    with engaged():
-        while len(tokens) - len(prompt) < max_new_tokens:
-            clock.start()
-            start = len(tokens) - 1
-            depth = min(shape.depth, max_new_tokens - (len(tokens) - len(prompt)) - 1)
-            if depth == 0:  # the last token: one step of the full model
-                with clock.phase("verify"):
-                    logits = runner.step(tokens[-1], start, cache)
-                with clock.phase("sample"):
-                    token = (
-                        int(logits.argmax())
-                        if sampling.greedy
-                        else int(sample(sampling.probs(logits), generator)[0])
-                    )
-                tokens.append(token)
-                rounds.add(0, 0, clock.finish(start + 1, 0, 0))
-                break
-            at = TreeShape(shape.widths[:depth])
-            with clock.phase("draft"):
-                proposal = draft_tree(runner, mask, cache, pending, start, at, sampling, generator, head, kv)
-            with clock.phase("cache"):
-                crop(cache, start, range(s1, runner.num_layers))
-            with clock.phase("verify"):
-                logits = verify_tree(runner, mask, cache, proposal, start, kv)
-            with clock.phase("sample"):
-                drafted = proposal.tokens.tolist()
-                if sampling.greedy:
-                    path, after = tree_greedy_walk(at, drafted, logits.argmax(-1).tolist())
-                else:
-                    path, after = tree_sample_walk(
-                        at, drafted, sampling.probs(logits), proposal.probs, generator
-                    )
-            committed = [drafted[node - 1] for node in path] + [after]
-            with clock.phase("cache"):
-                compact(cache, start, path)
-                if timed:
-                    check_lengths(cache, start + len(path) + 1)
-            tokens += committed
-            pending = torch.tensor([[after]], device=runner.device)
-            rounds.add(depth, len(path), clock.finish(start + 1, depth, len(path)))
-            if any(token in eos_ids for token in committed):
-                break
-    check_lengths(cache, len(tokens) - 1)
-    return rounds.result(tokens, len(prompt), eos_ids)
+    steps = EagerTreeSteps(runner, mask, shape, head, kv)
+    return run_tree_rounds(steps, prompt, max_new_tokens, sampling, generator, eos_ids, timed)

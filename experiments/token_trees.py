@@ -261,6 +261,8 @@ def report(results: dict[str, Any], command: str) -> str:
                 f"{max(errors):.1f}% over {len(errors)} shapes.",
             ]
         lines += ["", f"The cost model picks `{predicted['choice']}`.", ""]
+        if predicted.get("command", command) != command:
+            lines += [f"This part's command: `{predicted['command']}`.", ""]
     for part, title in (("decode", "Decoded (held-out HumanEval prompts)"), ("spec_bench", "Spec-Bench")):
         if part not in results:
             continue
@@ -290,6 +292,8 @@ def report(results: dict[str, Any], command: str) -> str:
                 ])  # fmt: skip
         lines += markdown_table(header, table)
         lines += ["", stamp_line(block["meta"]), ""]
+        if block.get("command", command) != command:
+            lines += [f"This part's command: `{block['command']}`.", ""]
         if part == "decode":
             lines += ["Where a round's time goes (ms per round):", ""]
             phases = ("draft", "verify", "sample", "cache", "other")
@@ -363,6 +367,8 @@ def main() -> None:
         }
         results["spec_bench"] = {"categories": categories, "meta": meta, "shapes": shapes_used}
     command = "python experiments/token_trees.py " + shlex.join(sys.argv[1:])
+    for part in args.parts:  # which command measured each part, when a later run redoes one
+        results[part.replace("-", "_")]["command"] = command
     path.write_text(json.dumps(results, indent=1))
     (out / f"{name}.md").write_text(report(results, command))
     print(report(results, command))

@@ -58,7 +58,7 @@ from skipsearch.trees import TreeShape
 PARTS = ("predict", "decode", "spec-bench")
 SHAPES = (
     "2x1", "3x1", "2x1x1", "2x2x1", "3x1x1", "3x2x1", "4x2x1", "2x1x1x1", "2x2x1x1", "3x2x1x1",
-    "2x2x2x1", "3x2x2x1", "2x2x1x1x1", "3x1x1x1x1", "4x1x1x1",
+    "2x2x2x1", "2x2x1x1x1", "3x1x1x1x1", "4x1x1x1",
 )  # fmt: skip
 CHAINS = range(1, 9)
 TOP_K = (1, 2, 3, 4, 8)

@@ -18,6 +18,7 @@ from transformers import DynamicCache
 from skipsearch.acceptance.statistics import greedy_confidence
 from skipsearch.engine.sampling import Sampling, sample
 from skipsearch.kv.pillars import PillarChoice, PillarKeys
+from skipsearch.kv.tree_keys import TreeKeys
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.runner import LayerwiseRunner
@@ -94,22 +95,26 @@ def verify_forward(
     last: torch.Tensor,
     block_positions: torch.Tensor,
     cache: Any,
-    attention_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | TreeKeys | None = None,
     kv: KVPattern | None = None,
     pillars: PillarChoice | None = None,
 ) -> torch.Tensor:
     """Full-model logits `[γ + T, V]` over `block_positions` `[1, γ + T]`, reusing the draft's work.
 
-    `exact` `[b, γ, d]`: the exact states of the γ positions the draft fed (None or empty when
-    γ = 0); `last` `[b, T]`: the tokens it never fed, at the block's last T positions — a chain's
-    last draft token (the pending token when γ = 0), or a token tree's leaves (`engine.graphed_tree`).
-    Layers `< s1` run only for `last`; the exact states are completed with the MLP of layer `s1 - 1`
-    when the draft skipped it; layers `>= s1` run for the whole block. Shared by `verify`,
-    `engine.graphs` and `engine.graphed_tree`. `pillars` records the next round's pillars from the
-    block's first position (a KV pattern's `s1` is 0, so every layer runs the whole block).
+    `exact` `[b, γ, d]`: the exact states of the γ positions the draft fed (None or empty when γ =
+    0); `last` `[b, T]`: the tokens it never fed, at the block's last T positions — a chain's last
+    draft token (the pending token when γ = 0), or a token tree's leaves (`engine.tree`, whose
+    `attention_mask` may be its `TreeKeys`). Layers `< s1` run only for `last`; the exact states
+    are completed with the MLP of layer `s1 - 1` when the draft skipped it; layers `>= s1` run for
+    the whole block. Shared by `verify`, `engine.graphs`, `engine.tree` and `engine.graphed_tree`.
+    `pillars` records the next round's pillars from the block's first position (a KV pattern's `s1`
+    is 0, so every layer runs the whole block).
     """
     s1, gamma = divergent_layer(mask, kv), 0 if exact is None else exact.shape[1]
-    tail_mask = None if attention_mask is None else attention_mask[:, :, gamma:]
+    if isinstance(attention_mask, TreeKeys):
+        tail_mask: torch.Tensor | TreeKeys | None = attention_mask.rows_from(gamma)
+    else:
+        tail_mask = None if attention_mask is None else attention_mask[:, :, gamma:]
     tail_position = block_positions[:, gamma:]
     tail = runner.run_layers(runner.embed(last), 0, s1, tail_position, cache=cache, attention_mask=tail_mask)
     if exact is None:

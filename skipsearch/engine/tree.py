@@ -41,7 +41,7 @@ import torch
 from skipsearch.engine.cache import check_lengths, crop
 from skipsearch.engine.result import DecodeResult, Rounds
 from skipsearch.engine.sampling import GREEDY, Sampling, residual, sample
-from skipsearch.engine.steps import divergent_layer, draft_forward
+from skipsearch.engine.steps import divergent_layer, draft_forward, verify_forward
 from skipsearch.engine.timing import RoundClock
 from skipsearch.errors import ConfigError
 from skipsearch.kv.tree_keys import TreeKeys
@@ -187,24 +187,11 @@ def verify_tree(
     `>= s1` cropped to `start` and layers `< s1` holding the fed nodes' K/V (`s1` is 0 under a
     draft's KV pattern `kv`)."""
     shape, device = proposal.shape, runner.device
-    s1 = divergent_layer(mask, kv)
-    depths = torch.tensor(shape.depths, device=device)
     fed = shape.verify_rows - shape.leaves
-    leaves = range(fed, shape.verify_rows)
     leaf_ids = proposal.tokens[fed - 1 :].clamp_min(0).view(1, -1)
-    tail_mask = tree_mask(shape, start, leaves, start + shape.verify_rows, device)
-    tail_at = (start + depths[fed:]).view(1, -1)
-    tail = runner.run_layers(runner.embed(leaf_ids), 0, s1, tail_at, cache=cache, attention_mask=tail_mask)
-    exact = proposal.exact
-    if s1 > 0 and not mask.runs_mlp(s1 - 1):
-        exact = runner.mlp(s1 - 1, exact)
-    hidden = torch.cat([exact, tail], dim=1)
+    block_at = (start + torch.tensor(shape.depths, device=device)).view(1, -1)
     block_mask = tree_mask(shape, start, range(shape.verify_rows), start + shape.verify_rows, device)
-    block_at = (start + depths).view(1, -1)
-    hidden = runner.run_layers(
-        hidden, s1, runner.num_layers, block_at, cache=cache, attention_mask=block_mask
-    )
-    return runner.head(hidden)[0]
+    return verify_forward(runner, mask, proposal.exact, leaf_ids, block_at, cache, block_mask, kv)
 
 
 def tree_greedy_walk(shape: TreeShape, tokens: Sequence[int], target: Sequence[int]) -> tuple[list[int], int]:

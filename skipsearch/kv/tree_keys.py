@@ -79,6 +79,12 @@ class TreeKeys:
             allowed[i, [self.base + j for j in row]] = True
         return allowed[None, None].to(self.device)
 
+    def rows_from(self, first: int) -> TreeKeys:
+        """The mask of rows `first ..` alone (a verify's leaves, over the same keys)."""
+        return TreeKeys(
+            self.base, self.ancestors[first:], self.depths[first:], self.keys, self.device, self.pattern
+        )
+
     @property
     def rows(self) -> int:
         return len(self.ancestors)

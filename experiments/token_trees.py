@@ -9,11 +9,11 @@ For one draft (a mask and a draft vocabulary) on one CPU:
   rows, a verify of all its nodes), and which shape the cost model picks: the search's choice.
   Fidelity: the engine (`tree_decode`, `speculative_decode`) decodes the same prompts greedily and
   its tokens per round, over the rounds that did not meet the output's end, beside the estimate.
-- `decode`: autoregressive decoding, the best chain and the best tree (the cost model's pick, or
-  the best tree when it picked a chain), on held-out HumanEval prompts (never seen by the
-  prediction), interleaved and paired, every output checked token for token
-  (`draft_vocab.paired_decodes`); where a round's time goes, with the rows of its passes.
-- `spec-bench`: the same three decoders on each of Spec-Bench's six categories (mt-bench,
+- `decode`: autoregressive decoding, the best chain, the best static tree and the best dynamic
+  tree (`n8`: EAGLE-2's expand and rerank at a node budget) by the prediction, on held-out
+  HumanEval prompts (never seen by the prediction), interleaved and paired, every output checked
+  token for token (`draft_vocab.paired_decodes`); where a round's time goes, with the rows of its passes.
+- `spec-bench`: the same decoders on each of Spec-Bench's six categories (mt-bench,
   translation, summarization, qa, math_reasoning, rag; `--spec-bench PATH`, its
   `data/spec_bench/question.jsonl`): the leaderboard's own columns, "#Mean accepted tokens" (tokens
   per round) and "Speedup" (decode-only, over autoregressive decoding on the same kernels).
@@ -53,18 +53,18 @@ from skipsearch.masks import Draft, split_draft
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.kernels import busy_cpu_warning
 from skipsearch.models.loading import eos_ids
-from skipsearch.trees import TreeShape
+from skipsearch.trees import DynamicTree, Tree, TreeShape, parse_tree
 
 PARTS = ("predict", "decode", "spec-bench")
 SHAPES = (
     "2x1", "3x1", "2x1x1", "2x2x1", "3x1x1", "3x2x1", "4x2x1", "2x1x1x1", "2x2x1x1", "3x2x1x1",
-    "2x2x2x1", "2x2x1x1x1", "3x1x1x1x1", "4x1x1x1",
+    "2x2x2x1", "2x2x1x1x1", "3x1x1x1x1", "4x1x1x1", "n3", "n4", "n6", "n8", "n12", "n16",
 )  # fmt: skip
 CHAINS = range(1, 9)
 TOP_K = (1, 2, 3, 4, 8)
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
-CHAIN, TREE = "chain", "tree"
-SSDS = (CHAIN, TREE)
+CHAIN, TREE, DYNAMIC = "chain", "tree", "dynamic"
+SSDS = (CHAIN, TREE, DYNAMIC)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -72,7 +72,9 @@ def parser() -> argparse.ArgumentParser:
     options.add_argument("--model", default="smollm2-135m")
     options.add_argument("--draft", required=True, help="the draft string, e.g. 'a:10-17|m:10-17|v:16384'")
     options.add_argument("--profile", required=True, help="this CPU's latency profile (skipsearch profile)")
-    options.add_argument("--shapes", nargs="+", default=list(SHAPES), help="tree shapes to weigh")
+    options.add_argument(
+        "--shapes", nargs="+", default=list(SHAPES), help="tree shapes to weigh (static 2x1, dynamic n8)"
+    )
     options.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     options.add_argument("--decode-prompts", type=int, default=24)
     options.add_argument("--repeats", type=int, default=3)
@@ -88,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def predict(
-    measurement: Any, draft: Draft, latency: LatencyProfile, shapes: list[TreeShape], context: int
+    measurement: Any, draft: Draft, latency: LatencyProfile, shapes: list[Tree], context: int
 ) -> dict:
     """The top-k curve and every shape's predicted speedup (module docstring)."""
     runner, reference = measurement.runner, measurement.estimator.reference
@@ -112,7 +114,8 @@ def predict(
         teacher = score_tree(profile, form, shape).tokens_per_round
         rows[str(shape)] = _row(shape, exact.tree_tokens_per_round(shape), form, step, teacher)
     chains = [r for r in rows.values() if r["chain"]]
-    trees = [r for r in rows.values() if not r["chain"]]
+    trees = [r for r in rows.values() if not r["chain"] and not r["dynamic"]]
+    dynamic = [r for r in rows.values() if r["dynamic"]]
     best = max(rows.values(), key=lambda r: (r["speedup"], -r["nodes"]))
     engine_rows(measurement, draft, rows)
     return {
@@ -120,6 +123,7 @@ def predict(
         "shapes": rows,
         "best_chain": max(chains, key=lambda r: r["speedup"])["shape"],
         "best_tree": max(trees, key=lambda r: r["speedup"])["shape"] if trees else None,
+        "best_dynamic": max(dynamic, key=lambda r: r["speedup"])["shape"] if dynamic else None,
         "choice": best["shape"],
         "step_ms": step * 1e3,
         "verify_cost_by_rows": {
@@ -136,7 +140,7 @@ def engine_rows(measurement: Any, draft: Draft, rows: dict[str, dict[str, Any]])
     head = None if draft.vocab is None else DraftHead.gather(runner, measurement.vocab_ids(draft.vocab))
     stop = eos_ids(measurement.loaded.model)
     for row in rows.values():
-        shape = TreeShape.parse(row["shape"])
+        shape = parse_tree(row["shape"])
         kept: list[int] = []
         for index in range(reference.input_ids.shape[0]):
             length = int(reference.prompt_lengths[index])
@@ -160,11 +164,12 @@ def engine_rows(measurement: Any, draft: Draft, rows: dict[str, dict[str, Any]])
         row["engine_error_pct"] = 100 * (row["tokens_per_round"] - engine) / engine
 
 
-def _row(shape: TreeShape, tokens: float, form: Calibrated, step: float, teacher: float) -> dict[str, Any]:
+def _row(shape: Tree, tokens: float, form: Calibrated, step: float, teacher: float) -> dict[str, Any]:
     time = tree_round_time(form, shape) if not shape.is_chain else form.round_time(shape.depth)
     return {
         "shape": str(shape),
         "chain": shape.is_chain,
+        "dynamic": isinstance(shape, DynamicTree),
         "nodes": shape.nodes,
         "draft_rows": list(shape.draft_rows),
         "verify_rows": shape.verify_rows,
@@ -177,16 +182,20 @@ def _row(shape: TreeShape, tokens: float, form: Calibrated, step: float, teacher
     }
 
 
-def decoders(measurement: Any, draft: Draft, chain: int, tree: TreeShape, new: int) -> dict[str, Any]:
+def decoders(measurement: Any, draft: Draft, chain: int, trees: dict[str, Tree], new: int) -> dict[str, Any]:
     runner, loaded = measurement.runner, measurement.loaded
     stop = eos_ids(loaded.model)
     head = None if draft.vocab is None else DraftHead.gather(runner, measurement.vocab_ids(draft.vocab))
     mask = draft.mask
-    return {
+    found = {
         AR: lambda p, g: autoregressive_decode(runner, p, new, eos_ids=stop),
         CHAIN: lambda p, g: speculative_decode(runner, p, mask, new, chain, eos_ids=stop, head=head),
-        TREE: lambda p, g: tree_decode(runner, p, mask, tree, new, eos_ids=stop, head=head),
     }
+    for label, tree in trees.items():
+        found[label] = lambda p, g, tree=tree: tree_decode(
+            runner, p, mask, tree, new, eos_ids=stop, head=head
+        )
+    return found
 
 
 def spec_bench_prompts(path: Path, tokenizer: Any, per_category: int, max_tokens: int) -> dict[str, list]:
@@ -279,7 +288,7 @@ def report(results: dict[str, Any], command: str) -> str:
         ]
         table = []
         for category, measured in groups.items():
-            for label in (CHAIN, TREE):
+            for label in block["shapes"]:
                 m = measured[label]
                 spread = m["decode_only"]
                 table.append([
@@ -301,7 +310,7 @@ def report(results: dict[str, Any], command: str) -> str:
                 ["decoder", *phases],
                 [
                     [label, *(fmt(block[label]["breakdown_ms"][p], ".2f") for p in phases)]
-                    for label in (CHAIN, TREE)
+                    for label in block["shapes"]
                 ],
             )
             lines.append("")
@@ -322,7 +331,7 @@ def main() -> None:
     measurement = prepare(config)
     runner, loaded = measurement.runner, measurement.loaded
     draft = Draft.parse(args.draft, runner.num_layers)
-    shapes = [TreeShape.parse(s) for s in args.shapes]
+    shapes = [parse_tree(s) for s in args.shapes]
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     name = args.name or args.model
@@ -339,14 +348,17 @@ def main() -> None:
         results["predict"] = predict(measurement, draft, latency, shapes, args.context)
     predicted = results["predict"]
     chain = TreeShape.parse(predicted["best_chain"]).depth
-    choice = TreeShape.parse(predicted["choice"])
-    tree = choice if not choice.is_chain else TreeShape.parse(predicted["best_tree"])
-    shapes_used = {CHAIN: str(TreeShape.chain(chain)), TREE: str(tree)}
-    widest = max(chain + 1, tree.verify_rows)
+    trees = {
+        label: parse_tree(predicted[key])
+        for label, key in ((TREE, "best_tree"), (DYNAMIC, "best_dynamic"))
+        if predicted.get(key)
+    }
+    shapes_used = {CHAIN: str(TreeShape.chain(chain)), **{label: str(t) for label, t in trees.items()}}
+    widest = max(chain + 1, *(t.verify_rows for t in trees.values()))
     if "decode" in args.parts:
         prompts = held_out_prompts(loaded.tokenizer, args.decode_prompts)
         prompts = [p[-SEARCH_PROMPTS.max_prompt_tokens :] for p in prompts]
-        found = decoders(measurement, draft, chain, tree, args.new_tokens)
+        found = decoders(measurement, draft, chain, trees, args.new_tokens)
         results["decode"] = {
             **paired_decodes(runner, prompts, found, args.repeats, widest),
             "shapes": shapes_used,
@@ -355,7 +367,7 @@ def main() -> None:
         if not args.spec_bench:
             sys.exit("token_trees: the spec-bench part needs --spec-bench PATH (Spec-Bench's question.jsonl)")
         prompts = spec_bench_prompts(Path(args.spec_bench), loaded.tokenizer, args.per_category, 512)
-        found = decoders(measurement, draft, chain, tree, args.new_tokens)
+        found = decoders(measurement, draft, chain, trees, args.new_tokens)
         categories = {}
         for category, chosen in prompts.items():
             categories[category] = paired_decodes(runner, chosen, found, args.repeats, widest)

@@ -30,7 +30,7 @@ from skipsearch.masks import Draft, KVPattern, SkipMask, parse_draft_vocab
 from skipsearch.models.registry import DEFAULT_MODEL
 from skipsearch.options import check
 from skipsearch.store import BEST_FILE, TRIALS_TABLE
-from skipsearch.trees import CHAIN, TreeShape, parse_trees
+from skipsearch.trees import CHAIN, Tree, parse_tree, parse_trees
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -295,12 +295,13 @@ def decode(
     seed: int = 0,
     device: str = "cpu",
     dtype: str = "auto",
-    tree: TreeShape | str | None = None,
+    tree: Tree | str | None = None,
 ) -> DecodeResult:
     """Decode with `draft` (a `Draft`, or its string form such as `a:4,14|m:4,14|v:16384`) for real,
     against autoregressive decoding on the same kernels, as `skipsearch decode` does; greedy by
     default (`temperature` > 0 samples, still lossless in distribution). `tree`: draft token trees
-    of that shape (e.g. `2x2x1`, or a `SearchResult`'s `tree`), beside the chain of `gamma`."""
+    of that shape (e.g. `2x2x1`, a dynamic `n8`, or a `SearchResult`'s `tree`), beside the chain
+    of `gamma`."""
     from skipsearch.engine import GammaPolicy, Sampling
 
     for name, value in (("gamma", gamma), ("temperature", temperature), ("decode_seed", seed)):
@@ -328,7 +329,7 @@ def decode(
         picked.append(draft if isinstance(draft, Draft) else Draft.parse(draft, num_layers))
         return picked[-1]
 
-    shape = None if tree in (None, CHAIN) else TreeShape.parse(tree) if isinstance(tree, str) else tree
+    shape = None if tree in (None, CHAIN) else parse_tree(tree) if isinstance(tree, str) else tree
     report = decode_report(
         config, pick, GammaPolicy.fixed(gamma), Sampling(temperature), new_tokens, repeats, seed, tree=shape
     )
@@ -346,7 +347,7 @@ def decode_report(
     breakdown: bool = True,
     weights: RandomWeights | None = None,
     graphs: bool = False,
-    tree: TreeShape | None = None,
+    tree: Tree | None = None,
 ) -> dict[str, Any]:
     """One decode check (`skipsearch decode`'s whole job): the draft `pick_draft(depth)` gives,
     timed against autoregressive decoding and HF `generate` and proven lossless; the report. With

@@ -32,8 +32,65 @@ CHAIN = "chain"  # the round shape of a chain of γ tokens, where shapes are lab
 SHAPE_FORM = re.compile(r"^[1-9]\d*(x[1-9]\d*)*$")
 
 
+class Nodes:
+    """A tree given by its nodes' parents (node 0, the root, has -1), numbered so that parents
+    precede their children and the `leaves` (the nodes the draft never feeds) come last."""
+
+    parents: tuple[int, ...]
+    leaves: int
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        """The depth of every node (the root 0)."""
+        depths = [0]
+        for node in range(1, len(self.parents)):
+            depths.append(depths[self.parents[node]] + 1)
+        return tuple(depths)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """Every node's children, in rank order."""
+        found: list[list[int]] = [[] for _ in self.parents]
+        for node, parent in enumerate(self.parents[1:], start=1):
+            found[parent].append(node)
+        return tuple(tuple(kids) for kids in found)
+
+    def ancestors(self, node: int) -> tuple[int, ...]:
+        """`node` and its ancestors up to the root, root first."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return tuple(reversed(path))
+
+
 @dataclass(frozen=True)
-class TreeShape:
+class RoundTree(Nodes):
+    """The tree one round of a dynamic tree drafted (`DynamicTree`): its nodes' parents, the fed
+    nodes (the root first) before the `leaves`."""
+
+    parents: tuple[int, ...]
+    leaves: int
+
+    @property
+    def nodes(self) -> int:
+        return len(self.parents) - 1
+
+    @property
+    def verify_rows(self) -> int:
+        return len(self.parents)
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths)
+
+    @property
+    def is_chain(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class TreeShape(Nodes):
     """Children per node at each depth (`widths[d]`: at depth `d + 1`)."""
 
     widths: tuple[int, ...]
@@ -89,6 +146,11 @@ class TreeShape:
     def is_chain(self) -> bool:
         return all(width == 1 for width in self.widths)
 
+    @property
+    def widest(self) -> int:
+        """The most children a node has: the draft vocabulary must hold as many ids."""
+        return max(self.widths)
+
     @cached_property
     def per_depth(self) -> tuple[int, ...]:
         """Nodes at depths 1..D (`n_d = n_{d-1} c_d`, the root alone at depth 0)."""
@@ -127,35 +189,12 @@ class TreeShape:
             level = next_level
         return tuple(parents)
 
-    @cached_property
-    def depths(self) -> tuple[int, ...]:
-        """The depth of every node (the root 0)."""
-        depths = [0]
-        for node in range(1, len(self.parents)):
-            depths.append(depths[self.parents[node]] + 1)
-        return tuple(depths)
-
-    @cached_property
-    def children(self) -> tuple[tuple[int, ...], ...]:
-        """Every node's children, in rank order."""
-        found: list[list[int]] = [[] for _ in self.parents]
-        for node, parent in enumerate(self.parents[1:], start=1):
-            found[parent].append(node)
-        return tuple(tuple(kids) for kids in found)
-
-    def ancestors(self, node: int) -> tuple[int, ...]:
-        """`node` and its ancestors up to the root, root first."""
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = self.parents[node]
-        return tuple(reversed(path))
-
-    def accepted_depth(self, ranks: Sequence[int]) -> int:
+    def accepted_depth(self, ranks: Sequence[int], probs: Sequence[Sequence[float]] = ()) -> int:
         """Draft tokens a round accepts when the target's token at draft depth `d + 1` has rank
         `ranks[d]` under the draft (0: the draft's argmax) along the target's own path: a greedy
         round goes one depth further while the target's token is among the node's children, the
-        draft's top `c_d` (docs/theory.md, "Token trees")."""
+        draft's top `c_d` (docs/theory.md, "Token trees"). A static shape's nodes do not depend on
+        the draft's probabilities `probs`."""
         accepted = 0
         for width, rank in zip(self.widths, ranks, strict=False):
             if rank >= width:
@@ -164,13 +203,158 @@ class TreeShape:
         return accepted
 
 
-def parse_trees(values: Sequence[str | int] | None) -> tuple[TreeShape, ...]:
-    """A space file's or a command line's tree shapes (`chain` or a number: chains only)."""
-    shapes: list[TreeShape] = []
+def parse_trees(values: Sequence[str | int] | None) -> tuple[Tree, ...]:
+    """A space file's or a command line's trees, static or dynamic (`chain` or a number: chains
+    only)."""
+    shapes: list[Tree] = []
     for value in values or ():
         if str(value).strip().lower() == "chain":
             continue
-        shape = TreeShape.parse(value)
+        shape = parse_tree(value)
         if shape not in shapes:
             shapes.append(shape)
     return tuple(shapes)
+
+
+DYNAMIC_FORM = re.compile(r"^n([1-9]\d*)(?:d([1-9]\d*))?(?:k([1-9]\d*))?$")
+MAX_TOP = 4  # the most children a dynamic tree's fed node proposes: the draft probabilities recorded
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """A tree grown each round from the draft's own probabilities (EAGLE-2's expand and rerank,
+    docs/theory.md, "Dynamic trees"): `depth` draft passes, each over the `top` nodes of the
+    deepest depth with the highest cumulative draft probability (the root alone at first), each
+    of which proposes its `top` most likely children; the verify then takes the `nodes` most
+    likely of every node drafted, the fed ones always (their K/V below `s1` is already exact).
+    So the rows are fixed (`draft_rows`, `verify_rows`) and only which tokens fill them changes:
+    `n16d5k2`, or `--tree-nodes 16` with the default depth and `top` 2."""
+
+    nodes: int
+    depth: int
+    top: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "depth", "top"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"a dynamic tree's {name} must be a positive integer, got {value!r}")
+        if self.top > MAX_TOP:
+            raise ConfigError(f"dynamic tree {self}: at most {MAX_TOP} children a node: use k <= {MAX_TOP}")
+        if self.nodes > MAX_NODES:
+            raise ConfigError(
+                f"dynamic tree {self} has {self.nodes} nodes, over the {MAX_NODES} a verify may hold: "
+                f"use {MAX_NODES} or fewer"
+            )
+        fed, drafted = self.top * (self.depth - 1), self.top + (self.depth - 1) * self.top**2
+        if not fed < self.nodes <= drafted:
+            raise ConfigError(
+                f"dynamic tree {self}: {self.depth} draft passes feeding {self.top} nodes a depth verify "
+                f"between "
+                f"{fed + 1} and {drafted} nodes, not {self.nodes}: change the node budget or the depth"
+            )
+
+    @classmethod
+    def for_budget(cls, nodes: int, top: int = 2) -> DynamicTree:
+        """The tree of `nodes` nodes at the default depth: about half of them fed, the rest leaves."""
+        if not isinstance(nodes, int) or nodes < 1:
+            raise ConfigError(f"--tree-nodes takes a positive node budget, got {nodes!r}")
+        depth = max(1 + nodes // (2 * top), 1 + -(-(nodes - top) // top**2))
+        return cls(nodes, depth, top)
+
+    @classmethod
+    def parse(cls, text: str) -> DynamicTree:
+        """`n16`, `n16d5` or `n16d5k2` (nodes, depth, top)."""
+        found = DYNAMIC_FORM.match(str(text).strip().lower())
+        if found is None:
+            raise ConfigError(
+                f"bad dynamic tree {text!r}: give nN[dD][kK], e.g. n16 or n16d5k2 (a node budget, "
+                "draft passes, children a node)"
+            )
+        nodes, depth, top = found.groups()
+        if depth is None:
+            return cls.for_budget(int(nodes), int(top or 2))
+        return cls(int(nodes), int(depth), int(top or 2))
+
+    def __str__(self) -> str:
+        return f"n{self.nodes}d{self.depth}k{self.top}"
+
+    @property
+    def is_chain(self) -> bool:
+        return False
+
+    @property
+    def widest(self) -> int:
+        """The most children a node has: the draft vocabulary must hold as many ids."""
+        return self.top
+
+    @property
+    def draft_rows(self) -> tuple[int, ...]:
+        """Rows of each draft pass: the root, then `top` nodes a depth."""
+        return (1, *(self.top,) * (self.depth - 1))
+
+    @property
+    def verify_rows(self) -> int:
+        return self.nodes + 1
+
+    @property
+    def leaves(self) -> int:
+        """Verified nodes the draft never fed."""
+        return self.nodes - self.top * (self.depth - 1)
+
+    def at_depth(self, depth: int) -> DynamicTree:
+        """The tree a round drafts when only `depth` more tokens are wanted (the last rounds)."""
+        if depth >= self.depth:
+            return self
+        return DynamicTree(min(self.nodes, self.top + (depth - 1) * self.top**2), depth, self.top)
+
+    def accepted_depth(self, ranks: Sequence[int], probs: Sequence[Sequence[float]]) -> int:
+        """Draft tokens a greedy round accepts along the target's own path, where the target's token
+        at depth `d + 1` ranks `ranks[d]` under the draft and `probs[d]` holds the draft's `top`
+        largest probabilities there. The nodes off the path are unseen: each is taken to propose
+        children as likely as the path's node of its depth does, which fixes every candidate's
+        cumulative probability and so which nodes the round feeds and verifies (docs/theory.md,
+        "Dynamic trees")."""
+        k = self.top
+        frontier = [(0.0, True)]  # the fed nodes of the deepest depth: (log-probability, on the path)
+        pool: list[tuple[float, bool, int]] = []  # drafted, unfed: (log-probability, on path, depth)
+        reached = 0  # the deepest depth whose path node was drafted
+        fed_path = 0  # the deepest depth whose path node was fed
+        for depth in range(self.depth):
+            if depth >= len(ranks):
+                break
+            logs = [math.log(max(p, 1e-30)) for p in probs[depth][:k]]
+            rank = ranks[depth]
+            candidates = []
+            for cum, on_path in frontier:
+                for j, value in enumerate(logs):
+                    candidates.append((cum + value, on_path and j == rank))
+            if fed_path == depth and rank < k:
+                reached = depth + 1
+            candidates.sort(key=lambda c: (-c[0], not c[1]))
+            if depth + 1 < self.depth:
+                frontier = candidates[:k]
+                if any(on_path for _, on_path in frontier):
+                    fed_path = depth + 1
+                pool += [(c, p, depth + 1) for c, p in candidates[k:]]
+            else:
+                pool += [(c, p, depth + 1) for c, p in candidates]
+        pool.sort(key=lambda c: (-c[0], c[2]))
+        chosen = {d for _, on_path, d in pool[: self.leaves] if on_path}
+        accepted = 0
+        for depth in range(1, reached + 1):
+            if depth > fed_path and depth not in chosen:
+                break
+            accepted = depth
+        return accepted
+
+
+Tree = TreeShape | DynamicTree
+"""A round's tree: a static shape, or a node budget filled from the draft's probabilities."""
+
+
+def parse_tree(text: str | int) -> Tree:
+    """`2x2x1` (static), `n16d5k2` (dynamic) or a number (the chain of that many tokens)."""
+    if str(text).strip().lower().startswith("n"):
+        return DynamicTree.parse(str(text))
+    return TreeShape.parse(text)

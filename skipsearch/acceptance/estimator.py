@@ -56,13 +56,14 @@ from skipsearch.acceptance.statistics import (
     sampling_acceptance,
     subset_acceptance,
     target_rank,
+    top_probs,
 )
 from skipsearch.errors import ConfigError
 from skipsearch.kv.pillars import PillarChoice
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.device import device_sync
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.trees import RANK_CAP, TreeShape
+from skipsearch.trees import MAX_TOP, RANK_CAP, Tree
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class Estimator:
         round_gamma: int = 3,
         round_vocab: int | None = None,
         round_stop: float = 0.0,
-        round_tree: TreeShape | None = None,
+        round_tree: Tree | None = None,
     ) -> None:
         if mode not in ESTIMATOR_MODES:
             raise ConfigError(f"unknown estimator mode {mode!r}: use one of {', '.join(ESTIMATOR_MODES)}")
@@ -181,12 +182,19 @@ class Estimator:
             rounds = found
         raise RuntimeError(f"round-aware estimation of {mask} found no fixed point: a bug")
 
-    def _tree_rounds(self, logits: torch.Tensor, shape: TreeShape) -> tuple[torch.Tensor, torch.Tensor]:
+    def _tree_rounds(self, logits: torch.Tensor, shape: Tree) -> tuple[torch.Tensor, torch.Tensor]:
         """Each query's round start under the greedy rounds of `shape` (`tree_round_starts`), and
         no previous round's (a tree's draft takes no pillars)."""
         ids = None if self.round_vocab is None else self.subset(self.round_vocab)
         ranks = target_rank(logits, self.target_tokens, RANK_CAP, ids)
-        starts = self._per_query(ranks, lambda values, _gamma, _sure: tree_round_starts(values, shape))
+        sizes = self.reference.row_sizes()
+        probs = _split(top_probs(logits, MAX_TOP, ids).tolist(), sizes)
+        rows = iter(range(len(sizes)))
+
+        def starts_of(values: list[int], _gamma: int, _sure: list[bool] | None) -> list[int]:
+            return tree_round_starts(values, shape, probs[next(rows)])
+
+        starts = self._per_query(ranks, starts_of)
         return starts, torch.full_like(starts, -1)
 
     def _drafted(self, logits: torch.Tensor) -> torch.Tensor:
@@ -327,6 +335,7 @@ class Estimator:
             sampling_acceptance(target, tokens, logits, temperature),
             greedy_confidence(logits),
             target_rank(logits, tokens, RANK_CAP),
+            top_probs(logits, MAX_TOP),
             temperature,
         )
         variants = tuple(
@@ -335,6 +344,7 @@ class Estimator:
                 *subset_acceptance(target, tokens, logits, self.subset(k), temperature),
                 greedy_confidence(logits[..., self.subset(k)]),
                 target_rank(logits, tokens, RANK_CAP, self.subset(k)),
+                top_probs(logits, MAX_TOP, self.subset(k)),
                 temperature,
                 k,
             )
@@ -362,6 +372,7 @@ class Estimator:
         accept: torch.Tensor,
         confidence: torch.Tensor,
         ranks: torch.Tensor,
+        tops: torch.Tensor,
         temperature: float,
         draft_vocab: int | None = None,
     ) -> AcceptanceProfile:
@@ -374,6 +385,7 @@ class Estimator:
             draft_vocab=draft_vocab,
             greedy_confidence=tuple(tuple(r) for r in _split(confidence.tolist(), sizes)),
             target_rank=tuple(tuple(r) for r in _split(ranks.tolist(), sizes)),
+            top_probs=tuple(tuple(map(tuple, r)) for r in _split(tops.tolist(), sizes)),
         )
 
     def time_full_forward(self) -> float:

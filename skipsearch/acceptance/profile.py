@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
-from skipsearch.trees import TreeShape
+from skipsearch.trees import DynamicTree, Tree
 
 
 def match_runs(matches: Sequence[bool]) -> np.ndarray:
@@ -69,14 +69,18 @@ def _walk(
     yield from play_rounds(len(matches), round_at)
 
 
-def _walk_tree(ranks: Sequence[int], shape: TreeShape) -> Iterator[tuple[int, int, int, bool]]:
+def _walk_tree(
+    ranks: Sequence[int], shape: Tree, probs: Sequence[Sequence[float]] = ()
+) -> Iterator[tuple[int, int, int, bool]]:
     """(start, depth, accepted, censored) of every greedy round of the tree `shape` over one
     continuation (`play_rounds`): along the target's own path a round goes one depth further while
-    the target's token ranks below that depth's width under the draft (`TreeShape.accepted_depth`);
-    the accepted path's prefix is the target's, so its draft logits are the teacher-forced ones."""
+    the target's token ranks below that depth's width under the draft (`TreeShape.accepted_depth`),
+    or, in a dynamic tree, while the draft's probabilities `probs` keep the path's node among the
+    nodes it feeds or verifies (`DynamicTree.accepted_depth`); the accepted path's prefix is the
+    target's, so its draft logits are the teacher-forced ones."""
 
     def round_at(k: int) -> tuple[int, int]:
-        return shape.depth, shape.accepted_depth(ranks[k : k + shape.depth])
+        return shape.depth, shape.accepted_depth(ranks[k : k + shape.depth], probs[k : k + shape.depth])
 
     yield from play_rounds(len(ranks), round_at)
 
@@ -102,10 +106,10 @@ def round_starts(matches: Sequence[bool], gamma: int, confident: Sequence[bool] 
     return _starts(_walk(matches, gamma, confident), len(matches))
 
 
-def tree_round_starts(ranks: Sequence[int], shape: TreeShape) -> list[int]:
+def tree_round_starts(ranks: Sequence[int], shape: Tree, probs: Sequence[Sequence[float]] = ()) -> list[int]:
     """`round_starts` of the greedy rounds of a token tree (`_walk_tree`): along the accepted path
     a tree's draft sees what a chain's does, its own K/V from the round's start (`engine.tree`)."""
-    return _starts(_walk_tree(ranks, shape), len(ranks))
+    return _starts(_walk_tree(ranks, shape, probs), len(ranks))
 
 
 def _starts(walk: Iterator[tuple[int, int, int, bool]], length: int) -> list[int]:
@@ -145,6 +149,8 @@ class AcceptanceProfile:
     threshold follow too (`stop_below`). `target_rank` is the rank of the target's token under
     the draft at each position, capped at `trees.RANK_CAP` (empty in profiles from before it was
     measured): with it, the greedy rounds of any static token tree follow (`tree_played`).
+    `top_probs` holds the draft's `trees.MAX_TOP` largest probabilities at each position (empty
+    before they were measured): with the ranks, a dynamic tree's rounds follow (`tree_played`).
     """
 
     mask: str
@@ -157,6 +163,7 @@ class AcceptanceProfile:
     by_kv: tuple[AcceptanceProfile, ...] = ()
     greedy_confidence: tuple[tuple[float, ...], ...] = ()
     target_rank: tuple[tuple[int, ...], ...] = ()
+    top_probs: tuple[tuple[tuple[float, ...], ...], ...] = ()
     _rounds: dict[tuple[int, float], list[tuple[int, int]]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -213,7 +220,7 @@ class AcceptanceProfile:
             ]
         return self._rounds[key]
 
-    def tree_played(self, shape: TreeShape) -> list[tuple[int, int]]:
+    def tree_played(self, shape: Tree) -> list[tuple[int, int]]:
         """(depth, accepted) of every simulated greedy round of the tree `shape` over all prompts
         (`_walk_tree`); a chain-shaped tree plays the chain's rounds (`played`)."""
         if shape.is_chain:
@@ -223,17 +230,24 @@ class AcceptanceProfile:
                 f"the profile of {self.mask} holds no target ranks, which the tree {shape} needs: "
                 "measure it again"
             )
+        dynamic = isinstance(shape, DynamicTree)
+        if dynamic and not self.top_probs:
+            raise ValueError(
+                f"the profile of {self.mask} holds no draft probabilities, which the dynamic tree {shape} "
+                "needs: measure it again"
+            )
         key = (-1, str(shape))  # never a chain's key: those have gamma >= 1
         if key not in self._rounds:
+            probs = self.top_probs if dynamic else [()] * len(self.target_rank)
             self._rounds[key] = [
                 (depth, accepted)
-                for row in self.target_rank
-                for _, depth, accepted, censored in _walk_tree(row, shape)
+                for row, row_probs in zip(self.target_rank, probs, strict=True)
+                for _, depth, accepted, censored in _walk_tree(row, shape, row_probs)
                 if not censored
             ]
         return self._rounds[key]
 
-    def tree_tokens_per_round(self, shape: TreeShape) -> float:
+    def tree_tokens_per_round(self, shape: Tree) -> float:
         """Mean tokens committed per round of the tree `shape` (`tree_played`)."""
         played = self.tree_played(shape)
         return float(np.mean([accepted for _, accepted in played])) + 1.0 if played else 1.0
@@ -303,6 +317,8 @@ class AcceptanceProfile:
             data["greedy_confidence"] = [[round(float(c), 6) for c in row] for row in self.greedy_confidence]
         if self.target_rank:
             data["target_rank"] = [[int(r) for r in row] for row in self.target_rank]
+        if self.top_probs:
+            data["top_probs"] = [[[round(float(p), 5) for p in top] for top in row] for row in self.top_probs]
         return data
 
     @classmethod
@@ -322,6 +338,9 @@ class AcceptanceProfile:
                 tuple(float(c) for c in row) for row in data.get("greedy_confidence", ())
             ),
             target_rank=tuple(tuple(int(r) for r in row) for row in data.get("target_rank", ())),
+            top_probs=tuple(
+                tuple(tuple(float(p) for p in top) for top in row) for row in data.get("top_probs", ())
+            ),
         )
 
 

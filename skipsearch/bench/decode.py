@@ -23,7 +23,7 @@ from skipsearch.engine.tree import check_tree_pattern
 from skipsearch.errors import ConfigError
 from skipsearch.masks import Draft
 from skipsearch.models.kernels import busy_cpu_warning
-from skipsearch.trees import TreeShape
+from skipsearch.trees import DynamicTree, Tree
 
 if TYPE_CHECKING:
     from skipsearch.acceptance.measure_config import MeasureConfig
@@ -128,7 +128,7 @@ def decode_draft(
     settings: DecodeSettings,
     weights: RandomWeights | None,
     graphs: bool = False,
-    tree: TreeShape | None = None,
+    tree: Tree | None = None,
 ) -> dict[str, Any]:
     """One draft (`pick_draft(num_layers)`, called before anything slow) against autoregressive
     decoding, HF `generate` and, for a contiguous prefix, HF's early exit; with real weights, next
@@ -228,9 +228,14 @@ def decode_draft(
     }
 
 
-def check_tree(tree: TreeShape, kv: Any, policy: GammaPolicy, graphs: bool) -> None:
+def check_tree(tree: Tree, kv: Any, policy: GammaPolicy, graphs: bool) -> None:
     """Refuse what a token tree's rounds do not run, in one line each."""
     check_tree_pattern(tree, kv)
+    if graphs and isinstance(tree, DynamicTree):
+        raise ConfigError(
+            f"dynamic trees ({tree}) choose their nodes on the host each pass, so they are not captured "
+            "as CUDA graphs: drop --graphs, or give a static shape such as 2x2x1"
+        )
     if policy.stop_below or not policy.is_fixed:
         raise ConfigError("a token tree drafts its whole shape: drop --draft-stop and --dynamic-gamma")
     if graphs and kv is not None:

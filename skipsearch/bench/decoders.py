@@ -28,7 +28,7 @@ from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.kernels import new_cache
 from skipsearch.models.loading import LoadedModel, eos_ids
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.trees import TreeShape
+from skipsearch.trees import Tree
 
 AR, HF, SSD, EARLY_EXIT = "autoregressive", "hf-generate", "ssd", "hf-early-exit"
 SSD_CHAIN = "ssd-chain"  # a tree's draft as a chain, beside the tree
@@ -49,7 +49,7 @@ def make_decoders(
     head: DraftHead | None = None,
     kv: KVPattern | None = None,
     timed: bool = True,
-    tree: TreeShape | None = None,
+    tree: Tree | None = None,
 ) -> dict[str, Decoder]:
     """Each configuration as `decode(prompt, generator) -> DecodeResult`, same stopping rule.
 

@@ -12,11 +12,11 @@ from skipsearch.cost.closed_forms import tokens_per_round_iid
 from skipsearch.engine.gamma import GammaPolicy
 from skipsearch.engine.result import Summary
 from skipsearch.engine.sampling import Sampling
-from skipsearch.trees import TreeShape
+from skipsearch.trees import Tree
 
 
 def estimators(
-    measurement: Measurement, tree: TreeShape | None = None, vocab: int | None = None
+    measurement: Measurement, tree: Tree | None = None, vocab: int | None = None
 ) -> list[Estimator]:
     """The configured estimator, plus `self` mode when that is `shared-kv`: its reference holds
     the K/V and serves both, so one run shows which mode predicts the engine (docs/theory.md,
@@ -40,7 +40,7 @@ def estimator_dict(
     policy: GammaPolicy,
     sampling: Sampling,
     measured: Summary,
-    tree: TreeShape | None = None,
+    tree: Tree | None = None,
 ) -> dict[str, Any]:
     """The estimator's acceptance and tokens per round for the engine's γ, and the relative error.
 

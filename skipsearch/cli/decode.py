@@ -30,7 +30,7 @@ from skipsearch.errors import ConfigError, SkipsearchError
 from skipsearch.masks import KVPattern, parse_draft_vocab
 from skipsearch.options import option_type
 from skipsearch.store import check_cache_dir, check_output_file, write_text_atomic
-from skipsearch.trees import CHAIN, TreeShape
+from skipsearch.trees import CHAIN, parse_tree
 
 DEFAULT_GAMMA = 3
 
@@ -68,8 +68,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--tree",
         metavar="SHAPE",
-        help="draft token trees of this shape, e.g. 2x2x1 (children per node by depth; default: from "
-        "--from, else a chain of --gamma), decoded beside the same draft as a chain of --gamma",
+        help="draft token trees of this shape, e.g. 2x2x1 (children per node by depth), or dynamic "
+        "ones, e.g. n16d5k2 (a node budget, draft passes, children a node); default: from --from, else "
+        "a chain of --gamma. Decoded beside the same draft as a chain of --gamma",
+    )
+    parser.add_argument(
+        "--tree-nodes",
+        type=option_type("tree_nodes"),
+        metavar="N",
+        help="draft dynamic token trees of N nodes (EAGLE-2's expand and rerank; the default depth, "
+        "2 children a node): the same as --tree nN",
     )
     parser.add_argument(
         "--dynamic-gamma",
@@ -200,8 +208,11 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
     mask_text, file_gamma = read_from(Path(args.from_path)) if args.from_path else (None, None)
-    shape = args.tree or (read_tree(Path(args.from_path)) if args.from_path else None)
-    tree = None if shape in (None, CHAIN) else TreeShape.parse(shape)
+    if args.tree is not None and args.tree_nodes is not None:
+        raise ConfigError("give the tree once: --tree, or --tree-nodes")
+    shape = f"n{args.tree_nodes}" if args.tree_nodes is not None else args.tree
+    shape = shape or (read_tree(Path(args.from_path)) if args.from_path else None)
+    tree = None if shape in (None, CHAIN) else parse_tree(shape)
     if mask_text is not None and any(
         value is not None for value in (args.skip, args.mask, args.attn_skip, args.mlp_skip)
     ):

@@ -83,7 +83,8 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="SHAPE",
         help="score every draft also drafting token trees of these shapes, e.g. 2x1 2x2x1 (children per "
-        "node by depth; `chain`: chains only); default: the space file's tree: list",
+        "node by depth) or n8 n16 (dynamic trees of that many nodes); `chain`: chains only; default: the "
+        "space file's tree: list",
     )
     add_context_options(parser)
     parser.add_argument(

@@ -21,14 +21,14 @@ from dataclasses import dataclass, replace
 
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cost.calibrated import Calibrated, RoundTime, _in_order
-from skipsearch.trees import TreeShape
+from skipsearch.trees import Tree
 
 
 @dataclass(frozen=True)
 class TreeScore:
     """A tree shape's predicted speedup: its tokens a round over its round's cost in steps."""
 
-    shape: TreeShape
+    shape: Tree
     tokens_per_round: float
     round_cost: float
 
@@ -37,7 +37,7 @@ class TreeScore:
         return self.tokens_per_round / self.round_cost
 
 
-def tree_round_time(form: Calibrated, shape: TreeShape) -> RoundTime:
+def tree_round_time(form: Calibrated, shape: Tree) -> RoundTime:
     """Seconds of one round of `shape` for the draft `form` prices (module docstring)."""
     latency, context, kv = form.latency, form.context, form.kv
     if kv is not None and kv.pillars:
@@ -58,15 +58,13 @@ def tree_round_time(form: Calibrated, shape: TreeShape) -> RoundTime:
     return RoundTime(draft, verify, latency.overhead(shape.depth))
 
 
-def score_tree(profile: AcceptanceProfile, form: Calibrated, shape: TreeShape) -> TreeScore:
+def score_tree(profile: AcceptanceProfile, form: Calibrated, shape: Tree) -> TreeScore:
     """`shape`'s predicted speedup for the draft `form` prices, from `profile`'s teacher-forced ranks."""
     cost = tree_round_time(form, shape).total / form.latency.step_time(form.context)
     return TreeScore(shape, profile.tree_tokens_per_round(shape), cost)
 
 
-def best_tree(
-    profile: AcceptanceProfile, form: Calibrated, shapes: tuple[TreeShape, ...]
-) -> TreeScore | None:
+def best_tree(profile: AcceptanceProfile, form: Calibrated, shapes: tuple[Tree, ...]) -> TreeScore | None:
     """The best of `shapes` (None when there are none); ties go to the smaller tree."""
     scores = [score_tree(profile, form, shape) for shape in shapes]
     return max(scores, key=lambda s: (s.speedup, -s.shape.nodes), default=None)

@@ -18,6 +18,10 @@ ancestors (`tree_mask`).
    (`tree_sample_walk`), so the output distribution is exactly the target's.
 4. Compact: the accepted path's K/V moves to the positions after the root, the rest is cut off.
 
+A dynamic tree (`trees.DynamicTree`) chooses its nodes each round from the draft's probabilities
+(`draft_dynamic`): the round's tree (`trees.RoundTree`) keeps the fed nodes first and the leaves
+last, so steps 2-4 run it as they run a static shape.
+
 One loop runs the rounds (`run_tree_rounds`) over the passes of a `TreeSteps`: eagerly on the
 runner here (`EagerTreeSteps`), or on CUDA graphs (`engine.graphed_tree`).
 
@@ -50,23 +54,24 @@ from skipsearch.models.device import device_sync
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.kernels import engaged
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.trees import TreeShape
+from skipsearch.trees import DynamicTree, Nodes, RoundTree, Tree, TreeShape
 
 
 @dataclass(frozen=True)
 class TreeProposal:
     """The drafted tree: `tokens[i - 1]` is node `i`'s token (-1: a child the draft had no token
     for, which is never accepted); `probs[i]` the draft's `q` at fed node `i` over the full
-    vocabulary (sampling only); `exact` `[1, F, d]` the draft's exact states of the `F` fed nodes."""
+    vocabulary (sampling a static shape; None: the nodes are fixed candidates, `tree_sample_walk`);
+    `exact` `[1, F, d]` the draft's exact states of the `F` fed nodes."""
 
-    shape: TreeShape
+    shape: TreeShape | RoundTree
     tokens: torch.Tensor
     probs: torch.Tensor | None
     exact: torch.Tensor
 
 
 def tree_mask(
-    shape: TreeShape,
+    shape: Nodes,
     start: int,
     rows: range,
     keys: int,
@@ -86,7 +91,7 @@ def tree_mask(
     return TreeKeys.build(start, ancestors, [shape.depths[node] for node in rows], keys, device, pattern)
 
 
-def check_tree_pattern(shape: TreeShape, kv: KVPattern | None) -> None:
+def check_tree_pattern(shape: Tree, kv: KVPattern | None) -> None:
     """Refuse a KV pattern a tree's draft does not run, in one line: pillars (chosen by a chain's
     verify), or a window no wider than the tree is deep (a node sees all its ancestors, as a
     chain's token sees the tokens drafted before it while they are in its window)."""
@@ -175,6 +180,64 @@ def draft_tree(
     return TreeProposal(shape, tokens, probs, torch.cat(exact, dim=1))
 
 
+def draft_dynamic(
+    runner: LayerwiseRunner,
+    mask: SkipMask,
+    cache: object,
+    pending: torch.Tensor,
+    start: int,
+    tree: DynamicTree,
+    sampling: Sampling,
+    head: DraftHead | None = None,
+    kv: KVPattern | None = None,
+) -> TreeProposal:
+    """Step 1 for a dynamic tree (`trees.DynamicTree`, EAGLE-2's expand and rerank): pass `d` feeds
+    the `top` nodes of depth `d` with the highest cumulative draft probability (the root alone at
+    first), each proposing its `top` most likely children; the round's tree is the fed nodes and
+    the `tree.leaves` most likely nodes drafted but not fed. Fed nodes sit in cache slots in the
+    order they are fed, the chosen leaves after them, so the verify reuses the fed nodes' K/V below
+    `s1` as a static tree's. The tree is chosen from the draft's probabilities alone, under the
+    sampling temperature and truncation when sampling, so the walk takes its nodes as fixed
+    candidates (`tree_sample_walk`). One host read a pass: the tree's mask is built on the host."""
+    device, k = runner.device, tree.top
+    parents, tokens = [-1], [int(pending.reshape(-1)[0])]
+    scores = [0.0]  # each fed node's cumulative log-probability under the draft
+    pool: list[tuple[float, int, int]] = []  # drafted, not fed: (score, parent, token)
+    exact: list[torch.Tensor] = []
+    rows = range(0, 1)
+    for depth in range(tree.depth):
+        fed = RoundTree(tuple(parents), 0)
+        attend = tree_mask(fed, start, rows, start + rows.stop, device, kv)
+        ids = torch.tensor([tokens[node] for node in rows], device=device).view(1, -1)
+        at = torch.full((1, len(rows)), start + depth, device=device)
+        hidden, logits = draft_forward(runner, mask, ids, at, cache, head, attend, kv)
+        exact.append(hidden)
+        logq = logits[0].float().log_softmax(-1) if sampling.greedy else sampling.probs(logits[0]).log()
+        top = logq.topk(k, dim=-1)
+        chosen = top.indices if head is None else head.token(top.indices)
+        values, children = top.values.tolist(), chosen.tolist()
+        drafted = [
+            (scores[node] + value, node, token)
+            for node, row_values, row_children in zip(rows, values, children, strict=True)
+            for value, token in zip(row_values, row_children, strict=True)
+        ]
+        drafted.sort(key=lambda child: -child[0])  # stable: a tie keeps the earlier parent and rank
+        if depth + 1 == tree.depth:
+            pool += drafted
+            break
+        rows = range(len(parents), len(parents) + k)
+        for score, parent, token in drafted[:k]:
+            parents.append(parent)
+            tokens.append(token)
+            scores.append(score)
+        pool += drafted[k:]
+    pool.sort(key=lambda child: -child[0])
+    leaves = pool[: tree.leaves]
+    shape = RoundTree(tuple(parents) + tuple(parent for _, parent, _ in leaves), len(leaves))
+    drafted_tokens = torch.tensor(tokens[1:] + [token for _, _, token in leaves], device=device)
+    return TreeProposal(shape, drafted_tokens, None, torch.cat(exact, dim=1))
+
+
 def verify_tree(
     runner: LayerwiseRunner,
     mask: SkipMask,
@@ -194,7 +257,7 @@ def verify_tree(
     return verify_forward(runner, mask, proposal.exact, leaf_ids, block_at, cache, block_mask, kv)
 
 
-def tree_greedy_walk(shape: TreeShape, tokens: Sequence[int], target: Sequence[int]) -> tuple[list[int], int]:
+def tree_greedy_walk(shape: Nodes, tokens: Sequence[int], target: Sequence[int]) -> tuple[list[int], int]:
     """The accepted path (node numbers) and the target's token after it: from the root, to the
     child whose token is the target's argmax after its parent, while there is one."""
     path, node = [], 0
@@ -208,10 +271,10 @@ def tree_greedy_walk(shape: TreeShape, tokens: Sequence[int], target: Sequence[i
 
 
 def tree_sample_walk(
-    shape: TreeShape,
+    shape: Nodes,
     tokens: Sequence[int],
     p: torch.Tensor,
-    q: torch.Tensor,
+    q: torch.Tensor | None,
     generator: torch.Generator | None,
 ) -> tuple[list[int], int]:
     """The accepted path and the token after it, by recursive rejection sampling: at a node whose
@@ -221,13 +284,36 @@ def tree_sample_walk(
     the token comes from the last residual. Each step is one speculative sampling step of a
     proposal drawn from `q_i`, so the token that leaves a node follows `p` there exactly
     (Leviathan et al. 2023; Jeon et al. 2024 for draws without replacement). `p` `[N + 1, V]`
-    is the target's at every node, `q` `[F, V]` the draft's at every fed node."""
+    is the target's at every node, `q` `[F, V]` the draft's at every fed node.
+
+    Without `q` the children are fixed candidates, chosen before any coin (a dynamic tree's): each
+    is a proposal that puts all its mass on it, so child `x_i` is accepted with probability
+    `p_i(x_i)` and the residual is `p_i` without `x_i`, renormalised: exact for any candidates."""
     path, node = [], 0
     while True:
         kids = [c for c in shape.children[node] if tokens[c - 1] >= 0]
         target = p[node]
         if not kids:
             return path, int(sample(target, generator)[0])
+        if q is None:
+            accepted = None
+            for child in kids:
+                token = tokens[child - 1]
+                if torch.rand((), generator=generator, device=p.device) < target[token]:
+                    accepted = child
+                    break
+                target = target.clone()
+                target[token] = 0
+                total = target.sum()
+                if total <= 0:  # p had no mass left past x_i: p_i(x_i) was 1 up to rounding
+                    accepted = child
+                    break
+                target = target / total
+            if accepted is None:
+                return path, int(sample(target, generator)[0])
+            path.append(accepted)
+            node = accepted
+            continue
         proposal = q[node].clone()
         accepted = None
         for child in kids:
@@ -287,7 +373,7 @@ class TreeSteps(Protocol):
     (`engine.graphed_tree.TreeGraphSteps`): one round loop runs either (`run_tree_rounds`)."""
 
     runner: LayerwiseRunner
-    shape: TreeShape
+    shape: Tree
     s1: int
 
     def prefill(self, prompt: Sequence[int]) -> Any: ...
@@ -311,13 +397,13 @@ class EagerTreeSteps:
         self,
         runner: LayerwiseRunner,
         mask: SkipMask,
-        shape: TreeShape,
+        shape: Tree,
         head: DraftHead | None = None,
         kv: KVPattern | None = None,
     ) -> None:
         mask.check_fits(runner.num_layers)
         check_tree_pattern(shape, kv)
-        if head is not None and max(shape.widths) > len(head.ids):
+        if head is not None and shape.widest > len(head.ids):
             raise ConfigError(f"tree {shape} has more children a node than the draft's {len(head.ids)} ids")
         self.runner, self.mask, self.shape, self.head, self.kv = runner, mask, shape, head, kv
         self.s1 = divergent_layer(mask, kv)
@@ -337,6 +423,11 @@ class EagerTreeSteps:
 
     def draft(self, depth: int, sampling: Sampling, generator: torch.Generator | None) -> TreeProposal:
         pending = torch.tensor([[self.root]], device=self.runner.device)
+        if isinstance(self.shape, DynamicTree):
+            tree = self.shape.at_depth(depth)
+            return draft_dynamic(
+                self.runner, self.mask, self.cache, pending, self.start, tree, sampling, self.head, self.kv
+            )
         at = TreeShape(self.shape.widths[:depth])
         return draft_tree(
             self.runner,
@@ -422,7 +513,7 @@ def tree_decode(
     runner: LayerwiseRunner,
     prompt: Sequence[int],
     mask: SkipMask,
-    shape: TreeShape,
+    shape: Tree,
     max_new_tokens: int,
     sampling: Sampling = GREEDY,
     generator: torch.Generator | None = None,

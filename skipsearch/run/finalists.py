@@ -66,7 +66,7 @@ def rescore(
     """Each finalist measured in `rounds` mode at its γ* (or simulating its token tree's rounds)
     and scored by `scorer` at that γ (or that tree); best first."""
     from skipsearch.acceptance.estimator import Estimator
-    from skipsearch.trees import TreeShape
+    from skipsearch.trees import parse_tree
 
     estimator = measurement.estimator
     finalists = []
@@ -74,7 +74,7 @@ def rescore(
         vocab = parse_draft_vocab(record.details.get("draft_vocab", FULL_VOCAB))
         kv = KVPattern.parse(record.details.get("kv", FULL_KV))
         label = record.details.get("tree") or CHAIN
-        tree = None if label == CHAIN else TreeShape.parse(label)
+        tree = None if label == CHAIN else parse_tree(label)
         exact = Estimator(
             estimator.runner,
             estimator.reference,

@@ -20,7 +20,7 @@ from skipsearch.cost.trees import score_tree
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
 from skipsearch.search.score import Score, Scorer
-from skipsearch.trees import CHAIN, TreeShape
+from skipsearch.trees import CHAIN, Tree
 
 OBJECTIVES = ("speedup", "acceptance")
 COSTS = ("closed-form", "calibrated")
@@ -70,7 +70,7 @@ def make_scorer(
     kv: Sequence[KVPattern | None] = (None,),
     kv_share: float | None = None,
     gamma_min: int = 1,
-    trees: Sequence[TreeShape] = (),
+    trees: Sequence[Tree] = (),
 ) -> Scorer:
     """Scorer maximising the best-γ predicted speedup, or greedy acceptance (SWIFT-style, with the
     r_draft budget set by the search space), over the draft vocabularies `draft_vocab` and the KV
@@ -141,7 +141,7 @@ def make_scorer(
     return score
 
 
-def _verify_steps(form: Calibrated, shape: TreeShape) -> float:
+def _verify_steps(form: Calibrated, shape: Tree) -> float:
     """A verify of the tree's rows, in steps of one row: what rows cost on this device."""
     latency = form.latency
     return latency.weights(form.context, shape.verify_rows).total / latency.step_time(form.context)

@@ -20,7 +20,7 @@ from skipsearch.masks import FULL_VOCAB, KVPattern, parse_draft_vocab
 from skipsearch.options import DEFAULT_GAMMA_MAX, GAMMA_CAP, TOKENS_CAP
 from skipsearch.search.space_spec import LayerRef, SpaceSpec, TierSpec, space_error
 from skipsearch.tiers.policy import TierPolicy, check_policy
-from skipsearch.trees import TreeShape, parse_trees
+from skipsearch.trees import Tree, parse_trees
 
 KINDS = ("contiguous", "block", "sparse", "sublayer", "tiers")
 SPACES_DIR = Path(str(resources.files("skipsearch.search") / "builtin_spaces"))
@@ -199,9 +199,9 @@ def _choices(reader: _Reader, key: str, parse: Callable[[Any], Any], example: st
     return choices
 
 
-def _trees(reader: _Reader) -> tuple[TreeShape, ...]:
-    """`tree: [chain, 2x1, 2x2x1]`: the token-tree shapes every draft is also scored as, beside
-    the chains of every γ (default: chains only)."""
+def _trees(reader: _Reader) -> tuple[Tree, ...]:
+    """`tree: [chain, 2x1, 2x2x1, n8]`: the token trees (static shapes, dynamic node budgets) every
+    draft is also scored as, beside the chains of every γ (default: chains only)."""
     raw = reader.data.get("tree", [])
     example = "[chain, 2x1, 2x2x1]"
     if not isinstance(raw, list):

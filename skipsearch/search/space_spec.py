@@ -18,7 +18,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern
 from skipsearch.search.spaces import BlockSpace, ConcreteSpace, ContiguousSpace, SubsetSpace
 from skipsearch.tiers.policy import TierPolicy
-from skipsearch.trees import TreeShape
+from skipsearch.trees import Tree
 
 # Float slack when turning r_draft bounds into skip counts, so 1 - 6/12 <= 0.5 holds.
 EPS = 1e-9
@@ -45,7 +45,7 @@ class SpaceSpec:
     gamma_max: int
     draft_vocab: tuple[int | None, ...] = (None,)
     kv: tuple[KVPattern | None, ...] = (None,)
-    tree: tuple[TreeShape, ...] = ()  # token-tree shapes each draft is also scored as (none: chains only)
+    tree: tuple[Tree, ...] = ()  # token-tree shapes each draft is also scored as (none: chains only)
 
     def _layer(self, ref: LayerRef, num_layers: int) -> int:
         if isinstance(ref, float):

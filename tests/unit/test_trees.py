@@ -4,7 +4,7 @@ drafts and what a round of it accepts, in exact numbers."""
 import pytest
 
 from skipsearch.errors import ConfigError
-from skipsearch.trees import MAX_NODES, TreeShape, parse_trees
+from skipsearch.trees import MAX_NODES, DynamicTree, TreeShape, parse_tree, parse_trees
 
 
 def test_a_static_shape_counts_its_nodes_passes_and_verify_rows() -> None:
@@ -52,3 +52,47 @@ def test_the_largest_shape_fits_the_verify_the_profile_measures() -> None:
 
 def test_a_list_of_shapes_drops_chains_and_repeats() -> None:
     assert parse_trees(["chain", "2x1", "2x1", "3"]) == (TreeShape((2, 1)), TreeShape.chain(3))
+
+
+def test_a_dynamic_tree_fixes_its_rows_and_its_node_budget() -> None:
+    tree = DynamicTree.parse("n8")  # the default depth: about half the nodes fed
+    assert (tree.nodes, tree.depth, tree.top) == (8, 3, 2) and str(tree) == "n8d3k2"
+    assert tree.draft_rows == (1, 2, 2) and tree.verify_rows == 9 and tree.leaves == 4
+    assert parse_tree("n14d3k3") == DynamicTree(14, 3, 3) and parse_tree("2x1") == TreeShape((2, 1))
+    assert tree.at_depth(1) == DynamicTree(2, 1, 2) and tree.at_depth(5) is tree
+    assert parse_trees(["chain", "n8", "2x1", "n8d3k2"]) == (tree, TreeShape((2, 1)))
+    for budget in range(1, MAX_NODES + 1):  # every budget --tree-nodes takes has a default depth
+        assert DynamicTree.for_budget(budget).nodes == budget
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("n40", "over the 31"),
+        ("n8d2k5", "at most 4 children"),
+        ("n20d3k2", "between 5 and 10"),
+        ("n8x", "nN"),
+    ],
+)
+def test_a_bad_dynamic_tree_is_one_clear_error(text, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_tree(text)
+
+
+# The draft's top two probabilities at each depth of the target's path, and the target's rank there.
+SURE, SPLIT = (0.9, 0.05), (0.5, 0.4)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "probs", "accepted"),
+    [
+        ([0, 0, 0], [SURE, SURE, SURE], 3),  # the draft's first choices all along: fed, then kept
+        ([2, 0, 0], [SURE, SURE, SURE], 0),  # the root's third choice is never drafted (top 2)
+        ([1, 0, 1], [SPLIT, (0.8, 0.1), SPLIT], 2),  # 0.4*0.8 is fed; 0.32*0.4 loses to 0.2 and 0.16
+        ([1, 0, 0], [SURE, (0.8, 0.1), (0.8, 0.1)], 1),  # 0.05*0.8 is not fed: 0.72, 0.09 are
+        ([0, 1, 0], [SURE, (0.6, 0.3), SURE], 3),  # 0.9*0.3 is fed; its child 0.243 is a leaf
+    ],
+)
+def test_a_dynamic_round_accepts_while_the_paths_node_is_fed_or_among_the_likeliest(ranks, probs, accepted):
+    """n6d3k2: 2 nodes fed at depths 1 and 2, and the 2 likeliest of the other nodes drafted."""
+    assert DynamicTree(6, 3, 2).accepted_depth(ranks, probs) == accepted

@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from skipsearch.acceptance.estimator import Estimator
-from skipsearch.acceptance.profile import _walk_tree
+from skipsearch.acceptance.profile import AcceptanceProfile, _walk_tree
 from skipsearch.cpu.attention_choice import AttentionChoice
 from skipsearch.cpu.attention_paths import FP32_ATTENTION, KERNEL_ATTENTION
 from skipsearch.cpu.decode_attention import load_kernel
@@ -358,3 +358,25 @@ def test_ranks_agree_with_the_greedy_match_and_give_the_top_k_hit_rates(rounds_s
     chain = profile.tree_tokens_per_round(TreeShape.chain(3))
     assert chain == profile.tokens_per_round(3)
     assert profile.tree_tokens_per_round(TreeShape.parse("4x2x1")) > chain
+
+
+@pytest.mark.parametrize("mask", ROUND_MASKS[:3], ids=str)
+def test_a_dynamic_tree_that_keeps_every_node_it_drafts_is_predicted_as_its_static_shape(
+    rounds_setup, mask
+) -> None:
+    """n6d2k2 feeds both of the root's children and verifies all four of theirs: the tree 2x2,
+    whichever probabilities the draft gives. The engine's rounds are 2x2's, and the estimator's
+    prediction from the recorded probabilities is 2x2's too (exactly: the off-path nodes it cannot
+    see decide nothing here). The profile keeps the draft's top probabilities, largest first."""
+    from skipsearch.trees import DynamicTree
+
+    runner, reference = rounds_setup
+    dynamic, static = DynamicTree.parse("n6d2k2"), TreeShape.parse("2x2")
+    profile = Estimator(runner, reference, "rounds", round_tree=dynamic).evaluate(mask, temperature=0)
+    assert profile.tree_tokens_per_round(dynamic) == profile.tree_tokens_per_round(static)
+    _, dynamic_rounds = engine_tree_judgements(runner, reference, mask, dynamic)
+    _, static_rounds = engine_tree_judgements(runner, reference, mask, static)
+    assert dynamic_rounds == static_rounds
+    tops = [top for row in profile.top_probs for top in row]
+    assert len(tops) == profile.n_positions and all(list(top) == sorted(top, reverse=True) for top in tops)
+    assert AcceptanceProfile.from_dict(profile.to_dict()).top_probs[0][0] == pytest.approx(tops[0], abs=1e-5)

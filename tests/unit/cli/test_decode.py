@@ -119,6 +119,29 @@ def test_decode_runs_a_graphed_tree(tmp_path, monkeypatch, capsys):
     assert "graphed (static-eager)" in capsys.readouterr().out
 
 
+def test_decode_runs_a_dynamic_tree_and_says_what_it_cannot(tmp_path, monkeypatch, capsys):
+    """`--tree-nodes 6` decodes dynamic trees `n6d2k2` beside the chain, lossless, with the
+    estimator's prediction; graphs and a second tree option are refused in one line."""
+    from skipsearch.models.loading import LoadedModel
+    from tests.conftest import tiny_model, with_plan_attention
+
+    loaded = LoadedModel(with_plan_attention(tiny_model("llama", layers=4)), None, "tiny", "memory")
+    monkeypatch.setattr("skipsearch.models.loading.load_model", lambda *args: loaded)
+    out = tmp_path / "decode.json"
+    options = "--random-weights --skip 1 --gamma 3 --n-prompts 1 --max-prompt-tokens 8 --new-tokens 8 "
+    options += "--repeats 1 --tree-nodes 6"
+    assert main(["decode", "--model", "mistral-7b", *options.split(), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["tree"] == "n6d2k2" and result["lossless"] and "ssd-chain" in result["summaries"]
+    assert main(["decode", "--skip", "1", "--tree-nodes", "6", "--tree", "2x1"]) == 2
+    assert "give the tree once" in capsys.readouterr().err
+    monkeypatch.setattr("skipsearch.models.device.check_device", lambda device: None)
+    assert main(["decode", "--skip", "1", "--tree", "n8", "--graphs", "--device", "cuda"]) == 2
+    assert "not captured as CUDA graphs" in capsys.readouterr().err
+    assert main(["decode", "--skip", "1", "--tree-nodes", "40"]) == 2
+    assert "--tree-nodes" in capsys.readouterr().err
+
+
 # -- decode --from tiers.json ------------------------------------------------------------------------
 def test_decode_command_runs_a_tier_manifest(runner, tmp_path, monkeypatch, capsys):
     from skipsearch.models.loading import LoadedModel

@@ -11,7 +11,7 @@ from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.trees import best_tree, score_tree, tree_round_time
 from skipsearch.masks import KVPattern, SkipMask
-from skipsearch.trees import TreeShape
+from skipsearch.trees import DynamicTree, TreeShape
 
 LAYERS = 4
 POSITIONS = (1, 2, 4, 8, 16, 32)
@@ -88,3 +88,12 @@ def test_the_search_picks_a_tree_where_rows_are_free_and_the_chain_where_they_ar
     assert not free.shape.is_chain and costly.shape.is_chain
     wide = score_tree(profile(ranks), Calibrated(latency(0.0), MASK, 512), TreeShape.parse("2x2"))
     assert wide.tokens_per_round > profile(ranks).tokens_per_round(2)
+
+
+def test_a_dynamic_tree_costs_the_static_tree_of_its_rows() -> None:
+    """n6d2k2 drafts passes of 1 and 2 rows and verifies 7 rows, 4 of them unfed leaves: 2x2's rows."""
+    form = Calibrated(latency(0.4), MASK, context=512)
+    dynamic, static = DynamicTree.parse("n6d2k2"), TreeShape.parse("2x2")
+    assert tree_round_time(form, dynamic) == tree_round_time(form, static)
+    bigger = tree_round_time(form, DynamicTree.parse("n8d3k2")).total
+    assert bigger > tree_round_time(form, static).total  # one more pass, two more verify rows

@@ -15,7 +15,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.kv.tree_keys import TreeKeys
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.trees import TreeShape
+from skipsearch.trees import TreeShape, parse_tree
 from tests.conftest import tiny_model
 from tests.unit.cpu.test_fused_layers import LAYERS, needs_kernels, on_the_plan
 
@@ -88,7 +88,7 @@ def test_the_kernel_declines_a_tree_it_cannot_hold() -> None:
 
 
 @needs_kernels
-@pytest.mark.parametrize("shape", ["2x1", "2x2x1", "3x1x1"])
+@pytest.mark.parametrize("shape", ["2x1", "2x2x1", "3x1x1", "n8d3k2"])
 @pytest.mark.parametrize("pattern", [None, KVPattern(2, 12)], ids=str)
 def test_tree_passes_run_fused_and_decode_losslessly(monkeypatch: pytest.MonkeyPatch, shape, pattern) -> None:
     """Every attention of a tree round runs on the fused layers (none falls back to the modules),
@@ -107,7 +107,7 @@ def test_tree_passes_run_fused_and_decode_losslessly(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(FusedLayer, "takes", recorded)
     mask = SkipMask.from_layers(LAYERS, [2])
-    result = tree_decode(runner, PROMPT, mask, TreeShape.parse(shape), 24, timed=False, kv=pattern)
+    result = tree_decode(runner, PROMPT, mask, parse_tree(shape), 24, timed=False, kv=pattern)
     assert result.tokens == expected
     assert taken and all(taken), f"{taken.count(False)} of {len(taken)} tree passes left the fused layers"
 

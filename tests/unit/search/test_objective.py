@@ -8,7 +8,7 @@ from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.search.objective import make_scorer
-from skipsearch.trees import TreeShape
+from skipsearch.trees import DynamicTree, TreeShape
 from tests.unit.conftest import rows_latency, synthetic_latency
 
 
@@ -115,3 +115,20 @@ def test_a_kv_pattern_draft_scores_trees_its_window_holds_and_no_tree_with_pilla
     assert windowed.details["score_by_tree"]["2x1"] > 0 and windowed.details["tree"] in ("chain", "2x1")
     pillars = make_scorer(cost="calibrated", latency=rows_latency(0.0), trees=trees, kv=(KVPattern(2, 3, 4),))
     assert "score_by_tree" not in pillars(mask, replace(ranks, kv=KVPattern(2, 3, 4))).details
+
+
+def test_a_dynamic_tree_is_scored_beside_the_static_ones() -> None:
+    """With the draft's top probabilities measured, a dynamic tree is one more point of the space:
+    scored by what its rounds accept and what its fixed rows cost; without them, an error says so."""
+    from dataclasses import replace
+
+    mask = SkipMask(2, attn={1})
+    ranks = [1, 0, 1, 0, 0, 1, 2, 0, 1, 0] * 8
+    probs = tuple((0.5, 0.4, 0.05, 0.01) if rank else (0.6, 0.3, 0.05, 0.01) for rank in ranks)
+    profile = replace(_ranked(ranks, mask), top_probs=(probs,))
+    trees = (TreeShape.parse("2x1"), DynamicTree.parse("n6d2k2"))
+    free = make_scorer(cost="calibrated", latency=rows_latency(0.0), trees=trees)(mask, profile)
+    assert set(free.details["score_by_tree"]) == {"chain", "2x1", "n6d2k2"}
+    assert free.details["score_by_tree"]["n6d2k2"] >= free.details["score_by_tree"]["2x1"]  # more nodes, free
+    with pytest.raises(ValueError, match="no draft probabilities"):
+        make_scorer(cost="calibrated", latency=rows_latency(0.0), trees=trees)(mask, _ranked(ranks, mask))

@@ -254,7 +254,7 @@ def round_words(summary: dict) -> str:
     """How the best draft's rounds go: a chain of γ tokens, or a token tree of its shape."""
     tree = summary.get("tree")
     if tree and tree != CHAIN:
-        return f'drafting token trees of shape {tree} (docs/theory.md, "Token trees")'
+        return f'drafting token trees {tree} (docs/theory.md, "Token trees")'
     return f"with draft length γ = {summary['gamma_best']}"
 
 

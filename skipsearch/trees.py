@@ -312,9 +312,9 @@ class DynamicTree:
         """Draft tokens a greedy round accepts along the target's own path, where the target's token
         at depth `d + 1` ranks `ranks[d]` under the draft and `probs[d]` holds the draft's `top`
         largest probabilities there. The nodes off the path are unseen: each is taken to propose
-        children as likely as the path's node of its depth does, which fixes every candidate's
-        cumulative probability and so which nodes the round feeds and verifies (docs/theory.md,
-        "Dynamic trees")."""
+        children as likely as the path's node of its depth does (below the path's deepest fed node,
+        as that node does), which fixes every candidate's cumulative probability and so which nodes
+        the round feeds and verifies (docs/theory.md, "Dynamic trees")."""
         k = self.top
         frontier = [(0.0, True)]  # the fed nodes of the deepest depth: (log-probability, on the path)
         pool: list[tuple[float, bool, int]] = []  # drafted, unfed: (log-probability, on path, depth)
@@ -323,13 +323,15 @@ class DynamicTree:
         for depth in range(self.depth):
             if depth >= len(ranks):
                 break
-            logs = [math.log(max(p, 1e-30)) for p in probs[depth][:k]]
-            rank = ranks[depth]
+            # Below the path's deepest fed node the draft reads no position of the path: that node's
+            # probabilities stand in, so a round depends only on the positions it drafts from.
+            logs = [math.log(max(p, 1e-30)) for p in probs[min(depth, fed_path)][:k]]
+            rank = ranks[depth] if fed_path == depth else k
             candidates = []
             for cum, on_path in frontier:
                 for j, value in enumerate(logs):
                     candidates.append((cum + value, on_path and j == rank))
-            if fed_path == depth and rank < k:
+            if rank < k:
                 reached = depth + 1
             candidates.sort(key=lambda c: (-c[0], not c[1]))
             if depth + 1 < self.depth:

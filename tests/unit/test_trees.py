@@ -96,3 +96,12 @@ SURE, SPLIT = (0.9, 0.05), (0.5, 0.4)
 def test_a_dynamic_round_accepts_while_the_paths_node_is_fed_or_among_the_likeliest(ranks, probs, accepted):
     """n6d3k2: 2 nodes fed at depths 1 and 2, and the 2 likeliest of the other nodes drafted."""
     assert DynamicTree(6, 3, 2).accepted_depth(ranks, probs) == accepted
+
+
+@pytest.mark.parametrize("deeper", [(0.8, 0.1), (0.01, 0.005), (0.5, 0.49)])
+def test_a_dynamic_round_reads_no_position_past_the_paths_deepest_fed_node(deeper) -> None:
+    """The path's node at depth 2 is not fed (0.05*0.8 loses to 0.72 and 0.09), so the round drafts
+    from positions 0 and 1 only: what the draft says at position 2 (another round's) changes nothing.
+    The round-aware estimator's fixed point rests on it."""
+    tree = DynamicTree(6, 3, 2)
+    assert tree.accepted_depth([1, 0, 0], [SURE, (0.8, 0.1), deeper]) == 1

@@ -380,3 +380,25 @@ def test_a_dynamic_tree_that_keeps_every_node_it_drafts_is_predicted_as_its_stat
     tops = [top for row in profile.top_probs for top in row]
     assert len(tops) == profile.n_positions and all(list(top) == sorted(top, reverse=True) for top in tops)
     assert AcceptanceProfile.from_dict(profile.to_dict()).top_probs[0][0] == pytest.approx(tops[0], abs=1e-5)
+
+
+@pytest.mark.parametrize("tree", ["n8d3k2", "n14d3k3"])
+@pytest.mark.parametrize("mask", ROUND_MASKS[:2], ids=str)
+def test_rounds_mode_predicts_a_deep_dynamic_tree_roughly(rounds_setup, mask, tree) -> None:
+    """The rounds settle, and the prediction stays within 15% of the engine's tokens per round on
+    this tiny random model, whose flat distributions are the approximation's worst case (on the
+    real models within 3%: results/token_trees)."""
+    from skipsearch.trees import DynamicTree
+
+    runner, reference = rounds_setup
+    dynamic = DynamicTree.parse(tree)
+    profile = Estimator(runner, reference, "rounds", round_tree=dynamic).evaluate(mask, temperature=0)
+    _, engine_rounds = engine_tree_judgements(runner, reference, mask, dynamic)
+    predicted = [
+        accepted
+        for row, ranks in enumerate(profile.target_rank)
+        for start, _, accepted, _ in _walk_tree(ranks, dynamic, profile.top_probs[row])
+        if start <= NEW_TOKENS - dynamic.depth - 1
+    ]
+    engine = sum(n + 1 for *_, n in engine_rounds) / len(engine_rounds)
+    assert sum(n + 1 for n in predicted) / len(predicted) == pytest.approx(engine, rel=0.15)

@@ -272,6 +272,12 @@ def report(results: dict[str, Any], command: str) -> str:
         lines += ["", f"The cost model picks `{predicted['choice']}`.", ""]
         if predicted.get("command", command) != command:
             lines += [f"This part's command: `{predicted['command']}`.", ""]
+        if predicted.get("kernel_plan_line", results["kernel_plan_line"]) != results["kernel_plan_line"]:
+            lines += [
+                f"This part ran on {predicted['kernel_plan_line']} (tokens a round do not depend on the "
+                "threads; its costs come from the profile).",
+                "",
+            ]
     for part, title in (("decode", "Decoded (held-out HumanEval prompts)"), ("spec_bench", "Spec-Bench")):
         if part not in results:
             continue
@@ -337,13 +343,9 @@ def main() -> None:
     name = args.name or args.model
     path = out / f"{name}.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-    results |= {
-        "model": args.model,
-        "draft": str(draft),
-        "cpu": describe_cpu(),
-        "context": args.context,
-        **loaded.plan.to_record(),
-    }
+    results |= {"model": args.model, "draft": str(draft), "cpu": describe_cpu(), "context": args.context}
+    if timing or "kernel_plan_line" not in results:  # the report's plan is the timed parts' plan
+        results |= loaded.plan.to_record()
     if "predict" in args.parts:
         results["predict"] = predict(measurement, draft, latency, shapes, args.context)
     predicted = results["predict"]
@@ -379,8 +381,8 @@ def main() -> None:
         }
         results["spec_bench"] = {"categories": categories, "meta": meta, "shapes": shapes_used}
     command = "python experiments/token_trees.py " + shlex.join(sys.argv[1:])
-    for part in args.parts:  # which command measured each part, when a later run redoes one
-        results[part.replace("-", "_")]["command"] = command
+    for part in args.parts:  # which command and plan measured each part, when a later run redoes one
+        results[part.replace("-", "_")] |= {"command": command, "kernel_plan_line": loaded.plan.line}
     path.write_text(json.dumps(results, indent=1))
     (out / f"{name}.md").write_text(report(results, command))
     print(report(results, command))

@@ -274,8 +274,8 @@ def report(results: dict[str, Any], command: str) -> str:
             lines += [f"This part's command: `{predicted['command']}`.", ""]
         if predicted.get("kernel_plan_line", results["kernel_plan_line"]) != results["kernel_plan_line"]:
             lines += [
-                f"This part ran on {predicted['kernel_plan_line']} (tokens a round do not depend on the "
-                "threads; its costs come from the profile).",
+                f"This part ran on {predicted['kernel_plan_line']}: its costs come from the profile, "
+                "not from its own timings.",
                 "",
             ]
     for part, title in (("decode", "Decoded (held-out HumanEval prompts)"), ("spec_bench", "Spec-Bench")):

@@ -15,15 +15,12 @@ from skipsearch.models.draft_head import DraftHead
 from skipsearch.trees import DynamicTree, RoundTree
 from tests.unit.engine.conftest import NEW_TOKENS, PROMPT
 from tests.unit.engine.test_sampling import CHI2_7_999, _chi_square, eight_token_setup
+from tests.unit.engine.test_tree import MASKS as TREE_MASKS
+from tests.unit.engine.test_tree_sampling import DRAWS, sampled_tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-MASKS = {
-    "contiguous exit 3": SkipMask.prefix(6, 3),
-    "sparse multi": SkipMask.from_layers(6, [1, 4]),
-    "first layer": SkipMask.from_layers(6, [0, 3]),
-    "mlp before skipped attn": SkipMask(6, attn=[3], mlp=[2]),
-}
+MASKS = {name: mask for name, mask in TREE_MASKS.items() if mask.attn or mask.mlp}
 TREES = ["n3", "n8", "n12d4k2", "n6d2k3", "n14d3k3"]
 
 
@@ -127,30 +124,13 @@ def test_dynamic_trees_refuse_what_they_cannot_draft():
         DynamicTree.parse("n8x")
 
 
-DRAWS = 600
-
-
 @pytest.mark.parametrize("tree", ["n6d3k2"])
 def test_sampled_dynamic_tree_tokens_follow_the_target(tree):
     """The first two sampled tokens follow p and its marginal (chi-square, 8 bins), and the root's
     children are accepted as often as fixed candidates are: with probability p's mass on them."""
     setup = eight_token_setup("cpu")
-    runner, sampling = setup.runner, setup.sampling
-    with torch.no_grad():
-        firsts = torch.tensor([[*setup.prompt, t] for t in range(len(setup.p))])
-        second = sampling.probs(runner.forward(firsts)[:, -1]).cpu()
-    marginal = setup.p @ second
     spec = DynamicTree.parse(tree)
-    first, later = torch.zeros(len(setup.p)), torch.zeros(len(setup.p))
-    accepted = 0
-    for seed in range(DRAWS):
-        generator = torch.Generator().manual_seed(seed)
-        result = tree_decode(
-            runner, setup.prompt, setup.mask, spec, 3, sampling=sampling, generator=generator, timed=False
-        )
-        first[result.tokens[0]] += 1
-        later[result.tokens[1]] += 1
-        accepted += result.accepted[0] >= 1
+    first, later, marginal, accepted = sampled_tokens(setup, spec)
     assert _chi_square(first, setup.p) < CHI2_7_999
     assert _chi_square(later, marginal) < CHI2_7_999
     expected = float(setup.p[setup.q.topk(spec.top).indices].sum())  # the root's children: q's top 2

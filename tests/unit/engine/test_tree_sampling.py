@@ -35,19 +35,14 @@ def accepted_at_root(p: torch.Tensor, q: torch.Tensor, children: int) -> float:
     return total
 
 
-@pytest.fixture(scope="module")
-def setup():
-    return eight_token_setup("cpu")
-
-
-@pytest.mark.parametrize("shape", ["3x2", "2x2x1", "1x1"])
-def test_sampled_tree_tokens_follow_the_target(setup, shape) -> None:
+def sampled_tokens(setup, tree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Over `DRAWS` seeded decodes with token trees `tree`: histograms of the first and second
+    sampled tokens, the second's expected marginal under the target, and how many first rounds
+    accepted a draft token."""
     runner, sampling = setup.runner, setup.sampling
     with torch.no_grad():
         firsts = torch.tensor([[*setup.prompt, t] for t in range(len(setup.p))])
         second = sampling.probs(runner.forward(firsts)[:, -1]).cpu()
-    marginal = setup.p @ second
-    tree = TreeShape.parse(shape)
     first, later = torch.zeros(len(setup.p)), torch.zeros(len(setup.p))
     accepted = 0
     for seed in range(DRAWS):
@@ -58,6 +53,18 @@ def test_sampled_tree_tokens_follow_the_target(setup, shape) -> None:
         first[result.tokens[0]] += 1
         later[result.tokens[1]] += 1
         accepted += result.accepted[0] >= 1
+    return first, later, setup.p @ second, accepted
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return eight_token_setup("cpu")
+
+
+@pytest.mark.parametrize("shape", ["3x2", "2x2x1", "1x1"])
+def test_sampled_tree_tokens_follow_the_target(setup, shape) -> None:
+    tree = TreeShape.parse(shape)
+    first, later, marginal, accepted = sampled_tokens(setup, tree)
     assert _chi_square(first, setup.p) < CHI2_7_999
     assert _chi_square(later, marginal) < CHI2_7_999
     expected = accepted_at_root(setup.p, setup.q, tree.widths[0])

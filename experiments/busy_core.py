@@ -53,7 +53,7 @@ def child(context: int) -> None:
     import torch
 
     from skipsearch.bench.clock import WallClock
-    from skipsearch.bench.profiler import copy_bandwidth
+    from skipsearch.bench.latency_profiler import copy_bandwidth
     from skipsearch.cpu import shared_core
     from skipsearch.cpu.inventory import step_bytes
     from skipsearch.models.loading import load_model

@@ -25,8 +25,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from _common import markdown_table
 
+from skipsearch.bench.latency_profiler import DEFAULT_REPEATS, save_profile
 from skipsearch.bench.processes import DEFAULT_PROCESSES, profile_processes
-from skipsearch.bench.profiler import DEFAULT_REPEATS, save_profile
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.profile_summary import ProfileSummary, summary
 

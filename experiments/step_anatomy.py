@@ -35,7 +35,7 @@ from _load import load_line
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from skipsearch.bench.clock import WallClock
-from skipsearch.bench.profiler import copy_bandwidth
+from skipsearch.bench.latency_profiler import copy_bandwidth
 from skipsearch.cpu import bf16_weights, decode_attention
 from skipsearch.cpu.bf16_weights import Bf16WeightLinear
 from skipsearch.cpu.inventory import step_bytes

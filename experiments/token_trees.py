@@ -5,7 +5,7 @@ For one draft (a mask and a draft vocabulary) on one CPU:
   (`shared-kv`): the rank of the target's token under the draft at every position, hence the
   top-k hit rates; each candidate shape's tokens per round (the chains' exact; each tree's
   re-scored exactly with the `rounds` estimator simulating its rounds), its round priced by the
-  calibrated cost model on this CPU's latency profile (`cost.trees`: draft passes of the tree's
+  calibrated cost model on this CPU's latency profile (`cost.tree_cost`: draft passes of the tree's
   rows, a verify of all its nodes), and which shape the cost model picks: the search's choice.
   Fidelity: the engine (`tree_decode`, `speculative_decode`) decodes the same prompts greedily and
   its tokens per round, over the rounds that did not meet the output's end, beside the estimate.
@@ -45,15 +45,15 @@ from skipsearch.acceptance.prompts import PromptSpec, encode_prompts
 from skipsearch.acceptance.worker import prepare
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.cost.trees import score_tree, tree_round_time
+from skipsearch.cost.tree_cost import score_tree, tree_round_time
 from skipsearch.cpu.dtypes import describe_cpu
 from skipsearch.engine import autoregressive_decode, speculative_decode
-from skipsearch.engine.tree import tree_decode
+from skipsearch.engine.tree_rounds import tree_decode
 from skipsearch.masks import Draft, split_draft
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.kernels import busy_cpu_warning
 from skipsearch.models.loading import eos_ids
-from skipsearch.trees import DynamicTree, Tree, TreeShape, parse_tree
+from skipsearch.tree_shapes import DynamicTree, Tree, TreeShape, parse_tree
 
 PARTS = ("predict", "decode", "spec-bench")
 SHAPES = (

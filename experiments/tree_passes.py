@@ -26,12 +26,12 @@ import torch
 from _common import Stamp, configure, markdown_table, stamp_line
 
 from skipsearch.cpu.dtypes import describe_cpu
-from skipsearch.engine.cache import crop
-from skipsearch.engine.tree import tree_mask
+from skipsearch.engine.shared_kv import crop
+from skipsearch.engine.tree_rounds import tree_mask
 from skipsearch.models.kernels import busy_cpu_warning
 from skipsearch.models.loading import load_model
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.trees import TreeShape
+from skipsearch.tree_shapes import TreeShape
 
 PATHS = ("causal", "tree (kernel)", "tree (modules, dense mask)")
 

@@ -30,7 +30,7 @@ from skipsearch.masks import Draft, KVPattern, SkipMask, parse_draft_vocab
 from skipsearch.models.registry import DEFAULT_MODEL
 from skipsearch.options import check
 from skipsearch.store import BEST_FILE, TRIALS_TABLE
-from skipsearch.trees import CHAIN, Tree, parse_tree, parse_trees
+from skipsearch.tree_shapes import CHAIN, Tree, parse_tree, parse_trees
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -17,7 +17,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, kv_label, parse_draft_vocab, vocab_label
 from skipsearch.options import check
 from skipsearch.store import write_text_atomic
-from skipsearch.trees import parse_tree
+from skipsearch.tree_shapes import parse_tree
 
 
 def check_context(context: int | None) -> None:
@@ -42,7 +42,7 @@ class RunConfig:
     None until the run resolves it from the space file or `--draft-vocab` (`run.pipeline`).
     `kv`: the KV patterns each mask is scored with (None in it: every key), resolved the same way
     from the space file's `kv:` or `--kv-window`.
-    `trees`: the token trees each draft is also scored as (`trees.TreeShape`, `trees.DynamicTree`
+    `trees`: the token trees each draft is also scored as (`tree_shapes.TreeShape`, `tree_shapes.DynamicTree`
     strings; none: chains only), from the space file's `tree:` or `--tree`, resolved the same way.
     `context`: the context length the calibrated cost model scores at (None: its default);
     `importance`: what ranks sub-layers for the ranking and knapsack strategies (`proxy`, from the

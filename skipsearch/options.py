@@ -161,7 +161,7 @@ DECLARED = (
     Bound("gpus_per_worker", "--gpus-per-worker", float, 0, 64, 1.0, "no machine has more", low_open=True),
     # decode
     _int("gamma", "--gamma", 1, GAMMA_CAP, 3, _GAMMA),
-    _int("tree_nodes", "--tree-nodes", 1, 31, 8, "a verify holds 31 nodes (trees.MAX_NODES)"),
+    _int("tree_nodes", "--tree-nodes", 1, 31, 8, "a verify holds 31 nodes (tree_shapes.MAX_NODES)"),
     Bound("top_p", "--top-p", float, 0, 1, 1.0, low_open=True),
     _int("top_k", "--top-k", 1, 2**24, 50, "no tokenizer has more ids"),
     _int("repeats", "--repeats", 1, 1000, 3, _COUNT),

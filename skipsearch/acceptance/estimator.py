@@ -63,7 +63,7 @@ from skipsearch.kv.pillars import PillarChoice
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.device import device_sync
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.trees import MAX_TOP, RANK_CAP, Tree
+from skipsearch.tree_shapes import MAX_TOP, RANK_CAP, Tree
 
 log = logging.getLogger(__name__)
 

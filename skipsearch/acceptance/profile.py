@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
-from skipsearch.trees import DynamicTree, Tree
+from skipsearch.tree_shapes import DynamicTree, Tree
 
 
 def match_runs(matches: Sequence[bool]) -> np.ndarray:
@@ -108,7 +108,7 @@ def round_starts(matches: Sequence[bool], gamma: int, confident: Sequence[bool] 
 
 def tree_round_starts(ranks: Sequence[int], shape: Tree, probs: Sequence[Sequence[float]] = ()) -> list[int]:
     """`round_starts` of the greedy rounds of a token tree (`_walk_tree`): along the accepted path
-    a tree's draft sees what a chain's does, its own K/V from the round's start (`engine.tree`)."""
+    a tree's draft sees what a chain's does, its own K/V from the round's start (`engine.tree_rounds`)."""
     return _starts(_walk_tree(ranks, shape, probs), len(ranks))
 
 
@@ -147,9 +147,9 @@ class AcceptanceProfile:
     `greedy_confidence` is the draft's softmax maximum over its vocabulary at each position (empty
     in profiles from before it was measured): with it, the rounds of a draft that stops below a
     threshold follow too (`stop_below`). `target_rank` is the rank of the target's token under
-    the draft at each position, capped at `trees.RANK_CAP` (empty in profiles from before it was
+    the draft at each position, capped at `tree_shapes.RANK_CAP` (empty in profiles from before it was
     measured): with it, the greedy rounds of any static token tree follow (`tree_played`).
-    `top_probs` holds the draft's `trees.MAX_TOP` largest probabilities at each position (empty
+    `top_probs` holds the draft's `tree_shapes.MAX_TOP` largest probabilities at each position (empty
     before they were measured): with the ranks, a dynamic tree's rounds follow (`tree_played`).
     """
 

@@ -70,6 +70,6 @@ def target_rank(
 def top_probs(draft_logits: torch.Tensor, k: int, ids: torch.Tensor | None = None) -> torch.Tensor:
     """Per position, the draft's `k` largest probabilities `[..., k]` (over the subset `ids` of a
     draft vocabulary, renormalised over it): what a dynamic token tree ranks its nodes by
-    (`trees.DynamicTree.accepted_depth`)."""
+    (`tree_shapes.DynamicTree.accepted_depth`)."""
     logits = draft_logits.float() if ids is None else draft_logits.float()[..., ids]
     return logits.softmax(-1).topk(k, dim=-1).values

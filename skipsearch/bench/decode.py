@@ -19,11 +19,11 @@ from skipsearch.engine.gamma import GammaPolicy
 from skipsearch.engine.result import DecodeResult, Summary
 from skipsearch.engine.sampling import GREEDY, Sampling
 from skipsearch.engine.timing import breakdown
-from skipsearch.engine.tree import check_tree_pattern
+from skipsearch.engine.tree_rounds import check_tree_pattern
 from skipsearch.errors import ConfigError
 from skipsearch.masks import Draft
 from skipsearch.models.kernels import busy_cpu_warning
-from skipsearch.trees import DynamicTree, Tree
+from skipsearch.tree_shapes import DynamicTree, Tree
 
 if TYPE_CHECKING:
     from skipsearch.acceptance.measure_config import MeasureConfig

@@ -22,13 +22,13 @@ from skipsearch.engine.graphs import GraphSteps
 from skipsearch.engine.result import DecodeResult
 from skipsearch.engine.sampling import Sampling
 from skipsearch.engine.ssd import speculative_decode
-from skipsearch.engine.tree import tree_decode
+from skipsearch.engine.tree_rounds import tree_decode
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.kernels import new_cache
 from skipsearch.models.loading import LoadedModel, eos_ids
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.trees import Tree
+from skipsearch.tree_shapes import Tree
 
 AR, HF, SSD, EARLY_EXIT = "autoregressive", "hf-generate", "ssd", "hf-early-exit"
 SSD_CHAIN = "ssd-chain"  # a tree's draft as a chain, beside the tree
@@ -56,7 +56,7 @@ def make_decoders(
     `head`: the SSD draft's head over a draft vocabulary; `kv`: its KV pattern (HF's early exit
     has neither, so it runs only for a plain contiguous prefix); `timed`: SSD records its rounds'
     phase breakdown, at a device sync per phase boundary (`engine.timing.RoundClock`); `tree`: SSD
-    drafts token trees of that shape (`engine.tree`), and the same draft as a chain of `policy`'s
+    drafts token trees of that shape (`engine.tree_rounds`), and the same draft as a chain of `policy`'s
     γ runs beside it (`SSD_CHAIN`)."""
     model: Any = loaded.model
     tokenizer: Any = loaded.tokenizer

@@ -12,7 +12,7 @@ from skipsearch.cost.closed_forms import tokens_per_round_iid
 from skipsearch.engine.gamma import GammaPolicy
 from skipsearch.engine.result import Summary
 from skipsearch.engine.sampling import Sampling
-from skipsearch.trees import Tree
+from skipsearch.tree_shapes import Tree
 
 
 def estimators(

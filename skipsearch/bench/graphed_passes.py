@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from skipsearch.bench.passes import random_ids
-from skipsearch.engine.cache import StaticKV
 from skipsearch.engine.graphs import REPLAY_TOLERANCE, GraphReplayError, capture, sliding_window_problem
+from skipsearch.engine.shared_kv import StaticKV
 from skipsearch.errors import ConfigError
 from skipsearch.models.runner import LayerwiseRunner
 

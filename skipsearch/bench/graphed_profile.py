@@ -1,7 +1,7 @@
 """A LatencyProfile of CUDA-graph replays: each part of a pass as a graphed engine pays it
 (docs/theory.md, "Calibrated cost"; `skipsearch profile --graphs`).
 
-`profiler` times launched kernels between syncs. On a GPU a sub-layer at one position is then
+`latency_profiler` times launched kernels between syncs. On a GPU a sub-layer at one position is then
 host-bound — launching its kernels takes longer than running them — so that profile overprices the
 draft step of an engine that replays CUDA graphs (`engine.graphs`), where the launches are gone.
 Here every part of a pass — embed (with the rotary tables and the causal mask), each attention,
@@ -46,9 +46,7 @@ import torch
 
 from skipsearch.bench.clock import Sync, clock_for, gc_paused
 from skipsearch.bench.graphed_passes import GraphedPass, graphed_passes, record
-from skipsearch.bench.passes import PassTimes, Samples, random_ids
-from skipsearch.bench.processes import loaded_meta
-from skipsearch.bench.profiler import (
+from skipsearch.bench.latency_profiler import (
     DEFAULT_CONTEXT_LENGTHS,
     DEFAULT_HEAD_ROWS,
     DEFAULT_POSITIONS,
@@ -62,11 +60,13 @@ from skipsearch.bench.profiler import (
     median,
     process_meta,
 )
+from skipsearch.bench.passes import PassTimes, Samples, random_ids
+from skipsearch.bench.processes import loaded_meta
 from skipsearch.cost.depth import scale_to_depth
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.engine.cache import crop
 from skipsearch.engine.graphs import GraphSteps
 from skipsearch.engine.sampling import GREEDY
+from skipsearch.engine.shared_kv import crop
 from skipsearch.engine.ssd import settle
 from skipsearch.engine.steps import Round
 from skipsearch.engine.timing import RoundClock
@@ -242,7 +242,7 @@ def measure_graphed_latency(
     """A LatencyProfile of CUDA-graph replays on `runner`'s device (see the module docstring).
 
     `capture` None captures on CUDA and runs the same parts eagerly elsewhere; `meta` adds what
-    the caller knows of the model (`processes.loaded_meta`) to what `profiler.process_meta` records.
+    the caller knows of the model (`processes.loaded_meta`) to what `latency_profiler.process_meta` records.
     Round overhead is sampled for every γ with `γ + 1 <= max(positions)`, draft heads for each of
     `head_rows` below the vocabulary size and the full vocabulary.
     """

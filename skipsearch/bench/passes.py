@@ -1,4 +1,4 @@
-"""Timing the parts of a forward pass, the round's bookkeeping and the draft head (`profiler`).
+"""Timing the parts of a forward pass, the round's bookkeeping and the draft head (`latency_profiler`).
 
 Every sample is one whole forward in execution order, so each sub-layer's weights are as cold in
 the CPU caches as in real decoding; the (context, positions) passes are shuffled within each
@@ -160,8 +160,8 @@ def round_bookkeeping(draft_logits: Sequence[torch.Tensor], verify_logits: torch
     """
     import torch
 
-    from skipsearch.engine.cache import check_lengths, crop
     from skipsearch.engine.sampling import greedy_accept
+    from skipsearch.engine.shared_kv import check_lengths, crop
 
     drafted = torch.cat([logits.argmax(dim=-1) for logits in draft_logits])
     accepted, _ = greedy_accept(drafted, verify_logits)

@@ -9,8 +9,9 @@ is then right for that process only, and two runs of `skipsearch profile` disagr
 
 Whatever later decodes with the chosen mask runs in a process of its own, so the cost model wants
 the expected cost over processes: each of `processes` fresh interpreters takes `repeats /
-processes` samples, and the profile keeps the mean of their medians (`bench.profiler.combine`). They run
-one at a time: two at once would share the cores and time each other.
+processes` samples, and the profile keeps the mean of their medians
+(`bench.latency_profiler.combine`). They run one at a time: two at once would share the cores and
+time each other.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from skipsearch.bench.profiler import (
+from skipsearch.bench.latency_profiler import (
     DEFAULT_CONTEXT_LENGTHS,
     DEFAULT_HEAD_ROWS,
     DEFAULT_POSITIONS,

@@ -30,7 +30,7 @@ from skipsearch.errors import ConfigError, SkipsearchError
 from skipsearch.masks import KVPattern, parse_draft_vocab
 from skipsearch.options import option_type
 from skipsearch.store import check_cache_dir, check_output_file, write_text_atomic
-from skipsearch.trees import CHAIN, parse_tree
+from skipsearch.tree_shapes import CHAIN, parse_tree
 
 DEFAULT_GAMMA = 3
 

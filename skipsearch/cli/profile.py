@@ -15,8 +15,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from skipsearch.bench.latency_profiler import (
+    DEFAULT_CONTEXT_LENGTHS,
+    DEFAULT_REPEATS,
+    DEFAULT_WARMUP,
+    save_profile,
+)
 from skipsearch.bench.processes import DEFAULT_PROCESSES, profile_processes
-from skipsearch.bench.profiler import DEFAULT_CONTEXT_LENGTHS, DEFAULT_REPEATS, DEFAULT_WARMUP, save_profile
 from skipsearch.cli.common import add_model_options, add_weight_options, random_weights
 from skipsearch.config import check_graphs
 from skipsearch.cost.latency import LatencyProfile

@@ -171,7 +171,7 @@ def typed_settings(args: argparse.Namespace) -> dict[str, str]:
 
 def run_config(args: argparse.Namespace, strategy: str) -> RunConfig:
     from skipsearch.cli.common import draft_vocab_from_args, kv_pattern_from_args, measure_config
-    from skipsearch.trees import parse_trees
+    from skipsearch.tree_shapes import parse_trees
 
     kv = kv_pattern_from_args(args)
 

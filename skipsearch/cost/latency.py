@@ -1,7 +1,7 @@
 """LatencyProfile: the device-measured cost table that the calibrated cost model reads
 (docs/theory.md, "Calibrated cost").
 
-Pure data and interpolation: the profiler (`skipsearch.bench.profiler`) fills it, the calibrated
+Pure data and interpolation: the profiler (`skipsearch.bench.latency_profiler`) fills it, the calibrated
 form prices rounds with it.
 """
 

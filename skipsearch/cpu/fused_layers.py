@@ -51,8 +51,8 @@ from skipsearch.cpu.bf16_weights import Bf16WeightLinear
 from skipsearch.cpu.native import KernelSource, NativeLibrary, load_native
 from skipsearch.cpu.rms_norm import KernelRMSNorm
 from skipsearch.cpu.silu import KernelSiLU
-from skipsearch.kv.cache import GrowingLayer
 from skipsearch.kv.pillars import PillarChoice, PillarKeys
+from skipsearch.kv.plan_kv import GrowingLayer
 from skipsearch.kv.tree_keys import TreeKeys
 from skipsearch.masks import KVPattern
 

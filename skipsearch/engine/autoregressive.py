@@ -10,9 +10,9 @@ from collections.abc import Collection, Sequence
 
 import torch
 
-from skipsearch.engine.cache import check_lengths
 from skipsearch.engine.result import DecodeResult, new_tokens
 from skipsearch.engine.sampling import GREEDY, Sampling, sample
+from skipsearch.engine.shared_kv import check_lengths
 from skipsearch.errors import ConfigError
 from skipsearch.models.device import device_sync
 from skipsearch.models.kernels import engaged

@@ -1,7 +1,7 @@
-"""Token-tree rounds (`engine.tree`) on static shapes, captured as CUDA graphs over a `GraphSteps`'
+"""Token-tree rounds (`engine.tree_rounds`) on static shapes, captured as CUDA graphs over a `GraphSteps`'
 cache and pool (`engine.graphs`); on a CPU, or with `capture=False`, the same steps run eagerly.
 
-A tree of shape `S` (`trees.TreeShape`) has a fixed node budget, so every pass has a static shape:
+A tree of shape `S` (`tree_shapes.TreeShape`) has a fixed node budget, so every pass has a static shape:
 
 - a draft step per depth `d`, over the `S.draft_rows[d]` nodes of that depth;
 - a verify per depth `k = 0 .. S.depth`, over the `verify_rows` of `S` cut to its first `k` depths:
@@ -16,11 +16,11 @@ key slot of the static cache — row `i` sees the prefix (slots `< start`) and t
 once, on the device, from `start` (`TreeGraphSteps.begin`); each depth's draft writes its
 children's tokens into the next depth's rows.
 
-The round is `tree_decode`'s, run by the same loop (`tree.run_tree_rounds`): drafts write the
+The round is `tree_decode`'s, run by the same loop (`tree_rounds.run_tree_rounds`): drafts write the
 nodes' K/V in slot `start + i` (in node order, so the static cache's append is that layout); the
 verify reuses the layers below `s1` (the mask's first divergent layer): they run only for the
 leaves, the rest from the draft's exact states, after the layers `>= s1` are cropped back to
-`start` (`steps.verify_forward`). The greedy or sampled walk of `engine.tree` picks the path; its
+`start` (`steps.verify_forward`). The greedy or sampled walk of `engine.tree_rounds` picks the path; its
 K/V moves next to the root in every layer (`compact_static`) and the device lengths are clamped
 behind it, as `StaticKV` crops.
 
@@ -35,14 +35,14 @@ from collections.abc import Callable, Collection, Sequence
 
 import torch
 
-from skipsearch.engine.cache import StaticKV, crop
 from skipsearch.engine.graphs import GraphSteps, Outputs
 from skipsearch.engine.result import DecodeResult
 from skipsearch.engine.sampling import GREEDY, Sampling
+from skipsearch.engine.shared_kv import StaticKV, crop
 from skipsearch.engine.steps import divergent_layer, draft_forward, verify_forward
-from skipsearch.engine.tree import TreeProposal, children_of, depth_rows, run_tree_rounds
+from skipsearch.engine.tree_rounds import TreeProposal, children_of, depth_rows, run_tree_rounds
 from skipsearch.errors import ConfigError
-from skipsearch.trees import TreeShape
+from skipsearch.tree_shapes import TreeShape
 
 
 def ancestry(shape: TreeShape) -> torch.Tensor:
@@ -60,7 +60,7 @@ def cut(shape: TreeShape, depth: int) -> TreeShape:
 
 
 def compact_static(cache: StaticKV, start: int, path: Sequence[int]) -> None:
-    """`engine.tree.compact` on a static cache: the accepted nodes' K/V (slots `start + node`)
+    """`engine.tree_rounds.compact` on a static cache: the accepted nodes' K/V (slots `start + node`)
     moved to slots `start + 1 ..` in place — one index copy to the device for the round, where a
     list index would copy one per layer — then every device length clamped to
     `start + len(path) + 1`."""
@@ -157,7 +157,7 @@ class TreeGraphSteps:
 
     def draft(self, depth: int, sampling: Sampling, generator: torch.Generator | None) -> TreeProposal:
         """The tree cut to `depth` depths, drafted one replay per depth; each row's children
-        chosen outside the graph (`tree.children_of`) and written into the next depth's rows."""
+        chosen outside the graph (`tree_rounds.children_of`) and written into the next depth's rows."""
         at = cut(self.shape, depth)
         device = self.ids.device
         fed = at.verify_rows - at.leaves
@@ -203,7 +203,7 @@ def graphed_tree_decode(
     eos_ids: Collection[int] = (),
     timed: bool = False,
 ) -> DecodeResult:
-    """`tree_decode` with the mask and shape of `steps`, on their graphs (`tree.run_tree_rounds`):
+    """`tree_decode` with the mask and shape of `steps`, on their graphs (`tree_rounds.run_tree_rounds`):
     greedy output equals `autoregressive_decode`'s token for token, sampled output follows the
     target's distribution. `gammas` holds each round's depth, `accepted` the depth it accepted.
     `timed` records each round's phases and checks the cache after it, at a device sync per phase

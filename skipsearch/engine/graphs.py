@@ -10,7 +10,7 @@ graphs"). What has to be static, and how it is made so here:
 - addresses: inputs (token ids, positions, the attention mask, the draft's exact states) live in
   preallocated buffers that are filled before a replay; outputs are the captured tensors, copied
   out before the next replay;
-- KV: a `StaticKV` (`engine.cache`), initialised up front, whose per-layer lengths are one device
+- KV: a `StaticKV` (`engine.shared_kv`), initialised up front, whose per-layer lengths are one device
   vector, so writing K/V at the current length and cropping (clamping it) happen on the device
   and the captured kernels follow them; sliding-window layers (Mistral) get plain static layers,
   which is exact while the cache is no longer than the window;
@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from skipsearch.engine.cache import StaticKV
 from skipsearch.engine.sampling import Sampling
+from skipsearch.engine.shared_kv import StaticKV
 from skipsearch.engine.steps import (
     EagerSteps,
     Proposal,

@@ -105,7 +105,7 @@ def new_tokens(sequence: Sequence[int], prompt_length: int, eos_ids: Collection[
 @dataclass
 class Rounds:
     """The rounds of one decode as they are played (a chain's, `engine.ssd`, or a tree's,
-    `engine.tree`): when it began and when its prefill ended, and each round's draft length (a
+    `engine.tree_rounds`): when it began and when its prefill ended, and each round's draft length (a
     tree's depth), accepted drafts and, when timed, its phase breakdown."""
 
     began: float = field(default_factory=time.perf_counter)

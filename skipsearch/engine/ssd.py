@@ -2,7 +2,7 @@
 ground truth"), batch size 1.
 
 A round starts with `n` committed tokens; the cache holds positions `0 .. n-2` in every layer
-and the last token `t` (position `n-1`) is pending (see `engine.cache`).
+and the last token `t` (position `n-1`) is pending (see `engine.shared_kv`).
 
 1. Draft: γ autoregressive steps of the masked model from `t`, writing K/V into the shared cache
    (fewer when the policy stops a round after a draft token the draft itself is unsure of).
@@ -43,10 +43,10 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache
 
-from skipsearch.engine.cache import check_lengths, crop
 from skipsearch.engine.gamma import GammaController, GammaPolicy
 from skipsearch.engine.result import DecodeResult, Rounds
 from skipsearch.engine.sampling import GREEDY, Sampling, greedy_commit, sample_accept
+from skipsearch.engine.shared_kv import check_lengths, crop
 from skipsearch.engine.steps import EagerSteps, Proposal, Round, RoundSteps, divergent_layer
 from skipsearch.engine.timing import RoundClock
 from skipsearch.errors import ConfigError

@@ -103,10 +103,10 @@ def verify_forward(
 
     `exact` `[b, γ, d]`: the exact states of the γ positions the draft fed (None or empty when γ =
     0); `last` `[b, T]`: the tokens it never fed, at the block's last T positions — a chain's last
-    draft token (the pending token when γ = 0), or a token tree's leaves (`engine.tree`, whose
+    draft token (the pending token when γ = 0), or a token tree's leaves (`engine.tree_rounds`, whose
     `attention_mask` may be its `TreeKeys`). Layers `< s1` run only for `last`; the exact states
     are completed with the MLP of layer `s1 - 1` when the draft skipped it; layers `>= s1` run for
-    the whole block. Shared by `verify`, `engine.graphs`, `engine.tree` and `engine.graphed_tree`.
+    the whole block. Shared by `verify`, `engine.graphs`, `engine.tree_rounds` and `engine.graphed_tree`.
     `pillars` records the next round's pillars from the block's first position (a KV pattern's `s1`
     is 0, so every layer runs the whole block).
     """
@@ -226,7 +226,7 @@ class RoundSteps(Protocol):
     kvs: tuple[KVPattern | None, ...]
 
     def prefill(self, prompt: Sequence[int]) -> Any:
-        """A cache holding the prompt's K/V except the last token's (see `engine.cache`)."""
+        """A cache holding the prompt's K/V except the last token's (see `engine.shared_kv`)."""
 
     def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
         """`at.gamma` draft tokens with mask `at.tier` (`draft`)."""

@@ -9,7 +9,7 @@ rest of the cache is never touched): the scores of the two slices are computed a
 query block of several positions (the estimator's teacher-forced passes) gets each query's own
 window through a band mask over the union of their windows.
 
-Over a static cache (`engine.cache.StaticKV`: the CUDA graphs' buffers, whose slots beyond the
+Over a static cache (`engine.shared_kv.StaticKV`: the CUDA graphs' buffers, whose slots beyond the
 length are stale) the window cannot be a slice, as a captured graph's slices are fixed while its
 position moves on the device: `static_pattern_attention` gathers the window's `window` slots from
 the step's device-held position (`StaticKeys`) into a buffer of fixed size, beside the sink's

@@ -3,7 +3,7 @@
 A tree's nodes sit in consecutive cache slots from the root's (`base`), in draft order, so a
 node's ancestors are earlier slots but not all earlier slots are its ancestors: the causal mask
 does not hold. Each row sees the prefix (slots before `base`) and the slots `base + j` of its
-ancestors and itself: at most 32 slots (a verify of `trees.MAX_NODES + 1` rows), one bit each.
+ancestors and itself: at most 32 slots (a verify of `tree_shapes.MAX_NODES + 1` rows), one bit each.
 
 `TreeKeys` gives the same mask two ways: `bits`, one 32-bit pattern a row, which the float32
 decode-attention kernel reads in place of causality (`cpu.decode_attention`, the fused layers),

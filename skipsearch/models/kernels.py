@@ -18,7 +18,7 @@ from skipsearch.cpu.dtypes import describe_cpu
 from skipsearch.cpu.inventory import plan_kernels, step_bytes
 from skipsearch.cpu.shared_core import engaged
 from skipsearch.cpu.threads import busy_cpu_warning
-from skipsearch.kv.cache import PlanCache
+from skipsearch.kv.plan_kv import PlanKVCache
 from skipsearch.models import attention  # noqa: F401  (registers the plan's attention functions)
 
 __all__ = [
@@ -32,10 +32,10 @@ __all__ = [
 ]
 
 
-def new_cache(config: Any) -> PlanCache:
+def new_cache(config: Any) -> PlanKVCache:
     """The KV cache the model's plan wants (`kv_cache_dtype`: float32 K/V beside the fp32 attention
     paths, bf16 beside the AMX kernel, else the projections' dtype); appends in place either way."""
-    return PlanCache(config, kv_cache_dtype(config))
+    return PlanKVCache(config, kv_cache_dtype(config))
 
 
 def apply_attention(model: Any, choice: AttentionChoice) -> None:

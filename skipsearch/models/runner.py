@@ -214,7 +214,7 @@ class LayerwiseRunner:
     @torch.no_grad()
     def prefill(self, prompt: Sequence[int]) -> Any:
         """A cache holding the prompt's K/V except its last token's, which the first step feeds
-        (the engine's invariant, `engine.cache`). Sliding-window layers record their past so
+        (the engine's invariant, `engine.shared_kv`). Sliding-window layers record their past so
         rollback can restore states beyond the window."""
         cache = self.new_cache()
         if len(prompt) > 1:

@@ -26,7 +26,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask, vocab_label
 from skipsearch.run.export_source import EXPORT_VERSION, ExportedDraft, ExportSource
 from skipsearch.store import DRAFT_VOCAB_FILE, TIERS_FILE, write_text_atomic
-from skipsearch.trees import CHAIN
+from skipsearch.tree_shapes import CHAIN
 
 NOTES_FILE = "export_notes.md"  # the prose of every note, per format
 

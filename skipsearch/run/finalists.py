@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from skipsearch.masks import FULL_KV, FULL_VOCAB, KVPattern, SkipMask, parse_draft_vocab
 from skipsearch.search.results import TrialRecord
 from skipsearch.store import FINALISTS_FILE, write_text_atomic
-from skipsearch.trees import CHAIN
+from skipsearch.tree_shapes import CHAIN
 
 if TYPE_CHECKING:
     from skipsearch.acceptance.worker import Measurement
@@ -42,7 +42,7 @@ class Finalist:
     search_tokens_per_round: float | None
     exact_tokens_per_round: float
     kv: str = FULL_KV  # finalists.json files written before KV patterns lack it
-    tree: str = CHAIN  # the round shape: a chain of `gamma`, or a token tree (`trees.TreeShape`)
+    tree: str = CHAIN  # the round shape: a chain of `gamma`, or a token tree (`tree_shapes.TreeShape`)
 
 
 def finalist_records(records: list[TrialRecord], count: int = FINALISTS) -> list[TrialRecord]:
@@ -66,7 +66,7 @@ def rescore(
     """Each finalist measured in `rounds` mode at its γ* (or simulating its token tree's rounds)
     and scored by `scorer` at that γ (or that tree); best first."""
     from skipsearch.acceptance.estimator import Estimator
-    from skipsearch.trees import parse_tree
+    from skipsearch.tree_shapes import parse_tree
 
     estimator = measurement.estimator
     finalists = []

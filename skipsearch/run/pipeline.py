@@ -294,7 +294,7 @@ def run_scorer(config: RunConfig, context: RunContext) -> Scorer:
     """The run's objective under its cost model, as the search and the finalists' re-score use it."""
     from skipsearch.cost.closed_forms import head_share_from_config
     from skipsearch.search.objective import DEFAULT_CONTEXT, make_scorer, model_kv_share
-    from skipsearch.trees import parse_tree
+    from skipsearch.tree_shapes import parse_tree
 
     runner = context.measurement.runner
     model_config = runner.config
@@ -350,7 +350,7 @@ def _strategy(
     """The strategy with its inputs, and the study's budget: an informed strategy gets the run's
     importance (measuring it first takes the single-unit masks from the budget) and, with the
     calibrated cost, each sub-layer's time at the scoring context."""
-    from skipsearch.run.importance import run_importance
+    from skipsearch.run.importance_file import run_importance
     from skipsearch.search.objective import DEFAULT_CONTEXT, scoring_latency
     from skipsearch.search.strategies import informed_space, make_strategy, measured_units_budget
 

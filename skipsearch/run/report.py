@@ -40,7 +40,7 @@ from skipsearch.store import (
     atomic_path,
     write_text_atomic,
 )
-from skipsearch.trees import CHAIN
+from skipsearch.tree_shapes import CHAIN
 
 if TYPE_CHECKING:
     import optuna

@@ -14,7 +14,7 @@ Example (a synthetic evaluator and scorer stand in for the model and the cost mo
     print(result.best.mask, result.best.score)
 """
 
-from skipsearch.search.cache import CachedEvaluation, EvaluationCache
+from skipsearch.search.evaluation_cache import CachedEvaluation, EvaluationCache
 from skipsearch.search.results import (
     TrialRecord,
     best_trial,

@@ -16,11 +16,11 @@ from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.config import check_context
 from skipsearch.cost.calibrated import Calibrated, Prediction, predict
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.cost.trees import score_tree
+from skipsearch.cost.tree_cost import score_tree
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
 from skipsearch.search.score import Score, Scorer
-from skipsearch.trees import CHAIN, Tree
+from skipsearch.tree_shapes import CHAIN, Tree
 
 OBJECTIVES = ("speedup", "acceptance")
 COSTS = ("closed-form", "calibrated")
@@ -149,7 +149,7 @@ def _verify_steps(form: Calibrated, shape: Tree) -> float:
 
 def _pillars(kv: KVPattern | None) -> bool:
     """Whether a draft's KV pattern chooses pillars, which a token tree's draft does not take
-    (`engine.tree.check_tree_pattern`): its trees are not scored."""
+    (`engine.tree_rounds.check_tree_pattern`): its trees are not scored."""
     return kv is not None and kv.pillars > 0
 
 

@@ -20,7 +20,7 @@ from skipsearch.masks import FULL_VOCAB, KVPattern, parse_draft_vocab
 from skipsearch.options import DEFAULT_GAMMA_MAX, GAMMA_CAP, TOKENS_CAP
 from skipsearch.search.space_spec import LayerRef, SpaceSpec, TierSpec, space_error
 from skipsearch.tiers.policy import TierPolicy, check_policy
-from skipsearch.trees import Tree, parse_trees
+from skipsearch.tree_shapes import Tree, parse_trees
 
 KINDS = ("contiguous", "block", "sparse", "sublayer", "tiers")
 SPACES_DIR = Path(str(resources.files("skipsearch.search") / "builtin_spaces"))

@@ -18,7 +18,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern
 from skipsearch.search.spaces import BlockSpace, ConcreteSpace, ContiguousSpace, SubsetSpace
 from skipsearch.tiers.policy import TierPolicy
-from skipsearch.trees import Tree
+from skipsearch.tree_shapes import Tree
 
 # Float slack when turning r_draft bounds into skip counts, so 1 - 6/12 <= 0.5 holds.
 EPS = 1e-9

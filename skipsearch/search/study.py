@@ -38,7 +38,7 @@ from skipsearch.config import COMPARE_KIND, RUN_KIND, load_run_file
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, Outcome
 from skipsearch.masks import SkipMask, SublayerWeights
-from skipsearch.search.cache import EvaluationCache
+from skipsearch.search.evaluation_cache import EvaluationCache
 from skipsearch.search.journal import FlockLock, repair_journal
 from skipsearch.search.results import DETAIL_PREFIX, TrialRecord, best_trial, pareto_front
 from skipsearch.search.score import Scorer

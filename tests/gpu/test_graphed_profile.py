@@ -11,7 +11,7 @@ from skipsearch.bench.graphed_passes import graphed_passes, run_in_order
 from skipsearch.bench.graphed_profile import measure_graphed_latency
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.engine.cache import layer_lengths
+from skipsearch.engine.shared_kv import layer_lengths
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model

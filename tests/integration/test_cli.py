@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from skipsearch import cli
-from skipsearch.bench.profiler import DEFAULT_POSITIONS
+from skipsearch.bench.latency_profiler import DEFAULT_POSITIONS
 from skipsearch.cli import main
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.profile_summary import summary
 from skipsearch.masks import SkipMask
 from skipsearch.tiers.manifest import TierManifest
 from skipsearch.tiers.policy import TierPolicy
-from skipsearch.trees import MAX_NODES
+from skipsearch.tree_shapes import MAX_NODES
 from tests.unit.cli.conftest import assert_one_line_error, only_profile, run_cli
 from tests.unit.engine.conftest import one_thread
 

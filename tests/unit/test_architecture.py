@@ -46,7 +46,7 @@ def test_the_tree_keeps_every_contract() -> None:
         ("skipsearch/masks.py", "import torch", "Pure arithmetic"),
         ("experiments/fidelity.py", "from skipsearch.cli import main", "Nothing imports the command line"),
         ("skipsearch/models/runner.py", "from skipsearch.acceptance import profile", "Layers"),
-        ("skipsearch/cost/latency.py", "from skipsearch.bench import profiler", "Layers"),
+        ("skipsearch/cost/latency.py", "from skipsearch.bench import latency_profiler", "Layers"),
         ("skipsearch/cost/depth.py", "import torch", "Pure arithmetic"),
         ("skipsearch/engine/ssd.py", "from skipsearch.cpu import threads", "CPU backend is applied"),
         ("skipsearch/cpu/threads.py", "from skipsearch.models import runner", "Layers"),

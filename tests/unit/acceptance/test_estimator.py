@@ -22,11 +22,11 @@ from skipsearch.cpu.attention_choice import AttentionChoice
 from skipsearch.cpu.attention_paths import FP32_ATTENTION, KERNEL_ATTENTION
 from skipsearch.cpu.decode_attention import load_kernel
 from skipsearch.engine import GammaPolicy, speculative_decode
-from skipsearch.engine.tree import tree_decode
+from skipsearch.engine.tree_rounds import tree_decode
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.kernels import apply_attention
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.trees import TreeShape
+from skipsearch.tree_shapes import TreeShape
 from tests.conftest import direct_matches, random_reference, tiny_model, with_plan_attention
 from tests.unit.acceptance.conftest import MASKS
 
@@ -368,7 +368,7 @@ def test_a_dynamic_tree_that_keeps_every_node_it_drafts_is_predicted_as_its_stat
     whichever probabilities the draft gives. The engine's rounds are 2x2's, and the estimator's
     prediction from the recorded probabilities is 2x2's too (exactly: the off-path nodes it cannot
     see decide nothing here). The profile keeps the draft's top probabilities, largest first."""
-    from skipsearch.trees import DynamicTree
+    from skipsearch.tree_shapes import DynamicTree
 
     runner, reference = rounds_setup
     dynamic, static = DynamicTree.parse("n6d2k2"), TreeShape.parse("2x2")
@@ -388,7 +388,7 @@ def test_rounds_mode_predicts_a_deep_dynamic_tree_roughly(rounds_setup, mask, tr
     """The rounds settle, and the prediction stays within 15% of the engine's tokens per round on
     this tiny random model, whose flat distributions are the approximation's worst case (on the
     real models within 3%: results/token_trees)."""
-    from skipsearch.trees import DynamicTree
+    from skipsearch.tree_shapes import DynamicTree
 
     runner, reference = rounds_setup
     dynamic = DynamicTree.parse(tree)

@@ -12,7 +12,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import Draft, KVPattern, SkipMask
 from skipsearch.models.loading import LoadedModel
 from skipsearch.models.random_weights import RandomWeights
-from skipsearch.trees import TreeShape
+from skipsearch.tree_shapes import TreeShape
 from tests.conftest import tiny_model, with_plan_attention
 
 NEW_TOKENS = 12

@@ -18,11 +18,11 @@ from skipsearch.bench.graphed_profile import (
     time_graphed_passes,
     time_graphed_rounds,
 )
+from skipsearch.bench.latency_profiler import save_profile
 from skipsearch.bench.passes import PassTimes, Samples
-from skipsearch.bench.profiler import save_profile
 from skipsearch.cost.calibrated import Calibrated, predict
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.engine.cache import layer_lengths
+from skipsearch.engine.shared_kv import layer_lengths
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from skipsearch import cli
-from skipsearch.bench.profiler import DEFAULT_POSITIONS
+from skipsearch.bench.latency_profiler import DEFAULT_POSITIONS
 from skipsearch.cli import build_parser
 from skipsearch.cli.common import draft_vocab_from_args, mask_from_args
 from skipsearch.cost.latency import LatencyProfile

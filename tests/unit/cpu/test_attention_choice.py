@@ -19,7 +19,7 @@ from skipsearch.cpu.attention_paths import (
 )
 from skipsearch.cpu.inventory import step_bytes
 from skipsearch.cpu.native import NativeLibrary
-from skipsearch.kv.cache import PlanCache
+from skipsearch.kv.plan_kv import PlanKVCache
 from skipsearch.models import attention
 from skipsearch.models.attention import grouped_queries
 from skipsearch.models.kernels import apply_attention, new_cache
@@ -35,7 +35,7 @@ def test_fp32_attention_matches_upcast_attention_and_keeps_fp32_kv() -> None:
     apply_attention(model, attention_choice.AttentionChoice("bfloat16", FP32_ATTENTION))
     runner = LayerwiseRunner(model)
     cache = runner.new_cache()
-    assert isinstance(cache, PlanCache) and cache.kv_dtype == torch.float32
+    assert isinstance(cache, PlanKVCache) and cache.kv_dtype == torch.float32
     ids = torch.tensor([[5, 17, 3, 42, 8, 23]])
     whole = runner.forward(ids)[0].float()
     steps = torch.cat(
@@ -51,7 +51,7 @@ def test_fp32_models_on_a_cpu_get_the_fp32_path_and_cache() -> None:
     model = with_plan_attention(tiny_model("llama", layers=2))
     assert model.config._attn_implementation == FP32_ATTENTION
     cache = new_cache(model.config)
-    assert isinstance(cache, PlanCache) and cache.kv_dtype == torch.float32
+    assert isinstance(cache, PlanKVCache) and cache.kv_dtype == torch.float32
 
 
 def test_the_fp32_path_attends_as_transformers_sdpa_does() -> None:

@@ -10,12 +10,12 @@ import torch.nn.functional as F
 from skipsearch.cpu.decode_attention import decode_attention, load_kernel
 from skipsearch.cpu.fused_layers import FusedLayer, fuse_layers
 from skipsearch.engine import autoregressive_decode, speculative_decode
-from skipsearch.engine.tree import tree_decode, tree_mask
+from skipsearch.engine.tree_rounds import tree_decode, tree_mask
 from skipsearch.errors import ConfigError
 from skipsearch.kv.tree_keys import TreeKeys
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.trees import TreeShape, parse_tree
+from skipsearch.tree_shapes import TreeShape, parse_tree
 from tests.conftest import tiny_model
 from tests.unit.cpu.test_fused_layers import LAYERS, needs_kernels, on_the_plan
 

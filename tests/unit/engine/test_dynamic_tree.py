@@ -1,4 +1,4 @@
-"""Dynamic token trees (`trees.DynamicTree`, `engine.tree.draft_dynamic`): greedy output equals
+"""Dynamic token trees (`tree_shapes.DynamicTree`, `engine.tree_rounds.draft_dynamic`): greedy output equals
 autoregressive decoding for every mask, budget, draft vocabulary and KV pattern; a tree of one child
 a node is the chain; each round's tree is the nodes of highest cumulative draft probability; and
 sampled output keeps the target's distribution with the nodes as fixed candidates."""
@@ -9,10 +9,10 @@ import torch
 from skipsearch.engine import speculative_decode
 from skipsearch.engine.sampling import GREEDY
 from skipsearch.engine.steps import draft_forward
-from skipsearch.engine.tree import draft_dynamic, tree_decode, tree_sample_walk
+from skipsearch.engine.tree_rounds import draft_dynamic, tree_decode, tree_sample_walk
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.draft_head import DraftHead
-from skipsearch.trees import DynamicTree, RoundTree
+from skipsearch.tree_shapes import DynamicTree, RoundTree
 from tests.unit.engine.conftest import NEW_TOKENS, PROMPT
 from tests.unit.engine.test_sampling import CHI2_7_999, _chi_square, eight_token_setup
 from tests.unit.engine.test_tree import MASKS as TREE_MASKS

@@ -13,12 +13,12 @@ from skipsearch.engine.graphed_decode import graphed_speculative_decode
 from skipsearch.engine.graphed_tree import TreeGraphSteps, graphed_tree_decode
 from skipsearch.engine.graphs import GraphSteps
 from skipsearch.engine.sampling import Sampling
-from skipsearch.engine.tree import tree_decode
+from skipsearch.engine.tree_rounds import tree_decode
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.trees import TreeShape
+from skipsearch.tree_shapes import TreeShape
 from tests.unit.engine.conftest import NEW_TOKENS, PROMPT
 from tests.unit.engine.test_graphs import host_reads  # noqa: F401  (a fixture)
 

@@ -12,7 +12,7 @@ from skipsearch.engine import (
     speculative_decode,
     ssd,
 )
-from skipsearch.engine import cache as cache_ops
+from skipsearch.engine import shared_kv as cache_ops
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model

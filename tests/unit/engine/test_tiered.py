@@ -85,7 +85,7 @@ def test_tiers_for_another_depth_are_rejected(runner):
 
 @pytest.mark.parametrize("timed", [False, True], ids=["untimed", "timed"])
 def test_rounds_over_a_static_cache_read_its_lengths_only_when_timed(runner, reference, traffic, timed):
-    """A static cache's lengths live on the device (`engine.cache`): each check reads them. Untimed,
+    """A static cache's lengths live on the device (`engine.shared_kv`): each check reads them. Untimed,
     the rounds check them once, after the last round, so a greedy round reads once (`greedy_commit`);
     timed, after the prefill and every round (`Traffic`: what is counted)."""
     steps = GraphSteps(runner, MASKS, GAMMAS, ROOM, capture=False)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from skipsearch.engine.sampling import Sampling, residual
-from skipsearch.engine.tree import children_of, tree_decode, tree_sample_walk
-from skipsearch.trees import TreeShape
+from skipsearch.engine.tree_rounds import children_of, tree_decode, tree_sample_walk
+from skipsearch.tree_shapes import TreeShape
 from tests.unit.engine.test_sampling import CHI2_7_999, _chi_square, eight_token_setup
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -14,7 +14,7 @@ from skipsearch.run.finalists import finalist_records, load_finalists, rescore
 from skipsearch.search.objective import make_scorer
 from skipsearch.search.results import TrialRecord
 from skipsearch.store import FINALISTS_FILE, SUMMARY_FILE
-from skipsearch.trees import TreeShape
+from skipsearch.tree_shapes import TreeShape
 from tests.conftest import make_tokenizer, random_reference, tiny_model
 from tests.unit.conftest import rows_latency
 

@@ -8,7 +8,7 @@ from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.search.objective import make_scorer
-from skipsearch.trees import DynamicTree, TreeShape
+from skipsearch.tree_shapes import DynamicTree, TreeShape
 from tests.unit.conftest import rows_latency, synthetic_latency
 
 

@@ -10,7 +10,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern
 from skipsearch.search.space_files import SPACES_DIR, available_spaces, load_space
 from skipsearch.search.space_spec import SpaceSpec, TierSpec
-from skipsearch.trees import TreeShape
+from skipsearch.tree_shapes import TreeShape
 from tests.unit.search.conftest import write_space
 
 

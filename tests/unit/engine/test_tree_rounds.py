@@ -1,4 +1,4 @@
-"""Token-tree rounds (`engine.tree`): greedy output equals autoregressive decoding for every mask and
+"""Token-tree rounds (`engine.tree_rounds`): greedy output equals autoregressive decoding for every mask and
 shape, a width-1 tree is the chain bit for bit, the cache holds the accepted path only, and the
 acceptance walks are exact (sampled distributions: test_tree_sampling.py)."""
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from skipsearch.engine import speculative_decode
-from skipsearch.engine.tree import compact, tree_decode, tree_greedy_walk, tree_mask
+from skipsearch.engine.tree_rounds import compact, tree_decode, tree_greedy_walk, tree_mask
 from skipsearch.masks import SkipMask
 from skipsearch.models.draft_head import DraftHead
-from skipsearch.trees import TreeShape
+from skipsearch.tree_shapes import TreeShape
 from tests.unit.engine.conftest import NEW_TOKENS, PROMPT
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,7 +10,7 @@ shape `1x1x...x1` (γ ones), and drafts, verifies and accepts exactly as the cha
 Nodes are numbered in the order they are drafted, depth by depth, children of one parent in the
 draft's rank order; node 0 is the root (the pending token). So the parents precede their
 children, and the leaves (the last depth) come last: what the engine's cache layout and the
-verify's reuse of the draft's exact K/V rely on (`engine.tree`).
+verify's reuse of the draft's exact K/V rely on (`engine.tree_rounds`).
 
 Pure: no torch.
 """

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cost.calibrated import Calibrated, RoundTime, _in_order
-from skipsearch.trees import Tree
+from skipsearch.tree_shapes import Tree
 
 
 @dataclass(frozen=True)

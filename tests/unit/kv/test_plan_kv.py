@@ -3,7 +3,7 @@
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from skipsearch.kv.cache import MIN_CAPACITY, GrowingLayer
+from skipsearch.kv.plan_kv import MIN_CAPACITY, GrowingLayer
 
 
 def test_a_growing_layer_holds_what_transformers_layer_holds_through_appends_and_crops() -> None:

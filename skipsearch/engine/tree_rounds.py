@@ -1,5 +1,5 @@
 """Token-tree rounds: several candidate continuations drafted, verified in one pass, the longest
-path the target agrees with kept (docs/theory.md, "Token trees"; the shape: `trees.TreeShape`).
+path the target agrees with kept (docs/theory.md, "Token trees"; the shape: `tree_shapes.TreeShape`).
 
 A round starts as a chain round does (`engine.ssd`): the cache holds positions `0 .. start-1`, the
 pending token `t` sits at position `start`. Node `i` of the tree (node 0 is `t`) lives in cache
@@ -18,8 +18,8 @@ ancestors (`tree_mask`).
    (`tree_sample_walk`), so the output distribution is exactly the target's.
 4. Compact: the accepted path's K/V moves to the positions after the root, the rest is cut off.
 
-A dynamic tree (`trees.DynamicTree`) chooses its nodes each round from the draft's probabilities
-(`draft_dynamic`): the round's tree (`trees.RoundTree`) keeps the fed nodes first and the leaves
+A dynamic tree (`tree_shapes.DynamicTree`) chooses its nodes each round from the draft's probabilities
+(`draft_dynamic`): the round's tree (`tree_shapes.RoundTree`) keeps the fed nodes first and the leaves
 last, so steps 2-4 run it as they run a static shape.
 
 One loop runs the rounds (`run_tree_rounds`) over the passes of a `TreeSteps`: eagerly on the
@@ -42,9 +42,9 @@ from typing import Any, Protocol
 
 import torch
 
-from skipsearch.engine.cache import check_lengths, crop
 from skipsearch.engine.result import DecodeResult, Rounds
 from skipsearch.engine.sampling import GREEDY, Sampling, residual, sample
+from skipsearch.engine.shared_kv import check_lengths, crop
 from skipsearch.engine.steps import divergent_layer, draft_forward, verify_forward
 from skipsearch.engine.timing import RoundClock
 from skipsearch.errors import ConfigError
@@ -54,7 +54,7 @@ from skipsearch.models.device import device_sync
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.kernels import engaged
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.trees import DynamicTree, Nodes, RoundTree, Tree, TreeShape
+from skipsearch.tree_shapes import DynamicTree, Nodes, RoundTree, Tree, TreeShape
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ def draft_dynamic(
     head: DraftHead | None = None,
     kv: KVPattern | None = None,
 ) -> TreeProposal:
-    """Step 1 for a dynamic tree (`trees.DynamicTree`, EAGLE-2's expand and rerank): pass `d` feeds
+    """Step 1 for a dynamic tree (`tree_shapes.DynamicTree`, EAGLE-2's expand and rerank): pass `d` feeds
     the `top` nodes of depth `d` with the highest cumulative draft probability (the root alone at
     first), each proposing its `top` most likely children; the round's tree is the fed nodes and
     the `tree.leaves` most likely nodes drafted but not fed. Fed nodes sit in cache slots in the

@@ -1,4 +1,4 @@
-"""A token tree's round priced from the latency profile (`cost.trees`): a chain-shaped tree costs the
+"""A token tree's round priced from the latency profile (`cost.tree_cost`): a chain-shaped tree costs the
 chain's round exactly, rows cost what the profile's passes over that many positions cost, and the
 best shape wins only where its extra rows pay."""
 
@@ -9,9 +9,9 @@ import pytest
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.cost.trees import best_tree, score_tree, tree_round_time
+from skipsearch.cost.tree_cost import best_tree, score_tree, tree_round_time
 from skipsearch.masks import KVPattern, SkipMask
-from skipsearch.trees import DynamicTree, TreeShape
+from skipsearch.tree_shapes import DynamicTree, TreeShape
 
 LAYERS = 4
 POSITIONS = (1, 2, 4, 8, 16, 32)

@@ -115,7 +115,7 @@ class GrowingLayer(DynamicLayer):
             self._expose()
 
 
-class PlanCache(DynamicCache):
+class PlanKVCache(DynamicCache):
     """The KV cache of the kernel plan: full-attention layers grow in place (`GrowingLayer`) in
     `kv_dtype` (float32 beside the fp32 attention path; None keeps the projections' dtype), and
     sliding-window layers stay transformers' own, fed `kv_dtype` too."""

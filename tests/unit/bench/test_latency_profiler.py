@@ -1,4 +1,5 @@
-"""`skipsearch.bench.profiler` and `skipsearch profile`: shapes, fixed context, summary, CLI errors."""
+"""`skipsearch.bench.latency_profiler` and `skipsearch profile`: shapes, fixed context, summary, CLI
+errors."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ import pytest
 import torch
 
 from skipsearch.bench.clock import WallClock
-from skipsearch.bench.passes import Samples, prefill_cache, round_bookkeeping, time_pass
-from skipsearch.bench.profiler import (
+from skipsearch.bench.latency_profiler import (
     ProcessTimings,
     _warn_if_noisy,
     combine,
@@ -21,6 +21,7 @@ from skipsearch.bench.profiler import (
     measure_latency,
     save_profile,
 )
+from skipsearch.bench.passes import Samples, prefill_cache, round_bookkeeping, time_pass
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.profile_summary import summary
 from skipsearch.errors import ConfigError
@@ -218,5 +219,8 @@ def test_summary_of_a_measured_profile(measured: LatencyProfile) -> None:
 
 
 def test_profile_module_imports_without_torch() -> None:
-    code = "import sys, skipsearch.bench.profiler, skipsearch.cli.profile; assert 'torch' not in sys.modules"
+    code = (
+        "import sys, skipsearch.bench.latency_profiler, skipsearch.cli.profile; "
+        "assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,10 +1,10 @@
-"""A token tree's shape (`skipsearch.trees`): its nodes, their parents and depths, the passes it
+"""A token tree's shape (`skipsearch.tree_shapes`): its nodes, their parents and depths, the passes it
 drafts and what a round of it accepts, in exact numbers."""
 
 import pytest
 
 from skipsearch.errors import ConfigError
-from skipsearch.trees import MAX_NODES, DynamicTree, TreeShape, parse_tree, parse_trees
+from skipsearch.tree_shapes import MAX_NODES, DynamicTree, TreeShape, parse_tree, parse_trees
 
 
 def test_a_static_shape_counts_its_nodes_passes_and_verify_rows() -> None:

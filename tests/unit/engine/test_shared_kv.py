@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from skipsearch.engine.cache import StaticKV, check_lengths, crop
+from skipsearch.engine.shared_kv import StaticKV, check_lengths, crop
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model
 

@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_LENGTHS = (128, 512, 2048)
 # A pass over 1-9 positions is a draft step or a chain's verify up to γ = 8; 12-32 a token tree's
-# draft passes and verify, up to `trees.MAX_NODES` + 1 rows.
+# draft passes and verify, up to `tree_shapes.MAX_NODES` + 1 rows.
 DEFAULT_POSITIONS = (*range(1, 10), 12, 16, 24, 32)
 OVERHEAD_GAMMAS = range(1, 9)  # the round overhead is a chain's bookkeeping: timed up to γ = 8
 DEFAULT_REPEATS = 40  # over DEFAULT_PROCESSES processes: see results/profile/stability.md

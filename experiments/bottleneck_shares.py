@@ -52,7 +52,7 @@ from _common import (
 from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.bench.decoders import AR, SSD, make_decoders
 from skipsearch.bench.interleaved import benchmark
-from skipsearch.engine import GREEDY, DecodeResult, GammaPolicy, RoundTiming, breakdown
+from skipsearch.engine import GREEDY, DecodeTrace, GammaPolicy, RoundTiming, breakdown
 from skipsearch.engine.timing import PHASES, Bucket, PhaseStats
 from skipsearch.masks import SkipMask
 from skipsearch.validate.phases import decode_seconds, prefill_estimate
@@ -170,7 +170,7 @@ class BucketCeiling:
         }
 
 
-def ar_step_fit(ar: Sequence[DecodeResult], ssd: Sequence[DecodeResult]) -> np.ndarray:
+def ar_step_fit(ar: Sequence[DecodeTrace], ssd: Sequence[DecodeTrace]) -> np.ndarray:
     """Least-squares line `t_AR(context)` in seconds from each prompt's autoregressive decode.
 
     A decode's per-token time sits at its mean context (prompt + half the output); its prefill is
@@ -423,7 +423,7 @@ def reading(rows: Sequence[BucketCeiling], meta: dict[str, Any]) -> list[str]:
 
 
 def group_summary(
-    groups: dict[str, list[tuple[int, ...]]], runs: dict[str, list[DecodeResult]]
+    groups: dict[str, list[tuple[int, ...]]], runs: dict[str, list[DecodeTrace]]
 ) -> list[dict[str, Any]]:
     """Per prompt-length group: decode-only speedup and tokens per round."""
     rows, begin = [], 0

@@ -43,7 +43,7 @@ from _common import (
 from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.bench.decoders import AR, EARLY_EXIT, HF, SSD, Decoder, make_decoders
 from skipsearch.bench.interleaved import benchmark
-from skipsearch.engine import GREEDY, DecodeResult, GammaPolicy, Summary
+from skipsearch.engine import GREEDY, DecodeTrace, GammaPolicy, Summary
 from skipsearch.masks import SkipMask
 
 OUT = RESULTS / "engine"
@@ -90,7 +90,7 @@ class RoundRecorder:
         self.calls = 0
 
     def rounds(self, prompt_length: int, new_tokens: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(γ, accepted drafts) per target pass, as `DecodeResult.gammas` / `.accepted` hold them."""
+        """(γ, accepted drafts) per target pass, as `DecodeTrace.gammas` / `.accepted` hold them."""
         committed = [prompt_length] + [start + 1 for start, _ in self.passes[1:]]
         committed.append(prompt_length + new_tokens)
         gammas = tuple(drafted for _, drafted in self.passes)
@@ -103,7 +103,7 @@ class RoundRecorder:
 def counted(decoder: Decoder, recorder: RoundRecorder) -> Decoder:
     """`decoder` with its rounds recovered by `recorder`, so `Summary.of` reads HF's acceptance."""
 
-    def run(prompt: tuple[int, ...], generator: torch.Generator | None) -> DecodeResult:
+    def run(prompt: tuple[int, ...], generator: torch.Generator | None) -> DecodeTrace:
         with recorder:
             result = decoder(prompt, generator)
         gammas, accepted = recorder.rounds(len(prompt), len(result.tokens))
@@ -136,13 +136,13 @@ def all_decoders(setup: Setup, exits: Sequence[int], gamma: int) -> dict[str, De
 # -- tables --------------------------------------------------------------------------------------
 
 
-def per_repeat_rate(results: Sequence[DecodeResult], prompts: int) -> list[float]:
+def per_repeat_rate(results: Sequence[DecodeTrace], prompts: int) -> list[float]:
     """Pooled tokens/s of each repeat (results are in (repeat, prompt) order)."""
     chunks = [results[i : i + prompts] for i in range(0, len(results), prompts)]
     return [sum(len(r.tokens) for r in c) / sum(r.seconds for r in c) for c in chunks]
 
 
-def ratio(runs: dict[str, list[DecodeResult]], top: str, bottom: str, prompts: int) -> dict[str, Any]:
+def ratio(runs: dict[str, list[DecodeTrace]], top: str, bottom: str, prompts: int) -> dict[str, Any]:
     """Paired tokens/s ratio `top / bottom`, repeat by repeat (the runs of a repeat are interleaved)."""
     values = [
         a / b
@@ -160,7 +160,7 @@ def ratio(runs: dict[str, list[DecodeResult]], top: str, bottom: str, prompts: i
     }
 
 
-def decoder_rows(runs: dict[str, list[DecodeResult]], prompts: int) -> list[dict[str, Any]]:
+def decoder_rows(runs: dict[str, list[DecodeTrace]], prompts: int) -> list[dict[str, Any]]:
     hf = Summary.of(runs[HF]).tokens_per_second
     ar = Summary.of(runs[AR]).tokens_per_second
     rows = []
@@ -186,7 +186,7 @@ def decoder_rows(runs: dict[str, list[DecodeResult]], prompts: int) -> list[dict
     return rows
 
 
-def lossless(runs: dict[str, list[DecodeResult]], exits: Sequence[int]) -> dict[str, bool]:
+def lossless(runs: dict[str, list[DecodeTrace]], exits: Sequence[int]) -> dict[str, bool]:
     """Token-for-token equality of every run, same prompt and repeat."""
 
     def same(a: str, b: str) -> bool:

@@ -59,7 +59,7 @@ from skipsearch.cost.latency import LatencyProfile
 from skipsearch.engine import GammaPolicy, autoregressive_decode
 from skipsearch.engine.graphed_decode import graphed_autoregressive_decode, graphed_speculative_decode
 from skipsearch.engine.graphs import GraphSteps
-from skipsearch.engine.result import DecodeResult, Summary
+from skipsearch.engine.result import DecodeTrace, Summary
 from skipsearch.engine.sampling import GREEDY
 from skipsearch.errors import SkipsearchError
 from skipsearch.masks import SkipMask
@@ -189,12 +189,12 @@ def searched_drafts(plan: Plan, layers: int) -> list[DraftConfig]:
     ]
 
 
-def decode_only(results: list[DecodeResult]) -> float:
+def decode_only(results: list[DecodeTrace]) -> float:
     """Tokens per second after the prefill (HF `generate` reports none: its time includes it)."""
     return sum(len(r.tokens) for r in results) / sum(decode_seconds(r, 0.0) for r in results)
 
 
-def per_repeat(results: list[DecodeResult], baseline: list[DecodeResult], prompts: int) -> list[float]:
+def per_repeat(results: list[DecodeTrace], baseline: list[DecodeTrace], prompts: int) -> list[float]:
     """The decode-only speedup over `baseline` within each repeat (results in (repeat, prompt) order)."""
     return [
         decode_only(results[k : k + prompts]) / decode_only(baseline[k : k + prompts])
@@ -224,7 +224,7 @@ def run_decodes(plan: Plan, state: dict[str, Any], out: Path) -> dict[str, Any]:
     baseline = next(iter(steps.values()))  # the γ = 0 verify is the full model whatever the mask
     new = plan.new_tokens
     pad = min(stop, default=0)
-    decoders: dict[str, Callable[..., DecodeResult]] = {
+    decoders: dict[str, Callable[..., DecodeTrace]] = {
         AR: lambda p, g: autoregressive_decode(runner, p, new, GREEDY, g, stop),
         AR_GRAPHS: lambda p, g: graphed_autoregressive_decode(
             baseline, p, new, GREEDY, g, stop, plan.check_every
@@ -267,8 +267,8 @@ def run_decodes(plan: Plan, state: dict[str, Any], out: Path) -> dict[str, Any]:
 def draft_row(
     plan: Plan,
     draft: DraftConfig,
-    results: list[DecodeResult],
-    graphed_ar: list[DecodeResult],
+    results: list[DecodeTrace],
+    graphed_ar: list[DecodeTrace],
     measurement: Measurement,
     state: dict[str, Any],
     prompts: list[tuple[int, ...]],

@@ -8,7 +8,7 @@
     decoded = skipsearch.decode("smollm2-135m", result.best, gamma=result.gamma, n_prompts=2)
     print(f"{decoded.speedup:.2f}x, lossless: {decoded.lossless}")
 
-`skipsearch run` and `skipsearch decode` call `run_search` and `decode_report` below, the same
+`skipsearch run` and `skipsearch decode` call `search_into` and `decode_report` below, the same
 functions `search` and `decode` call once they have built a configuration from their arguments;
 the checks of every setting are the configuration's own, so the command line and the API refuse
 the same values with the same message.
@@ -187,7 +187,7 @@ def search(
     if trees is not None:
         typed.add("trees")
     directory = Path(out) if out is not None else default_out(config)
-    return run_search(config, directory, resume=resume, typed=stored_fields(typed), progress=progress)
+    return search_into(config, directory, resume=resume, typed=stored_fields(typed), progress=progress)
 
 
 # A `search` keyword -> the `RunConfig` field a resume compares it with (`run.preflight.resumed_config`).
@@ -214,7 +214,7 @@ def default_out(config: RunConfig) -> Path:
     return Path(f"results/{config.measure.model}-{config.space}-{config.strategy}-s{config.seed}")
 
 
-def run_search(
+def search_into(
     config: RunConfig,
     out: Path,
     *,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from skipsearch.bench.decoders import AR, AR_GRAPHS, HF, SSD, SSD_GRAPHS, Decoder
 from skipsearch.engine.gamma import GammaPolicy
-from skipsearch.engine.result import DecodeResult, Summary
+from skipsearch.engine.result import DecodeTrace, Summary
 from skipsearch.engine.sampling import GREEDY, Sampling
 from skipsearch.engine.timing import breakdown
 from skipsearch.engine.tree_rounds import check_tree_pattern
@@ -81,7 +81,7 @@ def timing_caveats(repeats: int) -> list[str]:
 class Measured:
     """The timed runs of every decoder, in (repeat, prompt) order, and the lossless check."""
 
-    runs: dict[str, list[DecodeResult]]
+    runs: dict[str, list[DecodeTrace]]
     lossless: LosslessCheck
 
     def summaries(self) -> dict[str, Summary]:
@@ -257,7 +257,7 @@ def check_graphable(kv: Any, policy: GammaPolicy) -> None:
 
 
 def graphed_report(
-    mode: str, runs: dict[str, list[DecodeResult]], summaries: dict[str, Summary]
+    mode: str, runs: dict[str, list[DecodeTrace]], summaries: dict[str, Summary]
 ) -> dict[str, Any]:
     """How the graphed decoders compare: SSD against the graphed baseline (the ratio a deployment
     gets), the graphed baseline against the eager one, and whether both baselines agree."""
@@ -309,7 +309,7 @@ def decode_tiers(
     tiered: list[TieredResult] = []
 
     def decoders(sampling: Sampling) -> dict[str, Decoder]:
-        def tiers(prompt: tuple[int, ...], generator: Any) -> DecodeResult:
+        def tiers(prompt: tuple[int, ...], generator: Any) -> DecodeTrace:
             out = tiered_decode(
                 runner,
                 prompt,

@@ -1,4 +1,4 @@
-"""The decoders a benchmark compares, each as `decode(prompt, generator) -> DecodeResult`.
+"""The decoders a benchmark compares, each as `decode(prompt, generator) -> DecodeTrace`.
 
 `make_decoders` builds the standard set — the layer-wise autoregressive baseline, HF `generate`,
 our SSD engine and, for a contiguous prefix, HF's `assistant_early_exit` — with one stopping rule;
@@ -19,7 +19,7 @@ from skipsearch.engine.gamma import GammaPolicy
 from skipsearch.engine.graphed_decode import graphed_autoregressive_decode, graphed_speculative_decode
 from skipsearch.engine.graphed_tree import TreeGraphSteps, graphed_tree_decode
 from skipsearch.engine.graphs import GraphSteps
-from skipsearch.engine.result import DecodeResult
+from skipsearch.engine.result import DecodeTrace
 from skipsearch.engine.sampling import Sampling
 from skipsearch.engine.ssd import speculative_decode
 from skipsearch.engine.tree_rounds import tree_decode
@@ -36,7 +36,7 @@ AR_GRAPHS, SSD_GRAPHS = "autoregressive-graphs", "ssd-graphs"
 SSD_CHAIN_GRAPHS = "ssd-chain-graphs"  # a graphed tree's draft as a graphed chain, beside the tree
 
 # -- the decoders ---------------------------------------------------------------------------------
-Decoder = Callable[[tuple[int, ...], torch.Generator | None], DecodeResult]
+Decoder = Callable[[tuple[int, ...], torch.Generator | None], DecodeTrace]
 
 
 def make_decoders(
@@ -51,7 +51,7 @@ def make_decoders(
     timed: bool = True,
     tree: Tree | None = None,
 ) -> dict[str, Decoder]:
-    """Each configuration as `decode(prompt, generator) -> DecodeResult`, same stopping rule.
+    """Each configuration as `decode(prompt, generator) -> DecodeTrace`, same stopping rule.
 
     `head`: the SSD draft's head over a draft vocabulary; `kv`: its KV pattern (HF's early exit
     has neither, so it runs only for a plain contiguous prefix); `timed`: SSD records its rounds'
@@ -64,7 +64,7 @@ def make_decoders(
     pad = getattr(tokenizer, "pad_token_id", None)  # a weight-free model has no tokenizer
     pad = min(stop, default=0) if pad is None else pad
 
-    def generate(prompt: tuple[int, ...], generator: torch.Generator | None, **assist: Any) -> DecodeResult:
+    def generate(prompt: tuple[int, ...], generator: torch.Generator | None, **assist: Any) -> DecodeTrace:
         return hf_generate(model, prompt, max_new_tokens, sampling, generator, pad, **assist)
 
     decoders: dict[str, Decoder] = {
@@ -84,7 +84,7 @@ def make_decoders(
         return decoders
     if mask.exit_layer is not None and kv is None:
 
-        def early_exit(prompt: tuple[int, ...], generator: torch.Generator | None) -> DecodeResult:
+        def early_exit(prompt: tuple[int, ...], generator: torch.Generator | None) -> DecodeTrace:
             with assistant_settings(model, policy):
                 return generate(prompt, generator, assistant_early_exit=mask.exit_layer)
 
@@ -130,7 +130,7 @@ def hf_generate(
     pad: int,
     cache: Any = None,
     **extra: Any,
-) -> DecodeResult:
+) -> DecodeTrace:
     """`model.generate` timed end to end, its sampling seeded from `generator` (`_seeded_global_rng`).
 
     `cache`: the cache to generate into (None: a fresh one of our kernel plan). A static cache on a
@@ -162,7 +162,7 @@ def hf_generate(
         )
         elapsed = time.perf_counter() - began
     tokens = tuple(out[0, len(prompt) :].tolist())
-    return DecodeResult(len(prompt), tokens, elapsed)
+    return DecodeTrace(len(prompt), tokens, elapsed)
 
 
 @contextmanager

@@ -15,7 +15,7 @@ import torch
 
 from skipsearch.bench.decoders import Decoder
 from skipsearch.engine.autoregressive import autoregressive_decode
-from skipsearch.engine.result import DecodeResult
+from skipsearch.engine.result import DecodeTrace
 from skipsearch.engine.ssd import speculative_decode
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
@@ -28,7 +28,7 @@ def benchmark(
     repeats: int,
     seed: int,
     device: torch.device,
-) -> dict[str, list[DecodeResult]]:
+) -> dict[str, list[DecodeTrace]]:
     """Every decoder on every prompt, `repeats` times, interleaved so drift hits all alike.
 
     One untimed warm-up per decoder first; the decoder order rotates from prompt to prompt.
@@ -37,7 +37,7 @@ def benchmark(
     names = list(decoders)
     for name in names:
         decoders[name](prompts[0], torch.Generator(device=device).manual_seed(seed))
-    runs: dict[str, list[DecodeResult]] = {name: [] for name in names}
+    runs: dict[str, list[DecodeTrace]] = {name: [] for name in names}
     with progress_bar("decode: interleaved runs", repeats * len(prompts)) as bar:
         for repeat in range(repeats):
             for index, prompt in enumerate(prompts):
@@ -53,8 +53,8 @@ def benchmark(
 class EngineRuns:
     """SSD decodes per mask label (index = prompt) and the autoregressive decodes of every prompt."""
 
-    ssd: dict[str, list[DecodeResult]] = field(default_factory=dict)
-    ar: list[list[DecodeResult]] = field(default_factory=list)
+    ssd: dict[str, list[DecodeTrace]] = field(default_factory=dict)
+    ar: list[list[DecodeTrace]] = field(default_factory=list)
 
 
 def bracketed_runs(
@@ -74,10 +74,10 @@ def bracketed_runs(
     """
     labels = list(masks)
 
-    def ssd(label: str, prompt: tuple[int, ...], new: int) -> DecodeResult:
+    def ssd(label: str, prompt: tuple[int, ...], new: int) -> DecodeTrace:
         return speculative_decode(runner, prompt, masks[label], new, gamma, eos_ids=eos_ids)
 
-    def ar(prompt: tuple[int, ...], new: int) -> DecodeResult:
+    def ar(prompt: tuple[int, ...], new: int) -> DecodeTrace:
         return autoregressive_decode(runner, prompt, new, eos_ids=eos_ids)
 
     ar(prompts[0], 8)  # warm-up, untimed

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from skipsearch.engine.result import DecodeResult
+from skipsearch.engine.result import DecodeTrace
 from skipsearch.models.runner import LayerwiseRunner
 
 TIE_ULPS = 8
@@ -220,8 +220,8 @@ def measure_tolerance(
 def check_runs(
     runner: LayerwiseRunner,
     prompts: Sequence[Sequence[int]],
-    ar: Sequence[DecodeResult],
-    ssd: Sequence[DecodeResult],
+    ar: Sequence[DecodeTrace],
+    ssd: Sequence[DecodeTrace],
     width: int | None = None,
 ) -> LosslessCheck:
     """`check_lossless` over benchmark results, which come in (repeat, prompt) order; with `width`

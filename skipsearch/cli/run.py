@@ -199,14 +199,14 @@ def run_config(args: argparse.Namespace, strategy: str) -> RunConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from skipsearch.api import default_out, run_search
+    from skipsearch.api import default_out, search_into
     from skipsearch.store import SUMMARY_FILE
 
     config = run_config(args, args.strategy)
     make_executor = executor_factory(args)  # checks the executor options before the model loads
     out = Path(args.out) if args.out else default_out(config)
     args.resume_dir = out  # an interrupt says how to resume it (`cli.main`)
-    result = run_search(
+    result = search_into(
         config, out, resume=args.resume, typed=typed_settings(args), executor_factory=make_executor
     )
     print((out / SUMMARY_FILE).read_text())  # plain: a console would wrap the mask line mid-token

@@ -19,14 +19,14 @@ invariant), `timing` (per-round latency breakdown), `result` (what a decode retu
 
 from skipsearch.engine.autoregressive import autoregressive_decode
 from skipsearch.engine.gamma import GammaController, GammaPolicy
-from skipsearch.engine.result import DecodeResult, Summary
+from skipsearch.engine.result import DecodeTrace, Summary
 from skipsearch.engine.sampling import GREEDY, Sampling
 from skipsearch.engine.ssd import speculative_decode
 from skipsearch.engine.timing import RoundTiming, breakdown
 
 __all__ = [
     "GREEDY",
-    "DecodeResult",
+    "DecodeTrace",
     "GammaController",
     "GammaPolicy",
     "RoundTiming",

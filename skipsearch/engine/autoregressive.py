@@ -10,7 +10,7 @@ from collections.abc import Collection, Sequence
 
 import torch
 
-from skipsearch.engine.result import DecodeResult, new_tokens
+from skipsearch.engine.result import DecodeTrace, new_tokens
 from skipsearch.engine.sampling import GREEDY, Sampling, sample
 from skipsearch.engine.shared_kv import check_lengths
 from skipsearch.errors import ConfigError
@@ -27,7 +27,7 @@ def autoregressive_decode(
     sampling: Sampling = GREEDY,
     generator: torch.Generator | None = None,
     eos_ids: Collection[int] = (),
-) -> DecodeResult:
+) -> DecodeTrace:
     """Decode up to `max_new_tokens` after `prompt`, stopping after an end-of-sequence token."""
     if max_new_tokens < 1 or not prompt:
         raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
@@ -45,4 +45,4 @@ def autoregressive_decode(
             tokens.append(int(token))
             check_lengths(cache, len(tokens) - 1)
     decoded = new_tokens(tokens, len(prompt), eos_ids)
-    return DecodeResult(len(prompt), decoded, time.perf_counter() - began, prefill_seconds=prefilled - began)
+    return DecodeTrace(len(prompt), decoded, time.perf_counter() - began, prefill_seconds=prefilled - began)

@@ -22,7 +22,7 @@ import torch
 
 from skipsearch.engine.gamma import GammaController, GammaPolicy
 from skipsearch.engine.graphs import GraphSteps
-from skipsearch.engine.result import DecodeResult, new_tokens
+from skipsearch.engine.result import DecodeTrace, new_tokens
 from skipsearch.engine.sampling import GREEDY, Sampling, sample
 from skipsearch.engine.ssd import OneMask, run_rounds
 from skipsearch.errors import ConfigError
@@ -40,7 +40,7 @@ def graphed_autoregressive_decode(
     generator: torch.Generator | None = None,
     eos_ids: Collection[int] = (),
     check_every: int = CHECK_EVERY,
-) -> DecodeResult:
+) -> DecodeTrace:
     """`autoregressive_decode` on the γ = 0 verify graph of `steps`: the same tokens (greedy), one
     host read per `check_every` tokens instead of one per token."""
     if max_new_tokens < 1 or not prompt:
@@ -70,7 +70,7 @@ def graphed_autoregressive_decode(
         output += fresh
         ended = any(token in eos_ids for token in fresh)
     tokens = new_tokens([*prompt, *output], len(prompt), eos_ids)
-    return DecodeResult(len(prompt), tokens, time.perf_counter() - began, prefill_seconds=prefilled - began)
+    return DecodeTrace(len(prompt), tokens, time.perf_counter() - began, prefill_seconds=prefilled - began)
 
 
 @torch.no_grad()
@@ -83,7 +83,7 @@ def graphed_speculative_decode(
     generator: torch.Generator | None = None,
     eos_ids: Collection[int] = (),
     timed: bool = False,
-) -> DecodeResult:
+) -> DecodeTrace:
     """`speculative_decode` with mask 0 of `steps` (and its draft head), on their graphs; `timed`
     records the rounds' phases, at a device sync per phase boundary (`engine.timing.RoundClock`).
 

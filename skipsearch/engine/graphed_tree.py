@@ -36,7 +36,7 @@ from collections.abc import Callable, Collection, Sequence
 import torch
 
 from skipsearch.engine.graphs import GraphSteps, Outputs
-from skipsearch.engine.result import DecodeResult
+from skipsearch.engine.result import DecodeTrace
 from skipsearch.engine.sampling import GREEDY, Sampling
 from skipsearch.engine.shared_kv import StaticKV, crop
 from skipsearch.engine.steps import divergent_layer, draft_forward, verify_forward
@@ -202,7 +202,7 @@ def graphed_tree_decode(
     generator: torch.Generator | None = None,
     eos_ids: Collection[int] = (),
     timed: bool = False,
-) -> DecodeResult:
+) -> DecodeTrace:
     """`tree_decode` with the mask and shape of `steps`, on their graphs (`tree_rounds.run_tree_rounds`):
     greedy output equals `autoregressive_decode`'s token for token, sampled output follows the
     target's distribution. `gammas` holds each round's depth, `accepted` the depth it accepted.

@@ -11,7 +11,7 @@ from skipsearch.engine.timing import RoundTiming
 
 
 @dataclass(frozen=True)
-class DecodeResult:
+class DecodeTrace:
     """One prompt's decode: the new tokens, and per speculative round γ and accepted drafts.
 
     A plain autoregressive decode has no rounds. `seconds` is the wall time of the whole call,
@@ -76,7 +76,7 @@ class Summary:
         }
 
     @classmethod
-    def of(cls, results: Sequence[DecodeResult]) -> Summary:
+    def of(cls, results: Sequence[DecodeTrace]) -> Summary:
         rounds = [(g, n) for r in results for g, n in zip(r.gammas, r.accepted, strict=True) if g > 0]
         judged = sum(judged_tokens(g, n) for g, n in rounds)
         return cls(
@@ -123,9 +123,9 @@ class Rounds:
         if timing is not None:
             self.timings.append(timing)
 
-    def result(self, sequence: Sequence[int], prompt_length: int, eos_ids: Collection[int]) -> DecodeResult:
-        """The decode's `DecodeResult`: `sequence` is the prompt and every committed token."""
-        return DecodeResult(
+    def result(self, sequence: Sequence[int], prompt_length: int, eos_ids: Collection[int]) -> DecodeTrace:
+        """The decode's `DecodeTrace`: `sequence` is the prompt and every committed token."""
+        return DecodeTrace(
             prompt_length=prompt_length,
             tokens=new_tokens(sequence, prompt_length, eos_ids),
             seconds=time.perf_counter() - self.began,

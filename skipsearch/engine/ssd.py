@@ -44,7 +44,7 @@ import torch
 from transformers import DynamicCache
 
 from skipsearch.engine.gamma import GammaController, GammaPolicy
-from skipsearch.engine.result import DecodeResult, Rounds
+from skipsearch.engine.result import DecodeTrace, Rounds
 from skipsearch.engine.sampling import GREEDY, Sampling, greedy_commit, sample_accept
 from skipsearch.engine.shared_kv import check_lengths, crop
 from skipsearch.engine.steps import EagerSteps, Proposal, Round, RoundSteps, divergent_layer
@@ -122,7 +122,7 @@ def run_rounds(
     generator: torch.Generator | None,
     eos_ids: Collection[int],
     timed: bool = True,
-) -> tuple[DecodeResult, tuple[int, ...]]:
+) -> tuple[DecodeTrace, tuple[int, ...]]:
     """The round loop of the module docstring; returns the result and each round's mask index.
 
     Every round starts from a cache that holds exactly the full model's K/V, so the schedule may
@@ -131,7 +131,7 @@ def run_rounds(
     `timed` records every round's phase breakdown (`RoundClock`) and checks the cache invariant
     after the prefill and every round, at the cost of device syncs; untimed, the invariant is
     checked once, after the last round (a static cache's lengths cost a read), and
-    `DecodeResult.timings` is empty. Either way the device is synchronised once after the prefill,
+    `DecodeTrace.timings` is empty. Either way the device is synchronised once after the prefill,
     so `prefill_seconds` is the prefill's device time.
     """
     if max_new_tokens < 1 or not prompt:
@@ -186,7 +186,7 @@ def speculative_decode(
     head: DraftHead | None = None,
     kv: KVPattern | None = None,
     timed: bool = True,
-) -> DecodeResult:
+) -> DecodeTrace:
     """Decode up to `max_new_tokens` after `prompt` with the draft `mask` (see module docstring).
 
     Lossless: greedy output equals `autoregressive_decode`'s token for token; sampled output

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from skipsearch.engine import ssd
-from skipsearch.engine.result import DecodeResult
+from skipsearch.engine.result import DecodeTrace
 from skipsearch.engine.sampling import GREEDY, Sampling
 from skipsearch.engine.steps import EagerSteps, RoundSteps
 from skipsearch.errors import ConfigError
@@ -46,7 +46,7 @@ class TierSchedule:
 class TieredResult:
     """One prompt's tiered decode: the usual result plus the tier of every round."""
 
-    result: DecodeResult
+    result: DecodeTrace
     tiers: tuple[int, ...]
     mode: str
 

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 import torch
 
-from skipsearch.engine.result import DecodeResult, Rounds
+from skipsearch.engine.result import DecodeTrace, Rounds
 from skipsearch.engine.sampling import GREEDY, Sampling, residual, sample
 from skipsearch.engine.shared_kv import check_lengths, crop
 from skipsearch.engine.steps import divergent_layer, draft_forward, verify_forward
@@ -458,7 +458,7 @@ def run_tree_rounds(
     generator: torch.Generator | None = None,
     eos_ids: Collection[int] = (),
     timed: bool = True,
-) -> DecodeResult:
+) -> DecodeTrace:
     """Decode up to `max_new_tokens` after `prompt` with tree rounds of `steps.shape` (module
     docstring). A round near the end of the output drafts fewer depths, so the output never
     overshoots; the last token is one step of the full model. `timed` records each round's
@@ -521,12 +521,12 @@ def tree_decode(
     head: DraftHead | None = None,
     timed: bool = True,
     kv: KVPattern | None = None,
-) -> DecodeResult:
+) -> DecodeTrace:
     """Decode up to `max_new_tokens` after `prompt` with tree rounds of `shape` (module docstring)
     on the runner, eagerly (`EagerTreeSteps`, `run_tree_rounds`).
 
     Lossless as the chain is: greedy output equals `autoregressive_decode`'s token for token;
-    sampled output follows the target's distribution. `DecodeResult.gammas` holds each round's
+    sampled output follows the target's distribution. `DecodeTrace.gammas` holds each round's
     depth, `accepted` the depth it accepted. `kv`: the draft's KV pattern (a sink and a window
     wider than the tree is deep; not pillars, which the tree's verify does not choose).
     """

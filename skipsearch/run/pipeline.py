@@ -26,7 +26,7 @@ from skipsearch.progress import console, status
 from skipsearch.run.finalists import FINALISTS
 from skipsearch.run.owner import run_owner
 from skipsearch.run.preflight import SearchSetup, build_search, check_searches, preflight, resumed_config
-from skipsearch.search.study import ProgressCallback, SearchResult, journal_storage
+from skipsearch.search.study import ProgressCallback, StudyOutcome, journal_storage
 from skipsearch.store import CACHE_DIR, DRAFT_VOCAB_FILE, RUN_FILE
 
 if TYPE_CHECKING:  # heavy (torch) types: imported where they are used
@@ -202,7 +202,7 @@ def start_run(
     typed: Mapping[str, str],
     make_executor: ExecutorFactory,
     on_start: Callable[[RunConfig], ProgressCallback | None],
-) -> SearchResult:
+) -> StudyOutcome:
     """`skipsearch run`: check, load, write `run.yaml`, search to the budget in `out`.
 
     `on_start(config)` is called once the model is loaded (with the run's final config) and
@@ -246,14 +246,14 @@ def search_one(
     on_trial: ProgressCallback | None = None,
     executor: Executor | None = None,
     every_layer: bool = False,
-) -> SearchResult:
+) -> StudyOutcome:
     """Run one strategy's study in `out` (validated constraints first, then the journal).
 
     Masks are evaluated on `executor` (the caller closes it), by default in this process.
     `every_layer` scores the draft that skips no layer first (`SearchConfig.every_layer`): `run`
     asks for it (`_drafts_beyond_layers`); `compare` does not, since a candidate every strategy
     scores first would make them all find the same best when it wins."""
-    from skipsearch.search import EvaluationCache, SearchConfig, run_search
+    from skipsearch.search import EvaluationCache, SearchConfig, run_study
     from skipsearch.search.space_spec import TierSpace
     from skipsearch.search.study import quiet_optuna
 
@@ -271,7 +271,7 @@ def search_one(
                 pareto=config.pareto,
                 every_layer=every_layer,
             )
-            result = run_search(
+            result = run_study(
                 setup.space,
                 strategy,
                 evaluating,

@@ -4,12 +4,12 @@ Example (a synthetic evaluator and scorer stand in for the model and the cost mo
 
     from pathlib import Path
     from skipsearch.executors.base import LocalExecutor
-    from skipsearch.search import SearchConfig, make_strategy, run_search
+    from skipsearch.search import SearchConfig, make_strategy, run_study
     from skipsearch.search.space_files import load_space
 
     space = load_space("sparse").resolve(num_layers=30)
     with LocalExecutor(evaluate) as executor:
-        result = run_search(space, make_strategy("learned"), executor, score, Path("runs/demo"),
+        result = run_study(space, make_strategy("learned"), executor, score, Path("runs/demo"),
                             SearchConfig(budget=60, seed=0))
     print(result.best.mask, result.best.score)
 """
@@ -33,7 +33,7 @@ from skipsearch.search.strategies import (
     UniformStrategy,
     make_strategy,
 )
-from skipsearch.search.study import ProgressCallback, SearchConfig, SearchResult, load_study, run_search
+from skipsearch.search.study import ProgressCallback, SearchConfig, StudyOutcome, load_study, run_study
 
 __all__ = [
     "STRATEGIES",
@@ -47,15 +47,15 @@ __all__ = [
     "Score",
     "Scorer",
     "SearchConfig",
-    "SearchResult",
     "Strategy",
+    "StudyOutcome",
     "TrialRecord",
     "UniformStrategy",
     "best_trial",
     "load_study",
     "make_strategy",
     "pareto_front",
-    "run_search",
+    "run_study",
     "study_trials_frame",
     "trial_records",
 ]

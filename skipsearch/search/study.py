@@ -104,7 +104,7 @@ class SearchConfig:
 
 
 @dataclass(frozen=True)
-class SearchResult:
+class StudyOutcome:
     """How a run ended: `budget_used` distinct masks scored (all sessions), `model_evaluations`
     of them measured in this session (the rest came from the cache), `exhausted` when the strategy
     had nothing new to propose before the budget was spent."""
@@ -166,7 +166,7 @@ def load_study(run_dir: Path, study_name: str) -> optuna.Study:
     return optuna.load_study(study_name=study_name, storage=storage)
 
 
-def run_search(
+def run_study(
     space: ConcreteSpace,
     strategy: Strategy,
     executor: Executor,
@@ -178,7 +178,7 @@ def run_search(
     cache: EvaluationCache | None = None,
     resume: bool = False,
     on_trial: ProgressCallback | None = None,
-) -> SearchResult:
+) -> StudyOutcome:
     """Search `space` with `strategy` until `config.budget` distinct masks are scored.
 
     The study is `study_name` (default: the strategy's name) in `run_dir/optuna.journal`; the cache
@@ -288,7 +288,7 @@ class _Search:
         return None if cached is None else self.scorer(mask, cached.profile).value
 
     # -- the loop -----------------------------------------------------------------------------
-    def run(self, study: optuna.Study, journal: Path) -> SearchResult:
+    def run(self, study: optuna.Study, journal: Path) -> StudyOutcome:
         self.study = study
         study.set_user_attr("budget", self.config.budget)  # for `report`: is the study complete?
         self.guard_rng = np.random.default_rng([self.config.seed, len(study.trials)])
@@ -312,7 +312,7 @@ class _Search:
                 len(self.scored),
                 self.config.budget,
             )
-        return SearchResult(
+        return StudyOutcome(
             study_name=self.study.study_name,
             journal=journal,
             budget_used=len(self.scored),

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.closed_forms import SelfSpeculative
-from skipsearch.engine.result import DecodeResult
+from skipsearch.engine.result import DecodeTrace
 from skipsearch.engine.timing import RoundTiming
 
 
@@ -38,7 +38,7 @@ def phase_costs(
     }
 
 
-def decode_seconds(result: DecodeResult, prefill: float) -> float:
+def decode_seconds(result: DecodeTrace, prefill: float) -> float:
     """Wall time after the prefill: total minus the prefill the decoder measured; for a result
     without one, the sum of round times for SSD, total minus the estimate `prefill` otherwise.
 
@@ -52,6 +52,6 @@ def decode_seconds(result: DecodeResult, prefill: float) -> float:
     return max(result.seconds - prefill, 1e-9)
 
 
-def prefill_estimate(results: Sequence[DecodeResult]) -> float:
+def prefill_estimate(results: Sequence[DecodeTrace]) -> float:
     """Median of `seconds - sum(round times)` over SSD decodes of one prompt: the prefill + setup time."""
     return statistics.median(r.seconds - sum(t.total for t in r.timings) for r in results)

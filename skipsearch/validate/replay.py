@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from skipsearch.acceptance.profile import AcceptanceProfile, match_runs, play_rounds
-from skipsearch.engine.result import DecodeResult, judged_tokens
+from skipsearch.engine.result import DecodeTrace, judged_tokens
 
 
 def replay(matches: Sequence[bool], gamma: int, max_new_tokens: int) -> list[tuple[int, int]]:
@@ -42,7 +42,7 @@ def shared_length(tokens: Sequence[int], continuation: Sequence[int]) -> int:
     return next((i for i in range(length) if tokens[i] != continuation[i]), length)
 
 
-def engine_rounds_within(result: DecodeResult, limit: int) -> tuple[list[tuple[int, int]], int]:
+def engine_rounds_within(result: DecodeTrace, limit: int) -> tuple[list[tuple[int, int]], int]:
     """(γ, accepted) of the engine's rounds whose every token lies in the first `limit` tokens of its
     output, and how many tokens those rounds produced."""
     rounds, produced = [], 0
@@ -68,7 +68,7 @@ def replay_within(
 
 def same_text_rounds(
     matches: Sequence[Sequence[bool]],
-    results: Sequence[DecodeResult],
+    results: Sequence[DecodeTrace],
     continuations: Sequence[Sequence[int]],
     gamma: int,
     max_new_tokens: int,
@@ -96,7 +96,7 @@ def round_stats(rounds: Sequence[tuple[int, int]]) -> tuple[float, float]:
     )
 
 
-def judged_positions(result: DecodeResult) -> list[tuple[int, int, bool]]:
+def judged_positions(result: DecodeTrace) -> list[tuple[int, int, bool]]:
     """(continuation offset, depth, accepted) of every draft token a round judged."""
     judged, offset = [], 0
     for g, n in zip(result.gammas, result.accepted, strict=True):
@@ -106,7 +106,7 @@ def judged_positions(result: DecodeResult) -> list[tuple[int, int, bool]]:
 
 
 def disagreement(
-    results: Sequence[DecodeResult],
+    results: Sequence[DecodeTrace],
     rows: Sequence[int],
     limits: Sequence[int],
     profile: AcceptanceProfile,

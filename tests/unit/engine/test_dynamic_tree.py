@@ -15,7 +15,7 @@ from skipsearch.models.draft_head import DraftHead
 from skipsearch.tree_shapes import DynamicTree, RoundTree
 from tests.unit.engine.conftest import NEW_TOKENS, PROMPT
 from tests.unit.engine.test_sampling import CHI2_7_999, _chi_square, eight_token_setup
-from tests.unit.engine.test_tree import MASKS as TREE_MASKS
+from tests.unit.engine.test_tree_rounds import MASKS as TREE_MASKS
 from tests.unit.engine.test_tree_sampling import DRAWS, sampled_tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")

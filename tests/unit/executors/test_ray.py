@@ -199,7 +199,7 @@ class TestOnASharedRay:
     def test_a_killed_worker_is_replaced_and_the_study_finishes_its_budget(self, tmp_path: Path) -> None:
         from optuna.trial import TrialState
 
-        from skipsearch.search import SearchConfig, load_study, make_strategy, run_search
+        from skipsearch.search import SearchConfig, load_study, make_strategy, run_study
         from skipsearch.search.space_files import load_space
         from tests.unit.search.conftest import synthetic_score
 
@@ -210,7 +210,7 @@ class TestOnASharedRay:
                 if scored == 3 and executor.replacements == 0:
                     ray.kill(executor.actors[0])
 
-            result = run_search(
+            result = run_study(
                 space,
                 make_strategy("random"),
                 executor,

@@ -17,7 +17,7 @@ from skipsearch.executors.base import LocalExecutor
 from skipsearch.masks import SkipMask
 from skipsearch.run.export_source import ExportedDraft, ExportSource
 from skipsearch.run.report import write_run_outputs
-from skipsearch.search import SearchConfig, make_strategy, run_search
+from skipsearch.search import SearchConfig, make_strategy, run_study
 from skipsearch.search.objective import make_scorer
 from skipsearch.search.space_files import parse_space
 
@@ -47,7 +47,7 @@ def make_run(run_dir: Path, space_name: str) -> Path:
     """An exhaustive search of a small space, written out as `skipsearch run` would."""
     space = parse_space(SPACES[space_name], space_name, space_name).resolve(LAYERS)
     with LocalExecutor(synthetic_profile) as executor:
-        run_search(
+        run_study(
             space,
             make_strategy("exhaustive"),
             executor,

@@ -19,10 +19,10 @@ from skipsearch.search import (
     EvaluationCache,
     Score,
     SearchConfig,
-    SearchResult,
     Strategy,
+    StudyOutcome,
     make_strategy,
-    run_search,
+    run_study,
 )
 from skipsearch.search.space_files import load_space
 from skipsearch.search.spaces import ConcreteSpace
@@ -96,7 +96,7 @@ def search(
     cache_dir: Path | None = None,
     resume: bool = False,
     **config: Any,
-) -> SearchResult:
+) -> StudyOutcome:
     """One study with the synthetic scorer: the tests' (and the crash subprocess's) entry point."""
     if isinstance(space, str):
         space = load_space(space).resolve(NUM_LAYERS)
@@ -104,7 +104,7 @@ def search(
         strategy = make_strategy(strategy)
     cache = EvaluationCache(cache_dir) if cache_dir else None
     with LocalExecutor(evaluate) as executor:
-        return run_search(
+        return run_study(
             space,
             strategy,
             executor,

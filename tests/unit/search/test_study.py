@@ -33,7 +33,7 @@ from skipsearch.search import (
     best_trial,
     load_study,
     make_strategy,
-    run_search,
+    run_study,
     study_trials_frame,
 )
 from skipsearch.search.space_files import load_space
@@ -263,7 +263,7 @@ def test_the_loop_keeps_capacity_masks_in_flight(tmp_path: Path, strategy: Strat
     evaluate = CountingEvaluator()
     space = load_space("contiguous" if isinstance(strategy, StuckStrategy) else "sparse").resolve(NUM_LAYERS)
     with ParallelExecutor(evaluate, capacity=3) as executor:
-        result = run_search(
+        result = run_study(
             space, strategy, executor, synthetic_score, tmp_path, SearchConfig(budget=8, max_idle_asks=2)
         )
     study = load_study(tmp_path, strategy.name)
@@ -355,7 +355,7 @@ def test_trials_frame_best_trial_and_progress(tmp_path: Path) -> None:
     progress: list[tuple[int, int, float | None]] = []
     space = load_space("sparse").resolve(NUM_LAYERS)
     with LocalExecutor(CountingEvaluator()) as executor:
-        result = run_search(
+        result = run_study(
             space,
             make_strategy("random"),
             executor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from skipsearch.engine import autoregressive_decode, speculative_decode
-from skipsearch.engine.result import DecodeResult
+from skipsearch.engine.result import DecodeTrace
 from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.validate.phases import decode_seconds
@@ -26,5 +26,5 @@ def test_both_decoders_time_their_prefill_and_decode_seconds_takes_it_out() -> N
 
 
 def test_a_result_without_a_measured_prefill_falls_back_to_rounds_or_the_estimate() -> None:
-    untimed = DecodeResult(prompt_length=3, tokens=(1, 2), seconds=2.0)
+    untimed = DecodeTrace(prompt_length=3, tokens=(1, 2), seconds=2.0)
     assert decode_seconds(untimed, prefill=0.5) == pytest.approx(1.5)

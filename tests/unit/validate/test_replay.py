@@ -6,7 +6,7 @@ import math
 import pytest
 
 from skipsearch.acceptance.profile import AcceptanceProfile
-from skipsearch.engine.result import DecodeResult
+from skipsearch.engine.result import DecodeTrace
 from skipsearch.validate.replay import (
     disagreement,
     engine_rounds_within,
@@ -21,7 +21,7 @@ from skipsearch.validate.replay import (
 T, F = True, False
 MATCHES = (T, T, F, T, T, T, F)
 # two rounds at γ = 3: two drafts accepted then a rejection, then all three accepted
-ENGINE = DecodeResult(0, (1, 2, 3, 4, 5, 6, 7), 1.0, gammas=(3, 3), accepted=(2, 3))
+ENGINE = DecodeTrace(0, (1, 2, 3, 4, 5, 6, 7), 1.0, gammas=(3, 3), accepted=(2, 3))
 
 
 def test_replay_follows_the_engines_end_rule() -> None:

@@ -45,7 +45,7 @@ def cpu_model(path: Path = Path("/proc/cpuinfo")) -> str:
 
 def describe_cpu(flags: frozenset[str] | None = None, model: str | None = None) -> str:
     """The CPU in the words every results table names it by: its model and the vector units the
-    plan is chosen by, e.g. `AMD EPYC (AVX2, no AVX-512, no AMX)`."""
+    plan is chosen by, e.g. `<model name> (AVX2, no AVX-512, no AMX)`."""
     flags = cpu_flags() if flags is None else flags
     model = cpu_model() if model is None else model
     if flags is None:

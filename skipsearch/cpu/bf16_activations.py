@@ -48,7 +48,7 @@ PLAN_NAMES = {
 
 
 # Choices measured in this process but not kept (other processes kept a core busy), by path: a run
-# asks several times (its profile's path, its preflight, its load), and must get one answer without
+# asks several times (its LatencyProfile's path, its preflight, its load), and must get one answer without
 # measuring each time.
 _UNKEPT: dict[Path, ActivationChoice] = {}
 
@@ -125,7 +125,7 @@ def _cached(path: Path, build: str) -> ActivationChoice | None:
 def choose_activations() -> ActivationChoice:
     """The faster plan for a CPU with native bf16 (module docstring), measured once and cached:
     float32 activations only where they lead by `DECISIVE` (a dtype that flipped between
-    processes would split a run's profile and conversion caches), bf16 otherwise and where the
+    processes would split a run's LatencyProfile and conversion caches), bf16 otherwise and where the
     kernel does not load here."""
     kernel = load_kernel()
     if kernel.function is None or not torch.ops.mkldnn._is_mkldnn_bf16_supported():

@@ -57,9 +57,9 @@ GPU_PLATFORM := --python-version 3.12 --implementation cp --only-binary=:all: \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 GPU_SITE     ?= /tmp/site
 
-# SmolLM2's GGUF (94 MiB) in parts of <= 28 MiB with a sha256 manifest, to carry to the device
-# in four calls (a call carries 64 MiB, the working tree included); experiments/gguf_parts.py join
-# and experiments/gpu_real_weights.py --gguf-parts reassemble them and check every sha256.
+# SmolLM2's GGUF (94 MiB) in parts of <= 28 MiB (PART_BYTES) with a sha256 manifest, to carry to the
+# device in four calls (a call carries 64 MiB, the working tree included): experiments/gguf_parts.py
+# splits; its join, or experiments/gpu_real_weights.py --gguf-parts, reassembles and checks every sha256.
 gguf-parts: install
 	$(PY) experiments/gguf_parts.py split
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gguf_parts import MANIFEST, join_parts
 from gpu_check import cpu_masks, table
 
 from skipsearch.acceptance.measure_config import MeasureConfig
@@ -64,7 +65,6 @@ from skipsearch.engine.sampling import GREEDY
 from skipsearch.errors import SkipsearchError
 from skipsearch.masks import SkipMask
 from skipsearch.models.draft_head import DraftHead
-from skipsearch.models.gguf_parts import MANIFEST, join_parts
 from skipsearch.models.loading import eos_ids
 from skipsearch.models.registry import REGISTRY
 from skipsearch.validate.phases import decode_seconds

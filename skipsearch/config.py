@@ -26,7 +26,7 @@ def check_context(context: int | None) -> None:
 
 
 def check_graphs(device: str) -> None:
-    """A profile of CUDA-graph replays (`--graphs`) is measured, and scored with, on a GPU only:
+    """A LatencyProfile of CUDA-graph replays (`--graphs`) is measured, and scored with, on a GPU only:
     refused elsewhere in one line, before any model loads."""
     if device.split(":", 1)[0] != "cuda":
         raise ConfigError(
@@ -47,7 +47,7 @@ class RunConfig:
     `context`: the context length the calibrated cost model scores at (None: its default);
     `importance`: what ranks sub-layers for the ranking and knapsack strategies (`proxy`, from the
     reference cache, or `measured`, one single-unit mask per free unit, counted in the budget).
-    `graphs`: score with the latency profile of CUDA-graph replays (`skipsearch profile --graphs`),
+    `graphs`: score with the LatencyProfile of CUDA-graph replays (`skipsearch profile --graphs`),
     what a graphed engine pays, instead of the eager one.
     `gamma_min`, `gamma_max`: the draft lengths a mask's best γ is chosen from; None until the run
     resolves them from the space file (`gamma_min:`, `gamma_max:`) where `--gamma-max` left them.

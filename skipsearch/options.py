@@ -18,7 +18,7 @@ from typing import Any
 from skipsearch.errors import ConfigError
 
 GAMMA_CAP = 32
-"""The longest draft scored or run without a latency profile to say more: a verify of γ + 1
+"""The longest draft scored or run without a LatencyProfile to say more: a verify of γ + 1
 positions must be priced, and `skipsearch profile` measures verifies of up to 32 positions; past
 32, E(γ) has stopped growing for any acceptance below 0.97 (α^33 < 0.37)."""
 DEFAULT_GAMMA_MAX = 8  # a space file's `gamma_max` when it gives none (all shipped ones say 8)

@@ -74,7 +74,7 @@ REFERENCE_SUFFIX = ".safetensors"
 
 
 def cache_dir() -> Path:
-    """Where converted models, reference caches and profiles live: `SKIPSEARCH_CACHE`, else
+    """Where converted models, reference caches and LatencyProfiles live: `SKIPSEARCH_CACHE`, else
     `$HOME/.cache/skipsearch`. Either must be an absolute path: an empty or relative one would put
     half a gigabyte into whatever directory the command runs in (or `/`), so it is one line
     naming the variable instead."""
@@ -167,7 +167,7 @@ def default_profile_path(model_id: str, device: str, dtype: str, graphs: bool = 
 
     Timings depend on the kind of device and the dtype, not on which of several alike GPUs ran
     them, so `cuda:0` and `cuda` share a file and bf16 and fp32 do not. `dtype` is a resolved
-    name (`float32`, not `auto`). A profile of CUDA-graph replays (`profile --graphs`) prices
+    name (`float32`, not `auto`). A LatencyProfile of CUDA-graph replays (`profile --graphs`) prices
     another engine, so it has a file of its own (`-graphs`) and never replaces the eager one.
     """
     kind = "-graphs" if graphs else ""
@@ -176,7 +176,8 @@ def default_profile_path(model_id: str, device: str, dtype: str, graphs: bool = 
 
 
 def readable_profile_path(model_id: str, device: str, dtype: str, graphs: bool = False) -> Path:
-    """The default profile, or an eager one written before names carried the dtype (`model-device.json`)."""
+    """The default LatencyProfile, or an eager one written before names carried the dtype
+    (`model-device.json`)."""
     path = default_profile_path(model_id, device, dtype, graphs)
     legacy = cache_dir() / "profiles" / f"{slug(model_id)}-{slug(device)}.json"
     return legacy if not graphs and not path.is_file() and legacy.is_file() else path

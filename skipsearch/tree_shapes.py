@@ -25,7 +25,7 @@ from functools import cached_property
 
 from skipsearch.errors import ConfigError
 
-MAX_NODES = 31  # the most nodes a tree may have: a verify of 32 rows, the most the profile measures
+MAX_NODES = 31  # the most nodes a tree may have: a verify of 32 rows, the most a LatencyProfile measures
 MAX_WIDTH = 8  # the most children of a node: the ranks the estimator records (`RANK_CAP`)
 RANK_CAP = MAX_WIDTH  # ranks at or past it are stored as it: no shape reaches them
 CHAIN = "chain"  # the round shape of a chain of γ tokens, where shapes are labelled (`score_by_tree`)

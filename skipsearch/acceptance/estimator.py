@@ -321,7 +321,7 @@ class Estimator:
         kv: KVPattern | None = None,
         patterns: Sequence[KVPattern] = (),
     ) -> AcceptanceProfile:
-        """The draft's profile with the full vocabulary, and in `by_vocab` one per size in `vocabs`;
+        """The draft's AcceptanceProfile with the full vocabulary, and in `by_vocab` one per size in `vocabs`;
         `kv`, the draft's KV pattern (None: every key); in `by_kv` the same under each of
         `patterns`, one draft forward each (the vocabularies come from the same logits)."""
         mask.check_fits(self.runner.num_layers)

@@ -125,7 +125,7 @@ class Replay:
 
     It holds `step`, whose own tensors (a pass's positions and slots, a draft head's rows and
     input) the graph reads by address and nothing else references: freed, their memory goes to
-    other tensors and every replay reads those. (Found on an H200: the chained replays' logits
+    other tensors and every replay reads those. (Found on a GPU: the chained replays' logits
     came out 0.4-1.7 off the forward pass once the passes' steps were gone.)"""
 
     graph: torch.cuda.CUDAGraph

@@ -63,7 +63,7 @@ DEFAULT_CONTEXT_LENGTHS = (128, 512, 2048)
 # draft passes and verify, up to `tree_shapes.MAX_NODES` + 1 rows.
 DEFAULT_POSITIONS = (*range(1, 10), 12, 16, 24, 32)
 OVERHEAD_GAMMAS = range(1, 9)  # the round overhead is a chain's bookkeeping: timed up to γ = 8
-DEFAULT_REPEATS = 40  # over DEFAULT_PROCESSES processes: see results/profile/stability.md
+DEFAULT_REPEATS = 40  # over DEFAULT_PROCESSES processes: docs/cpu-backend.md, "Where a step's time goes"
 DEFAULT_WARMUP = 2
 # Draft-head sizes timed (those below the vocabulary, plus the full one): the draft vocabularies
 # a search space offers, from 1k to 32k ids.

@@ -1,7 +1,7 @@
 """The calibrated cost form and the one-mask prediction (docs/theory.md, "Calibrated cost").
 
 A round priced with measured times instead of layer counts, and `predict()`: a mask's speedup
-curve from both the closed form and, given a profile, the calibrated form.
+curve from both the closed form and, given a LatencyProfile, the calibrated form.
 """
 
 from __future__ import annotations
@@ -42,16 +42,16 @@ class Calibrated:
 
     `γ` draft steps run embed, the draft's sub-layers and the head over one position each: the
     draft's own head of `draft_vocab` rows (None: the full head; `LatencyProfile.draft_head_time`,
-    `vocab_size` only for a profile that records no vocabulary size). Verify runs over `γ + 1`
+    `vocab_size` only for a LatencyProfile that records no vocabulary size). Verify runs over `γ + 1`
     positions every sub-layer from the first one the draft skipped (see
     `SkipMask.reused_sublayers`), and the sub-layers before it, with the embedding, only for the last draft
     token, which the draft never ran; then the full head over `γ + 1` positions. Plus the measured
     per-round overhead. `round_cost = round time / step time`, so `S = E(γ) × step / round`.
 
     Under a KV pattern `kv` each attention sub-layer of a draft step is priced at the number of
-    keys it reads (the profile's attention at that context: the same projections and cache append,
+    keys it reads (the LatencyProfile's attention at that context: the same projections and cache append,
     SDPA over fewer keys), and verify reuses nothing, as the engine does
-    (`engine.steps.divergent_layer`). A pattern with pillars adds the profile's pillar choice to the
+    (`engine.steps.divergent_layer`). A pattern with pillars adds the LatencyProfile's pillar choice to the
     verify, which makes it.
     """
 
@@ -98,7 +98,7 @@ def _in_order(weights: SublayerWeights) -> list[float]:
 
 @dataclass(frozen=True)
 class Prediction:
-    """Predicted speedup of one mask for γ = 1..γ_max: closed form and, with a profile, calibrated.
+    """Predicted speedup of one mask for γ = 1..γ_max: closed form and, with a LatencyProfile, calibrated.
 
     Index `γ - 1` of each curve holds draft length `γ`. `r_draft` and `r_reuse` are the shares the
     closed form used: the draft step (less its smaller head's saving, with a `draft_vocab`) and the
@@ -126,7 +126,7 @@ class Prediction:
 
     @property
     def best(self) -> Optimum:
-        """The score to report: calibrated when a profile was given, else the closed form."""
+        """The score to report: calibrated when a LatencyProfile was given, else the closed form."""
         return self.best_calibrated or self.best_closed_form
 
     def to_dict(self) -> dict:

@@ -27,7 +27,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
 
 Acceptance = float | Sequence[float] | AcceptanceProfile
-"""A per-token acceptance rate `α`, per-depth rates `α_1..α_n`, or a measured profile."""
+"""A per-token acceptance rate `α`, per-depth rates `α_1..α_n`, or a measured AcceptanceProfile."""
 
 # -- validation ----------------------------------------------------------------------------------
 
@@ -315,7 +315,7 @@ def kv_pattern_saving(kv_share: float, attention_run: float, read_share: float) 
 def head_share_from_config(config: Mapping[str, Any]) -> float:
     """The LM head's share of the weights one decode step reads, from a model's `config.json`.
 
-    `V d / (V d + L (attention + MLP))`: without a profile, a memory-bound step costs what it reads.
+    `V d / (V d + L (attention + MLP))`: without a LatencyProfile, a memory-bound step costs what it reads.
     Attention is `q, k, v, o` with grouped K/V heads; the MLP is gated (gate, up, down), as in every
     supported family. The embedding reads one row per token, norms and biases are negligible.
     """

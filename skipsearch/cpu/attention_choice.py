@@ -5,7 +5,7 @@ A speedup is a ratio of two decoders, so both must run on the fastest kernels th
 The dtype of weights and activations is chosen from the CPU's flags (`cpu.dtypes`); then:
 - **Attention** on the fastest of the paths (`PATH_NAMES`): SDPA in the weights' dtype; SDPA in
   float32 over a float32 K/V cache (torch's bf16 SDPA at one query reads bf16 keys slowly on such
-  CPUs: 8x slower than fp32 at 8k keys on an EPYC); or the decode kernel
+  CPUs: 8x slower than fp32 at 8k keys, docs/cpu-backend.md); or the decode kernel
   (`cpu.decode_attention`), which reads a bf16 cache at the memory's bandwidth in float32
   arithmetic. The fp32 fallback of `--dtype auto` (a CPU without native bf16) weighs fp32 SDPA
   against the decode kernel over its float32 cache (AVX2) and, on a CPU with AMX, its AMX build

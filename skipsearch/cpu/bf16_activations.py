@@ -4,15 +4,14 @@ once per machine (docs/cpu-backend.md).
 
 Both plans read every weight matrix in bf16, so a decode step reads the same weight bytes; they
 differ in who multiplies. The bf16 plan hands every product to oneDNN on prepacked weights
-(`cpu.packed`); the fallback plan runs skipsearch's kernels: `linear_rows.c` widens the bf16
-weights to float32 (`cpu.bf16_weights`), and its decoder layers run fused (`cpu.fused_layers`).
-A CPU's flags say which instructions it has, not which plan is faster, and the two CPUs this
-project has run on disagree: on an AMD EPYC with avx512_bf16, oneDNN's packed bf16 products made
-the bf16 plan 1.9-2.3x faster than fp32 (results/kernels/kernel_plan.md); on an Intel Xeon with
-AMX (2026-12-03), oneDNN paid about 25 µs a call whatever the matrix (a 576 -> 192 projection read
-its weights at 6 GB/s, an 8 MB matrix at 35) where the kernel read them at 14-50 GB/s, and a
-SmolLM2 step took 37 ms in bf16 against 23 ms on the fallback plan
-(results/profile/step_anatomy-smollm2-135m-*-amx.md, results/kernels/kernel_plan-amx.md).
+(`cpu.packed`); the fallback plan runs skipsearch's kernels: `linear_rows.c` widens the bf16 weights
+to float32 (`cpu.bf16_weights`), and its decoder layers run fused (`cpu.fused_layers`). A CPU's
+flags say which instructions it has, not which plan is faster, and two CPUs with native bf16
+disagree: on one with avx512_bf16 and no AMX, oneDNN's packed bf16 products made the bf16 plan
+1.9-2.3x faster than fp32; on one with AMX, oneDNN paid about 25 µs a call whatever the matrix (a
+576 -> 192 projection read its weights at 6 GB/s, an 8 MB matrix at 35) where the kernel read them
+at 14-50 GB/s, and a SmolLM2 step took 37 ms in bf16 against 23 ms on the fallback plan
+(docs/cpu-backend.md, "The plans by CPU").
 
 So the products of a decoder layer are timed both ways, at one row (a decode or draft step) and at
 four (a verify of 3 drafts): a SmolLM2 layer's seven projections, through `PROBE_LAYERS` copies so
@@ -49,7 +48,7 @@ PLAN_NAMES = {
 
 
 # Choices measured in this process but not kept (other processes kept a core busy), by path: a run
-# asks several times (its profile's path, its preflight, its load), and must get one answer without
+# asks several times (its LatencyProfile's path, its preflight, its load), and must get one answer without
 # measuring each time.
 _UNKEPT: dict[Path, ActivationChoice] = {}
 
@@ -126,7 +125,7 @@ def _cached(path: Path, build: str) -> ActivationChoice | None:
 def choose_activations() -> ActivationChoice:
     """The faster plan for a CPU with native bf16 (module docstring), measured once and cached:
     float32 activations only where they lead by `DECISIVE` (a dtype that flipped between
-    processes would split a run's profile and conversion caches), bf16 otherwise and where the
+    processes would split a run's LatencyProfile and conversion caches), bf16 otherwise and where the
     kernel does not load here."""
     kernel = load_kernel()
     if kernel.function is None or not torch.ops.mkldnn._is_mkldnn_bf16_supported():

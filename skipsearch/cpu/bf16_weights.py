@@ -1,13 +1,13 @@
 """bf16 weights in float32 arithmetic: the linear layers of the fallback plan on a CPU without
 native bf16, run by the `linear_rows.c` kernel (docs/cpu-backend.md).
 
-A decode step reads every weight once, so its floor is the weight bytes over the memory's
-bandwidth, and a verify of a few positions should cost what one step costs. On an AVX2-only AMD
-EPYC (Zen 3), torch's fp32 products are far from both: MKL streams the weights at 4-11 GB/s and
-pays about one more product per extra row, and oneDNN's packed products halve that but keep the
-slope (results/kernels/linear_rows-*-avx2-float32*.md). The kernel reads each weight once per
-call whatever the number of rows, from a bf16 copy in a blocked layout (one sequential stream per
-block of outputs, half the bytes of fp32), widens it exactly to float32 and multiplies in float32.
+A decode step reads every weight once, so its floor is the weight bytes over the memory's bandwidth,
+and a verify of a few positions should cost what one step costs. On an AVX2-only CPU, torch's fp32
+products are far from both: MKL streams the weights at 4-11 GB/s and pays about one more product per
+extra row, and oneDNN's packed products halve that but keep the slope (docs/cpu-backend.md, "bf16
+weights in float32 arithmetic"). The kernel reads each weight once per call whatever the number of
+rows, from a bf16 copy in a blocked layout (one sequential stream per block of outputs, half the
+bytes of fp32), widens it exactly to float32 and multiplies in float32.
 
 So the weights are the bf16 plan's (the values a CPU with native bf16 runs), the activations,
 K/V and attention stay float32, and every output row comes out of the same operations whatever

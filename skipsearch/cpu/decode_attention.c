@@ -5,7 +5,7 @@
  * Why it exists: a decode step, a draft step and a verify pass attend with 1 to ~16 queries to
  * the whole cache, which makes attention a stream over the K/V: it should run at the memory's
  * bandwidth. torch's CPU SDPA reads an fp32 cache at 10-16 GB/s against the 39 GB/s a copy reaches
- * on the project's EPYC, and its bf16 path is 8x slower still (results/kernels/attention_rows.md).
+ * on a CPU with AVX-512 BF16, and its bf16 path is 8x slower still (docs/cpu-backend.md).
  * K and V come out of bf16 projections, so a bf16 cache holds them exactly; this kernel reads it,
  * half the bytes of an fp32 cache, and computes as float32 attention does: query-key products of
  * bf16 values are exact in float32 and VDPBF16PS sums them in float32; the softmax and the

@@ -2,12 +2,12 @@
 `decode_attention_amx.c`): built on first use, loaded with ctypes, and called for the short query
 blocks of a decode (docs/cpu-backend.md).
 
-A decode step, a draft step and a verify pass attend with a handful of queries to the whole
-cache, so their attention should stream the K/V at the memory's bandwidth. torch's CPU SDPA does
-not (10-16 GB/s over an fp32 cache against 39 GB/s for a copy on the project's AVX-512 EPYC, and
-bf16 is slower still, results/kernels/attention_rows.md; a third of the copy bandwidth on a Zen 3
-EPYC, results/profile/step_anatomy-smollm2-135m-float32-avx2.md), and neither torch nor
-transformers ships another CPU path for it. One kernel per cache dtype, and a second for float32:
+A decode step, a draft step and a verify pass attend with a handful of queries to the whole cache,
+so their attention should stream the K/V at the memory's bandwidth. torch's CPU SDPA does not (10-16
+GB/s over an fp32 cache against 39 GB/s for a copy on a CPU with AVX-512 BF16, and bf16 is slower
+still; a third of the copy bandwidth on a CPU with AVX2 only: docs/cpu-backend.md, "Decode
+attention"), and neither torch nor transformers ships another CPU path for it. One kernel per cache
+dtype, and a second for float32:
 - bf16 (AVX-512 BF16): reads a bf16 cache, which holds the bf16 projections' K/V exactly, in
   float32 arithmetic, so it computes the fp32 path's attention from half its bytes;
 - float32 (AVX2 and FMA): the fp32 fallback plan's cache, whose K/V come from float32 activations,

@@ -4,8 +4,8 @@
  * skipsearch/cpu/attention_choice.py weighs it; docs/cpu-backend.md).
  *
  * Why it exists: decode_attention_fp32.c pays one FMA per key, dimension and row, so each query a
- * verify adds costs nearly what the first did: on the project's Xeon SmolLM2's attention over 512
- * keys took 2.3x one query's time at five (results/kernels/attention_rows-amx.md), 0.13 of a decode
+ * verify adds costs nearly what the first did: on a CPU with AMX SmolLM2's attention over 512
+ * keys took 2.3x one query's time at five (docs/cpu-backend.md), 0.13 of a decode
  * step in f(4). A tile product scores 16 keys against up to 16 rows in one instruction, and weighs
  * 32 keys' values for them in another, so the rows of a verify (a K/V head's query heads times its
  * positions) cost about what one row costs. The price is precision: AMX multiplies bf16 pairs, so

@@ -5,9 +5,9 @@
  *
  * Why it exists: a decode step, a draft step and a verify pass attend with 1 to ~16 queries to
  * the whole cache, which makes attention a stream over the K/V: it should run at the memory's
- * bandwidth. On a Zen 3 EPYC without AVX-512, torch's fp32 SDPA reads a long cache at a third of
+ * bandwidth. On a CPU without AVX-512, torch's fp32 SDPA reads a long cache at a third of
  * it: SmolLM2 at 8k positions spends 38.9 ms a step in SDPA reading 369 MB of K/V, 12 ms at the
- * copy bandwidth (results/profile/step_anatomy-smollm2-135m-float32-avx2.md). The cache stays
+ * copy bandwidth (docs/cpu-backend.md, "Decode attention"). The cache stays
  * float32 here (the plan's activations are float32, so its K/V are not bf16 values): this kernel
  * reads each key and value once, in place, and computes float32 attention; only the summation
  * order differs from SDPA's.

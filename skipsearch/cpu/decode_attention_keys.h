@@ -16,7 +16,7 @@
  * work and one of a single key: its attention ran on one of two threads. The small chunks make it
  * two of work per head, and they stop early: each chunk is another short stream to read and one
  * more partial result to merge, and with 256 keys a chunk everywhere 8,000 keys took 1.04-1.12x
- * longer on the project's Xeon (experiments/kernel_builds.py --kernel attention). */
+ * longer on a CPU with AMX (experiments/kernel_builds.py --kernel attention). */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>

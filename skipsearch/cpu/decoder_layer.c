@@ -2,7 +2,7 @@
  * layers (skipsearch/cpu/fused_layers.py builds the Layer and loads this; docs/cpu-backend.md).
  *
  * Why it exists: a fused layer's attention sub-layer is seven kernel calls and its MLP four, and
- * driving them from Python cost ~130 us a layer on the project's Xeon, in torch's dispatch of the
+ * driving them from Python cost ~130 us a layer on a CPU with AMX, in torch's dispatch of the
  * small operations between them (allocations, the value rows' copy, the activation's slices, the
  * residual sums) and ctypes' argument conversion: 4 ms of SmolLM2's 21 ms decode step, whose
  * kernels read the weights in the rest. Here the same kernels run in the same order on the same

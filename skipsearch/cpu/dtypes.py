@@ -6,7 +6,7 @@ natively (`avx512_bf16` or AMX in its flags): there bf16 linear layers read half
 cost the same for 1 to 5 positions, while fp32 ones cost more with every extra position, which
 makes a verify pass cost several steps. Without native bf16, bf16 is emulated and slower, so the
 dtype stays float32. The flags are read, never guessed. Pure: no torch, so the choice can be made
-(and a profile path named) before anything heavy loads. The flags say what a CPU can do, not what
+(and a LatencyProfile's path named) before anything heavy loads. The flags say what a CPU can do, not what
 is fastest on it: where they say bf16, `loading.dtype_choice` also weighs the fallback plan's
 float32 activations on the same bf16 weights, measured once per machine
 (`cpu.bf16_activations`).
@@ -45,7 +45,7 @@ def cpu_model(path: Path = Path("/proc/cpuinfo")) -> str:
 
 def describe_cpu(flags: frozenset[str] | None = None, model: str | None = None) -> str:
     """The CPU in the words every results table names it by: its model and the vector units the
-    plan is chosen by, e.g. `AMD EPYC (AVX2, no AVX-512, no AMX)`."""
+    plan is chosen by, e.g. `<model name> (AVX2, no AVX-512, no AMX)`."""
     flags = cpu_flags() if flags is None else flags
     model = cpu_model() if model is None else model
     if flags is None:

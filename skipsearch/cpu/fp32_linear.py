@@ -2,15 +2,14 @@
 plan, measured once per machine (docs/cpu-backend.md).
 
 A CPU without native bf16 runs the plan in float32, where `F.linear` goes to MKL. On an AVX2-only
-AMD EPYC (Zen 3) MKL's fp32 products streamed the weights at 4-11 GB/s at one row and cost about
-one more product for every extra row; the same products on weights packed once for oneDNN
-(`cpu.packed`) took half the time for the LM heads and half the extra for a 4-row verify; and
-skipsearch's kernel (`cpu.bf16_weights`), which streams bf16 copies of the weights once per
-call in float32 arithmetic, ran at 12-15 GB/s with 4 rows costing 1.0-1.3 single rows
-(results/kernels/linear_rows-*-avx2-float32*.md). Which is fastest depends on the CPU and the
-library builds, so it is measured, like the attention path: each product on a probe shape at one
-and four rows, over more weight bytes than a server CPU's last-level cache, kept only where the
-fastest leads the next by `DECISIVE`.
+CPU MKL's fp32 products streamed the weights at 4-11 GB/s at one row and cost about one more product
+for every extra row; the same products on weights packed once for oneDNN (`cpu.packed`) took half
+the time for the LM heads and half the extra for a 4-row verify; and skipsearch's kernel
+(`cpu.bf16_weights`), which streams bf16 copies of the weights once per call in float32 arithmetic,
+ran at 12-15 GB/s with 4 rows costing 1.0-1.3 single rows (docs/cpu-backend.md, "bf16 weights in
+float32 arithmetic"). Which is fastest depends on the CPU and the library builds, so it is measured,
+like the attention path: each product on a probe shape at one and four rows, over more weight bytes
+than a server CPU's last-level cache, kept only where the fastest leads the next by `DECISIVE`.
 
 Only `--dtype auto` runs this choice. `--dtype float32` stays on MKL, the exact reference:
 oneDNN's fp32 product gives other bits than MKL's, and its rows depend on how many rows a call has

@@ -1,13 +1,13 @@
 """The fallback plan's decoder sub-layers in one C call each, for the short blocks of a decode
 (`decoder_layer.c`; docs/cpu-backend.md).
 
-Why it exists: on the project's Zen 3 CPU a SmolLM2 decode step took 24-28 ms, of which the
-products' kernel took 11-12: the other half was transformers' attention and MLP modules calling
-~50 torch operations a layer, each a dispatch of a few microseconds on vectors of a few hundred
-floats, plus the Python around them (results/profile/step_anatomy-smollm2-135m-float32-avx2-rotary.md).
-Driving the kernels from Python instead still cost ~130 us a layer (4 ms of a 21 ms step on the
-project's Xeon) in the torch operations between them. For blocks of up to `MAX_ROWS` positions (a
-decode step, a draft step, a verify) a fused layer runs
+Why it exists: on an AVX2-only CPU a SmolLM2 decode step took 24-28 ms, of which the products'
+kernel took 11-12: the other half was transformers' attention and MLP modules calling ~50 torch
+operations a layer, each a dispatch of a few microseconds on vectors of a few hundred floats, plus
+the Python around them (docs/cpu-backend.md, "Where a step's time goes"). Driving the kernels from
+Python instead still cost ~130 us a layer (4 ms of a 21 ms step on a CPU with AMX) in the torch
+operations between them. For blocks of up to `MAX_ROWS` positions (a decode step, a draft step, a
+verify) a fused layer runs
 - its attention sub-layer as one call of the C driver: the norm kernel, one product for q, k and v
   (their packed weights become one buffer, each module's a view of it), the rotary kernel writing
   the keys straight into the K/V cache, the value rows copied beside them, the decode-attention

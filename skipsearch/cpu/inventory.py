@@ -1,5 +1,5 @@
 """What a loaded model runs on the CPU backend, read off its modules: the kernels of a step
-(`plan_kernels`, recorded in every latency profile so a profile of another plan is noticed) and the
+(`plan_kernels`, recorded in every LatencyProfile so one of another plan is noticed) and the
 bytes a step must read (`step_bytes`, the physical floor of a decode step).
 """
 
@@ -44,11 +44,11 @@ def step_bytes(model: Any) -> tuple[int, int]:
 
 
 def plan_kernels(model: Any) -> dict[str, str]:
-    """The kernels a step of `model` runs, in the keys a latency profile records them under: the
+    """The kernels a step of `model` runs, in the keys a LatencyProfile records them under: the
     attention path and the dtype of the K/V it reads, the linear layers' product (`bf16-kernel`,
     its AMX build `amx-kernel`, `onednn` or `torch`), the norms' and the rotary embedding's
     (`kernel` or `torch`), and whether short blocks run the fused decoder layers (`fused-c`: their C
-    driver, `cpu.fused_layers`) or the modules. A profile of
+    driver, `cpu.fused_layers`) or the modules. A LatencyProfile of
     other kernels prices another plan (`LatencyProfile.warn_other_plan`)."""
     modules = list(model.modules())
     kernels = {module.kernel for module in modules if isinstance(module, Bf16WeightLinear)}

@@ -4,18 +4,18 @@
  *
  * Why it exists: a decode step, a draft step and a verify pass multiply 1 to ~16 rows by every
  * weight matrix, so a step is a stream over the weights and should run at the memory's bandwidth,
- * with a verify of a few rows costing what one row costs. On a CPU without native bf16 (an AVX2
- * AMD EPYC) torch's fp32 products do neither: MKL streams the weights at 4-11 GB/s at one row and
- * pays about one more product per extra row, oneDNN half that (results/kernels/linear_rows-*-avx2-
- * float32*.md). This kernel reads each weight once per call whatever the row count, from a bf16
+ * with a verify of a few rows costing what one row costs. On a CPU without native bf16 (AVX2
+ * only) torch's fp32 products do neither: MKL streams the weights at 4-11 GB/s at one row and
+ * pays about one more product per extra row, oneDNN half that (docs/cpu-backend.md, "bf16 weights
+ * in float32 arithmetic"). This kernel reads each weight once per call whatever the row count, from a bf16
  * copy (half the bytes of fp32), widens it to float32 (a bf16 value is the top half of a float32,
  * so the widening is exact) and multiplies in float32: the bf16 plan's weights with fp32
  * activations, at the memory's speed.
  *
  * One source, two builds: with -mavx512f its vectors are 16 floats wide (LANES), else 8 (AVX2).
  * The wide build exists because a verify's extra rows are arithmetic on weights already loaded:
- * at 4-6 rows the AVX2 build is compute-bound (on two Zen 3 cores, and at 4 rows 1.15x one row on
- * an Intel Xeon with AVX-512), and 512-bit FMAs do twice the work per instruction.
+ * at 4-6 rows the AVX2 build is compute-bound (on two cores of an AVX2-only CPU, and at 4 rows
+ * 1.15x one row on a CPU with AVX-512), and 512-bit FMAs do twice the work per instruction.
  *
  * Layout: x is rows x in (float32, row r at x + r * x_stride); w is bf16 bits in the blocked
  * layout of bf16_weights.pack_weight: blocks of OUT_BLOCK = 2 output rows (zeros past out), each
@@ -83,10 +83,10 @@ static inline void widen(const uint16_t *chunk, vec weights[OUT_BLOCK]) {
 }
 #endif
 /* The weights are prefetched 8 KB ahead in the block's stream (PREFETCH bf16 values: best of 512-8192
- * on Zen 3) into L2, not L1: every weight line is read once, and in L1 the prefetched lines evicted
- * the rows of x that every chunk reads. On the Intel Xeon (cold weights, 1-8 rows, the models'
- * shapes) L2 made the AVX-512 build 1.2-1.5x faster and the AVX2 build 1.0-1.4x, the distance
- * (8-32 KB) then changing nothing; Zen 3 was not measured again. */
+ * on an AVX2-only CPU) into L2, not L1: every weight line is read once, and in L1 the prefetched
+ * lines evicted the rows of x that every chunk reads. On a CPU with AVX-512 (cold weights, 1-8 rows,
+ * the models' shapes) L2 made the AVX-512 build 1.2-1.5x faster and the AVX2 build 1.0-1.4x, the
+ * distance (8-32 KB) then changing nothing; the AVX2-only CPU was not measured again. */
 #define PREFETCH 4096
 
 /* One block of OUT_BLOCK outputs of rows 0 .. NR - 1 (NR a constant where inlined): the block's
@@ -105,8 +105,9 @@ static inline __attribute__((always_inline)) void block(
             const float *xk = x + r * x_stride + k;
             vec xr = k + LANES <= in ? vec_load(xk) : vec_load_first(xk, in - k);
             /* Held in a register for both FMAs: folded into each as a memory operand (what GCC
-             * does unasked), 5 rows make 12 loads a chunk, and Zen 3's two 256-bit loads a
-             * cycle, not its two FMA pipes, set the pace (4-5 rows 18-20% slower in cache). */
+             * does unasked), 5 rows make 12 loads a chunk, and on a core with two 256-bit loads
+             * a cycle and two FMA pipes the loads set the pace (4-5 rows 18-20% slower in
+             * cache). */
             __asm__("" : "+v"(xr));
             for (int j = 0; j < OUT_BLOCK; j++) acc[r][j] = vec_fmadd(xr, weights[j], acc[r][j]);
         }

@@ -3,9 +3,9 @@
  * weighs it against linear_rows.c per model; docs/cpu-backend.md).
  *
  * Why it exists: linear_rows.c widens each bf16 weight to float32 and does one FMA per weight and
- * row, so on the project's Xeon a verify's extra rows are arithmetic that no longer hides under the
+ * row, so on a CPU with AMX a verify's extra rows are arithmetic that no longer hides under the
  * weight stream: a pass of every product of a decode step costs 1.29-1.34x one row at 5 rows
- * (results/kernels/amx_products-*-amx.md). A tile product multiplies up to 16 rows by a 32 x 16 block
+ * (docs/cpu-backend.md, "Products on AMX tiles"). A tile product multiplies up to 16 rows by a 32 x 16 block
  * of weights in one instruction, so here 5 rows cost 1.06x one row, and on Qwen2.5's matrices one
  * row streams as fast as the vector kernel's. The price is the inputs: AMX multiplies bf16 pairs,
  * so each row is rounded to bf16 (nearest even) before the product, and the sums are float32.

@@ -6,12 +6,12 @@ its blocked layout on every call: the reorder reads and writes the whole matrix 
 step, whose products have one to five rows, pays for it twice. Reordering once and calling oneDNN's
 linear on the packed weight — `torch.ops.mkldnn._reorder_linear_weight` and
 `torch.ops.mkldnn._linear_pointwise`, the pair torch's inductor emits for frozen CPU models — made
-SmolLM2's and Qwen's products 1.5–2.5× faster on this project's CPU, with the same bits out: the
-arithmetic is the same oneDNN kernel's (results/kernels/packed_weights.md). An output row is
-mostly independent of how many rows a call has (checked in the tests on a small shape), but not
-always: Qwen's down projection (4864 → 896) gives other bits from 4 rows on, and SmolLM2's down
-projection did so in one layer on real activations. So a verify may differ from decode steps in
-the last bit, and bf16 losslessness is judged against a measured tolerance (`bench.lossless`).
+SmolLM2's and Qwen's products 1.5–2.5× faster on a CPU with avx512_bf16, with the same bits out: the
+arithmetic is the same oneDNN kernel's (docs/cpu-backend.md, "Packed weights for oneDNN"). An output
+row is mostly independent of how many rows a call has (checked in the tests on a small shape), but
+not always: Qwen's down projection (4864 → 896) gives other bits from 4 rows on, and SmolLM2's down
+projection did so in one layer on real activations. So a verify may differ from decode steps in the
+last bit, and bf16 losslessness is judged against a measured tolerance (`bench.lossless`).
 
 bf16 on a CPU is packed. fp16 needs CPU instructions (AVX512-FP16) this project has not
 measured. fp32 is packed only in the fallback plan of a CPU without native bf16, and only where

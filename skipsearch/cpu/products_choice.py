@@ -2,7 +2,7 @@
 (`linear_rows.c`) or the tile kernel (`linear_rows_amx.c`), measured on the model's own steps
 (docs/cpu-backend.md).
 
-On the project's Xeon a verify of 4 drafts costs 1.25 steps on the vector kernel, and the products'
+On a CPU with AMX a verify of 4 drafts costs 1.25 steps on the vector kernel, and the products'
 arithmetic is most of what each extra position adds: the vector kernel does one FMA per weight and
 row. On AMX tiles the extra rows are nearly free (a pass of 5 positions costs 1.06-1.09 steps), but
 whether one row streams as fast depends on the matrices and on what runs between them. The
@@ -16,7 +16,7 @@ on the tiles, so an exact rule chose by chance, and the plan and every figure ta
 Both are timed on the whole model, each kernel on its own copy with the rest of the plan around it
 (`build`), interleaved: the model's products timed alone misjudged SmolLM2, whose products read 1%
 slower on the tiles while its whole step ran 2% faster
-(results/kernels/mixed_products-smollm2-135m.md). The tile kernel rounds the inputs to bf16 as
+(docs/cpu-backend.md, "Products on AMX tiles"). The tile kernel rounds the inputs to bf16 as
 well, so the plan's numbers change with it, not only its speed; greedy SSD still equals
 autoregressive decoding token for token, each row's bits being independent of the rows beside it.
 

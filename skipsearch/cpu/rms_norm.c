@@ -3,7 +3,7 @@
  *
  * Why it exists: transformers' RMSNorm is eight torch operations (a cast, a square, a mean, an add,
  * a reciprocal square root, two products, a cast back) on a vector of a few hundred floats. Each
- * costs a dispatch of 3-8 us on the project's CPU and computes almost nothing, so SmolLM2's 61
+ * costs a dispatch of 3-8 us on an AVX2-only CPU and computes almost nothing, so SmolLM2's 61
  * norms a step cost 2-3 ms of a ~30 ms step. One call computes the same formula:
  *
  *     y = weight * (x * (1 / sqrt(sum(x * x) / n + eps)))

@@ -1,8 +1,8 @@
 """The fallback plan's RMSNorms in one kernel call each (`rms_norm.c`; docs/theory.md, "The kernel
 plan").
 
-transformers' RMSNorm is eight torch operations on a vector of a few hundred floats, and on the
-project's CPU each dispatch costs 3-8 us while computing almost nothing: a SmolLM2 step runs 61
+transformers' RMSNorm is eight torch operations on a vector of a few hundred floats, and on an
+AVX2-only CPU each dispatch costs 3-8 us while computing almost nothing: a SmolLM2 step runs 61
 norms, 2-3 ms of a ~30 ms step whose weights take ~11 ms to read. The kernel computes the same
 formula in one call, every row in a fixed order, so a row's norm is the same bits whatever the
 rows beside it (a verify pass's norms equal the decode steps'). Inputs it does not take (not

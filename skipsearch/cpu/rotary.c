@@ -3,7 +3,7 @@
  *
  * Why it exists: transformers applies it with about fifteen torch operations a layer (two slices,
  * a negation and a concatenation per tensor for `rotate_half`, then products and sums), each a
- * dispatch of a few microseconds on vectors of a few hundred floats: on the project's Zen 3 CPU it
+ * dispatch of a few microseconds on vectors of a few hundred floats: on an AVX2-only CPU it
  * was 4.4 ms of SmolLM2's 36 ms step. One call computes the same formula,
  *
  *     out[d]     = x[d] * cos[d] - x[d + h] * sin[d]          (d < h = dim / 2)

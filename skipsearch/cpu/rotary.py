@@ -1,10 +1,10 @@
 """The fallback plan's rotary position embedding in one kernel call a layer (`rotary.c`;
 docs/cpu-backend.md).
 
-transformers applies the rotary embedding with about fifteen torch operations a layer, and on the
-project's CPU each dispatch costs a few microseconds on vectors of a few hundred floats: on a Zen 3
-EPYC it was 4.4 ms of SmolLM2's 36 ms decode step (12%). The kernel computes the same formula with
-the same IEEE operations in the same order, so its outputs are transformers' bits exactly (tested).
+transformers applies the rotary embedding with about fifteen torch operations a layer, each dispatch
+a few microseconds on vectors of a few hundred floats: on an AVX2-only CPU that was 4.4 ms of
+SmolLM2's 36 ms decode step (12%). The kernel computes the same formula with the same IEEE
+operations in the same order, so its outputs are transformers' bits exactly (tested).
 
 transformers' attention modules call the rotary function of their modeling module, and offer no
 per-model hook for it, so `use_kernel_rotary` replaces that function in the modeling modules of the

@@ -4,7 +4,7 @@
  *
  * Why it exists: when another process keeps one of two cores busy, an OpenMP thread on that core is
  * descheduled for whole time slices, and a static split of every product waits for it: the step
- * took 8x its idle time (results/threads/busy_core*.md). One thread on the free core does not wait,
+ * took 8x its idle time (docs/cpu-backend.md, "Threads and shared cores under load"). One thread on the free core does not wait,
  * but one core reads memory at about half the rate of two, so the step took 1.8x. The busy core
  * still lends a share of its time: a helper that takes pieces of the work when it runs adds that
  * share, provided the caller never waits for a piece the helper holds while descheduled.

@@ -2,13 +2,13 @@
 
 When other processes keep all cores but one busy, `cpu.threads` gives torch one thread, so no
 parallel kernel waits for a thread the busy core deschedules. But a memory-bound step on one core
-reads at that core's bandwidth, about half of two cores' on the project's Xeon: SmolLM2's step took
-1.8x its idle time (results/threads/busy_core-amx-steps.md). The busy cores still lend their
-threads a share of their time. `shared_core.h` lets skipsearch's product kernels (`linear_rows.c`,
-`linear_rows_amx.c`) use it: helper threads pinned to the busy cores take pieces of each product
-while they run, and the decoding thread, pinned to the free core, takes back any piece a helper has
-not finished within 20 us, so it never waits for a descheduled helper. Every output is the bits one
-thread computes.
+reads at that core's bandwidth, about half of two cores' (on a 2-core CPU with AMX, SmolLM2's step
+took 1.8x its idle time: docs/cpu-backend.md, "Threads and shared cores under load"). The busy cores
+still lend their threads a share of their time. `shared_core.h` lets skipsearch's product kernels
+(`linear_rows.c`, `linear_rows_amx.c`) use it: helper threads pinned to the busy cores take pieces
+of each product while they run, and the decoding thread, pinned to the free core, takes back any
+piece a helper has not finished within 20 us, so it never waits for a descheduled helper. Every
+output is the bits one thread computes.
 
 The plan is chosen at load (`choose_shared_cores`, from the thread choice and each core's busy
 share) and recorded in the kernel plan's line; a decode engages the helpers around its loop

@@ -2,16 +2,16 @@
 
 torch runs its CPU kernels on OpenMP threads, one per core by default, and OpenMP's default wait
 policy lets a thread spin between parallel regions. On an idle machine that is the fastest choice.
-When another process keeps one core busy, the thread that shares its core is descheduled
-mid-kernel and every parallel region waits for it: on the project's 2-core CPU a SmolLM2 bf16 step
-went from 22 ms to 47 ms. One thread fewer than the cores that are free does not wait for anyone
-(30 ms), and sleeping instead of spinning (`OMP_WAIT_POLICY=PASSIVE`) helps less when busy
-(34 ms) and costs an idle machine 64% (36 ms): results/threads/busy_core.md. So at start-up the
-busy cores are read from /proc/stat and torch gets one thread per free core; a thread count the
-user chose (`OMP_NUM_THREADS`, or fewer threads than cores already set) is kept. The reading is the
-least busy of a few short windows: a process that keeps a core busy shows in each, a command that
-ran for a moment in one. Read over one 0.2 s window, a shell command run beside a decode's start
-once counted as 0.6 of a core and gave an idle machine one thread, 1.8x slower.
+When another process keeps one core busy, the thread that shares its core is descheduled mid-kernel
+and every parallel region waits for it: on a 2-core CPU a SmolLM2 bf16 step went from 22 ms to 47
+ms. One thread fewer than the cores that are free does not wait for anyone (30 ms), and sleeping
+instead of spinning (`OMP_WAIT_POLICY=PASSIVE`) helps less when busy (34 ms) and costs an idle
+machine 64% (36 ms): docs/cpu-backend.md, "Threads and shared cores under load". So at start-up the
+busy cores are read from /proc/stat and torch gets one thread per free core; a thread count the user
+chose (`OMP_NUM_THREADS`, or fewer threads than cores already set) is kept. The reading is the least
+busy of a few short windows: a process that keeps a core busy shows in each, a command that ran for
+a moment in one. Read over one 0.2 s window, a shell command run beside a decode's start once
+counted as 0.6 of a core and gave an idle machine one thread, 1.8x slower.
 """
 
 from __future__ import annotations

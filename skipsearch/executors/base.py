@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Outcome:
-    """One finished evaluation: the profile, or the exception the evaluator raised."""
+    """One finished evaluation: the AcceptanceProfile, or the exception the evaluator raised."""
 
     mask: SkipMask
     result: AcceptanceProfile | Exception
@@ -62,7 +62,7 @@ class Executor(ABC):
         """Release workers; in-flight masks are abandoned."""
 
     def measure_one(self, mask: SkipMask) -> tuple[AcceptanceProfile, float]:
-        """Evaluate one mask on an idle executor: its profile and seconds, or the evaluator's error
+        """Evaluate one mask on an idle executor: its AcceptanceProfile and seconds, or the evaluator's error
         raised here (for `skipsearch measure`, which has no study to record a failure in)."""
         self.submit(mask)
         outcome = self.wait_any()

@@ -21,7 +21,7 @@ class GrowingLayer(DynamicLayer):
 
     transformers' `DynamicLayer` appends with `torch.cat`, which copies the whole cache of the layer
     on every step: at 8k positions that copy cost SmolLM2 more than its attention kernels
-    (results/profile/step_anatomy-*.md). Here an append writes only the new positions, in the
+    (docs/cpu-backend.md, "The KV cache"). Here an append writes only the new positions, in the
     buffer's dtype (`kv_dtype`, or the first update's), and `keys`/`values` are views of the
     filled part; a crop only shortens the views, so positions rolled back are overwritten by the
     next append — the cache discipline of the SSD engine.

@@ -1,1 +1,19 @@
-"""Model registry, loading (HF id, local dir, GGUF + conversion cache) and the layer-wise runner."""
+"""Models: the registry, loading, the layer-wise runner, and the kernel plan as the rest of
+skipsearch sees it.
+
+Modules:
+- `registry`: the model aliases `--model` takes, and where each one's weights come from.
+- `loading`: load a model: registry alias, Hugging Face id, local directory or `.gguf` file (converted once).
+- `gguf_header`: a GGUF's header read without its weights, to refuse a cut-short file early.
+- `random_weights`: weight-free models: an architecture from its config with seeded random weights.
+- `compat`: the transformers API the runner calls, checked once per process.
+- `runner`: `LayerwiseRunner`: a decoder run layer by layer with a SkipMask, from transformers' modules.
+- `draft_head`: the draft's LM head over a draft vocabulary (`k` rows, gathered once).
+- `device`: the device a command runs on, checked before any model loads there.
+- `backend`: puts a loaded model on this device's kernel plan (the only importer of `skipsearch.cpu`).
+- `kernels`: the kernel plan as the rest sees it: its KV cache, its record, the helpers a decode engages.
+- `plan`: `KernelPlan`, the record of a model's plan and the measurements behind each choice.
+- `attention`: the plan's attention functions, registered with transformers by name.
+
+`configs/` ships the `config.json` of every registry alias, for weight-free models.
+"""

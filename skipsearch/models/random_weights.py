@@ -6,7 +6,7 @@ Latency does not depend on weight values, so the cost side of a model — `profi
 alias (`models/configs/`, small public facts); a local model directory's own config works too.
 `num_layers` keeps the width and cuts the depth, so a 7B-wide model fits a small machine: every
 decoder layer has the same shape, so per-layer costs measured on a few layers stand for all of
-them (`cost.depth` scales a profile back to the real depth and says so).
+them (`cost.depth` scales a LatencyProfile back to the real depth and says so).
 
 Acceptance on random weights is meaningless — every draft disagrees with the target by chance —
 so commands that report acceptance refuse such a model (`refuse_acceptance`).

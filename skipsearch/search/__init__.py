@@ -1,4 +1,5 @@
-"""Search for skip masks: strategies, the Optuna study loop, the evaluation cache, results.
+"""Search for skip masks (docs/search.md): spaces, strategies, the Optuna study loop, scoring, the
+evaluation cache and the stored results.
 
 Example (a synthetic evaluator and scorer stand in for the model and the cost model)::
 
@@ -12,6 +13,24 @@ Example (a synthetic evaluator and scorer stand in for the model and the cost mo
         result = run_study(space, make_strategy("learned"), executor, score, Path("runs/demo"),
                             SearchConfig(budget=60, seed=0))
     print(result.best.mask, result.best.score)
+
+Modules:
+- `space_spec`: what a space file says, before it meets a model (`SpaceSpec`, `TierSpec`).
+- `space_files`: reading and validating a space file's YAML (shipped ones in `builtin_spaces/`).
+- `spaces`: the concrete set of masks one space file allows for one model.
+- `strategies`: who proposes the next mask (`random`, `uniform`, `learned`, `exhaustive`, ...).
+- `knapsack`: the least important set of units for every amount of draft cost saved (pure).
+- `study`: the search loop: Optuna ask/tell in the driver, masks evaluated by an Executor.
+- `journal`: repair an Optuna journal a killed writer left torn.
+- `score`: `Scorer` and `Score`: what the search maximises, from a mask's AcceptanceProfile.
+- `objective`: the default scorers: predicted speedup (closed form or calibrated) or acceptance.
+- `evaluation_cache`: mask string -> AcceptanceProfile, persisted as JSONL, so repeats are free.
+- `results`: a study read back: one `TrialRecord` per trial, the table, best and Pareto front.
+- `stored`: a run directory read back: its config, every study's trials, its AcceptanceProfiles.
+- `tier_sets`: the tier-set search over masks a run already evaluated: Optuna over simulations.
+
+Terms: a *space* is the set of masks a search may propose; a *strategy* proposes them; a *trial*
+is one evaluated mask and its score; the *budget* counts model evaluations (a cached mask is free).
 """
 
 from skipsearch.search.evaluation_cache import CachedEvaluation, EvaluationCache

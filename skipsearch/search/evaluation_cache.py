@@ -1,7 +1,7 @@
 """Evaluation cache: mask string -> AcceptanceProfile, persisted as JSONL in one directory.
 
 It is what makes evaluations free to repeat: strategies compared on one model share it, and a
-resumed run finds every profile it measured before. One line per evaluation, appended and flushed
+resumed run finds every AcceptanceProfile it measured before. One line per evaluation, appended and flushed
 as soon as it finishes, so a killed run loses at most the line being written (skipped on load).
 A cache is only valid for one (model, prompt set, estimator, temperature): give each its own
 directory, and pass `key` to have a mismatch caught.
@@ -29,7 +29,7 @@ class CachedEvaluation:
 
 
 class EvaluationCache:
-    """Profiles already measured, by mask string; loads `directory` and appends to it."""
+    """AcceptanceProfiles already measured, by mask string; loads `directory` and appends to it."""
 
     def __init__(self, directory: Path, key: str | None = None) -> None:
         self.directory = Path(directory)

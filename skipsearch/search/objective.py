@@ -37,7 +37,7 @@ def scoring_latency(
     extrapolate: bool = False,
     kv_patterns: bool = False,
 ) -> LatencyProfile | None:
-    """The profile that prices candidates at an explicit `--context` (checked against its measured
+    """The LatencyProfile that prices candidates at an explicit `--context` (checked against its measured
     range), or `latency` unchanged when no context was asked for.
 
     The calibrated cost model reads context; the closed form reads it only to price `kv_patterns`
@@ -78,9 +78,9 @@ def make_scorer(
     `DEFAULT_CONTEXT`, see `scoring_latency` for an explicit one).
 
     `vocab_size` and `head_share` (the LM head's share of a step, for the closed form without a
-    profile: `cost.closed_forms.head_share_from_config`) price a draft vocabulary's smaller head,
-    and `kv_share` (the K/V cache's share of a step, for the closed form without a profile:
-    `model_kv_share`) a KV pattern's unread keys. A mask's best γ is chosen in
+    LatencyProfile: `cost.closed_forms.head_share_from_config`) price a draft vocabulary's smaller head,
+    and `kv_share` (the K/V cache's share of a step, for the closed form without a
+    LatencyProfile: `model_kv_share`) a KV pattern's unread keys. A mask's best γ is chosen in
     `gamma_min..gamma_max` (a space file's bounds)."""
     if objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")

@@ -1,4 +1,4 @@
-"""Reading a run directory back: its config, the trials of every study, the profiles it measured.
+"""Reading a run directory back: its config, the trials of every study, the AcceptanceProfiles it measured.
 
 A run directory (`skipsearch run`, `compare`) holds one Optuna journal with one or more studies
 and one evaluation cache; exporters and the tier search read it without the model.

@@ -194,7 +194,7 @@ class InformedStrategy(Strategy):
         return self.importance.of(unit.layer, unit.attn, unit.mlp)
 
     def cost(self, unit: Unit) -> float:
-        """Draft time the unit saves (profile seconds at the scoring context), else sub-layer count."""
+        """Draft time the unit saves (LatencyProfile seconds at the scoring context), else sub-layer count."""
         if self.weights is None:
             return float(unit.attn + unit.mlp)
         return self.weights.attn[unit.layer] * unit.attn + self.weights.mlp[unit.layer] * unit.mlp

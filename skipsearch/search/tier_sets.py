@@ -50,7 +50,7 @@ LEVELS = (0.02, 0.98)
 
 @dataclass(frozen=True)
 class Candidate:
-    """A mask the pool offers, with its profile and its speedup alone at its best γ."""
+    """A mask the pool offers, with its AcceptanceProfile and its speedup alone at its best γ."""
 
     mask: SkipMask
     profile: AcceptanceProfile
@@ -114,7 +114,7 @@ class TierSetResult:
 
 # -- reading runs ----------------------------------------------------------------------------------
 def load_profiles(run_dirs: Sequence[Path]) -> tuple[dict[str, AcceptanceProfile], RunConfig, dict]:
-    """Every profile the runs scored, with the first run's config and provenance.
+    """Every AcceptanceProfile the runs scored, with the first run's config and provenance.
 
     Runs may only be pooled when they measured the same model on the same prompt set.
     """

@@ -8,6 +8,7 @@ YAML files, so `--space sparse` works from an installed package.
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -94,3 +95,54 @@ def test_a_built_wheel_ships_the_search_spaces(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     shipped = sorted(Path(n).name for n in names if n.startswith("skipsearch/search/builtin_spaces/"))
     assert shipped == sorted(p.name for p in (ROOT / "search_spaces").glob("*.yaml"))
+
+
+# -- a front door on every package; the library speaks of the code, not of machines (issue 58) ------
+
+PACKAGES = sorted(
+    p.parent for p in (ROOT / "skipsearch").rglob("__init__.py") if "__pycache__" not in p.parts
+)
+# Parts of skipsearch/ another worktree of issue 58 cleans; the integrator removes this after merging.
+PENDING = {"engine", "run", "cli", "api.py"}
+# A particular CPU or GPU model, or a link to a measurement file: what a library comment must not name.
+MACHINES = re.compile(r"epyc|xeon|\bzen ?\d|rapids|h100|h200|a100|results/", re.IGNORECASE)
+SCANNED = {".py", ".c", ".h", ".yaml", ".md"}
+
+
+def skip_pending(name: str) -> None:
+    if name in PENDING:
+        pytest.skip(f"skipsearch/{name} is cleaned in another worktree (PENDING)")
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_package_docstring_names_each_of_its_modules(package: Path) -> None:
+    parts = package.relative_to(ROOT / "skipsearch").parts
+    skip_pending(parts[0] if parts else "")
+    tree = ast.parse((package / "__init__.py").read_text())
+    doc = ast.get_docstring(tree)
+    assert doc, f"{package / '__init__.py'} has no docstring: say the package's role and list its modules"
+    modules = sorted(p.stem for p in package.glob("*.py") if p.name != "__init__.py")
+    unnamed = [m for m in modules if not re.search(rf"`(?:[\w.]+\.)?{re.escape(m)}(?:\.py)?`", doc)]
+    assert not unnamed, f"{package / '__init__.py'}'s docstring does not name {unnamed} (as `name`)"
+
+
+@pytest.mark.parametrize(
+    "part", ["(top level)", *(p.name for p in PACKAGES if p.parent == ROOT / "skipsearch")]
+)
+def test_the_library_names_no_machine_and_links_no_results(part: str) -> None:
+    """Comments, docstrings and help texts say which CPU features a measured fact holds on (AVX2
+    only, AMX), not which machine, and point to docs/, which links the measurements in results/."""
+    top = ROOT / "skipsearch"
+    skip_pending(part)
+    if part == "(top level)":
+        files = [f for f in top.iterdir() if f.is_file() and f.name not in PENDING]
+    else:
+        files = [f for f in (top / part).rglob("*") if f.is_file() and "__pycache__" not in f.parts]
+    offenders = [
+        f"{f.relative_to(ROOT)}:{number}: {line.strip()}"
+        for f in sorted(files)
+        if f.suffix in SCANNED
+        for number, line in enumerate(f.read_text().splitlines(), 1)
+        if MACHINES.search(line)
+    ]
+    assert not offenders, "name CPU features, not machines, and docs/, not results/:\n" + "\n".join(offenders)

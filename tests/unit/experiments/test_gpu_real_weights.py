@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from skipsearch.models.gguf_parts import MANIFEST, split_file
+from experiments.gguf_parts import MANIFEST, split_file
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "experiments" / "gpu_real_weights.py"

@@ -1,4 +1,5 @@
-"""A GGUF cut into parts and joined back: the bytes survive, and a damaged part is refused."""
+"""`experiments/gguf_parts.py`: a GGUF cut into parts and joined back: the bytes survive, and a damaged
+part is refused."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from experiments.gguf_parts import MANIFEST, join_parts, split_file
 from skipsearch.errors import ModelLoadError
-from skipsearch.models.gguf_parts import MANIFEST, join_parts, split_file
 
 
 @pytest.fixture

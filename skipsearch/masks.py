@@ -1,10 +1,12 @@
 """SkipMask and Draft: what the self-speculative draft skips, and which tokens it can propose.
 
-A SkipMask says which attention and MLP sub-layers the draft skips (docs/theory.md, "The skip mask:
-r_draft, s1 and r_reuse"); a skipped sub-layer passes its residual stream through unchanged. The
-mask also answers the two cost questions the cost model needs: how much of a full forward the draft
-runs (`r_draft`) and how many leading layers keep exactly the full model's KV, so that verify can
-reuse it (`r_reuse`).
+A SkipMask says how the draft runs each attention and MLP sub-layer (docs/theory.md, "The skip
+mask: r_draft, s1 and r_reuse"): at the model's own precision, with its weights at lower precision
+(int8 or int4 copies of the same checkpoint's weights, `w8:` / `w4:`), or not at all (skipped: the
+residual stream passes through unchanged). The mask also answers the two cost questions the cost
+model needs: how much of a full forward the draft runs (`r_draft`) and how many leading layers keep
+exactly the full model's KV, so that verify can reuse it (`r_reuse`): only the layers before the
+first sub-layer that is skipped or runs at lower precision.
 
 A Draft is a mask plus a draft vocabulary (docs/theory.md, "The draft vocabulary"): `full`, or the
 top-`k` ids of a frequency ranking, so that each draft step multiplies only `k` rows of the LM head.
@@ -19,8 +21,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from skipsearch.errors import ConfigError, InvalidMaskError
@@ -52,6 +54,11 @@ def parse_layer_list(text: str) -> list[int]:
             )
     return layers
 
+
+FULL_BITS = 16  # a sub-layer at the model's own precision (the plan's weights)
+LOW_BITS = (8, 4)  # the lower precisions a draft's sub-layer may read its weights at
+_LOW_FIELDS = ("attn_int8", "attn_int4", "mlp_int8", "mlp_int4")
+_MASK_KEYS = {"a", "m"} | {f"w{bits}{kind}" for bits in LOW_BITS for kind in ("", "a", "m")}
 
 FULL_VOCAB = "full"
 VOCAB_KEY = "v"
@@ -90,27 +97,55 @@ def _format_layers(layers: Iterable[int]) -> str:
 
 @dataclass(frozen=True)
 class SkipMask:
-    """Immutable, hashable skip mask over `num_layers` decoder layers.
+    """Immutable, hashable draft mask over `num_layers` decoder layers.
 
     `attn` / `mlp` hold the indices of skipped attention / MLP sub-layers; a layer-level skip has
-    its index in both. The string form `a:4,14|m:4,14,20` is stable and round-trips.
+    its index in both. `attn_int8`, `attn_int4`, `mlp_int8`, `mlp_int4` hold the sub-layers the
+    draft runs with its weights at int8 or int4 (`attn_bits`, `mlp_bits`); every other sub-layer
+    runs at the model's own precision. The string form `a:4,14|m:4,14,20` is stable and
+    round-trips; lower precisions add `w8:0-3` (both sub-layers of layers 0-3 at int8), `w4a:5`
+    (layer 5's attention at int4) or `w8m:6` (its MLP at int8), written only where present, so
+    every mask string from before precisions existed reads the same.
     """
 
     num_layers: int
     attn: frozenset[int] = frozenset()
     mlp: frozenset[int] = frozenset()
+    attn_int8: frozenset[int] = frozenset()
+    attn_int4: frozenset[int] = frozenset()
+    mlp_int8: frozenset[int] = frozenset()
+    mlp_int4: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "attn", frozenset(self.attn))
-        object.__setattr__(self, "mlp", frozenset(self.mlp))
+        for name in ("attn", "mlp", "attn_int8", "attn_int4", "mlp_int8", "mlp_int4"):
+            object.__setattr__(self, name, frozenset(getattr(self, name)))
         if self.num_layers < 1:
             raise InvalidMaskError(f"num_layers must be >= 1, got {self.num_layers}")
-        for kind, indices in (("attention", self.attn), ("MLP", self.mlp)):
+        kinds = (
+            ("attention", self.attn),
+            ("MLP", self.mlp),
+            ("int8 attention", self.attn_int8),
+            ("int4 attention", self.attn_int4),
+            ("int8 MLP", self.mlp_int8),
+            ("int4 MLP", self.mlp_int4),
+        )
+        for kind, indices in kinds:
             bad = sorted(i for i in indices if not 0 <= i < self.num_layers)
             if bad:
                 raise InvalidMaskError(
-                    f"{kind} skip index {bad[0]} is out of range: the model has {self.num_layers} layers, "
+                    f"{kind} index {bad[0]} is out of range: the model has {self.num_layers} layers, "
                     f"use indices 0..{self.num_layers - 1}"
+                )
+        for kind, choices in (
+            ("attention", (self.attn, self.attn_int8, self.attn_int4)),
+            ("MLP", (self.mlp, self.mlp_int8, self.mlp_int4)),
+        ):
+            skipped, int8, int4 = choices
+            twice = sorted((skipped & int8) | (skipped & int4) | (int8 & int4))
+            if twice:
+                raise InvalidMaskError(
+                    f"the {kind} of layer {twice[0]} is given two ways (skipped, int8, int4): "
+                    "give each sub-layer one of them"
                 )
         if len(self.skipped_layers) == self.num_layers:
             raise InvalidMaskError(
@@ -133,22 +168,31 @@ class SkipMask:
 
     @classmethod
     def parse(cls, text: str, num_layers: int) -> SkipMask:
-        """Read the stable string form (`a:4,14|m:4,14,20`) or a plain layer list (`4,14`)."""
+        """Read the stable string form (`a:4,14|m:4,14,20`, lower precisions `|w8:0-3|w4a:5`) or a
+        plain layer list (`4,14`)."""
         text = text.strip()
         if ":" not in text and "|" not in text:
             return cls.from_layers(num_layers, parse_layer_list(text))
         pieces = text.split("|")
         parts = dict(piece.split(":", 1) for piece in pieces if ":" in piece)
-        if set(parts) - {"a", "m"} or not parts or len(parts) != len(pieces):
+        if set(parts) - _MASK_KEYS or not parts or len(parts) != len(pieces):
             raise InvalidMaskError(
                 f"cannot read mask {text!r}: expected the form a:4,14|m:4,14,20 (a: attention, m: MLP "
-                "sub-layers skipped), or a plain layer list like 4,14"
+                "sub-layers skipped; w8:, w4: layers at int8 or int4, w8a:/w8m:/w4a:/w4m: one sub-layer "
+                "kind), or a plain layer list like 4,14"
             )
-        return cls(num_layers, parse_layer_list(parts.get("a", "")), parse_layer_list(parts.get("m", "")))
+        lists = {key: set(parse_layer_list(value)) for key, value in parts.items()}
+        low = {
+            f"{kind}_int{bits}": lists.get(f"w{bits}", set()) | lists.get(f"w{bits}{kind[0]}", set())
+            for bits in LOW_BITS
+            for kind in ("attn", "mlp")
+        }
+        return cls(num_layers, lists.get("a", set()), lists.get("m", set()), **low)
 
     @classmethod
     def from_dict(cls, data: dict) -> SkipMask:
-        return cls(int(data["num_layers"]), data.get("attn", []), data.get("mlp", []))
+        low = {name: data.get(name, []) for name in _LOW_FIELDS}
+        return cls(int(data["num_layers"]), data.get("attn", []), data.get("mlp", []), **low)
 
     @classmethod
     def from_json(cls, text: str) -> SkipMask:
@@ -156,10 +200,21 @@ class SkipMask:
 
     # -- serialisation ------------------------------------------------------------------------
     def __str__(self) -> str:
-        return f"a:{_format_layers(self.attn)}|m:{_format_layers(self.mlp)}"
+        text = f"a:{_format_layers(self.attn)}|m:{_format_layers(self.mlp)}"
+        for bits in LOW_BITS:
+            attn, mlp = getattr(self, f"attn_int{bits}"), getattr(self, f"mlp_int{bits}")
+            for key, layers in (
+                (f"w{bits}", attn & mlp),
+                (f"w{bits}a", attn - mlp),
+                (f"w{bits}m", mlp - attn),
+            ):
+                if layers:
+                    text += f"|{key}:{_format_layers(layers)}"
+        return text
 
     def to_dict(self) -> dict:
-        return {"num_layers": self.num_layers, "attn": sorted(self.attn), "mlp": sorted(self.mlp)}
+        data = {"num_layers": self.num_layers, "attn": sorted(self.attn), "mlp": sorted(self.mlp)}
+        return data | {name: sorted(getattr(self, name)) for name in _LOW_FIELDS if getattr(self, name)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -172,7 +227,31 @@ class SkipMask:
 
     @property
     def is_empty(self) -> bool:
-        return not self.attn and not self.mlp
+        """Whether the draft is the full model: nothing skipped, nothing at lower precision."""
+        return not self.attn and not self.mlp and not self.quantized
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any sub-layer runs with its weights at lower precision."""
+        return bool(self.attn_int8 or self.attn_int4 or self.mlp_int8 or self.mlp_int4)
+
+    @property
+    def quantized_attn(self) -> frozenset[int]:
+        return self.attn_int8 | self.attn_int4
+
+    @property
+    def quantized_mlp(self) -> frozenset[int]:
+        return self.mlp_int8 | self.mlp_int4
+
+    @property
+    def changed_attn(self) -> frozenset[int]:
+        """Attention sub-layers the draft skips or runs at lower precision: not the full model's."""
+        return self.attn | self.quantized_attn
+
+    @property
+    def changed_mlp(self) -> frozenset[int]:
+        """MLP sub-layers the draft skips or runs at lower precision: not the full model's."""
+        return self.mlp | self.quantized_mlp
 
     @property
     def is_layer_level(self) -> bool:
@@ -183,7 +262,8 @@ class SkipMask:
         """`E` when the draft is the contiguous prefix `[0, E)` (empty mask: `L`), else None."""
         exit_layer = self.first_divergent_layer
         expected = frozenset(range(exit_layer, self.num_layers))
-        return exit_layer if self.attn == expected and self.mlp == expected else None
+        contiguous = self.attn == expected and self.mlp == expected
+        return exit_layer if contiguous and not self.quantized else None
 
     @property
     def first_divergent_layer(self) -> int:
@@ -191,24 +271,25 @@ class SkipMask:
         skip mask: r_draft, s1 and r_reuse").
 
         A skipped attention at `l` means layer `l` writes no exact KV, so `s1 <= l`; a skipped MLP
-        at `l` leaves layer `l`'s KV exact and first changes the input of layer `l + 1`.
+        at `l` leaves layer `l`'s KV exact and first changes the input of layer `l + 1`. A sub-layer
+        at lower precision counts as a skipped one: its output is not the full model's.
         """
         candidates = [self.num_layers]
-        if self.attn:
-            candidates.append(min(self.attn))
-        if self.mlp:
-            candidates.append(min(self.mlp) + 1)
+        if self.changed_attn:
+            candidates.append(min(self.changed_attn))
+        if self.changed_mlp:
+            candidates.append(min(self.changed_mlp) + 1)
         return min(candidates)
 
     @property
     def first_skipped_layer(self) -> int:
-        """The first layer with any skipped sub-layer (`L` for the empty mask).
+        """The first layer with any sub-layer skipped or at lower precision (`L` for the empty mask).
 
         The draft's input to this layer equals the full model's, so evaluation can start here
-        from cached states; it is `s1 - 1` when the first skip is an MLP, whose layer still
+        from cached states; it is `s1 - 1` when the first change is an MLP, whose layer still
         writes exact KV but no longer produces the full model's output.
         """
-        return min(self.attn | self.mlp, default=self.num_layers)
+        return min(self.changed_attn | self.changed_mlp, default=self.num_layers)
 
     @property
     def reused_sublayers(self) -> int:
@@ -220,10 +301,10 @@ class SkipMask:
         position, because the draft's output of layer `l` is not the full model's.
         """
         candidates = [2 * self.num_layers]
-        if self.attn:
-            candidates.append(2 * min(self.attn))
-        if self.mlp:
-            candidates.append(2 * min(self.mlp) + 1)
+        if self.changed_attn:
+            candidates.append(2 * min(self.changed_attn))
+        if self.changed_mlp:
+            candidates.append(2 * min(self.changed_mlp) + 1)
         return min(candidates)
 
     def check_fits(self, num_layers: int) -> None:
@@ -240,6 +321,23 @@ class SkipMask:
     def runs_mlp(self, layer: int) -> bool:
         return layer not in self.mlp
 
+    def attn_bits(self, layer: int) -> int:
+        """The bits the draft reads layer `layer`'s attention weights at: `FULL_BITS` (the model's
+        own), 8 or 4; 0 where it skips the sub-layer."""
+        if layer in self.attn:
+            return 0
+        return 8 if layer in self.attn_int8 else 4 if layer in self.attn_int4 else FULL_BITS
+
+    def mlp_bits(self, layer: int) -> int:
+        """As `attn_bits`, for the MLP."""
+        if layer in self.mlp:
+            return 0
+        return 8 if layer in self.mlp_int8 else 4 if layer in self.mlp_int4 else FULL_BITS
+
+    def exact_mlp(self, layer: int) -> bool:
+        """Whether the draft runs layer `layer`'s MLP as the full model does."""
+        return self.mlp_bits(layer) == FULL_BITS
+
     # -- cost shares --------------------------------------------------------------------------
     @property
     def r_reuse(self) -> float:
@@ -250,25 +348,50 @@ class SkipMask:
         """Share of one full forward's cost that the draft runs.
 
         With `weights` (from a LatencyProfile) the share is by measured time, embedding and head
-        included; without, it is the share of sub-layers the draft runs.
+        included; without, it is the share of sub-layers the draft runs, a sub-layer at lower
+        precision counted by the share of the weight bytes it reads (`bits / FULL_BITS`).
         """
         if weights is None:
-            return (2 * self.num_layers - len(self.attn) - len(self.mlp)) / (2 * self.num_layers)
+            bits = sum(self.attn_bits(i) + self.mlp_bits(i) for i in range(self.num_layers))
+            return bits / (2 * self.num_layers * FULL_BITS)
         return weights.share(self)
 
 
 @dataclass(frozen=True)
 class SublayerWeights:
-    """Cost of each part of one forward: embedding, per-layer attention and MLP, norm + head."""
+    """Cost of each part of one forward: embedding, per-layer attention and MLP, norm + head.
+
+    `low_bits` gives, per lower precision, each layer's attention and MLP cost with its weights at
+    that precision (`{8: (attn, mlp)}`); a precision it lacks is priced by its bytes
+    (`bits / FULL_BITS` of the sub-layer's cost), which `share` says through `priced_by_bytes`.
+    """
 
     embed: float
     attn: Sequence[float]
     mlp: Sequence[float]
     head: float
+    low_bits: Mapping[int, tuple[Sequence[float], Sequence[float]]] = field(default_factory=dict)
 
     @property
     def total(self) -> float:
         return self.embed + sum(self.attn) + sum(self.mlp) + self.head
+
+    def priced_by_bytes(self, mask: SkipMask) -> bool:
+        """Whether `share` prices some of `mask`'s lower-precision sub-layers by bytes, unmeasured."""
+        used = {mask.attn_bits(i) for i in range(mask.num_layers)}
+        used |= {mask.mlp_bits(i) for i in range(mask.num_layers)}
+        return any(bits in LOW_BITS and bits not in self.low_bits for bits in used)
+
+    def _cost(self, kind: str, layer: int, bits: int) -> float:
+        full = (self.attn if kind == "attn" else self.mlp)[layer]
+        if bits == FULL_BITS:
+            return full
+        if bits == 0:
+            return 0.0
+        if bits in self.low_bits:
+            attn, mlp = self.low_bits[bits]
+            return (attn if kind == "attn" else mlp)[layer]
+        return full * bits / FULL_BITS
 
     def share(self, mask: SkipMask) -> float:
         if len(self.attn) != mask.num_layers or len(self.mlp) != mask.num_layers:
@@ -276,8 +399,11 @@ class SublayerWeights:
                 f"cost weights cover {len(self.attn)} layers but the mask has {mask.num_layers}: "
                 "profile the same model the mask was made for"
             )
-        skipped = sum(self.attn[i] for i in mask.attn) + sum(self.mlp[i] for i in mask.mlp)
-        return (self.total - skipped) / self.total
+        run = sum(
+            self._cost("attn", i, mask.attn_bits(i)) + self._cost("mlp", i, mask.mlp_bits(i))
+            for i in range(mask.num_layers)
+        )
+        return (self.embed + run + self.head) / self.total
 
 
 @dataclass(frozen=True)

@@ -161,3 +161,55 @@ def test_reused_sublayers() -> None:
     assert SkipMask(4, mlp={1}).reused_sublayers == 3  # s1 = 2, yet verify reruns MLP 1
     assert SkipMask(4).reused_sublayers == 8
     assert SkipMask.from_layers(4, [0]).reused_sublayers == 0
+
+
+# -- lower precision ------------------------------------------------------------------------------
+def test_precision_strings_round_trip_and_old_strings_read_the_same() -> None:
+    mask = SkipMask.parse("a:10|m:10|w8:0-3|w4a:5|w8m:6", 12)
+    assert mask.attn_int8 == {0, 1, 2, 3} and mask.mlp_int8 == {0, 1, 2, 3, 6}
+    assert mask.attn_int4 == {5} and not mask.mlp_int4
+    assert str(mask) == "a:10|m:10|w8:0,1,2,3|w8m:6|w4a:5"
+    assert SkipMask.parse(str(mask), 12) == mask
+    assert SkipMask.from_dict(json.loads(json.dumps(mask.to_dict()))) == mask
+    assert SkipMask.from_json(mask.to_json()) == mask
+    plain = SkipMask.parse("a:4|m:4", 12)
+    assert str(plain) == "a:4|m:4" and "attn_int8" not in plain.to_dict()
+    draft = Draft.parse("a:|m:|w4:0-11|v:8192|kv:s4w64", 12)
+    assert draft.mask.quantized and draft.vocab == 8192 and str(draft.kv) == "s4w64"
+    assert Draft.parse(str(draft), 12) == draft
+
+
+def test_a_sub_layer_is_run_one_way() -> None:
+    with pytest.raises(InvalidMaskError, match="layer 3 is given two ways"):
+        SkipMask.parse("a:3|m:|w8:3", 12)
+    with pytest.raises(InvalidMaskError, match="two ways"):
+        SkipMask.parse("w8m:2|w4m:2", 12)
+    with pytest.raises(InvalidMaskError, match="out of range"):
+        SkipMask.parse("w4:12", 12)
+    with pytest.raises(InvalidMaskError, match="cannot read mask"):
+        SkipMask.parse("w16:1", 12)
+
+
+def test_lower_precision_ends_the_reused_prefix_as_a_skip_does() -> None:
+    mask = SkipMask.parse("w8:5-11", 12)
+    assert mask.first_divergent_layer == 5 and mask.reused_sublayers == 10
+    assert not mask.is_empty and mask.exit_layer is None and mask.first_skipped_layer == 5
+    assert mask.attn_bits(4) == 16 and mask.attn_bits(5) == 8 and mask.exact_mlp(4)
+    mlp = SkipMask.parse("w4m:3", 12)  # layer 3's K/V stays exact; its output does not
+    assert mlp.first_divergent_layer == 4 and mlp.reused_sublayers == 7 and not mlp.exact_mlp(3)
+    assert mlp.runs_mlp(3) and mlp.mlp_bits(3) == 4
+    assert SkipMask.parse("w8:0-11", 12).r_reuse == 0.0
+
+
+def test_r_draft_prices_lower_precision_by_measured_cost_or_by_bytes() -> None:
+    mask = SkipMask.parse("a:0|m:|w8:1|w4m:0", 2)
+    assert mask.r_draft() == pytest.approx((0 + 4 + 8 + 8) / 64)
+    weights = SublayerWeights(embed=1.0, attn=[2.0, 2.0], mlp=[3.0, 3.0], head=2.0)
+    assert weights.priced_by_bytes(mask)
+    by_bytes = 1.0 + 0.0 + 3.0 * 4 / 16 + 2.0 * 8 / 16 + 3.0 * 8 / 16 + 2.0
+    assert mask.r_draft(weights) == pytest.approx(by_bytes / weights.total)
+    measured = SublayerWeights(
+        1.0, [2.0, 2.0], [3.0, 3.0], 2.0, {8: ([1.5, 1.5], [2.0, 2.0]), 4: ([1, 1], [1, 1])}
+    )
+    assert not measured.priced_by_bytes(mask)
+    assert mask.r_draft(measured) == pytest.approx((1.0 + 1.0 + 1.5 + 2.0 + 2.0) / measured.total)

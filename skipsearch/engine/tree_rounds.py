@@ -63,11 +63,12 @@ ROOT = RoundTree((-1,), 1)  # a γ = 0 round's tree: the root alone, a leaf the 
 
 @dataclass(frozen=True)
 class TreeProposal:
-    """The drafted tree: `tokens[i - 1]` is node `i`'s token (-1: a child the draft had no token
-    for, which is never accepted); `probs[i]` the draft's `q` at fed node `i` over the full
-    vocabulary (sampling a static shape; None: the nodes are fixed candidates, `tree_sample_walk`);
-    `exact` `[1, F, d]` the draft's exact states of the `F` fed nodes (None: the `ROOT` round,
-    which feeds none); `length` the depths drafted, the round's γ."""
+    """The drafted tree of `N` nodes besides the root: `tokens` `[N]`, `tokens[i - 1]` node `i`'s
+    token (-1: a child the draft had no token for, which is never accepted); `probs` `[F, V]`,
+    `probs[i]` the draft's `q` at fed node `i` over the full vocabulary (sampling a static shape;
+    None: the nodes are fixed candidates, `tree_sample_walk`); `exact` `[1, F, d]` the draft's
+    exact states of the `F` fed nodes (None: the `ROOT` round, which feeds none); `length` the
+    depths drafted, the round's γ."""
 
     shape: TreeShape | RoundTree
     tokens: torch.Tensor

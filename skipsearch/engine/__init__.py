@@ -14,7 +14,7 @@ A round's vocabulary (as vLLM's rejection sampler opens with its glossary):
   it (first draft step, or the verify), at position `n - 1` of `n` committed tokens. It is kept on
   the device between rounds.
 - fed node: a token the draft ran through the model — the pending token and every draft token
-  but the last of a chain; a tree's nodes of every depth but its leaves. Its K/V below s1 is
+  but the last of a chain; a tree's root and every node but its leaves. Its K/V below s1 is
   already exact; the verify runs layers `< s1` only for the tokens that were not fed.
 - accepted tokens: the draft tokens the target agrees with (greedy: its argmax; sampled:
   rejection sampling, `min(1, p / q)`), `n` of them a round, a path from the root in a tree.

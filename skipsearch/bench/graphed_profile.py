@@ -60,7 +60,7 @@ from skipsearch.bench.latency_profiler import (
     median,
     process_meta,
 )
-from skipsearch.bench.passes import PassTimes, Samples, random_ids
+from skipsearch.bench.passes import PassTimes, Samples, random_ids, shuffled_repeats
 from skipsearch.bench.processes import loaded_meta
 from skipsearch.cost.depth import scale_to_depth
 from skipsearch.cost.latency import LatencyProfile
@@ -113,19 +113,16 @@ def time_graphed_passes(
     layers = (len(grid[0][0].parts) - 2) // 2  # embed, attention and MLP of each layer, head
     samples = Samples.empty(layers, contexts, positions, repeats)
     whole = np.zeros((contexts, positions, repeats))
-    order = np.random.default_rng(int(generator.initial_seed()))
     with progress_bar("profile --graphs: timing replays", (warmup + repeats) * len(work)) as bar:
-        for repeat in range(-warmup, repeats):
-            for index in order.permutation(len(work)):
-                c, k, as_one = work[index]
-                graphed = grid[c][k]
-                _, seconds = sync.chain((graphed.whole,) if as_one else graphed.parts)
-                graphed.restore()
-                if repeat >= 0 and as_one:
-                    whole[c, k, repeat] = seconds[0]
-                elif repeat >= 0:
-                    samples.record(c, k, repeat, _pass_times(seconds))
-                bar.advance(bar.task_ids[0])
+        for repeat, (c, k, as_one) in shuffled_repeats(work, repeats, warmup, generator):
+            graphed = grid[c][k]
+            _, seconds = sync.chain((graphed.whole,) if as_one else graphed.parts)
+            graphed.restore()
+            if repeat >= 0 and as_one:
+                whole[c, k, repeat] = seconds[0]
+            elif repeat >= 0:
+                samples.record(c, k, repeat, _pass_times(seconds))
+            bar.advance(bar.task_ids[0])
     return samples, whole
 
 
@@ -160,13 +157,11 @@ def time_graphed_heads(
         for k in rows
     ]
     samples = np.zeros((len(rows), repeats))
-    order = np.random.default_rng(int(generator.initial_seed()))
-    for repeat in range(-warmup, repeats):
-        for index in order.permutation(len(rows)).tolist():
-            _, seconds = sync.chain((after.whole, heads[index]))
-            after.restore()
-            if repeat >= 0:
-                samples[index, repeat] = seconds[1]
+    for repeat, index in shuffled_repeats(range(len(rows)), repeats, warmup, generator):
+        _, seconds = sync.chain((after.whole, heads[index]))
+        after.restore()
+        if repeat >= 0:
+            samples[index, repeat] = seconds[1]
     return samples
 
 
@@ -194,23 +189,21 @@ def time_graphed_rounds(
     pending = torch.tensor([[prompt[-1]]], device=runner.device)
     idle, untimed = device_sync(runner.device), RoundClock(runner.device, timed=False)
     samples: dict[int, list[float]] = {gamma: [] for gamma in gammas}
-    order = np.random.default_rng(int(generator.initial_seed()))
-    for repeat in range(-warmup, repeats):
-        for gamma in order.permutation(gammas).tolist():
-            at = Round(0, cache, pending, context - 1, gamma)
-            idle()
-            began = time.perf_counter()
-            proposal = steps.draft(at, GREEDY, None)
-            crop(cache, at.start, range(mask.first_divergent_layer, layers))
-            logits = steps.verify(at, proposal)
-            settle(cache, list(prompt), proposal, logits, GREEDY, None, untimed)
-            wall = time.perf_counter() - began
-            crop(cache, context - 1)
-            replays = [lambda _: steps.drafts[0]()] * gamma + [lambda _, g=gamma: steps.verifies[(0, g)]()]
-            _, seconds = sync.chain(replays)
-            crop(cache, context - 1)
-            if repeat >= 0:
-                samples[gamma].append(wall - sum(seconds))
+    for repeat, gamma in shuffled_repeats(gammas, repeats, warmup, generator):
+        at = Round(0, cache, pending, context - 1, gamma)
+        idle()
+        began = time.perf_counter()
+        proposal = steps.draft(at, GREEDY, None)
+        crop(cache, at.start, range(mask.first_divergent_layer, layers))
+        logits = steps.verify(at, proposal)
+        settle(cache, list(prompt), proposal, logits, GREEDY, None, untimed)
+        wall = time.perf_counter() - began
+        crop(cache, context - 1)
+        replays = [lambda _: steps.drafts[0]()] * gamma + [lambda _, g=gamma: steps.verifies[(0, g)]()]
+        _, seconds = sync.chain(replays)
+        crop(cache, context - 1)
+        if repeat >= 0:
+            samples[gamma].append(wall - sum(seconds))
     return {gamma: np.asarray(times) for gamma, times in samples.items()}
 
 

@@ -2,16 +2,17 @@
 
 Every sample is one whole forward in execution order, so each sub-layer's weights are as cold in
 the CPU caches as in real decoding; the (context, positions) passes are shuffled within each
-repeat. Imports torch only inside the measuring functions.
+repeat (`shuffled_repeats`, which the graphed profile's timings share). Imports torch only inside
+the measuring functions.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -24,6 +25,21 @@ if TYPE_CHECKING:
 
     from skipsearch.masks import KVPattern
     from skipsearch.models.runner import LayerwiseRunner
+
+Item = TypeVar("Item")
+
+
+def shuffled_repeats(
+    items: Sequence[Item], repeats: int, warmup: int, generator: torch.Generator
+) -> Iterator[tuple[int, Item]]:
+    """`(repeat, item)` for every item in each of `warmup + repeats` rounds, shuffled within each
+    round, so a slow spell of the machine spreads over all items instead of biasing one; the
+    warm-up rounds come first, numbered below 0, and their samples are dropped. The order is drawn
+    from `generator`'s seed, so a profile taken twice times its items in the same order."""
+    order = np.random.default_rng(int(generator.initial_seed()))
+    for repeat in range(-warmup, repeats):
+        for index in order.permutation(len(items)).tolist():
+            yield repeat, items[index]
 
 
 @dataclass(frozen=True)
@@ -137,16 +153,13 @@ def time_passes(
     """`warmup + repeats` rounds over every (cache, positions) pair, shuffled within each round."""
     grid = list(itertools.product(range(len(caches)), range(len(positions))))
     samples = Samples.empty(runner.num_layers, len(caches), len(positions), repeats)
-    order = np.random.default_rng(int(generator.initial_seed()))
     with progress_bar(label, (warmup + repeats) * len(grid)) as bar:
-        for repeat in range(-warmup, repeats):
-            for index in order.permutation(len(grid)):
-                c, k = grid[index]
-                ids = random_ids(runner, positions[k], generator)
-                times = time_pass(runner, caches[c], ids, sync)
-                if repeat >= 0:
-                    samples.record(c, k, repeat, times)
-                bar.advance(bar.task_ids[0])
+        for repeat, (c, k) in shuffled_repeats(grid, repeats, warmup, generator):
+            ids = random_ids(runner, positions[k], generator)
+            times = time_pass(runner, caches[c], ids, sync)
+            if repeat >= 0:
+                samples.record(c, k, repeat, times)
+            bar.advance(bar.task_ids[0])
     return samples
 
 
@@ -193,14 +206,12 @@ def time_round_overhead(
     weight = runner.model.lm_head.weight
     logits = torch.randn(2 * max(gammas) + 1, weight.shape[0], generator=generator).to(weight)
     samples: dict[int, list[float]] = {gamma: [] for gamma in gammas}
-    order = np.random.default_rng(int(generator.initial_seed()))
-    for repeat in range(-warmup, repeats):
-        for gamma in order.permutation(gammas).tolist():
-            draft = list(logits[:gamma].split(1))
-            verify = logits[gamma : 2 * gamma + 1]
-            _, seconds = timed(sync, round_bookkeeping, draft, verify, _shallow_copy(cache))
-            if repeat >= 0:
-                samples[gamma].append(seconds)
+    for repeat, gamma in shuffled_repeats(gammas, repeats, warmup, generator):
+        draft = list(logits[:gamma].split(1))
+        verify = logits[gamma : 2 * gamma + 1]
+        _, seconds = timed(sync, round_bookkeeping, draft, verify, _shallow_copy(cache))
+        if repeat >= 0:
+            samples[gamma].append(seconds)
     return {gamma: np.asarray(times) for gamma, times in samples.items()}
 
 
@@ -274,12 +285,10 @@ def time_draft_heads(
     embedding = runner.decoder.embed_tokens.weight
     hidden = torch.randn(1, 1, runner.config.hidden_size, generator=generator).to(embedding)
     samples = np.zeros((len(rows), repeats))
-    order = np.random.default_rng(int(generator.initial_seed()))
     with torch.no_grad():
-        for repeat in range(-warmup, repeats):
-            for index in order.permutation(len(rows)).tolist():
-                time_pass(runner, cache, random_ids(runner, 1, generator), sync)
-                _, seconds = timed(sync, heads[index], hidden)
-                if repeat >= 0:
-                    samples[index, repeat] = seconds
+        for repeat, index in shuffled_repeats(range(len(rows)), repeats, warmup, generator):
+            time_pass(runner, cache, random_ids(runner, 1, generator), sync)
+            _, seconds = timed(sync, heads[index], hidden)
+            if repeat >= 0:
+                samples[index, repeat] = seconds
     return samples

@@ -16,17 +16,16 @@ key slot of the static cache — row `i` sees the prefix (slots `< start`) and t
 once, on the device, from `start` (`TreeGraphSteps.begin`); each depth's draft writes its
 children's tokens into the next depth's rows.
 
-The round is `tree_decode`'s, run by the same loop (`tree_rounds.run_tree_rounds`): drafts write the
+The round is `tree_decode`'s, played by the one round loop (`ssd.run_rounds`): drafts write the
 nodes' K/V in slot `start + i` (in node order, so the static cache's append is that layout); the
 verify reuses the layers below `s1` (the mask's first divergent layer): they run only for the
 leaves, the rest from the draft's exact states, after the layers `>= s1` are cropped back to
-`start` (`steps.verify_forward`). The greedy or sampled walk of `engine.tree_rounds` picks the path; its
-K/V moves next to the root in every layer (`compact_static`) and the device lengths are clamped
-behind it, as `StaticKV` crops.
+`start` (`steps.verify_forward`). The proposal is `tree_rounds.TreeProposal`, whose greedy or
+sampled walk picks the path; its K/V moves next to the root in every layer and the device lengths
+are clamped behind it (`shared_kv.compact` on a `StaticKV`).
 
 A chain-shaped tree (`1x1...`) fills the causal mask: the chain's kernels, the chain's tokens.
 Host reads: an untimed greedy round reads the drafted tokens and the target's argmax in one copy.
-Not yet measured on a GPU: the tests run the steps eagerly on a CPU.
 """
 
 from __future__ import annotations
@@ -38,9 +37,10 @@ import torch
 from skipsearch.engine.graphs import GraphSteps, Outputs
 from skipsearch.engine.result import DecodeTrace
 from skipsearch.engine.sampling import GREEDY, Sampling
-from skipsearch.engine.shared_kv import StaticKV, crop
-from skipsearch.engine.steps import divergent_layer, draft_forward, verify_forward
-from skipsearch.engine.tree_rounds import TreeProposal, children_of, depth_rows, run_tree_rounds
+from skipsearch.engine.shared_kv import StaticKV
+from skipsearch.engine.ssd import FixedLength, run_rounds
+from skipsearch.engine.steps import Round, divergent_layer, draft_forward, verify_forward
+from skipsearch.engine.tree_rounds import TreeProposal, children_of, depth_rows
 from skipsearch.errors import ConfigError
 from skipsearch.tree_shapes import TreeShape
 
@@ -57,22 +57,6 @@ def ancestry(shape: TreeShape) -> torch.Tensor:
 def cut(shape: TreeShape, depth: int) -> TreeShape:
     """`shape` drafted to its first `depth` depths (>= 1): the last rounds of a sequence."""
     return TreeShape(shape.widths[:depth])
-
-
-def compact_static(cache: StaticKV, start: int, path: Sequence[int]) -> None:
-    """`engine.tree_rounds.compact` on a static cache: the accepted nodes' K/V (slots `start + node`)
-    moved to slots `start + 1 ..` in place — one index copy to the device for the round, where a
-    list index would copy one per layer — then every device length clamped to
-    `start + len(path) + 1`."""
-    slots = [start + node for node in path]
-    if slots and slots != list(range(start + 1, start + 1 + len(slots))):
-        device = cache.lengths.device
-        source = torch.tensor(slots, device=device)
-        target = torch.arange(start + 1, start + 1 + len(slots), device=device)
-        for layer in cache.layers:
-            for states in (layer.keys, layer.values):
-                states.index_copy_(2, target, states.index_select(2, source))
-    crop(cache, start + len(path) + 1)
 
 
 class TreeGraphSteps:
@@ -101,8 +85,8 @@ class TreeGraphSteps:
         self.exact = torch.zeros(bucket, fed, runner.config.hidden_size, dtype=base.dtype, device=device)
         self.depths = torch.tensor(shape.depths, **long)
         self.ancestry = ancestry(shape).to(device)
-        self.cache, self.start, self.s1 = base.cache, 0, divergent_layer(self.mask, None)
-        self._fill(0, 0)  # inputs a capture-time run can attend with
+        self.cache, self.s1 = base.cache, (divergent_layer(self.mask, None),)
+        self._fill(0, torch.zeros(1, 1, **long))  # inputs a capture-time run can attend with
         with torch.no_grad():  # a captured graph must not record autograd state
             self.drafts = [base.record(self._draft_step(depth)) for depth in range(shape.depth)]
             self.verifies = [base.record(self._verify_step(depth)) for depth in range(shape.depth + 1)]
@@ -140,32 +124,35 @@ class TreeGraphSteps:
         self.cache = self.base.prefill(prompt)
         return self.cache
 
-    def begin(self, start: int, root: int, depth: int) -> None:
+    def begin(self, start: int, root: torch.Tensor, depth: int) -> None:
         """A round of `depth` depths from slot `start` (checked to fit the cache): fill its inputs
-        on the device, the root token, every node's position `start + depth`, and the tree mask
-        over every slot (module docstring)."""
+        on the device, the root token `root` `[1, 1]`, every node's position `start + depth`, and
+        the tree mask over every slot (module docstring)."""
         self.base.check_room(start + (cut(self.shape, depth).verify_rows if depth else 1))
         self._fill(start, root)
-        self.start = start
 
-    def _fill(self, start: int, root: int) -> None:
-        self.ids[:, 0].fill_(root)
+    def _fill(self, start: int, root: torch.Tensor) -> None:
+        self.ids[:, :1].copy_(root.view(1, 1).expand(self.ids.shape[0], 1))
         self.positions.copy_(self.depths[None] + start)
         offset = self.base.slots - start
         nodes = self.ancestry.index_select(1, offset.clamp(0, self.shape.verify_rows - 1))
         self.attend[0, 0].copy_((offset < 0) | (nodes & (offset < self.shape.verify_rows)))
 
-    def draft(self, depth: int, sampling: Sampling, generator: torch.Generator | None) -> TreeProposal:
-        """The tree cut to `depth` depths, drafted one replay per depth; each row's children
-        chosen outside the graph (`tree_rounds.children_of`) and written into the next depth's rows."""
-        at = cut(self.shape, depth)
+    def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> TreeProposal:
+        """The tree cut to `at.gamma` depths, drafted one replay per depth; each row's children
+        chosen outside the graph (`tree_rounds.children_of`) and written into the next depth's rows.
+        Depth 0 drafts nothing: the root alone (`TreeProposal.root`)."""
+        self.begin(at.start, at.pending, at.gamma)
         device = self.ids.device
-        fed = at.verify_rows - at.leaves
-        tokens = torch.empty(at.nodes, dtype=torch.long, device=device)
+        if at.gamma == 0:
+            return TreeProposal.root(device)
+        tree = cut(self.shape, at.gamma)
+        fed = tree.verify_rows - tree.leaves
+        tokens = torch.empty(tree.nodes, dtype=torch.long, device=device)
         vocab = self.base.runner.config.vocab_size
         probs = None if sampling.greedy else torch.empty(fed, vocab, device=device)
-        for level, width in enumerate(at.widths):
-            rows = depth_rows(at, level)
+        for level, width in enumerate(tree.widths):
+            rows = depth_rows(tree, level)
             hidden, logits = self.drafts[level]()
             self.exact[:, rows.start : rows.stop].copy_(hidden)
             chosen, q = children_of(logits[0], width, sampling, generator, self.head)
@@ -175,22 +162,14 @@ class TreeGraphSteps:
             self.ids[:, rows.stop : rows.stop + kids.shape[1]] = kids.clamp_min(0)
             if probs is not None and q is not None:
                 probs[rows.start : rows.stop] = q
-        return TreeProposal(at, tokens, probs, self.exact[:1, :fed])
+        return TreeProposal(tree, tokens, probs, self.exact[:1, :fed], tree.depth)
 
-    def verify(self, proposal: TreeProposal) -> torch.Tensor:
-        """One replay of the verify of `proposal`'s tree (the shape cut to its depth): full-model
-        logits `[rows, V]`, row `i` after node `i` (a copy: the next replay rewrites the captured
-        tensor)."""
-        (logits,) = self.verifies[proposal.shape.depth]()
+    def verify(self, at: Round, proposal: TreeProposal) -> torch.Tensor:
+        """One replay of the verify of `proposal`'s tree (the shape cut to its depth; 0: the root
+        alone): full-model logits `[rows, V]`, row `i` after node `i` (a copy: the next replay
+        rewrites the captured tensor)."""
+        (logits,) = self.verifies[proposal.length]()
         return logits.clone()
-
-    def step(self) -> torch.Tensor:
-        """The depth-0 verify: one full-model step of the root, logits `[V]`."""
-        (logits,) = self.verifies[0]()
-        return logits[0].clone()
-
-    def compact(self, path: Sequence[int]) -> None:
-        compact_static(self.cache, self.start, path)
 
 
 @torch.no_grad()
@@ -203,9 +182,13 @@ def graphed_tree_decode(
     eos_ids: Collection[int] = (),
     timed: bool = False,
 ) -> DecodeTrace:
-    """`tree_decode` with the mask and shape of `steps`, on their graphs (`tree_rounds.run_tree_rounds`):
+    """`tree_decode` with the mask and shape of `steps`, on their graphs (`ssd.run_rounds`):
     greedy output equals `autoregressive_decode`'s token for token, sampled output follows the
     target's distribution. `gammas` holds each round's depth, `accepted` the depth it accepted.
     `timed` records each round's phases and checks the cache after it, at a device sync per phase
     boundary; untimed, the cache is checked once, after the last round."""
-    return run_tree_rounds(steps, prompt, max_new_tokens, sampling, generator, eos_ids, timed)
+    schedule = FixedLength(steps.shape.depth)
+    result, _ = run_rounds(
+        steps.runner, prompt, max_new_tokens, steps, schedule, sampling, generator, eos_ids, timed
+    )
+    return result

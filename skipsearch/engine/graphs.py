@@ -40,10 +40,11 @@ import torch
 from skipsearch.engine.sampling import Sampling
 from skipsearch.engine.shared_kv import StaticKV
 from skipsearch.engine.steps import (
+    ChainProposal,
     EagerSteps,
-    Proposal,
     Round,
     RoundSteps,
+    divergent_layer,
     draft_forward,
     propose,
     verify_forward,
@@ -135,6 +136,7 @@ class GraphSteps:
                 "a KV pattern with pillars is not captured as CUDA graphs (each verify chooses the next "
                 "round's pillars): drop its k, or decode it eagerly"
             )
+        self.s1 = tuple(divergent_layer(mask, kv) for mask, kv in zip(self.masks, self.kvs, strict=True))
         gamma = max(gammas)
         self.capture = runner.device.type == "cuda" if capture is None else capture
         if self.capture and runner.device.type != "cuda":
@@ -280,7 +282,7 @@ class GraphSteps:
             )
         return self.cache
 
-    def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
+    def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> ChainProposal:
         """γ replays of the tier's draft graph; tokens are chosen outside the graph."""
         start, gamma = at.start, at.gamma
         self.check_room(start + gamma + 1)
@@ -297,9 +299,9 @@ class GraphSteps:
             if probs is not None:
                 probs[step] = q
             self.token.copy_(tokens[step].expand_as(self.token))
-        return Proposal(tokens, probs, exact)
+        return ChainProposal(tokens, probs, exact)
 
-    def verify(self, at: Round, proposal: Proposal) -> torch.Tensor:
+    def verify(self, at: Round, proposal: ChainProposal) -> torch.Tensor:
         """One replay of the tier's verify graph for this draft length: logits `[γ + 1, V]`."""
         gamma = len(proposal.tokens)
         last = proposal.tokens[-1:].view(1, 1) if gamma else at.pending

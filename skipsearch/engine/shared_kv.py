@@ -11,10 +11,15 @@ Two caches: a `DynamicCache` (eager decoding; lengths are tensor shapes, known o
 static cache a per-layer crop or check would read each length back to the host — a device sync per
 layer, ~100 per round at 32 layers — so its lengths are one device vector that `crop` clamps in
 one kernel and `check_lengths` reads in one copy.
+
+Rollback after a round: a chain's accepted drafts already sit after the pending token, so a `crop`
+rolls it back; a token tree's accepted path sits in its nodes' slots, so `compact` moves it next to
+the root first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -72,3 +77,26 @@ def check_lengths(cache: DynamicCache | StaticKV, expected: int) -> None:
             f"KV cache out of step: expected {expected} positions in every layer "
             f"(committed tokens - 1), got {wrong} (layer: length)"
         )
+
+
+def compact(cache: DynamicCache | StaticKV, start: int, path: Sequence[int]) -> None:
+    """Move the accepted nodes' K/V (slots `start + node`) to positions `start + 1 ..` in every
+    layer, then cut every layer to `start + len(path) + 1`: a token tree's rollback.
+
+    Only the nodes out of place move; a node's slot is never an earlier node's target, since the
+    i-th node of a path is at least node i + 1. A DynamicCache moves them one position at a time (a
+    view's copy: no gather, no clone); a static cache in one index copy a layer, its slots sent to
+    the device once for the round, where a list index would send them once a layer.
+    """
+    moves = [(start + node, start + 1 + i) for i, node in enumerate(path) if node != i + 1]
+    if moves and isinstance(cache, StaticKV):
+        source, target = torch.tensor(list(zip(*moves, strict=True)), device=cache.lengths.device)
+        for layer in cache.layers:
+            for states in (layer.keys, layer.values):
+                states.index_copy_(2, target, states.index_select(2, source))
+    elif moves:
+        for layer in cache.layers:
+            for states in (layer.keys, layer.values):
+                for source, target in moves:
+                    states.select(2, target).copy_(states.select(2, source))
+    crop(cache, start + len(path) + 1)

@@ -1,37 +1,45 @@
-"""Self-speculative decoding with any SkipMask on one shared KV cache (docs/theory.md, "The engine:
-ground truth"), batch size 1.
+"""The round loop: one function (`run_rounds`) plays every kind of round — a chain's, a static or
+dynamic token tree's, eager or on CUDA graphs, with one mask or a tier per round — on one shared KV
+cache (docs/theory.md, "The engine: ground truth"), batch size 1. `speculative_decode`, a chain of
+one mask, is its front door.
 
 A round starts with `n` committed tokens; the cache holds positions `0 .. n-2` in every layer
 and the last token `t` (position `n-1`) is pending (see `engine.shared_kv`).
 
-1. Draft: γ autoregressive steps of the masked model from `t`, writing K/V into the shared cache
-   (fewer when the policy stops a round after a draft token the draft itself is unsure of).
-   Layers below `s1` (the mask's first divergent layer) run exactly as in the full model, so
-   their K/V — and the draft's residual stream at `s1` — are exact; K/V the draft writes in layers
-   `>= s1` are scratch.
-2. Verify: the full model over the γ + 1 positions `n-1 .. n-1+γ` (`t` and the γ drafts). The
-   exact K/V below `s1` is reused: layers `< s1` run only for the last draft token, which the
-   draft never fed; layers `>= s1` run for all γ + 1 positions from the draft's exact states,
-   after cropping their scratch K/V back to `n - 1`.
-3. Accept: greedy (argmax equality) or rejection sampling; `k` drafts plus one target token are
-   committed, so every output token is the target's.
-4. Rollback: crop every layer to the new committed length - 1 and check the invariant (after
-   every round when the rounds are timed, else once after the last: `run_rounds`).
+1. Draft: γ steps of the masked model from `t`, writing K/V into the shared cache — a chain's γ
+   tokens, one a step (fewer when the policy stops a round after a draft token the draft itself is
+   unsure of), or a token tree's γ depths, one pass a depth (`engine.tree_rounds`). Layers below
+   `s1` (the mask's first divergent layer) run exactly as in the full model, so their K/V — and
+   the draft's residual stream at `s1` — are exact; K/V the draft writes in layers `>= s1` are
+   scratch.
+2. Verify: the full model over `t` and what was drafted, in one pass. The exact K/V below `s1` is
+   reused: layers `< s1` run only for the tokens the draft never fed (a chain's last draft token,
+   a tree's leaves); layers `>= s1` run for every position from the draft's exact states, after
+   cropping their scratch K/V back to `n - 1`.
+3. Accept: greedy (argmax equality) or rejection sampling, by the proposal's shape (a chain's
+   `steps.ChainProposal`, a tree's walk); `k` drafts plus one target token are committed, so
+   every output token is the target's.
+4. Rollback: a chain crops every layer to the new committed length - 1; a tree first moves its
+   accepted path's K/V next to `t` (`shared_kv.compact`). The invariant is checked after every
+   round when the rounds are timed, else once after the last.
 
-A round with γ = 0 is one plain autoregressive step; the γ controller uses it once speculation
-is switched off, and the last round uses a smaller γ so the output never overshoots.
+A round with γ = 0 is one plain autoregressive step: the γ controller uses it once speculation is
+switched off, and the last round of a decode drafts less so the output never overshoots (a tree's
+last token is its γ = 0 round).
 
-`run_rounds` plays the rounds for any schedule of masks and any implementation of the passes
-(`engine.steps`: the draft and verify, and `EagerSteps` that runs them): `speculative_decode`
-drafts every round with one mask, `engine.tiered` picks a mask per round, and `engine.graphs`
-replays the same passes from CUDA graphs.
+The loop knows three interfaces (`engine.steps`): the passes (`RoundSteps`: eager, graphed, chain
+or tree), the proposal (`Proposal`: what was drafted, its accept and rollback) and the schedule
+(`Schedule`: each round's tier and γ, told how each round went): `OneMask` with the γ controller
+(`speculative_decode`, `engine.graphed_decode`), `FixedLength` (`engine.tree_rounds`,
+`engine.graphed_tree`), `tiered.TierSchedule` (`engine.tiered`).
 
-Host reads: an untimed greedy round reads the device once — the accepted count together with the
-committed tokens (`sampling.greedy_commit`) — and its pending token stays on the device, so a GPU
-queues the next round's kernels (or CUDA-graph replays) without waiting. Reads that remain by
-design: a sampled round's in `sample_accept`, a draft that stops when unsure reads its confidence
-after every draft token (`steps.confidence`), and a timed round syncs at every phase boundary
-(`RoundClock`).
+Host reads: an untimed greedy chain round reads the device once — the accepted count together with
+the committed tokens (`sampling.greedy_commit`) — and its pending token stays on the device, so a
+GPU queues the next round's kernels (or CUDA-graph replays) without waiting; a greedy tree round
+reads its drafted tokens and the target's argmax in one copy. Reads that remain by design: a
+sampled round's, a draft that stops when unsure reads its confidence after every draft token
+(`steps.confidence`), a dynamic tree reads its draft's choices after every pass, and a timed round
+syncs at every phase boundary (`RoundClock`).
 """
 
 from __future__ import annotations
@@ -41,13 +49,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from transformers import DynamicCache
 
 from skipsearch.engine.gamma import GammaController, GammaPolicy
 from skipsearch.engine.result import DecodeTrace, Rounds
-from skipsearch.engine.sampling import GREEDY, Sampling, greedy_commit, sample_accept
+from skipsearch.engine.sampling import GREEDY, Sampling
 from skipsearch.engine.shared_kv import check_lengths, crop
-from skipsearch.engine.steps import EagerSteps, Proposal, Round, RoundSteps, divergent_layer
+from skipsearch.engine.steps import EagerSteps, Proposal, Round, RoundSteps
 from skipsearch.engine.timing import RoundClock
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask
@@ -58,7 +65,7 @@ from skipsearch.models.runner import LayerwiseRunner
 
 
 def settle(
-    cache: DynamicCache,
+    cache: Any,
     tokens: list[int],
     proposal: Proposal,
     logits: torch.Tensor,
@@ -66,34 +73,29 @@ def settle(
     generator: torch.Generator | None,
     clock: RoundClock,
 ) -> tuple[int, list[int], torch.Tensor]:
-    """Steps 3 and 4 of a round: accept, append the committed tokens to `tokens`, roll back.
+    """Steps 3 and 4 of a round: accept, append the committed tokens to `tokens`, roll back, by the
+    proposal's shape (`steps.Proposal`). `logits` `[rows, V]` are the verify's.
 
     Returns the accepted draft count `n`, the `n + 1` tokens committed, and the last of them
-    `[1, 1]` on the device: the next round's pending token. Greedy reads the device once
-    (`greedy_commit`); sampling reads what `sample_accept` reads and the accepted drafts, and copies
-    the extra token back. The invariant is checked here only in a timed round (`run_rounds`).
+    `[1, 1]` on the device: the next round's pending token. The invariant is checked here only in a
+    timed round (`run_rounds`).
     """
+    start = len(tokens) - 1
     with clock.phase("sample"):
-        if sampling.greedy:
-            committed, pending = greedy_commit(proposal.tokens, logits)
-        else:
-            p = sampling.probs(logits)
-            n, extra = sample_accept(proposal.tokens, proposal.probs, p, generator)
-            committed = [*proposal.tokens[:n].tolist(), extra]
-            pending = torch.tensor([[extra]], device=logits.device)
+        path, committed, pending = proposal.accept(logits, sampling, generator)
     tokens += committed
     with clock.phase("cache"):
-        crop(cache, len(tokens) - 1)
+        proposal.roll_back(cache, start, path)
         if clock.timed:
             check_lengths(cache, len(tokens) - 1)
-    return len(committed) - 1, committed, pending
+    return len(path), committed, pending
 
 
 class Schedule(Protocol):
-    """Which mask and how many drafts the next round uses, told how each round went."""
+    """Which mask and how many drafts (a tree: depths) the next round uses, told how each round went."""
 
     def next_round(self) -> tuple[int, int]:
-        """(index of the mask, draft length) before the output's end clips it."""
+        """(index of the mask, γ) before the output's end clips it."""
 
     def update(self, accepted: int, drafted: int) -> Any:
         """The outcome of the round just played."""
@@ -112,6 +114,20 @@ class OneMask:
         self.controller.update(accepted, drafted)
 
 
+@dataclass(frozen=True)
+class FixedLength:
+    """Every round drafts `length` (a tree: its depth) with mask `tier`."""
+
+    length: int
+    tier: int = 0
+
+    def next_round(self) -> tuple[int, int]:
+        return self.tier, self.length
+
+    def update(self, accepted: int, drafted: int) -> None:
+        pass
+
+
 def run_rounds(
     runner: LayerwiseRunner,
     prompt: Sequence[int],
@@ -123,7 +139,9 @@ def run_rounds(
     eos_ids: Collection[int],
     timed: bool = True,
 ) -> tuple[DecodeTrace, tuple[int, ...]]:
-    """The round loop of the module docstring; returns the result and each round's mask index.
+    """The round loop of the module docstring, for any `steps` and `schedule`; returns the result
+    and each round's mask index. `DecodeTrace.gammas` holds each round's γ (a tree's depth),
+    `accepted` the drafts it accepted (a tree: the depth of its accepted path).
 
     Every round starts from a cache that holds exactly the full model's K/V, so the schedule may
     switch masks between rounds at no cost: no state of one mask's draft survives into the next.
@@ -156,10 +174,9 @@ def run_rounds(
             at = Round(tier, cache, pending, start, g)
             with clock.phase("draft"):
                 proposal = steps.draft(at, sampling, generator)
-            g = len(proposal.tokens)  # a draft may stop early
+            g = proposal.length  # a chain's draft may stop early
             with clock.phase("cache"):
-                s1 = divergent_layer(steps.masks[tier], steps.kvs[tier])
-                crop(cache, start, range(s1, runner.num_layers))
+                crop(cache, start, range(steps.s1[tier], runner.num_layers))
             with clock.phase("verify"):
                 logits = steps.verify(at, proposal)
             n, committed, pending = settle(cache, tokens, proposal, logits, sampling, generator, clock)

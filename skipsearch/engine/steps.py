@@ -1,9 +1,14 @@
-"""The forward passes of an SSD round behind `RoundSteps`: the draft and verify functions, shared
-by the eager path and the captured graphs (`engine.graphs`), and `EagerSteps`, the reference
-implementation over a DynamicCache, a KV pattern's pillars included.
+"""The interface of the round loop and a chain's side of it.
 
-`engine.ssd` plays the rounds (its docstring states what a draft and a verify may assume of the
-cache); any implementation of `RoundSteps` plugs into its loop.
+The interface (`engine.ssd.run_rounds` plays it; its docstring states what a draft and a verify
+may assume of the cache): `Round`, where a round starts; `RoundSteps`, the passes that draft a
+`Proposal` and verify it; `Proposal`, what was drafted, with the accept and the rollback of its
+shape. Token trees implement the same three (`engine.tree_rounds`, `engine.graphed_tree`).
+
+A chain's side: its proposal (`ChainProposal`: `sampling.greedy_commit` or `sampling.sample_accept`,
+then a crop), the draft and verify functions shared by the eager path and the captured graphs
+(`engine.graphs`), and `EagerSteps`, the reference implementation over a DynamicCache, a KV
+pattern's pillars included.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import torch
 from transformers import DynamicCache
 
 from skipsearch.acceptance.statistics import greedy_confidence
-from skipsearch.engine.sampling import Sampling, sample
+from skipsearch.engine.sampling import Sampling, greedy_commit, sample, sample_accept
+from skipsearch.engine.shared_kv import crop
 from skipsearch.kv.pillars import PillarChoice, PillarKeys
 from skipsearch.kv.tree_keys import TreeKeys
 from skipsearch.masks import KVPattern, SkipMask
@@ -24,9 +30,30 @@ from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.runner import LayerwiseRunner
 
 
+class Proposal(Protocol):
+    """What a round drafted — a chain (`ChainProposal`) or a token tree (`tree_rounds.TreeProposal`) —
+    with the accept and the rollback of its shape, which `ssd.settle` runs after the verify."""
+
+    @property
+    def length(self) -> int:
+        """γ of the round: a chain's draft tokens, a tree's depth (the schedule is told it)."""
+
+    def accept(
+        self, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+    ) -> tuple[Sequence[int], list[int], torch.Tensor]:
+        """Step 3 over the verify's logits `[rows, V]`: the accepted path (the nodes whose tokens
+        are committed, `n` of them), the `n + 1` committed tokens, and the last of them `[1, 1]` on
+        the device: the next round's pending token."""
+
+    def roll_back(self, cache: Any, start: int, path: Sequence[int]) -> None:
+        """Step 4: leave the cache holding the committed tokens but the pending one (positions
+        `0 .. start + n`), the accepted `path`'s K/V at the positions after `start`."""
+
+
 @dataclass(frozen=True)
-class Proposal:
-    """γ draft tokens, the draft's distributions `q` (sampling only) and its exact states.
+class ChainProposal:
+    """γ draft tokens `[γ]`, the draft's distributions `q` `[γ, V]` (sampling only) and its exact
+    states.
 
     `exact[j]` `[1, 1, d]` is the draft's residual stream where it last equals the full model's
     for the input at draft step j: the input of layer `s1`, or — when the MLP of layer `s1 - 1`
@@ -36,6 +63,28 @@ class Proposal:
     tokens: torch.Tensor
     probs: torch.Tensor | None
     exact: list[torch.Tensor]
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)  # a draft that stops early proposes fewer than the round asked
+
+    def accept(
+        self, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+    ) -> tuple[range, list[int], torch.Tensor]:
+        """Greedy reads the device once (`greedy_commit`) and leaves the pending token there;
+        sampling reads what `sample_accept` reads and the accepted drafts, and copies the extra
+        token back. The path is the draft positions `1 .. n`, already in place."""
+        if sampling.greedy:
+            committed, pending = greedy_commit(self.tokens, logits)
+        else:
+            n, extra = sample_accept(self.tokens, self.probs, sampling.probs(logits), generator)
+            committed = [*self.tokens[:n].tolist(), extra]
+            pending = torch.tensor([[extra]], device=logits.device)
+        return range(1, len(committed)), committed, pending
+
+    def roll_back(self, cache: Any, start: int, path: Sequence[int]) -> None:
+        """A crop of every layer: the accepted drafts' K/V already sits after `start`."""
+        crop(cache, start + len(path) + 1)
 
 
 def positions(start: int, count: int, device: torch.device) -> torch.Tensor:
@@ -147,7 +196,7 @@ def draft(
     head: DraftHead | None = None,
     kv: KVPattern | PillarKeys | None = None,
     stop_below: float = 0.0,
-) -> Proposal:
+) -> ChainProposal:
     """Up to γ steps of the masked model from `pending` `[1, 1]` at position `start`
     (`draft_forward`, `propose`); `kv`, the keys they attend to (with the round's pillars,
     `PillarKeys`). The draft stops after a token whose probability under the draft is below
@@ -168,8 +217,8 @@ def draft(
         token = tokens[step].view(1, 1)
         if stop_below and confidence(logits[0, -1], q, tokens[step]) < stop_below:
             drafted = step + 1
-            return Proposal(tokens[:drafted], None if probs is None else probs[:drafted], exact)
-    return Proposal(tokens, probs, exact)
+            return ChainProposal(tokens[:drafted], None if probs is None else probs[:drafted], exact)
+    return ChainProposal(tokens, probs, exact)
 
 
 def confidence(logits: torch.Tensor, q: torch.Tensor | None, token: torch.Tensor) -> float:
@@ -186,7 +235,7 @@ def verify(
     runner: LayerwiseRunner,
     mask: SkipMask,
     cache: DynamicCache,
-    proposal: Proposal,
+    proposal: ChainProposal,
     pending: torch.Tensor,
     start: int,
     kv: KVPattern | None = None,
@@ -207,8 +256,10 @@ def verify(
 
 @dataclass(frozen=True)
 class Round:
-    """Where a round starts: the index of its mask, the shared cache, the pending token (`[1, 1]`,
-    at position `start`) and how many tokens it drafts."""
+    """Where a round starts: the index of its mask (its tier), the shared cache, the pending token
+    `pending` `[1, 1]` (on the device, at position `start`; the cache holds `0 .. start - 1`) and
+    γ, the draft length the round asks for: a chain's draft tokens, a tree's depth (0: no draft,
+    one full-model step of the pending token)."""
 
     tier: int
     cache: Any
@@ -218,21 +269,25 @@ class Round:
 
 
 class RoundSteps(Protocol):
-    """The forward passes of a decode over `masks` (and their KV patterns, `kvs`); `mode` says how
-    they run (for logs and reports)."""
+    """The forward passes of a decode's rounds: a chain's (`EagerSteps`, `graphs.GraphSteps`) or a
+    token tree's (`tree_rounds.EagerTreeSteps`, `graphed_tree.TreeGraphSteps`). `s1[t]` is tier
+    `t`'s first divergent layer (`divergent_layer`): the loop crops the draft's scratch K/V of the
+    layers from it before the verify. `mode` says how the passes run (for logs and reports)."""
 
     mode: str
-    masks: tuple[SkipMask, ...]
-    kvs: tuple[KVPattern | None, ...]
+    s1: tuple[int, ...]
 
     def prefill(self, prompt: Sequence[int]) -> Any:
         """A cache holding the prompt's K/V except the last token's (see `engine.shared_kv`)."""
 
     def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
-        """`at.gamma` draft tokens with mask `at.tier` (`draft`)."""
+        """Step 1: up to `at.gamma` draft tokens (a chain) or depths (a tree) with mask `at.tier`
+        from `at.pending`, their K/V written into `at.cache` from slot `at.start`."""
 
     def verify(self, at: Round, proposal: Proposal) -> torch.Tensor:
-        """Full-model logits `[γ + 1, V]` of the round (`verify`)."""
+        """Step 2: full-model logits `[rows, V]` of the round, row `i` after the `i`-th token verified
+        (a chain: `[γ + 1, V]`, the pending token and the drafts; a tree: `[N + 1, V]`, the root and
+        its nodes)."""
 
 
 class EagerSteps:
@@ -257,13 +312,14 @@ class EagerSteps:
         self.runner, self.masks, self.stop_below = runner, tuple(masks), stop_below
         self.heads = tuple(heads) if heads is not None else (None,) * len(self.masks)
         self.kvs = tuple(kvs) if kvs is not None else (None,) * len(self.masks)
+        self.s1 = tuple(divergent_layer(mask, kv) for mask, kv in zip(self.masks, self.kvs, strict=True))
         self.pillars: list[torch.Tensor | None] = []  # per layer, from the last verify
 
     def prefill(self, prompt: Sequence[int]) -> Any:
         self.pillars = []
         return self.runner.prefill(prompt)
 
-    def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
+    def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> ChainProposal:
         mask, head, kv = self.masks[at.tier], self.heads[at.tier], self.kvs[at.tier]
         reads: KVPattern | PillarKeys | None = kv
         if kv is not None and kv.pillars and any(p is not None for p in self.pillars):
@@ -273,7 +329,7 @@ class EagerSteps:
             self.stop_below,
         )  # fmt: skip
 
-    def verify(self, at: Round, proposal: Proposal) -> torch.Tensor:
+    def verify(self, at: Round, proposal: ChainProposal) -> torch.Tensor:
         kv = self.kvs[at.tier]
         choice = None
         if kv is not None and kv.pillars:

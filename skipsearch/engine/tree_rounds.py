@@ -16,14 +16,18 @@ ancestors (`tree_mask`).
 3. Accept: greedy walks from the root to the child whose token is the target's argmax, while
    there is one; sampling walks by recursive rejection sampling over each node's children
    (`tree_sample_walk`), so the output distribution is exactly the target's.
-4. Compact: the accepted path's K/V moves to the positions after the root, the rest is cut off.
+4. Compact: the accepted path's K/V moves to the positions after the root, the rest is cut off
+   (`shared_kv.compact`).
 
 A dynamic tree (`tree_shapes.DynamicTree`) chooses its nodes each round from the draft's probabilities
 (`draft_dynamic`): the round's tree (`tree_shapes.RoundTree`) keeps the fed nodes first and the leaves
 last, so steps 2-4 run it as they run a static shape.
 
-One loop runs the rounds (`run_tree_rounds`) over the passes of a `TreeSteps`: eagerly on the
-runner here (`EagerTreeSteps`), or on CUDA graphs (`engine.graphed_tree`).
+The rounds are the chain's loop (`engine.ssd.run_rounds`): the tree's passes plug in as its
+`RoundSteps` — eagerly on the runner here (`EagerTreeSteps`), or on CUDA graphs
+(`engine.graphed_tree`) — and its proposal (`TreeProposal`) brings steps 3 and 4. Near the end of
+the output a round drafts fewer depths, so the output never overshoots; the last token is the
+tree's γ = 0 round, the root alone (`ROOT`): one full-model step of the pending token.
 
 A chain-shaped tree (`1x1x...`) attends causally: it runs no mask of its own, so it takes the
 chain's kernels and gives the chain's tokens and rounds, bit for bit. Other trees' passes run the
@@ -38,36 +42,69 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from skipsearch.engine.result import DecodeTrace, Rounds
+from skipsearch.engine.result import DecodeTrace
 from skipsearch.engine.sampling import GREEDY, Sampling, residual, sample
-from skipsearch.engine.shared_kv import check_lengths, crop
-from skipsearch.engine.steps import divergent_layer, draft_forward, verify_forward
-from skipsearch.engine.timing import RoundClock
+from skipsearch.engine.shared_kv import compact
+from skipsearch.engine.ssd import FixedLength, run_rounds
+from skipsearch.engine.steps import Round, divergent_layer, draft_forward, verify_forward
 from skipsearch.errors import ConfigError
 from skipsearch.kv.tree_keys import TreeKeys
 from skipsearch.masks import KVPattern, SkipMask
-from skipsearch.models.device import device_sync
 from skipsearch.models.draft_head import DraftHead
-from skipsearch.models.kernels import engaged
 from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.tree_shapes import DynamicTree, Nodes, RoundTree, Tree, TreeShape
+
+ROOT = RoundTree((-1,), 1)  # a γ = 0 round's tree: the root alone, a leaf the draft never fed
 
 
 @dataclass(frozen=True)
 class TreeProposal:
-    """The drafted tree: `tokens[i - 1]` is node `i`'s token (-1: a child the draft had no token
-    for, which is never accepted); `probs[i]` the draft's `q` at fed node `i` over the full
-    vocabulary (sampling a static shape; None: the nodes are fixed candidates, `tree_sample_walk`);
-    `exact` `[1, F, d]` the draft's exact states of the `F` fed nodes."""
+    """The drafted tree of `N` nodes besides the root: `tokens` `[N]`, `tokens[i - 1]` node `i`'s
+    token (-1: a child the draft had no token for, which is never accepted); `probs` `[F, V]`,
+    `probs[i]` the draft's `q` at fed node `i` over the full vocabulary (sampling a static shape;
+    None: the nodes are fixed candidates, `tree_sample_walk`); `exact` `[1, F, d]` the draft's
+    exact states of the `F` fed nodes (None: the `ROOT` round, which feeds none); `length` the
+    depths drafted, the round's γ."""
 
     shape: TreeShape | RoundTree
     tokens: torch.Tensor
     probs: torch.Tensor | None
-    exact: torch.Tensor
+    exact: torch.Tensor | None
+    length: int
+
+    @classmethod
+    def root(cls, device: torch.device) -> TreeProposal:
+        """The γ = 0 round: nothing drafted, the root verified alone."""
+        return cls(ROOT, torch.empty(0, dtype=torch.long, device=device), None, None, 0)
+
+    def accept(
+        self, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+    ) -> tuple[list[int], list[int], torch.Tensor]:
+        """Step 3 over the verify's logits `[N + 1, V]`: the accepted path (node numbers), the tokens
+        the round commits — the path's and the target's after it — and that last one `[1, 1]` on the
+        device. Greedy reads the drafted tokens and the target's argmax back in one copy and leaves
+        the pending token on the device."""
+        count = len(self.tokens)
+        if sampling.greedy:
+            target = logits.argmax(-1)
+            both = torch.cat([self.tokens, target]).tolist()
+            drafted = both[:count]
+            path, after = tree_greedy_walk(self.shape, drafted, both[count:])
+            last = path[-1] if path else 0
+            pending = target[last : last + 1].view(1, 1)
+        else:
+            drafted = self.tokens.tolist()
+            path, after = tree_sample_walk(self.shape, drafted, sampling.probs(logits), self.probs, generator)
+            pending = torch.tensor([[after]], device=logits.device)
+        return path, [drafted[node - 1] for node in path] + [after], pending
+
+    def roll_back(self, cache: Any, start: int, path: Sequence[int]) -> None:
+        """Step 4: the accepted path's K/V next to the root, the rest cut off (`shared_kv.compact`)."""
+        compact(cache, start, path)
 
 
 def tree_mask(
@@ -177,7 +214,7 @@ def draft_tree(
         if probs is not None and q is not None:
             probs[rows.start : rows.stop] = q
         fed = chosen.reshape(-1)
-    return TreeProposal(shape, tokens, probs, torch.cat(exact, dim=1))
+    return TreeProposal(shape, tokens, probs, torch.cat(exact, dim=1), shape.depth)
 
 
 def draft_dynamic(
@@ -200,7 +237,7 @@ def draft_dynamic(
     sampling temperature and truncation when sampling, so the walk takes its nodes as fixed
     candidates (`tree_sample_walk`). One host read a pass: the tree's mask is built on the host."""
     device, k = runner.device, tree.top
-    parents, tokens = [-1], [int(pending.reshape(-1)[0])]
+    parents, tokens = [-1], [-1]  # the root's token stays on the device: the first pass feeds `pending`
     scores = [0.0]  # each fed node's cumulative log-probability under the draft
     pool: list[tuple[float, int, int]] = []  # drafted, not fed: (score, parent, token)
     exact: list[torch.Tensor] = []
@@ -208,7 +245,8 @@ def draft_dynamic(
     for depth in range(tree.depth):
         fed = RoundTree(tuple(parents), 0)
         attend = tree_mask(fed, start, rows, start + rows.stop, device, kv)
-        ids = torch.tensor([tokens[node] for node in rows], device=device).view(1, -1)
+        fed_ids = [[tokens[node] for node in rows]]
+        ids = pending.view(1, 1) if depth == 0 else torch.tensor(fed_ids, device=device)
         at = torch.full((1, len(rows)), start + depth, device=device)
         hidden, logits = draft_forward(runner, mask, ids, at, cache, head, attend, kv)
         exact.append(hidden)
@@ -235,7 +273,7 @@ def draft_dynamic(
     leaves = pool[: tree.leaves]
     shape = RoundTree(tuple(parents) + tuple(parent for _, parent, _ in leaves), len(leaves))
     drafted_tokens = torch.tensor(tokens[1:] + [token for _, _, token in leaves], device=device)
-    return TreeProposal(shape, drafted_tokens, None, torch.cat(exact, dim=1))
+    return TreeProposal(shape, drafted_tokens, None, torch.cat(exact, dim=1), tree.depth)
 
 
 def verify_tree(
@@ -243,15 +281,17 @@ def verify_tree(
     mask: SkipMask,
     cache: object,
     proposal: TreeProposal,
+    pending: torch.Tensor,
     start: int,
     kv: KVPattern | None = None,
 ) -> torch.Tensor:
-    """Step 2: full-model logits `[N + 1, V]`, row `i` after node `i`'s token. Expects layers
-    `>= s1` cropped to `start` and layers `< s1` holding the fed nodes' K/V (`s1` is 0 under a
-    draft's KV pattern `kv`)."""
+    """Step 2: full-model logits `[N + 1, V]`, row `i` after node `i`'s token (the root's is
+    `pending` `[1, 1]`, fed here only in the `ROOT` round). Expects layers `>= s1` cropped to
+    `start` and layers `< s1` holding the fed nodes' K/V (`s1` is 0 under a draft's KV pattern
+    `kv`)."""
     shape, device = proposal.shape, runner.device
     fed = shape.verify_rows - shape.leaves
-    leaf_ids = proposal.tokens[fed - 1 :].clamp_min(0).view(1, -1)
+    leaf_ids = proposal.tokens[fed - 1 :].clamp_min(0).view(1, -1) if fed else pending
     block_at = (start + torch.tensor(shape.depths, device=device)).view(1, -1)
     block_mask = tree_mask(shape, start, range(shape.verify_rows), start + shape.verify_rows, device)
     return verify_forward(runner, mask, proposal.exact, leaf_ids, block_at, cache, block_mask, kv)
@@ -336,62 +376,11 @@ def tree_sample_walk(
         node = accepted
 
 
-def compact(cache: object, start: int, path: Sequence[int]) -> None:
-    """Step 4: move the accepted nodes' K/V (slots `start + node`) to positions `start + 1 ..`
-    in every layer, then cut every layer to `start + len(path) + 1`. Only the nodes out of place
-    move, one position at a time (a view's copy: no gather, no clone); a node's slot is never an
-    earlier node's target, since the i-th node of a path is at least node i + 1."""
-    moves = [(start + node, start + 1 + i) for i, node in enumerate(path) if node != i + 1]
-    if moves:
-        for layer in cache.layers:
-            for states in (layer.keys, layer.values):
-                for source, target in moves:
-                    states.select(2, target).copy_(states.select(2, source))
-    crop(cache, start + len(path) + 1)
-
-
-def walk(
-    proposal: TreeProposal, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
-) -> tuple[list[int], list[int]]:
-    """Step 3: the accepted path (node numbers) and the tokens the round commits, the path's and the
-    target's after it. Greedy reads the drafted tokens and the target's argmax back in one copy."""
-    count = len(proposal.tokens)
-    if sampling.greedy:
-        both = torch.cat([proposal.tokens, logits.argmax(-1)]).tolist()
-        drafted = both[:count]
-        path, after = tree_greedy_walk(proposal.shape, drafted, both[count:])
-    else:
-        drafted = proposal.tokens.tolist()
-        path, after = tree_sample_walk(
-            proposal.shape, drafted, sampling.probs(logits), proposal.probs, generator
-        )
-    return path, [drafted[node - 1] for node in path] + [after]
-
-
-class TreeSteps(Protocol):
-    """The passes of a tree's rounds, eager (`EagerTreeSteps`) or on CUDA graphs
-    (`engine.graphed_tree.TreeGraphSteps`): one round loop runs either (`run_tree_rounds`)."""
-
-    runner: LayerwiseRunner
-    shape: Tree
-    s1: int
-
-    def prefill(self, prompt: Sequence[int]) -> Any: ...
-
-    def begin(self, start: int, root: int, depth: int) -> None: ...
-
-    def step(self) -> torch.Tensor: ...
-
-    def draft(self, depth: int, sampling: Sampling, generator: torch.Generator | None) -> TreeProposal: ...
-
-    def verify(self, proposal: TreeProposal) -> torch.Tensor: ...
-
-    def compact(self, path: Sequence[int]) -> None: ...
-
-
 class EagerTreeSteps:
-    """A tree's passes on the runner, eagerly (module docstring): `draft_tree`, `verify_tree`,
-    `compact` over the cache of the last `prefill`."""
+    """A tree's passes on the runner, eagerly (module docstring): `draft_tree` or `draft_dynamic`,
+    and `verify_tree`, as the `RoundSteps` of `ssd.run_rounds` (one tier: `mask`)."""
+
+    mode = "eager"
 
     def __init__(
         self,
@@ -406,109 +395,27 @@ class EagerTreeSteps:
         if head is not None and shape.widest > len(head.ids):
             raise ConfigError(f"tree {shape} has more children a node than the draft's {len(head.ids)} ids")
         self.runner, self.mask, self.shape, self.head, self.kv = runner, mask, shape, head, kv
-        self.s1 = divergent_layer(mask, kv)
-        self.cache: Any = None
-        self.start, self.root = 0, 0
+        self.s1 = (divergent_layer(mask, kv),)
 
     def prefill(self, prompt: Sequence[int]) -> Any:
-        self.cache = self.runner.prefill(prompt)
-        return self.cache
+        return self.runner.prefill(prompt)
 
-    def begin(self, start: int, root: int, depth: int) -> None:
-        self.start, self.root = start, root
-
-    def step(self) -> torch.Tensor:
-        """One step of the full model for the root (a sequence's last token): logits `[V]`."""
-        return self.runner.step(self.root, self.start, self.cache)
-
-    def draft(self, depth: int, sampling: Sampling, generator: torch.Generator | None) -> TreeProposal:
-        pending = torch.tensor([[self.root]], device=self.runner.device)
+    def draft(self, at: Round, sampling: Sampling, generator: torch.Generator | None) -> TreeProposal:
+        """The tree drafted to `at.gamma` depths (the last rounds draft fewer; 0: `ROOT`)."""
+        runner, mask, head, kv = self.runner, self.mask, self.head, self.kv
+        if at.gamma == 0:
+            return TreeProposal.root(runner.device)
         if isinstance(self.shape, DynamicTree):
-            tree = self.shape.at_depth(depth)
-            return draft_dynamic(
-                self.runner, self.mask, self.cache, pending, self.start, tree, sampling, self.head, self.kv
-            )
-        at = TreeShape(self.shape.widths[:depth])
-        return draft_tree(
-            self.runner,
-            self.mask,
-            self.cache,
-            pending,
-            self.start,
-            at,
-            sampling,
-            generator,
-            self.head,
-            self.kv,
-        )
+            tree = self.shape.at_depth(at.gamma)
+            return draft_dynamic(runner, mask, at.cache, at.pending, at.start, tree, sampling, head, kv)
+        shape = TreeShape(self.shape.widths[: at.gamma])
+        return draft_tree(runner, mask, at.cache, at.pending, at.start, shape, sampling, generator, head, kv)
 
-    def verify(self, proposal: TreeProposal) -> torch.Tensor:
-        return verify_tree(self.runner, self.mask, self.cache, proposal, self.start, self.kv)
-
-    def compact(self, path: Sequence[int]) -> None:
-        compact(self.cache, self.start, path)
+    def verify(self, at: Round, proposal: TreeProposal) -> torch.Tensor:
+        return verify_tree(self.runner, self.mask, at.cache, proposal, at.pending, at.start, self.kv)
 
 
 @torch.no_grad()
-def run_tree_rounds(
-    steps: TreeSteps,
-    prompt: Sequence[int],
-    max_new_tokens: int,
-    sampling: Sampling = GREEDY,
-    generator: torch.Generator | None = None,
-    eos_ids: Collection[int] = (),
-    timed: bool = True,
-) -> DecodeTrace:
-    """Decode up to `max_new_tokens` after `prompt` with tree rounds of `steps.shape` (module
-    docstring). A round near the end of the output drafts fewer depths, so the output never
-    overshoots; the last token is one step of the full model. `timed` records each round's
-    phases and checks the cache after it, at a device sync per phase boundary."""
-    if max_new_tokens < 1 or not prompt:
-        raise ConfigError(f"need a non-empty prompt and max_new_tokens >= 1, got {max_new_tokens}")
-    runner, shape = steps.runner, steps.shape
-    rounds = Rounds()
-    clock = RoundClock(runner.device, timed)
-    cache = steps.prefill(prompt)
-    device_sync(runner.device)()
-    rounds.prefill_done()
-    tokens = list(prompt)
-    with engaged():
-        while len(tokens) - len(prompt) < max_new_tokens:
-            clock.start()
-            start = len(tokens) - 1
-            depth = min(shape.depth, max_new_tokens - (len(tokens) - len(prompt)) - 1)
-            steps.begin(start, tokens[-1], depth)
-            if depth == 0:  # the last token: one step of the full model
-                with clock.phase("verify"):
-                    logits = steps.step()
-                with clock.phase("sample"):
-                    greedy = sampling.greedy
-                    token = (
-                        int(logits.argmax()) if greedy else int(sample(sampling.probs(logits), generator)[0])
-                    )
-                tokens.append(token)
-                rounds.add(0, 0, clock.finish(start + 1, 0, 0))
-                break
-            with clock.phase("draft"):
-                proposal = steps.draft(depth, sampling, generator)
-            with clock.phase("cache"):
-                crop(cache, start, range(steps.s1, runner.num_layers))
-            with clock.phase("verify"):
-                logits = steps.verify(proposal)
-            with clock.phase("sample"):
-                path, committed = walk(proposal, logits, sampling, generator)
-            with clock.phase("cache"):
-                steps.compact(path)
-                if timed:
-                    check_lengths(cache, start + len(path) + 1)
-            tokens += committed
-            rounds.add(depth, len(path), clock.finish(start + 1, depth, len(path)))
-            if any(token in eos_ids for token in committed):
-                break
-    check_lengths(cache, len(tokens) - 1)
-    return rounds.result(tokens, len(prompt), eos_ids)
-
-
 def tree_decode(
     runner: LayerwiseRunner,
     prompt: Sequence[int],
@@ -523,12 +430,17 @@ def tree_decode(
     kv: KVPattern | None = None,
 ) -> DecodeTrace:
     """Decode up to `max_new_tokens` after `prompt` with tree rounds of `shape` (module docstring)
-    on the runner, eagerly (`EagerTreeSteps`, `run_tree_rounds`).
+    on the runner, eagerly (`EagerTreeSteps`, `ssd.run_rounds`).
 
     Lossless as the chain is: greedy output equals `autoregressive_decode`'s token for token;
     sampled output follows the target's distribution. `DecodeTrace.gammas` holds each round's
     depth, `accepted` the depth it accepted. `kv`: the draft's KV pattern (a sink and a window
-    wider than the tree is deep; not pillars, which the tree's verify does not choose).
+    wider than the tree is deep; not pillars, which the tree's verify does not choose). `timed`
+    records each round's phases, at a device sync per phase boundary.
     """
     steps = EagerTreeSteps(runner, mask, shape, head, kv)
-    return run_tree_rounds(steps, prompt, max_new_tokens, sampling, generator, eos_ids, timed)
+    schedule = FixedLength(shape.depth)
+    result, _ = run_rounds(
+        runner, prompt, max_new_tokens, steps, schedule, sampling, generator, eos_ids, timed
+    )
+    return result

@@ -108,7 +108,8 @@ def test_greedy_graphed_trees_from_a_draft_vocabulary_equal_autoregressive(runne
 
 def test_the_static_mask_sees_the_prefix_and_the_ancestors_over_every_slot(runner) -> None:
     steps = tree_steps(runner, MASKS["sparse multi"], TreeShape.parse("2x1"), room=10)
-    steps.begin(3, 7, 2)  # root 0 at slot 3; children 1, 2; grandchildren 3 (of 1), 4 (of 2)
+    root = torch.tensor([[7]])
+    steps.begin(3, root, 2)  # root 0 at slot 3; children 1, 2; grandchildren 3 (of 1), 4 (of 2)
     assert steps.ids[0, 0] == 7
     assert steps.positions.tolist() == [[3, 4, 4, 5, 5]]
     mask = steps.attend[0, 0]
@@ -121,7 +122,7 @@ def test_the_static_mask_sees_the_prefix_and_the_ancestors_over_every_slot(runne
         [1, 0, 1, 0, 1],
     ]
     chain = tree_steps(runner, MASKS["sparse multi"], TreeShape.parse("1x1x1"), room=10)
-    chain.begin(4, 7, 2)
+    chain.begin(4, root, 2)
     causal = torch.arange(10)[None] <= chain.positions[0, :, None]
     assert torch.equal(chain.attend[0, 0], causal)
 

@@ -11,6 +11,7 @@ from skipsearch.engine import (
     autoregressive_decode,
     speculative_decode,
     ssd,
+    steps,
 )
 from skipsearch.engine import shared_kv as cache_ops
 from skipsearch.masks import KVPattern, SkipMask
@@ -47,7 +48,7 @@ def _rollback_off_by_one(monkeypatch):
     def crop(cache, length, layers=None):
         cache_ops.crop(cache, length + (layers is None), layers)
 
-    monkeypatch.setattr(ssd, "crop", crop)
+    monkeypatch.setattr(steps, "crop", crop)  # the chain's rollback (`ChainProposal.roll_back`)
 
 
 @pytest.mark.parametrize("gamma", GAMMAS.values(), ids=GAMMAS.keys())

@@ -1,12 +1,16 @@
 """Token-tree rounds (`engine.tree_rounds`): greedy output equals autoregressive decoding for every mask and
-shape, a width-1 tree is the chain bit for bit, the cache holds the accepted path only, and the
-acceptance walks are exact (sampled distributions: test_tree_sampling.py)."""
+shape, a width-1 tree is the chain bit for bit through the one round loop, the cache holds the
+accepted path only, and the acceptance walks are exact (sampled distributions: test_tree_sampling.py)."""
 
 import pytest
 import torch
 
-from skipsearch.engine import speculative_decode
-from skipsearch.engine.tree_rounds import compact, tree_decode, tree_greedy_walk, tree_mask
+from skipsearch.engine import speculative_decode, ssd
+from skipsearch.engine.sampling import GREEDY
+from skipsearch.engine.shared_kv import compact
+from skipsearch.engine.ssd import FixedLength
+from skipsearch.engine.steps import EagerSteps
+from skipsearch.engine.tree_rounds import EagerTreeSteps, tree_decode, tree_greedy_walk, tree_mask
 from skipsearch.masks import SkipMask
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.tree_shapes import TreeShape
@@ -115,3 +119,30 @@ def test_compact_moves_the_accepted_path_next_to_the_root(runner):
     assert keys.shape[2] == 7
     assert torch.equal(keys[:, :, :5], before[:, :, :5])
     assert torch.equal(keys[:, :, 5], before[:, :, 6]) and torch.equal(keys[:, :, 6], before[:, :, 9])
+
+
+@pytest.mark.parametrize("new_tokens", [1, 5, NEW_TOKENS])
+def test_one_loop_plays_the_chain_and_the_width_one_tree(runner, reference, monkeypatch, new_tokens):
+    """`ssd.run_rounds` plays a chain's rounds and a token tree's: the chain's steps and a width-1
+    tree's steps, under the same schedule, settle every round through the one loop — each by its own
+    proposal's accept and rollback — and agree round for round. One new token is one γ = 0 round of
+    each shape (a tree's: its root alone)."""
+    settled: list[str] = []
+    settle = ssd.settle
+
+    def spy(cache, tokens, proposal, *rest):
+        settled.append(type(proposal).__name__)
+        return settle(cache, tokens, proposal, *rest)
+
+    monkeypatch.setattr(ssd, "settle", spy)
+    mask = MASKS["sparse multi"]
+    chain_steps = EagerSteps(runner, [mask])
+    chain, _ = ssd.run_rounds(runner, PROMPT, new_tokens, chain_steps, FixedLength(3), GREEDY, None, ())
+    chain_settled, settled[:] = list(settled), []
+    tree_steps = EagerTreeSteps(runner, mask, TreeShape.chain(3))
+    tree, _ = ssd.run_rounds(runner, PROMPT, new_tokens, tree_steps, FixedLength(3), GREEDY, None, ())
+    assert tree.tokens == chain.tokens == reference[:new_tokens]
+    assert tree.gammas == chain.gammas and tree.accepted == chain.accepted
+    assert chain_settled == ["ChainProposal"] * len(chain.gammas)
+    assert settled == ["TreeProposal"] * len(tree.gammas)
+    assert new_tokens > 1 or chain.gammas == (0,)

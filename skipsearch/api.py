@@ -30,7 +30,7 @@ from skipsearch.masks import Draft, KVPattern, SkipMask, parse_draft_vocab
 from skipsearch.models.registry import DEFAULT_MODEL
 from skipsearch.options import check
 from skipsearch.store import BEST_FILE, TRIALS_TABLE
-from skipsearch.tree_shapes import CHAIN, Tree, parse_tree, parse_trees
+from skipsearch.tree_shapes import Tree, as_tree, parse_trees
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,15 +48,15 @@ class SearchResult:
     run gives the same result (`SearchResult.load`).
 
     `best` is the draft the verdict names (the finalist with the best exact re-score where the run
-    re-scored them), `gamma` its draft length, `tree` the shape of its rounds (`chain`, or a token
-    tree such as `2x2x1` where one won), `predicted_speedup` its speedup over autoregressive
+    re-scored them), `gamma` its draft length, `tree` the shape of its rounds (None: a chain of
+    `gamma`; a token tree such as `2x2x1` where one won), `predicted_speedup` its speedup over autoregressive
     decoding by the run's cost model, `pays` whether that clears the verdict's margin, `verdict`
     the verdict's sentence, `trials` one row per trial (`trials.csv`), `summary` all of `best.json`.
     """
 
     best: Draft
     gamma: int
-    tree: str
+    tree: Tree | None
     predicted_speedup: float
     pays: bool
     verdict: str
@@ -90,7 +90,7 @@ class SearchResult:
         return cls(
             best=draft,
             gamma=int(finalists[0]["gamma"] if finalists else summary["gamma_best"]),
-            tree=(finalists[0].get("tree") if finalists else summary.get("tree")) or CHAIN,
+            tree=as_tree(finalists[0].get("tree") if finalists else summary.get("tree")),
             predicted_speedup=float(speedup),
             pays=speedup >= PAYS_OFF,
             verdict=verdict_sentence(summary),
@@ -329,7 +329,7 @@ def decode(
         picked.append(draft if isinstance(draft, Draft) else Draft.parse(draft, num_layers))
         return picked[-1]
 
-    shape = None if tree in (None, CHAIN) else parse_tree(tree) if isinstance(tree, str) else tree
+    shape = as_tree(tree)
     report = decode_report(
         config, pick, GammaPolicy.fixed(gamma), Sampling(temperature), new_tokens, repeats, seed, tree=shape
     )

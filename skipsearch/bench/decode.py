@@ -23,7 +23,7 @@ from skipsearch.engine.tree_rounds import check_tree_pattern
 from skipsearch.errors import ConfigError
 from skipsearch.masks import Draft
 from skipsearch.models.kernels import busy_cpu_warning
-from skipsearch.tree_shapes import DynamicTree, Tree
+from skipsearch.tree_shapes import DynamicTree, Tree, as_tree
 
 if TYPE_CHECKING:
     from skipsearch.acceptance.measure_config import MeasureConfig
@@ -149,6 +149,7 @@ def decode_draft(
     from skipsearch.models.random_weights import random_prompts
     from skipsearch.models.runner import LayerwiseRunner
 
+    tree = as_tree(tree)  # a chain-shaped tree decodes as the chain
     if weights is None:
         measurement = prepare(config)
         draft = pick_draft(measurement.num_layers)
@@ -175,7 +176,7 @@ def decode_draft(
         check_graphable(kv, policy)
         room = max(len(p) for p in prompts) + settings.new_tokens + widest + 1
         steps = GraphSteps(runner, [mask], [gamma], room, heads=[head], kvs=[kv])
-        if tree is not None and not tree.is_chain:  # a chain-shaped tree decodes as the chain
+        if tree is not None:
             tree_steps = TreeGraphSteps(steps, tree)
 
     def decoders(sampling: Sampling) -> dict[str, Decoder]:

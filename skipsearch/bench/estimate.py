@@ -23,7 +23,7 @@ def estimators(
     "Measuring acceptance"). For a token `tree`: `shared-kv` and `rounds` simulating the tree's
     rounds with the draft vocabulary `vocab`."""
     configured = measurement.estimator
-    if tree is not None and not tree.is_chain and configured.mode in MODES_WITH_KV:
+    if tree is not None and configured.mode in MODES_WITH_KV:
         runner, reference, ids = configured.runner, configured.reference, configured.vocab_ids
         return [
             Estimator(runner, reference, "shared-kv", ids),
@@ -53,7 +53,7 @@ def estimator_dict(
     alpha = profile.alpha if sampling.greedy else profile.sampling_acceptance
     predicted, why_not = None, None
     gamma, stop = policy.initial, policy.stop_below
-    if tree is not None and not tree.is_chain:
+    if tree is not None:
         if sampling.greedy:
             predicted = profile.tree_tokens_per_round(tree)
         else:

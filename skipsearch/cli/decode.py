@@ -30,7 +30,7 @@ from skipsearch.errors import ConfigError, SkipsearchError
 from skipsearch.masks import KVPattern, parse_draft_vocab
 from skipsearch.options import option_type
 from skipsearch.store import check_cache_dir, check_output_file, write_text_atomic
-from skipsearch.tree_shapes import CHAIN, parse_tree
+from skipsearch.tree_shapes import as_tree
 
 DEFAULT_GAMMA = 3
 
@@ -135,7 +135,8 @@ def read_tree(path: Path) -> str | None:
         tree = json.loads(path.read_text()).get("tree")
     except (OSError, ValueError, AttributeError):
         return None
-    return None if tree in (None, CHAIN) else str(tree)
+    shape = as_tree(tree)  # `chain`: no tree
+    return None if shape is None else str(shape)
 
 
 def read_from(path: Path) -> tuple[str, int | None]:
@@ -212,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give the tree once: --tree, or --tree-nodes")
     shape = f"n{args.tree_nodes}" if args.tree_nodes is not None else args.tree
     shape = shape or (read_tree(Path(args.from_path)) if args.from_path else None)
-    tree = None if shape in (None, CHAIN) else parse_tree(shape)
+    tree = as_tree(shape)
     if mask_text is not None and any(
         value is not None for value in (args.skip, args.mask, args.attn_skip, args.mlp_skip)
     ):

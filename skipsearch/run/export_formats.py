@@ -26,7 +26,7 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask, vocab_label
 from skipsearch.run.export_source import EXPORT_VERSION, ExportedDraft, ExportSource
 from skipsearch.store import DRAFT_VOCAB_FILE, TIERS_FILE, write_text_atomic
-from skipsearch.tree_shapes import CHAIN
+from skipsearch.tree_shapes import as_tree
 
 NOTES_FILE = "export_notes.md"  # the prose of every note, per format
 
@@ -74,8 +74,8 @@ def note_values(source: ExportSource, draft: ExportedDraft) -> dict[str, Any]:
 
 def _tree(source: ExportSource) -> str | None:
     """The token-tree shape the run's best draft drafts (None: a chain)."""
-    tree = source.best_json.get("tree")
-    return None if tree in (None, CHAIN) else str(tree)
+    tree = as_tree(source.best_json.get("tree"))
+    return None if tree is None else str(tree)
 
 
 def _no_tree_note(source: ExportSource, draft: ExportedDraft) -> list[str]:

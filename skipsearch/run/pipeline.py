@@ -294,7 +294,7 @@ def run_scorer(config: RunConfig, context: RunContext) -> Scorer:
     """The run's objective under its cost model, as the search and the finalists' re-score use it."""
     from skipsearch.cost.closed_forms import head_share_from_config
     from skipsearch.search.objective import DEFAULT_CONTEXT, make_scorer, model_kv_share
-    from skipsearch.tree_shapes import parse_tree
+    from skipsearch.tree_shapes import parse_trees
 
     runner = context.measurement.runner
     model_config = runner.config
@@ -312,7 +312,7 @@ def run_scorer(config: RunConfig, context: RunContext) -> Scorer:
         kv=config.kv or (None,),
         kv_share=None if context.latency else model_kv_share(runner.model, at),
         gamma_min=config.gamma_min or 1,
-        trees=tuple(parse_tree(shape) for shape in config.trees or ()),
+        trees=parse_trees(config.trees),
     )
 
 

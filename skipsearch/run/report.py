@@ -40,7 +40,7 @@ from skipsearch.store import (
     atomic_path,
     write_text_atomic,
 )
-from skipsearch.tree_shapes import CHAIN
+from skipsearch.tree_shapes import as_tree
 
 if TYPE_CHECKING:
     import optuna
@@ -252,8 +252,8 @@ def plan_line(summary: dict) -> str:
 
 def round_words(summary: dict) -> str:
     """How the best draft's rounds go: a chain of γ tokens, or a token tree of its shape."""
-    tree = summary.get("tree")
-    if tree and tree != CHAIN:
+    tree = as_tree(summary.get("tree"))
+    if tree is not None:
         return f'drafting token trees {tree} (docs/theory.md, "Token trees")'
     return f"with draft length γ = {summary['gamma_best']}"
 
@@ -262,7 +262,7 @@ def tree_lines(summary: dict) -> list[str]:
     """Why a chain won where token trees were searched: what the verify of the best tree's rows
     costs on this device, in steps of one row (`tree_verify_steps`)."""
     scores, tree = summary.get("score_by_tree"), summary.get("tree")
-    if not scores or tree != CHAIN or len(scores) < 2:
+    if not scores or tree is None or as_tree(tree) is not None or len(scores) < 2:
         return []
     rows, steps = summary.get("tree_verify_steps") or (None, None)
     cost = f": a verify of {rows} rows costs {steps:.2f} steps on this device" if rows else ""

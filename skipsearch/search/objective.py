@@ -20,7 +20,7 @@ from skipsearch.cost.tree_cost import score_tree
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
 from skipsearch.search.score import Score, Scorer
-from skipsearch.tree_shapes import CHAIN, Tree
+from skipsearch.tree_shapes import Tree, as_tree, tree_label
 
 OBJECTIVES = ("speedup", "acceptance")
 COSTS = ("closed-form", "calibrated")
@@ -91,7 +91,7 @@ def make_scorer(
             "--cost calibrated needs a latency profile: run `skipsearch profile --model M` first"
         )
     allowed, allowed_kv = tuple(draft_vocab), tuple(kv)
-    shapes = tuple(shape for shape in trees if not shape.is_chain) if cost == "calibrated" else ()
+    shapes = tuple(t for t in map(as_tree, trees) if t is not None) if cost == "calibrated" else ()
     patterned = any(pattern is not None for pattern in allowed_kv)
     latency = scoring_latency(cost, latency, context, extrapolate_context, patterned)
     at = DEFAULT_CONTEXT if context is None else context
@@ -120,9 +120,9 @@ def make_scorer(
             form = Calibrated(latency, mask, at, profile.draft_vocab, vocab_size, profile.kv)
             scored = [score_tree(profile, form, shape) for shape in kv_shapes]
             winner = max(scored, key=lambda s: (s.speedup, -s.shape.nodes))
-            details["score_by_tree"] = {CHAIN: value, **{str(s.shape): s.speedup for s in scored}}
+            details["score_by_tree"] = {tree_label(None): value, **{str(s.shape): s.speedup for s in scored}}
             details["tree_verify_steps"] = (winner.shape.verify_rows, _verify_steps(form, winner.shape))
-            details["tree"] = CHAIN
+            details["tree"] = tree_label(None)
             if winner.speedup > value:
                 value = winner.speedup
                 details |= {"tree": str(winner.shape), "tree_tokens_per_round": winner.tokens_per_round}

@@ -35,8 +35,8 @@ from skipsearch.tree_shapes import Tree, as_tree, parse_trees
 if TYPE_CHECKING:
     import pandas as pd
 
+    from skipsearch.bench.decode_report import DecodeReport
     from skipsearch.executors.base import ExecutorFactory
-    from skipsearch.models.loading import LoadedModel
     from skipsearch.models.random_weights import RandomWeights
 
 AUTO = "auto"
@@ -244,40 +244,43 @@ def search_into(
 
 @dataclass(frozen=True)
 class DecodeResult:
-    """A draft decoded for real against autoregressive decoding on the same kernels and prompts.
+    """A draft decoded for real against autoregressive decoding on the same kernels and prompts: the
+    typed view of the decode's report (`bench.decode_report.DecodeReport`, what `skipsearch decode
+    --json` writes: HF `generate`, the estimator's prediction, the round breakdown) for `draft`.
 
     `speedup`: SSD's tokens per second over the autoregressive decode's; `lossless`: greedy SSD
     gave the autoregressive tokens on every prompt (within the measured tolerance in bf16);
-    `tokens_per_round` and `acceptance` as the engine measured them; `report`: everything
-    `skipsearch decode --json` writes (HF `generate`, the estimator's prediction, the round breakdown).
+    `tokens_per_round` and `acceptance` as the engine measured them.
     """
 
     draft: Draft
-    gamma: int
-    speedup: float
-    lossless: bool
-    tokens_per_round: float | None
-    acceptance: float | None
-    report: dict[str, Any] = field(repr=False)
+    report: DecodeReport = field(repr=False)
 
-    @classmethod
-    def from_report(cls, report: dict[str, Any], draft: Draft) -> DecodeResult:
-        from skipsearch.bench.decoders import AR, AR_GRAPHS, SSD, SSD_GRAPHS
+    @property
+    def gamma(self) -> int:
+        return self.report.gamma
 
-        summaries = report["summaries"]
-        graphed = report.get("graphs") is not None
-        ssd, baseline = (
-            (summaries[SSD_GRAPHS], summaries[AR_GRAPHS]) if graphed else (summaries[SSD], summaries[AR])
-        )
-        speedup = ssd["tokens_per_second"] / baseline["tokens_per_second"]
-        return cls(
-            draft=draft,
-            gamma=int(report["gamma"]),
-            speedup=float(speedup),
-            lossless=bool(report["lossless"]),
-            tokens_per_round=ssd.get("tokens_per_round"),
-            acceptance=ssd.get("acceptance"),
-            report=report,
+    @property
+    def speedup(self) -> float:
+        return self.report.speedup
+
+    @property
+    def lossless(self) -> bool:
+        return self.report.lossless
+
+    @property
+    def tokens_per_round(self) -> float | None:
+        return self.report.candidate.tokens_per_round
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.report.candidate.acceptance
+
+    def __repr__(self) -> str:
+        return (
+            f"DecodeResult(draft={self.draft}, gamma={self.gamma}, speedup={self.speedup:.3f}, "
+            f"lossless={self.lossless}, tokens_per_round={self.tokens_per_round}, "
+            f"acceptance={self.acceptance})"
         )
 
 
@@ -333,7 +336,7 @@ def decode(
     report = decode_report(
         config, pick, GammaPolicy.fixed(gamma), Sampling(temperature), new_tokens, repeats, seed, tree=shape
     )
-    return DecodeResult.from_report(report, picked[-1])
+    return DecodeResult(picked[-1], report)
 
 
 def decode_report(
@@ -348,7 +351,7 @@ def decode_report(
     weights: RandomWeights | None = None,
     graphs: bool = False,
     tree: Tree | None = None,
-) -> dict[str, Any]:
+) -> DecodeReport:
     """One decode check (`skipsearch decode`'s whole job): the draft `pick_draft(depth)` gives,
     timed against autoregressive decoding and HF `generate` and proven lossless; the report. With
     a `tree`, the draft drafts token trees of that shape, beside the same draft as a chain."""
@@ -357,13 +360,3 @@ def decode_report(
     check("repeats", repeats)
     settings = DecodeSettings(sampling, new_tokens, repeats, seed, breakdown)
     return decode_draft(config, pick_draft, policy, settings, weights, graphs, tree)
-
-
-def load_model(
-    model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "auto", announce: bool = False
-) -> LoadedModel:
-    """`model` loaded on this device's kernel plan (`result.plan.line` says which; `.model` is the
-    transformers model, `.tokenizer` its tokenizer)."""
-    from skipsearch.models.loading import load_model as load
-
-    return load(model, device, dtype, announce=announce)

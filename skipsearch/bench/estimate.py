@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.measure_config import MODES_WITH_KV
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.acceptance.worker import Measurement
+from skipsearch.bench.decode_report import EstimatorCheck
 from skipsearch.cost.closed_forms import tokens_per_round_iid
 from skipsearch.engine.gamma import GammaPolicy
 from skipsearch.engine.result import Summary
@@ -34,14 +33,14 @@ def estimators(
     return [configured, Estimator(configured.runner, configured.reference, "self", configured.vocab_ids)]
 
 
-def estimator_dict(
+def estimator_check(
     profile: AcceptanceProfile,
     mode: str,
     policy: GammaPolicy,
     sampling: Sampling,
     measured: Summary,
     tree: Tree | None = None,
-) -> dict[str, Any]:
+) -> EstimatorCheck:
     """The estimator's acceptance and tokens per round for the engine's γ, and the relative error.
 
     Greedy: the exact round simulation over the teacher-forced match vector (docs/theory.md, "The
@@ -67,12 +66,12 @@ def estimator_dict(
     else:
         predicted = tokens_per_round_iid(alpha, gamma)
     actual = measured.tokens_per_round
-    return {
-        "mode": mode,
-        "alpha": alpha,
-        "measured_acceptance": measured.acceptance,
-        "tokens_per_round": predicted,
-        "no_prediction": why_not,
-        "measured_tokens_per_round": actual,
-        "relative_error": (predicted - actual) / actual if predicted is not None and actual else None,
-    }
+    return EstimatorCheck(
+        mode=mode,
+        alpha=alpha,
+        measured_acceptance=measured.acceptance,
+        tokens_per_round=predicted,
+        no_prediction=why_not,
+        measured_tokens_per_round=actual,
+        relative_error=(predicted - actual) / actual if predicted is not None and actual else None,
+    )

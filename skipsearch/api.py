@@ -16,20 +16,18 @@ the same values with the same message.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.config import RunConfig
-from skipsearch.errors import ConfigError
+from skipsearch.cost.verdict import Verdict
 from skipsearch.masks import Draft, KVPattern, SkipMask, parse_draft_vocab
 from skipsearch.models.registry import DEFAULT_MODEL
 from skipsearch.options import check
-from skipsearch.store import BEST_FILE, TRIALS_TABLE
 from skipsearch.tree_shapes import Tree, as_tree, parse_trees
 
 if TYPE_CHECKING:
@@ -38,50 +36,57 @@ if TYPE_CHECKING:
     from skipsearch.bench.decode_report import DecodeReport
     from skipsearch.executors.base import ExecutorFactory
     from skipsearch.models.random_weights import RandomWeights
+    from skipsearch.run.report import RunReport
 
 AUTO = "auto"
+RUNS_DIR = "runs"  # where run and compare directories go by default (git-ignored)
 
 
 @dataclass(frozen=True)
 class SearchResult:
-    """What a search found, read back from its run directory (`run_dir`), so a finished or copied
-    run gives the same result (`SearchResult.load`).
+    """What a search found: handed on by the search that wrote its run directory (`run_dir`), or
+    read back from it, so a finished or copied run gives the same result (`SearchResult.load`).
 
     `best` is the draft the verdict names (the finalist with the best exact re-score where the run
     re-scored them), `gamma` its draft length, `tree` the shape of its rounds (None: a chain of
-    `gamma`; a token tree such as `2x2x1` where one won), `predicted_speedup` its speedup over autoregressive
-    decoding by the run's cost model, `pays` whether that clears the verdict's margin, `verdict`
-    the verdict's sentence, `trials` one row per trial (`trials.csv`), `summary` all of `best.json`.
+    `gamma`; a token tree such as `2x2x1` where one won), `judgement` the verdict on it
+    (`cost.verdict.Verdict`: `predicted_speedup`, its speedup over autoregressive decoding by the
+    run's cost model, and `pays`, whether that clears the verdict's margin), `verdict` the verdict's
+    sentence, `trials` one row per trial (`trials.csv`), `summary` all of `best.json`, `markdown`
+    all of `summary.md`.
     """
 
     best: Draft
     gamma: int
     tree: Tree | None
-    predicted_speedup: float
-    pays: bool
+    judgement: Verdict
     verdict: str
     trials: pd.DataFrame = field(repr=False)
     run_dir: Path
     summary: dict[str, Any] = field(repr=False)
+    markdown: str = field(repr=False, default="")
     measured_now: int = 0  # masks measured by the call that returned this (0 when read back)
+
+    @property
+    def predicted_speedup(self) -> float:
+        return self.judgement.speedup
+
+    @property
+    def pays(self) -> bool:
+        return self.judgement.pays
 
     @classmethod
     def load(cls, run_dir: str | Path) -> SearchResult:
         """The result of the run in `run_dir` (its report files, rewritten by `skipsearch report`)."""
-        import pandas as pd
+        from skipsearch.run.report import read_run_report
 
-        from skipsearch.run.report import PAYS_OFF, verdict_sentence
+        return cls.of(read_run_report(Path(run_dir)))
 
-        run_dir = Path(run_dir)
-        path = run_dir / BEST_FILE
-        if not path.is_file():
-            raise ConfigError(
-                f"{run_dir} holds no {BEST_FILE}: pass a finished run (or `skipsearch report` it)"
-            )
-        summary = json.loads(path.read_text())
+    @classmethod
+    def of(cls, report: RunReport, measured_now: int = 0) -> SearchResult:
+        """The result a run's report states (`run.report.RunReport`)."""
+        summary = report.summary
         finalists = summary.get("finalists") or []
-        cost = summary["cost"].replace("-", "_")
-        speedup = finalists[0]["exact_score"] if finalists else summary["predicted_speedup"][cost]
         draft = Draft(
             SkipMask.parse(summary["mask"], int(summary["num_layers"])),
             parse_draft_vocab(summary.get("draft_vocab")),
@@ -91,12 +96,13 @@ class SearchResult:
             best=draft,
             gamma=int(finalists[0]["gamma"] if finalists else summary["gamma_best"]),
             tree=as_tree(finalists[0].get("tree") if finalists else summary.get("tree")),
-            predicted_speedup=float(speedup),
-            pays=speedup >= PAYS_OFF,
-            verdict=verdict_sentence(summary),
-            trials=pd.read_csv(run_dir / TRIALS_TABLE),
-            run_dir=run_dir,
+            judgement=report.verdict,
+            verdict=report.verdict_sentence,
+            trials=report.trials,
+            run_dir=report.run_dir,
             summary=summary,
+            markdown=report.text,
+            measured_now=measured_now,
         )
 
 
@@ -141,7 +147,7 @@ def search(
       chains only; default: the space's `tree:` list).
     - `cost`: `auto` (calibrated where `skipsearch profile` measured this model on this device),
       `calibrated` or `closed-form`.
-    - `out`: the run directory (default `results/<model>-<space>-<strategy>-s<seed>`).
+    - `out`: the run directory (default `runs/<model>-<space>-<strategy>-s<seed>`).
     """
     given = {
         "budget": budget,
@@ -211,7 +217,12 @@ def stored_fields(typed: set[str]) -> dict[str, str]:
 
 def default_out(config: RunConfig) -> Path:
     """Where a run goes when no directory is given (as `skipsearch run` without `--out`)."""
-    return Path(f"results/{config.measure.model}-{config.space}-{config.strategy}-s{config.seed}")
+    return Path(f"{RUNS_DIR}/{config.measure.model}-{config.space}-{config.strategy}-s{config.seed}")
+
+
+def default_compare_out(config: RunConfig) -> Path:
+    """Where a compare goes when no directory is given (as `skipsearch compare` without `--out`)."""
+    return Path(f"{RUNS_DIR}/compare-{config.measure.model}-{config.space}")
 
 
 def search_into(
@@ -224,22 +235,23 @@ def search_into(
     progress: bool = True,
 ) -> SearchResult:
     """Run `config` into `out` (`skipsearch run`'s whole job): check everything, load the model,
-    search to the budget, re-score the finalists, write the report; then read the result back.
+    search to the budget, re-score the finalists, write the report; the result as the report states
+    it (nothing read back).
     `typed`: the stored settings the caller set, which a resume refuses to change (`RunConfig`
     field -> the name to quote); `executor_factory`: where masks are evaluated (default: this
     process; `executors.ray` for a Ray cluster)."""
     from skipsearch.executors.base import local_executor
     from skipsearch.progress import trial_progress
     from skipsearch.run.pipeline import start_run
-    from skipsearch.run.report import write_run_outputs
 
     on_start, close_bar = trial_progress(f"{config.strategy} search", progress)
     try:
-        found = start_run(config, out, resume, typed or {}, executor_factory or local_executor, on_start)
+        found, report = start_run(
+            config, out, resume, typed or {}, executor_factory or local_executor, on_start
+        )
     finally:
         close_bar()
-    write_run_outputs(out)
-    return replace(SearchResult.load(out), measured_now=found.model_evaluations)
+    return SearchResult.of(report, measured_now=found.model_evaluations)
 
 
 @dataclass(frozen=True)

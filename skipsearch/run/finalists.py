@@ -1,7 +1,7 @@
 """The verdict's finalists, re-scored exactly: the top masks of a search in `rounds` mode at their γ*.
 
 A search ranks masks with the cheap `shared-kv` estimator, which sees every draft step as the first
-of its round and so overrates sparse masks by up to 6% (results/fidelity). The `rounds` estimator
+of its round and so overrates sparse masks by up to 6% (docs/search.md). The `rounds` estimator
 simulates the engine's own rounds at one γ and matches the engine exactly there, at three times
 the cost — too dear for every mask, cheap for a few. So once the search ends, its `FINALISTS`
 best distinct drafts (mask, draft vocabulary and KV pattern) are measured again in `rounds` mode at their own

@@ -71,3 +71,17 @@ def test_a_bad_setting_is_refused_before_any_work(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()
     with pytest.raises(ConfigError, match=r"holds no best\.json"):
         SearchResult.load(tmp_path)
+
+
+def test_each_api_name_is_its_subpackages_own() -> None:
+    """No public name is a wrapper of another: `load_model` is the loader itself, and a decode's
+    result is a view over the decode's typed report."""
+    from dataclasses import fields
+
+    from skipsearch.models import loading
+
+    assert skipsearch.load_model is loading.load_model
+    assert {f.name: f.type for f in fields(skipsearch.DecodeResult)} == {
+        "draft": "Draft",
+        "report": "DecodeReport",
+    }

@@ -16,72 +16,77 @@ the same values with the same message.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.config import RunConfig
-from skipsearch.errors import ConfigError
+from skipsearch.cost.verdict import Verdict
 from skipsearch.masks import Draft, KVPattern, SkipMask, parse_draft_vocab
 from skipsearch.models.registry import DEFAULT_MODEL
 from skipsearch.options import check
-from skipsearch.store import BEST_FILE, TRIALS_TABLE
-from skipsearch.tree_shapes import CHAIN, Tree, parse_tree, parse_trees
+from skipsearch.tree_shapes import Tree, as_tree, parse_trees
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from skipsearch.bench.decode_report import DecodeReport
     from skipsearch.executors.base import ExecutorFactory
-    from skipsearch.models.loading import LoadedModel
     from skipsearch.models.random_weights import RandomWeights
+    from skipsearch.run.report import RunReport
 
 AUTO = "auto"
+RUNS_DIR = "runs"  # where run and compare directories go by default (git-ignored)
 
 
 @dataclass(frozen=True)
 class SearchResult:
-    """What a search found, read back from its run directory (`run_dir`), so a finished or copied
-    run gives the same result (`SearchResult.load`).
+    """What a search found: handed on by the search that wrote its run directory (`run_dir`), or
+    read back from it, so a finished or copied run gives the same result (`SearchResult.load`).
 
     `best` is the draft the verdict names (the finalist with the best exact re-score where the run
-    re-scored them), `gamma` its draft length, `tree` the shape of its rounds (`chain`, or a token
-    tree such as `2x2x1` where one won), `predicted_speedup` its speedup over autoregressive
-    decoding by the run's cost model, `pays` whether that clears the verdict's margin, `verdict`
-    the verdict's sentence, `trials` one row per trial (`trials.csv`), `summary` all of `best.json`.
+    re-scored them), `gamma` its draft length, `tree` the shape of its rounds (None: a chain of
+    `gamma`; a token tree such as `2x2x1` where one won), `judgement` the verdict on it
+    (`cost.verdict.Verdict`: `predicted_speedup`, its speedup over autoregressive decoding by the
+    run's cost model, and `pays`, whether that clears the verdict's margin), `verdict` the verdict's
+    sentence, `trials` one row per trial (`trials.csv`), `summary` all of `best.json`, `markdown`
+    all of `summary.md`.
     """
 
     best: Draft
     gamma: int
-    tree: str
-    predicted_speedup: float
-    pays: bool
+    tree: Tree | None
+    judgement: Verdict
     verdict: str
     trials: pd.DataFrame = field(repr=False)
     run_dir: Path
     summary: dict[str, Any] = field(repr=False)
+    markdown: str = field(repr=False, default="")
     measured_now: int = 0  # masks measured by the call that returned this (0 when read back)
+
+    @property
+    def predicted_speedup(self) -> float:
+        return self.judgement.speedup
+
+    @property
+    def pays(self) -> bool:
+        return self.judgement.pays
 
     @classmethod
     def load(cls, run_dir: str | Path) -> SearchResult:
         """The result of the run in `run_dir` (its report files, rewritten by `skipsearch report`)."""
-        import pandas as pd
+        from skipsearch.run.report import read_run_report
 
-        from skipsearch.run.report import PAYS_OFF, verdict_sentence
+        return cls.of(read_run_report(Path(run_dir)))
 
-        run_dir = Path(run_dir)
-        path = run_dir / BEST_FILE
-        if not path.is_file():
-            raise ConfigError(
-                f"{run_dir} holds no {BEST_FILE}: pass a finished run (or `skipsearch report` it)"
-            )
-        summary = json.loads(path.read_text())
+    @classmethod
+    def of(cls, report: RunReport, measured_now: int = 0) -> SearchResult:
+        """The result a run's report states (`run.report.RunReport`)."""
+        summary = report.summary
         finalists = summary.get("finalists") or []
-        cost = summary["cost"].replace("-", "_")
-        speedup = finalists[0]["exact_score"] if finalists else summary["predicted_speedup"][cost]
         draft = Draft(
             SkipMask.parse(summary["mask"], int(summary["num_layers"])),
             parse_draft_vocab(summary.get("draft_vocab")),
@@ -90,13 +95,14 @@ class SearchResult:
         return cls(
             best=draft,
             gamma=int(finalists[0]["gamma"] if finalists else summary["gamma_best"]),
-            tree=(finalists[0].get("tree") if finalists else summary.get("tree")) or CHAIN,
-            predicted_speedup=float(speedup),
-            pays=speedup >= PAYS_OFF,
-            verdict=verdict_sentence(summary),
-            trials=pd.read_csv(run_dir / TRIALS_TABLE),
-            run_dir=run_dir,
+            tree=as_tree(finalists[0].get("tree") if finalists else summary.get("tree")),
+            judgement=report.verdict,
+            verdict=report.verdict_sentence,
+            trials=report.trials,
+            run_dir=report.run_dir,
             summary=summary,
+            markdown=report.text,
+            measured_now=measured_now,
         )
 
 
@@ -141,7 +147,7 @@ def search(
       chains only; default: the space's `tree:` list).
     - `cost`: `auto` (calibrated where `skipsearch profile` measured this model on this device),
       `calibrated` or `closed-form`.
-    - `out`: the run directory (default `results/<model>-<space>-<strategy>-s<seed>`).
+    - `out`: the run directory (default `runs/<model>-<space>-<strategy>-s<seed>`).
     """
     given = {
         "budget": budget,
@@ -211,7 +217,12 @@ def stored_fields(typed: set[str]) -> dict[str, str]:
 
 def default_out(config: RunConfig) -> Path:
     """Where a run goes when no directory is given (as `skipsearch run` without `--out`)."""
-    return Path(f"results/{config.measure.model}-{config.space}-{config.strategy}-s{config.seed}")
+    return Path(f"{RUNS_DIR}/{config.measure.model}-{config.space}-{config.strategy}-s{config.seed}")
+
+
+def default_compare_out(config: RunConfig) -> Path:
+    """Where a compare goes when no directory is given (as `skipsearch compare` without `--out`)."""
+    return Path(f"{RUNS_DIR}/compare-{config.measure.model}-{config.space}")
 
 
 def search_into(
@@ -224,60 +235,64 @@ def search_into(
     progress: bool = True,
 ) -> SearchResult:
     """Run `config` into `out` (`skipsearch run`'s whole job): check everything, load the model,
-    search to the budget, re-score the finalists, write the report; then read the result back.
+    search to the budget, re-score the finalists, write the report; the result as the report states
+    it (nothing read back).
     `typed`: the stored settings the caller set, which a resume refuses to change (`RunConfig`
     field -> the name to quote); `executor_factory`: where masks are evaluated (default: this
     process; `executors.ray` for a Ray cluster)."""
     from skipsearch.executors.base import local_executor
     from skipsearch.progress import trial_progress
     from skipsearch.run.pipeline import start_run
-    from skipsearch.run.report import write_run_outputs
 
     on_start, close_bar = trial_progress(f"{config.strategy} search", progress)
     try:
-        found = start_run(config, out, resume, typed or {}, executor_factory or local_executor, on_start)
+        found, report = start_run(
+            config, out, resume, typed or {}, executor_factory or local_executor, on_start
+        )
     finally:
         close_bar()
-    write_run_outputs(out)
-    return replace(SearchResult.load(out), measured_now=found.model_evaluations)
+    return SearchResult.of(report, measured_now=found.model_evaluations)
 
 
 @dataclass(frozen=True)
 class DecodeResult:
-    """A draft decoded for real against autoregressive decoding on the same kernels and prompts.
+    """A draft decoded for real against autoregressive decoding on the same kernels and prompts: the
+    typed view of the decode's report (`bench.decode_report.DecodeReport`, what `skipsearch decode
+    --json` writes: HF `generate`, the estimator's prediction, the round breakdown) for `draft`.
 
     `speedup`: SSD's tokens per second over the autoregressive decode's; `lossless`: greedy SSD
     gave the autoregressive tokens on every prompt (within the measured tolerance in bf16);
-    `tokens_per_round` and `acceptance` as the engine measured them; `report`: everything
-    `skipsearch decode --json` writes (HF `generate`, the estimator's prediction, the round breakdown).
+    `tokens_per_round` and `acceptance` as the engine measured them.
     """
 
     draft: Draft
-    gamma: int
-    speedup: float
-    lossless: bool
-    tokens_per_round: float | None
-    acceptance: float | None
-    report: dict[str, Any] = field(repr=False)
+    report: DecodeReport = field(repr=False)
 
-    @classmethod
-    def from_report(cls, report: dict[str, Any], draft: Draft) -> DecodeResult:
-        from skipsearch.bench.decoders import AR, AR_GRAPHS, SSD, SSD_GRAPHS
+    @property
+    def gamma(self) -> int:
+        return self.report.gamma
 
-        summaries = report["summaries"]
-        graphed = report.get("graphs") is not None
-        ssd, baseline = (
-            (summaries[SSD_GRAPHS], summaries[AR_GRAPHS]) if graphed else (summaries[SSD], summaries[AR])
-        )
-        speedup = ssd["tokens_per_second"] / baseline["tokens_per_second"]
-        return cls(
-            draft=draft,
-            gamma=int(report["gamma"]),
-            speedup=float(speedup),
-            lossless=bool(report["lossless"]),
-            tokens_per_round=ssd.get("tokens_per_round"),
-            acceptance=ssd.get("acceptance"),
-            report=report,
+    @property
+    def speedup(self) -> float:
+        return self.report.speedup
+
+    @property
+    def lossless(self) -> bool:
+        return self.report.lossless
+
+    @property
+    def tokens_per_round(self) -> float | None:
+        return self.report.candidate.tokens_per_round
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.report.candidate.acceptance
+
+    def __repr__(self) -> str:
+        return (
+            f"DecodeResult(draft={self.draft}, gamma={self.gamma}, speedup={self.speedup:.3f}, "
+            f"lossless={self.lossless}, tokens_per_round={self.tokens_per_round}, "
+            f"acceptance={self.acceptance})"
         )
 
 
@@ -329,11 +344,11 @@ def decode(
         picked.append(draft if isinstance(draft, Draft) else Draft.parse(draft, num_layers))
         return picked[-1]
 
-    shape = None if tree in (None, CHAIN) else parse_tree(tree) if isinstance(tree, str) else tree
+    shape = as_tree(tree)
     report = decode_report(
         config, pick, GammaPolicy.fixed(gamma), Sampling(temperature), new_tokens, repeats, seed, tree=shape
     )
-    return DecodeResult.from_report(report, picked[-1])
+    return DecodeResult(picked[-1], report)
 
 
 def decode_report(
@@ -348,7 +363,7 @@ def decode_report(
     weights: RandomWeights | None = None,
     graphs: bool = False,
     tree: Tree | None = None,
-) -> dict[str, Any]:
+) -> DecodeReport:
     """One decode check (`skipsearch decode`'s whole job): the draft `pick_draft(depth)` gives,
     timed against autoregressive decoding and HF `generate` and proven lossless; the report. With
     a `tree`, the draft drafts token trees of that shape, beside the same draft as a chain."""
@@ -357,13 +372,3 @@ def decode_report(
     check("repeats", repeats)
     settings = DecodeSettings(sampling, new_tokens, repeats, seed, breakdown)
     return decode_draft(config, pick_draft, policy, settings, weights, graphs, tree)
-
-
-def load_model(
-    model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "auto", announce: bool = False
-) -> LoadedModel:
-    """`model` loaded on this device's kernel plan (`result.plan.line` says which; `.model` is the
-    transformers model, `.tokenizer` its tokenizer)."""
-    from skipsearch.models.loading import load_model as load
-
-    return load(model, device, dtype, announce=announce)

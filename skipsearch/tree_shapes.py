@@ -28,7 +28,7 @@ from skipsearch.errors import ConfigError
 MAX_NODES = 31  # the most nodes a tree may have: a verify of 32 rows, the most a LatencyProfile measures
 MAX_WIDTH = 8  # the most children of a node: the ranks the estimator records (`RANK_CAP`)
 RANK_CAP = MAX_WIDTH  # ranks at or past it are stored as it: no shape reaches them
-CHAIN = "chain"  # the round shape of a chain of γ tokens, where shapes are labelled (`score_by_tree`)
+CHAIN = "chain"  # a chain of γ tokens as files and command lines write it (`tree_label`, `as_tree`)
 SHAPE_FORM = re.compile(r"^[1-9]\d*(x[1-9]\d*)*$")
 
 
@@ -84,10 +84,6 @@ class RoundTree(Nodes):
     def depth(self) -> int:
         return max(self.depths)
 
-    @property
-    def is_chain(self) -> bool:
-        return False
-
 
 @dataclass(frozen=True)
 class TreeShape(Nodes):
@@ -141,10 +137,6 @@ class TreeShape(Nodes):
     def depth(self) -> int:
         """Draft passes a round runs, and the most draft tokens it can accept."""
         return len(self.widths)
-
-    @property
-    def is_chain(self) -> bool:
-        return all(width == 1 for width in self.widths)
 
     @property
     def widest(self) -> int:
@@ -204,14 +196,12 @@ class TreeShape(Nodes):
 
 
 def parse_trees(values: Sequence[str | int] | None) -> tuple[Tree, ...]:
-    """A space file's or a command line's trees, static or dynamic (`chain` or a number: chains
-    only)."""
+    """A space file's or a command line's trees, static or dynamic, each once; `chain`, a number
+    or `1x1x1` are the chain every draft is scored as anyway, so they add none."""
     shapes: list[Tree] = []
     for value in values or ():
-        if str(value).strip().lower() == "chain":
-            continue
-        shape = parse_tree(value)
-        if shape not in shapes:
+        shape = as_tree(value)
+        if shape is not None and shape not in shapes:
             shapes.append(shape)
     return tuple(shapes)
 
@@ -278,10 +268,6 @@ class DynamicTree:
 
     def __str__(self) -> str:
         return f"n{self.nodes}d{self.depth}k{self.top}"
-
-    @property
-    def is_chain(self) -> bool:
-        return False
 
     @property
     def widest(self) -> int:
@@ -360,3 +346,20 @@ def parse_tree(text: str | int) -> Tree:
     if str(text).strip().lower().startswith("n"):
         return DynamicTree.parse(str(text))
     return TreeShape.parse(text)
+
+
+def as_tree(value: Tree | str | int | None) -> Tree | None:
+    """The one reading of a round's shape: None for a chain of γ tokens — None itself, `chain`, a
+    number or a chain-shaped `1x1x1` — else the token tree. Code holds None for the chain; the
+    label `chain` exists only in files and on command lines (`tree_label` writes it)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == CHAIN):
+        return None
+    tree = parse_tree(value) if isinstance(value, str | int) else value
+    if isinstance(tree, TreeShape) and all(width == 1 for width in tree.widths):
+        return None
+    return tree
+
+
+def tree_label(tree: Tree | None) -> str:
+    """How files label a round's shape: `chain`, or the tree's own form (`as_tree` reads it back)."""
+    return CHAIN if tree is None else str(tree)

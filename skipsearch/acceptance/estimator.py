@@ -63,7 +63,7 @@ from skipsearch.kv.pillars import PillarChoice
 from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.device import device_sync
 from skipsearch.models.runner import LayerwiseRunner
-from skipsearch.tree_shapes import MAX_TOP, RANK_CAP, Tree
+from skipsearch.tree_shapes import MAX_TOP, RANK_CAP, Tree, as_tree
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class Estimator:
         self.round_gamma = round_gamma
         self.round_vocab = round_vocab  # `rounds` mode: the draft vocabulary whose argmax drafts
         self.round_stop = round_stop  # `rounds` mode: the confidence below which a round stops
-        self.round_tree = round_tree  # `rounds` mode: the token tree whose rounds are simulated
+        self.round_tree = as_tree(round_tree)  # `rounds` mode: the token tree whose rounds are simulated
         self.passes: list[int] = []  # `rounds` mode: forward passes each evaluation took
         self._subsets: dict[int, torch.Tensor] = {}
         self._pillars: dict[tuple[KVPattern, int], PillarChoice] = {}
@@ -160,7 +160,7 @@ class Estimator:
         rounds = None
         for passes in range(1, self.target_tokens.numel() + 2):
             logits = self._shared_kv_logits(mask, rounds, kv)
-            if self.round_tree is not None and not self.round_tree.is_chain:
+            if self.round_tree is not None:
                 found = self._tree_rounds(logits, self.round_tree)
                 if rounds is not None and all(map(torch.equal, found, rounds)):
                     self.passes.append(passes)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
-from skipsearch.tree_shapes import DynamicTree, Tree
+from skipsearch.tree_shapes import DynamicTree, Tree, as_tree
 
 
 def match_runs(matches: Sequence[bool]) -> np.ndarray:
@@ -223,7 +223,7 @@ class AcceptanceProfile:
     def tree_played(self, shape: Tree) -> list[tuple[int, int]]:
         """(depth, accepted) of every simulated greedy round of the tree `shape` over all prompts
         (`_walk_tree`); a chain-shaped tree plays the chain's rounds (`played`)."""
-        if shape.is_chain:
+        if as_tree(shape) is None:
             return self.played(shape.depth)
         if not self.target_rank:
             raise ValueError(

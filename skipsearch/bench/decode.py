@@ -5,7 +5,7 @@ prediction) and `decode --from tiers.json` (a tier set next to its best single m
 flow (`measure`): every decoder on the same prompts, interleaved (`interleaved.benchmark`); then
 the lossless check — on the timed runs when greedy, on greedy reruns when sampling, since sampled
 runs differ by chance. `decode_draft` and `decode_tiers` return the report the CLI prints and
-writes as JSON.
+writes as JSON (`bench.decode_report`).
 """
 
 from __future__ import annotations
@@ -14,16 +14,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from skipsearch.bench.decode_report import (
+    DecodeConditions,
+    DecodeReport,
+    GraphedComparison,
+    TiersReport,
+    summaries_of,
+)
 from skipsearch.bench.decoders import AR, AR_GRAPHS, HF, SSD, SSD_GRAPHS, Decoder
 from skipsearch.engine.gamma import GammaPolicy
 from skipsearch.engine.result import DecodeTrace, Summary
 from skipsearch.engine.sampling import GREEDY, Sampling
-from skipsearch.engine.timing import breakdown
+from skipsearch.engine.timing import Bucket, breakdown
 from skipsearch.engine.tree_rounds import check_tree_pattern
 from skipsearch.errors import ConfigError
 from skipsearch.masks import Draft
 from skipsearch.models.kernels import busy_cpu_warning
-from skipsearch.tree_shapes import DynamicTree, Tree
+from skipsearch.tree_shapes import DynamicTree, Tree, as_tree
 
 if TYPE_CHECKING:
     from skipsearch.acceptance.measure_config import MeasureConfig
@@ -47,19 +54,11 @@ class DecodeSettings:
     seed: int
     breakdown: bool = True  # SSD rounds timed phase by phase, at a device sync per phase boundary
 
-    def to_dict(self, prompts: int) -> dict[str, Any]:
+    def conditions(self, prompts: int) -> DecodeConditions:
         """As the report holds them, with the caveats on their timing."""
-        return {
-            "sampling": {
-                "temperature": self.sampling.temperature,
-                "top_k": self.sampling.top_k,
-                "top_p": self.sampling.top_p,
-            },
-            "prompts": prompts,
-            "repeats": self.repeats,
-            "max_new_tokens": self.new_tokens,
-            "timing_caveats": timing_caveats(self.repeats),
-        }
+        return DecodeConditions(
+            self.sampling, prompts, self.repeats, self.new_tokens, tuple(timing_caveats(self.repeats))
+        )
 
 
 def timing_caveats(repeats: int) -> list[str]:
@@ -87,9 +86,9 @@ class Measured:
     def summaries(self) -> dict[str, Summary]:
         return {name: Summary.of(results) for name, results in self.runs.items()}
 
-    def breakdown(self, name: str) -> list[dict[str, Any]]:
+    def breakdown(self, name: str) -> tuple[Bucket, ...]:
         """`name`'s round time by context tercile and phase."""
-        return [b.to_dict() for b in breakdown([t for r in self.runs[name] for t in r.timings])]
+        return tuple(breakdown([t for r in self.runs[name] for t in r.timings]))
 
     def runs_dict(self) -> dict[str, list[dict[str, Any]]]:
         return {name: [r.to_dict() for r in results] for name, results in self.runs.items()}
@@ -129,7 +128,7 @@ def decode_draft(
     weights: RandomWeights | None,
     graphs: bool = False,
     tree: Tree | None = None,
-) -> dict[str, Any]:
+) -> DecodeReport:
     """One draft (`pick_draft(num_layers)`, called before anything slow) against autoregressive
     decoding, HF `generate` and, for a contiguous prefix, HF's early exit; with real weights, next
     to the estimator's prediction for it. Random weights: timing only, on random prompt ids.
@@ -140,7 +139,7 @@ def decode_draft(
     `tree`, the graphed SSD drafts trees (`engine.graphed_tree`) and the graphed chain runs beside."""
     from skipsearch.acceptance.worker import prepare
     from skipsearch.bench.decoders import graphed_decoders, make_decoders
-    from skipsearch.bench.estimate import estimator_dict, estimators
+    from skipsearch.bench.estimate import estimator_check, estimators
     from skipsearch.engine.graphed_tree import TreeGraphSteps
     from skipsearch.engine.graphs import GraphSteps
     from skipsearch.masks import kv_label, vocab_label
@@ -149,6 +148,7 @@ def decode_draft(
     from skipsearch.models.random_weights import random_prompts
     from skipsearch.models.runner import LayerwiseRunner
 
+    tree = as_tree(tree)  # a chain-shaped tree decodes as the chain
     if weights is None:
         measurement = prepare(config)
         draft = pick_draft(measurement.num_layers)
@@ -175,7 +175,7 @@ def decode_draft(
         check_graphable(kv, policy)
         room = max(len(p) for p in prompts) + settings.new_tokens + widest + 1
         steps = GraphSteps(runner, [mask], [gamma], room, heads=[head], kvs=[kv])
-        if tree is not None and not tree.is_chain:  # a chain-shaped tree decodes as the chain
+        if tree is not None:
             tree_steps = TreeGraphSteps(steps, tree)
 
     def decoders(sampling: Sampling) -> dict[str, Decoder]:
@@ -189,8 +189,8 @@ def decode_draft(
     measured = measure(decoders, runner, prompts, settings, SSD if steps is None else SSD_GRAPHS, widest)
     runs, sampling = measured.runs, settings.sampling
     summaries = measured.summaries()
-    estimates = [
-        estimator_dict(
+    estimates = tuple(
+        estimator_check(
             e.evaluate(mask, sampling.temperature, config.draft_vocabs, kv).for_vocab(vocab, kv),
             e.mode,
             policy,
@@ -199,33 +199,34 @@ def decode_draft(
             tree,
         )
         for e in (estimators(measurement, tree, vocab) if measurement else [])
-    ]
-    return {
-        "model": config.model,
-        "mask": str(mask),
-        "draft_vocab": vocab_label(vocab),
-        "kv": kv_label(kv),
-        "exit_layer": mask.exit_layer,
-        "gamma": policy.initial,
-        "tree": None if tree is None else str(tree),
-        "dynamic_gamma": not policy.is_fixed,
-        "draft_stop": policy.stop_below,
-        "random_weights": weights is not None,
-        **loaded.plan.to_record(),
-        **settings.to_dict(len(prompts)),
-        "summaries": {name: s.to_dict(summaries[HF], "hf") for name, s in summaries.items()},
-        "estimators": estimates,
-        "lossless": measured.lossless.passed,
-        "lossless_check": measured.lossless.to_dict(),
-        "hf_matches_autoregressive": (
+    )
+    return DecodeReport(
+        model=config.model,
+        mask=str(mask),
+        draft_vocab=vocab_label(vocab),
+        kv=kv_label(kv),
+        exit_layer=mask.exit_layer,
+        gamma=policy.initial,
+        tree=tree,
+        dynamic_gamma=not policy.is_fixed,
+        draft_stop=policy.stop_below,
+        random_weights=weights is not None,
+        kernel_plan_line=loaded.plan.line,
+        kernel_plan=loaded.plan.details,
+        conditions=settings.conditions(len(prompts)),
+        summaries=summaries_of(summaries, HF),
+        estimators=estimates,
+        lossless=measured.lossless.passed,
+        lossless_check=measured.lossless.to_dict(),
+        hf_matches_autoregressive=(
             all(h.tokens == a.tokens for h, a in zip(runs[HF], runs[AR], strict=True))
             if sampling.greedy
             else None
         ),
-        "breakdown": measured.breakdown(SSD_GRAPHS if steps is not None else SSD),
-        "graphs": None if steps is None else graphed_report(steps.mode, runs, summaries),
-        "runs": measured.runs_dict(),
-    }
+        breakdown=measured.breakdown(SSD_GRAPHS if steps is not None else SSD),
+        graphs=None if steps is None else graphed_report(steps.mode, runs, summaries),
+        runs=measured.runs_dict(),
+    )
 
 
 def check_tree(tree: Tree, kv: Any, policy: GammaPolicy, graphs: bool) -> None:
@@ -258,21 +259,20 @@ def check_graphable(kv: Any, policy: GammaPolicy) -> None:
 
 def graphed_report(
     mode: str, runs: dict[str, list[DecodeTrace]], summaries: dict[str, Summary]
-) -> dict[str, Any]:
-    """How the graphed decoders compare: SSD against the graphed baseline (the ratio a deployment
-    gets), the graphed baseline against the eager one, and whether both baselines agree."""
+) -> GraphedComparison:
+    """How the graphed decoders compare (`GraphedComparison`)."""
 
     def speed(name: str) -> float:
         return summaries[name].tokens_per_second
 
-    return {
-        "mode": mode,
-        "ssd_vs_graphed_autoregressive": speed(SSD_GRAPHS) / speed(AR_GRAPHS),
-        "graphed_vs_eager_autoregressive": speed(AR_GRAPHS) / speed(AR),
-        "graphed_autoregressive_matches": all(
+    return GraphedComparison(
+        mode=mode,
+        ssd_vs_graphed_autoregressive=speed(SSD_GRAPHS) / speed(AR_GRAPHS),
+        graphed_vs_eager_autoregressive=speed(AR_GRAPHS) / speed(AR),
+        graphed_autoregressive_matches=all(
             g.tokens == a.tokens for g, a in zip(runs[AR_GRAPHS], runs[AR], strict=True)
         ),
-    }
+    )
 
 
 def decode_tiers(
@@ -282,7 +282,7 @@ def decode_tiers(
     settings: DecodeSettings,
     require_graphs: bool,
     source: str,
-) -> dict[str, Any]:
+) -> TiersReport:
     """A tier set (read from `source`) against autoregressive decoding and the set's best single
     mask, on CUDA graphs where there is a GPU and eagerly otherwise. On graphs the speedups are
     over the autoregressive decode replayed from the same graphs (`graphed_autoregressive_decode`),
@@ -344,28 +344,28 @@ def decode_tiers(
     summaries = measured.summaries()
     baseline = AR_GRAPHS if AR_GRAPHS in summaries else AR
     rounds = [t for r in timed_tiers for t in r.tiers]
-    return {
-        "model": config.model,
-        "manifest": source,
-        "tiers": [str(m) for m in manifest.masks],
-        "policy": {"window": manifest.policy.window, "thresholds": list(manifest.policy.thresholds)},
-        "gammas": list(gammas),
-        "best_single": single,
-        "mode": steps.mode,
-        "eager_reason": eager_reason,
-        **settings.to_dict(len(prompts)),
-        "baseline": baseline,
-        "summaries": {
-            name: s.to_dict(summaries[baseline], "autoregressive") for name, s in summaries.items()
-        },
-        "tier_share": [rounds.count(t) / len(rounds) if rounds else 0.0 for t in range(len(manifest.masks))],
-        "predicted": dict(manifest.predicted),
-        "lossless": measured.lossless.passed,
-        "lossless_check": measured.lossless.to_dict(),
-        "breakdown": measured.breakdown(TIERS),
-        "runs": measured.runs_dict(),
-        "tier_runs": [list(r.tiers) for r in timed_tiers],
-    }
+    share = tuple(rounds.count(t) / len(rounds) if rounds else 0.0 for t in range(len(manifest.masks)))
+    return TiersReport(
+        model=config.model,
+        manifest=source,
+        tiers=tuple(str(m) for m in manifest.masks),
+        window=manifest.policy.window,
+        thresholds=tuple(manifest.policy.thresholds),
+        gammas=tuple(gammas),
+        best_single=dict(single),
+        mode=steps.mode,
+        eager_reason=eager_reason,
+        conditions=settings.conditions(len(prompts)),
+        baseline=baseline,
+        summaries=summaries_of(summaries, baseline),
+        tier_share=share,
+        predicted=dict(manifest.predicted),
+        lossless=measured.lossless.passed,
+        lossless_check=measured.lossless.to_dict(),
+        breakdown=measured.breakdown(TIERS),
+        runs=measured.runs_dict(),
+        tier_runs=[list(r.tiers) for r in timed_tiers],
+    )
 
 
 def _load_for(

@@ -76,7 +76,7 @@ def make_decoders(
             runner, prompt, mask, max_new_tokens, policy, sampling, generator, stop, head, kv, timed
         ),
     }
-    if tree is not None and not tree.is_chain:
+    if tree is not None:
         decoders[SSD_CHAIN] = decoders[SSD]
         decoders[SSD] = lambda prompt, generator: tree_decode(
             runner, prompt, mask, tree, max_new_tokens, sampling, generator, stop, head, timed, kv

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from skipsearch.acceptance.estimator import Estimator
 from skipsearch.acceptance.measure_config import MODES_WITH_KV
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.acceptance.worker import Measurement
+from skipsearch.bench.decode_report import EstimatorCheck
 from skipsearch.cost.closed_forms import tokens_per_round_iid
 from skipsearch.engine.gamma import GammaPolicy
 from skipsearch.engine.result import Summary
@@ -23,7 +22,7 @@ def estimators(
     "Measuring acceptance"). For a token `tree`: `shared-kv` and `rounds` simulating the tree's
     rounds with the draft vocabulary `vocab`."""
     configured = measurement.estimator
-    if tree is not None and not tree.is_chain and configured.mode in MODES_WITH_KV:
+    if tree is not None and configured.mode in MODES_WITH_KV:
         runner, reference, ids = configured.runner, configured.reference, configured.vocab_ids
         return [
             Estimator(runner, reference, "shared-kv", ids),
@@ -34,14 +33,14 @@ def estimators(
     return [configured, Estimator(configured.runner, configured.reference, "self", configured.vocab_ids)]
 
 
-def estimator_dict(
+def estimator_check(
     profile: AcceptanceProfile,
     mode: str,
     policy: GammaPolicy,
     sampling: Sampling,
     measured: Summary,
     tree: Tree | None = None,
-) -> dict[str, Any]:
+) -> EstimatorCheck:
     """The estimator's acceptance and tokens per round for the engine's γ, and the relative error.
 
     Greedy: the exact round simulation over the teacher-forced match vector (docs/theory.md, "The
@@ -53,7 +52,7 @@ def estimator_dict(
     alpha = profile.alpha if sampling.greedy else profile.sampling_acceptance
     predicted, why_not = None, None
     gamma, stop = policy.initial, policy.stop_below
-    if tree is not None and not tree.is_chain:
+    if tree is not None:
         if sampling.greedy:
             predicted = profile.tree_tokens_per_round(tree)
         else:
@@ -67,12 +66,12 @@ def estimator_dict(
     else:
         predicted = tokens_per_round_iid(alpha, gamma)
     actual = measured.tokens_per_round
-    return {
-        "mode": mode,
-        "alpha": alpha,
-        "measured_acceptance": measured.acceptance,
-        "tokens_per_round": predicted,
-        "no_prediction": why_not,
-        "measured_tokens_per_round": actual,
-        "relative_error": (predicted - actual) / actual if predicted is not None and actual else None,
-    }
+    return EstimatorCheck(
+        mode=mode,
+        alpha=alpha,
+        measured_acceptance=measured.acceptance,
+        tokens_per_round=predicted,
+        no_prediction=why_not,
+        measured_tokens_per_round=actual,
+        relative_error=(predicted - actual) / actual if predicted is not None and actual else None,
+    )

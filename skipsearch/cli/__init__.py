@@ -2,6 +2,21 @@
 
 Sub-command modules import torch and friends inside `run`, so light commands (`speedup`,
 `report`) start instantly. Every `SkipsearchError` becomes one line on stderr and exit code 2.
+
+- `models`: the registry aliases, their depth, source and offline availability.
+- `plan`: the kernel plan a model runs on this device, with the timings behind each choice.
+- `measure`: the acceptance profile and predicted speedup of one skip mask.
+- `speedup`: the closed-form speedup for a given acceptance and cost (arithmetic only).
+- `profile`: measure this device's latency profile of a model, for the calibrated cost model.
+- `decode`: real self-speculative decoding of one draft against the baselines.
+- `decode_tiers`: `decode --from tiers.json`, a tier set against the baselines.
+- `decode_tables`: what the two decode commands print (speed per decoder, round time by phase).
+- `run`: search which layers a model's draft should skip, into a run directory.
+- `compare`: search strategies side by side at the same budget and seeds.
+- `report`: rewrite a run directory's tables and plots from its journal (no model).
+- `export`: engine configs for a run's best draft (no model).
+- `common`: the options shared by the commands that touch a model (model, prompts, mask).
+- `executor_options`: the options of where masks are evaluated (this process or Ray workers).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="M",
         help="also run random search at M times the budget, the reference to beat (default: none)",
     )
-    parser.add_argument("--out", help="directory (default results/compare-<model>-<space>)")
+    parser.add_argument("--out", help="directory (default runs/compare-<model>-<space>)")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted compare")
     parser.set_defaults(handler=run)
 
@@ -44,15 +44,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from skipsearch.api import default_compare_out
     from skipsearch.cli.run import run_config, typed_settings
     from skipsearch.config import CompareSettings
     from skipsearch.progress import console
     from skipsearch.run.compare import run_compare
-    from skipsearch.run.report import write_compare_outputs
+    from skipsearch.run.compare_tables import write_compare_outputs
     from skipsearch.store import COMPARISON_SUMMARY, COMPARISON_TABLE, CONVERGENCE_PLOT
 
     config = run_config(args, "learned")
-    out = Path(args.out or f"results/compare-{config.measure.model}-{config.space}")
+    out = Path(args.out) if args.out else default_compare_out(config)
     args.resume_dir = out  # an interrupt says how to resume it (`cli.main`)
 
     def progress(name: str) -> Callable[[int, int, float | None], None]:
@@ -69,7 +70,6 @@ def run(args: argparse.Namespace) -> int:
         f"compare.{dest}": "--" + dest.replace("_", "-") for dest in COMPARE_OPTIONS if dest in args.typed
     }
     studies = run_compare(config, compare, out, args.resume, progress, executor_factory(args), typed)
-    write_compare_outputs(out, studies)
-    Console().print((out / COMPARISON_SUMMARY).read_text())
+    Console().print(write_compare_outputs(out, studies))
     Console().print(f"{COMPARISON_TABLE}, {COMPARISON_SUMMARY} and {CONVERGENCE_PLOT} in {out}")
     return 0

@@ -13,9 +13,9 @@ import argparse
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skipsearch.cli.common import (
     add_draft_vocab_option,
@@ -27,10 +27,13 @@ from skipsearch.cli.common import (
     random_weights,
 )
 from skipsearch.errors import ConfigError, SkipsearchError
-from skipsearch.masks import KVPattern, parse_draft_vocab
+from skipsearch.masks import FULL_KV, KVPattern, parse_draft_vocab
 from skipsearch.options import option_type
 from skipsearch.store import check_cache_dir, check_output_file, write_text_atomic
-from skipsearch.tree_shapes import CHAIN, parse_tree
+from skipsearch.tree_shapes import as_tree
+
+if TYPE_CHECKING:
+    from skipsearch.bench.decode_report import DecodeReport, GraphedComparison
 
 DEFAULT_GAMMA = 3
 
@@ -135,7 +138,8 @@ def read_tree(path: Path) -> str | None:
         tree = json.loads(path.read_text()).get("tree")
     except (OSError, ValueError, AttributeError):
         return None
-    return None if tree in (None, CHAIN) else str(tree)
+    shape = as_tree(tree)  # `chain`: no tree
+    return None if shape is None else str(shape)
 
 
 def read_from(path: Path) -> tuple[str, int | None]:
@@ -212,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give the tree once: --tree, or --tree-nodes")
     shape = f"n{args.tree_nodes}" if args.tree_nodes is not None else args.tree
     shape = shape or (read_tree(Path(args.from_path)) if args.from_path else None)
-    tree = None if shape in (None, CHAIN) else parse_tree(shape)
+    tree = as_tree(shape)
     if mask_text is not None and any(
         value is not None for value in (args.skip, args.mask, args.attn_skip, args.mlp_skip)
     ):
@@ -267,62 +271,65 @@ def run(args: argparse.Namespace) -> int:
     )
     print_result(result)
     if args.json:
-        write_text_atomic(Path(args.json), json.dumps(result, indent=2))
-    return 0 if result["lossless"] else 1
+        write_text_atomic(Path(args.json), json.dumps(result.to_json(), indent=2))
+    return 0 if result.lossless else 1
 
 
-def print_result(result: dict[str, Any]) -> None:
+def print_result(result: DecodeReport) -> None:
     from rich.console import Console
 
     from skipsearch.bench.decoders import EARLY_EXIT
     from skipsearch.cli.decode_tables import fmt, print_breakdown, print_caveats, summary_table, verdict
 
     console = Console()
-    decoding = "greedy" if result["sampling"]["temperature"] == 0 else f"sampling {result['sampling']}"
-    gamma = f"dynamic from {result['gamma']}" if result["dynamic_gamma"] else str(result["gamma"])
-    if result["draft_stop"]:
-        gamma += f", stopping below {result['draft_stop']}"
-    if result.get("tree"):
-        gamma = f"token trees {result['tree']}, beside the chain of gamma {gamma}"
-    kv = "" if result["kv"] == "full" else f"  KV pattern [cyan]{result['kv']}[/]"
+    conditions = result.conditions
+    sampling = conditions.sampling
+    decoding = "greedy" if sampling.greedy else f"sampling {asdict(sampling)}"
+    gamma = f"dynamic from {result.gamma}" if result.dynamic_gamma else str(result.gamma)
+    if result.draft_stop:
+        gamma += f", stopping below {result.draft_stop}"
+    if result.tree is not None:
+        gamma = f"token trees {result.tree}, beside the chain of gamma {gamma}"
+    kv = "" if result.kv == FULL_KV else f"  KV pattern [cyan]{result.kv}[/]"
     console.print(
-        f"[bold]{result['model']}[/]  mask [cyan]{result['mask']}[/]{kv}  gamma {gamma}  {decoding}\n"
-        f"{result['prompts']} prompts x {result['repeats']} repeats, <= {result['max_new_tokens']} new tokens"
+        f"[bold]{result.model}[/]  mask [cyan]{result.mask}[/]{kv}  gamma {gamma}  {decoding}\n"
+        f"{conditions.prompts} prompts x {conditions.repeats} repeats, <= {conditions.max_new_tokens} new "
+        "tokens"
     )
 
     def label(name: str) -> str:
-        return f"{name} E={result['exit_layer']}" if name == EARLY_EXIT else name
+        return f"{name} E={result.exit_layer}" if name == EARLY_EXIT else name
 
-    console.print(summary_table(result["summaries"], "hf", "HF", label))
-    print_caveats(console, result)
-    if result["random_weights"]:
+    console.print(summary_table(result.summaries, "HF", label))
+    print_caveats(console, conditions.timing_caveats)
+    if result.random_weights:
         console.print(
             "random weights: acceptance and tokens/round say nothing about the real model; "
             "the time per pass does"
         )
-    for est in result["estimators"]:
-        line = f"estimator {est['mode']}: alpha {est['alpha']:.3f} (engine {fmt(est['measured_acceptance'])})"
-        if est["tokens_per_round"] is None:
-            line += f"; no tokens/round prediction: {est['no_prediction']}"
+    for est in result.estimators:
+        line = f"estimator {est.mode}: alpha {est.alpha:.3f} (engine {fmt(est.measured_acceptance)})"
+        if est.tokens_per_round is None:
+            line += f"; no tokens/round prediction: {est.no_prediction}"
         else:
             line += (
-                f", tokens/round {est['tokens_per_round']:.3f} (engine "
-                f"{fmt(est['measured_tokens_per_round'])}, error {fmt(est['relative_error'], '+.1%')})"
+                f", tokens/round {est.tokens_per_round:.3f} (engine "
+                f"{fmt(est.measured_tokens_per_round)}, error {fmt(est.relative_error, '+.1%')})"
             )
         console.print(line)
-    console.print(f"lossless (greedy SSD == autoregressive, every prompt): {verdict(result)}")
-    if result["hf_matches_autoregressive"] is not None:
-        console.print(f"HF generate == autoregressive runner: {result['hf_matches_autoregressive']}")
-    print_graphs(console, result["graphs"])
-    print_breakdown(console, result["breakdown"])
+    console.print(f"lossless (greedy SSD == autoregressive, every prompt): {verdict(result.lossless_check)}")
+    if result.hf_matches_autoregressive is not None:
+        console.print(f"HF generate == autoregressive runner: {result.hf_matches_autoregressive}")
+    print_graphs(console, result.graphs)
+    print_breakdown(console, result.breakdown)
 
 
-def print_graphs(console: Any, graphs: dict[str, Any] | None) -> None:
+def print_graphs(console: Any, graphs: GraphedComparison | None) -> None:
     """The graphed comparison, when the decode ran one."""
     if graphs is None:
         return
     console.print(
-        f"graphed ({graphs['mode']}): SSD {graphs['ssd_vs_graphed_autoregressive']:.3f}x the graphed "
-        f"autoregressive decode, which runs {graphs['graphed_vs_eager_autoregressive']:.2f}x the eager one; "
-        f"graphed == eager autoregressive tokens: {graphs['graphed_autoregressive_matches']}"
+        f"graphed ({graphs.mode}): SSD {graphs.ssd_vs_graphed_autoregressive:.3f}x the graphed "
+        f"autoregressive decode, which runs {graphs.graphed_vs_eager_autoregressive:.2f}x the eager one; "
+        f"graphed == eager autoregressive tokens: {graphs.graphed_autoregressive_matches}"
     )

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from skipsearch.bench.decode_report import DecoderSummary
+    from skipsearch.engine.timing import Bucket, PhaseStats
 
 
 def fmt(value: float | None, spec: str = ".3f") -> str:
@@ -14,10 +18,9 @@ def fmt(value: float | None, spec: str = ".3f") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def verdict(result: Mapping[str, Any]) -> str:
+def verdict(check: Mapping[str, Any]) -> str:
     """PASS or FAIL with the near-tie and real-divergence counts and the measured tolerance they were
-    judged by (`bench.lossless`)."""
-    check = result["lossless_check"]
+    judged by (`bench.lossless`, as a report's `lossless_check` holds it)."""
     tolerance = check.get("tolerance")
     judged = (
         ""
@@ -35,27 +38,24 @@ def verdict(result: Mapping[str, Any]) -> str:
 
 
 def summary_table(
-    summaries: Mapping[str, Mapping[str, Any]],
-    baseline: str,
-    title: str,
-    label: Callable[[str], str] = str,
+    summaries: Mapping[str, DecoderSummary], title: str, label: Callable[[str], str] = str
 ) -> Table:
-    """One row per decoder from `Summary.to_dict(.., baseline)`; speed shown as `vs <title>`."""
+    """One row per decoder; its speedup over the report's baseline shown as `vs <title>`."""
     table = Table()
     for column in ("decoder", "tokens", "tok/s", f"vs {title}", "accept", "tok/round", "mean γ"):
         table.add_column(column, justify="left" if column == "decoder" else "right")
     for name, s in summaries.items():
         table.add_row(
             label(name),
-            str(s["tokens"]),
-            f"{s['tokens_per_second']:.1f}",
-            f"{s[f'speedup_vs_{baseline}']:.2f}x",
-            *(fmt(s[key]) for key in ("acceptance", "tokens_per_round", "mean_gamma")),
+            str(s.tokens),
+            f"{s.tokens_per_second:.1f}",
+            f"{s.speedup:.2f}x",
+            *(fmt(value) for value in (s.acceptance, s.tokens_per_round, s.mean_gamma)),
         )
     return table
 
 
-def print_breakdown(console: Console, buckets: list[dict[str, Any]]) -> None:
+def print_breakdown(console: Console, buckets: Sequence[Bucket]) -> None:
     """SSD round time by context tercile: P50 / P95 per phase in ms and its share of round time."""
     from skipsearch.engine.timing import PHASES
 
@@ -65,19 +65,17 @@ def print_breakdown(console: Console, buckets: list[dict[str, Any]]) -> None:
     table = Table(title="SSD rounds by context length: P50 / P95 ms (share)")
     table.add_column("phase")
     for bucket in buckets:
-        table.add_column(
-            f"{bucket['name']} {bucket['low']}-{bucket['high']}\n{bucket['rounds']} rounds", justify="right"
-        )
+        table.add_column(f"{bucket.name} {bucket.low}-{bucket.high}\n{bucket.rounds} rounds", justify="right")
     for index, phase in enumerate(PHASES):
-        table.add_row(phase, *(_cell(b["phases"][index]) for b in buckets))
-    table.add_row("round", *(f"{b['round_p50'] * 1e3:.1f} / {b['round_p95'] * 1e3:.1f}" for b in buckets))
+        table.add_row(phase, *(_cell(b.phases[index]) for b in buckets))
+    table.add_row("round", *(f"{b.round_p50 * 1e3:.1f} / {b.round_p95 * 1e3:.1f}" for b in buckets))
     console.print(table)
 
 
-def _cell(stats: dict[str, float]) -> str:
-    return f"{stats['p50'] * 1e3:.1f} / {stats['p95'] * 1e3:.1f} ({stats['share']:.0%})"
+def _cell(stats: PhaseStats) -> str:
+    return f"{stats.p50 * 1e3:.1f} / {stats.p95 * 1e3:.1f} ({stats.share:.0%})"
 
 
-def print_caveats(console: Console, result: Mapping[str, Any]) -> None:
-    for caveat in result["timing_caveats"]:
+def print_caveats(console: Console, caveats: Sequence[str]) -> None:
+    for caveat in caveats:
         console.print(f"[yellow]warning:[/] {caveat}")

@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from skipsearch.errors import ConfigError
 from skipsearch.store import write_text_atomic
+
+if TYPE_CHECKING:
+    from skipsearch.bench.decode_report import TiersReport
 
 
 def run_tiers(args: argparse.Namespace) -> int:
@@ -47,34 +50,36 @@ def run_tiers(args: argparse.Namespace) -> int:
     result = decode_tiers(config, manifest, gammas, settings, args.require_graphs, str(args.from_path))
     print_tiers(result)
     if args.json:
-        write_text_atomic(Path(args.json), json.dumps(result, indent=2))
-    return 0 if result["lossless"] else 1
+        write_text_atomic(Path(args.json), json.dumps(result.to_json(), indent=2))
+    return 0 if result.lossless else 1
 
 
-def print_tiers(result: dict[str, Any]) -> None:
+def print_tiers(result: TiersReport) -> None:
     from rich.console import Console
 
     from skipsearch.cli.decode_tables import fmt, print_breakdown, print_caveats, summary_table, verdict
 
     console = Console()
     console.print(
-        f"[bold]{result['model']}[/]  {len(result['tiers'])} tiers  "
-        f"policy window {result['policy']['window']} thresholds "
-        f"{[round(t, 3) for t in result['policy']['thresholds']]}\n"
-        f"tier steps: {result['mode']}"
-        + (f" (no CUDA graphs: {result['eager_reason']})" if result["eager_reason"] else "")
+        f"[bold]{result.model}[/]  {len(result.tiers)} tiers  "
+        f"policy window {result.window} thresholds "
+        f"{[round(t, 3) for t in result.thresholds]}\n"
+        f"tier steps: {result.mode}"
+        + (f" (no CUDA graphs: {result.eager_reason})" if result.eager_reason else "")
     )
-    tiers = zip(result["tiers"], result["gammas"], result["tier_share"], strict=True)
+    tiers = zip(result.tiers, result.gammas, result.tier_share, strict=True)
     for index, (mask, gamma, share) in enumerate(tiers):
         console.print(f"  tier {index}: {mask}  gamma {gamma}  drafted {share:.0%} of rounds")
-    console.print(summary_table(result["summaries"], "autoregressive", result["baseline"]))
-    print_caveats(console, result)
-    predicted = result["predicted"]
+    console.print(summary_table(result.summaries, result.baseline))
+    print_caveats(console, result.conditions.timing_caveats)
+    predicted = result.predicted
     if predicted:
         console.print(
             f"simulated on the calibration prompts ({predicted.get('cost')}): tokens/round "
             f"{fmt(predicted.get('tokens_per_round'))}, speedup {fmt(predicted.get('speedup'))} vs best "
-            f"single {fmt(result['best_single'].get('speedup'))}"
+            f"single {fmt(result.best_single.get('speedup'))}"
         )
-    console.print(f"lossless (greedy tier decoding == autoregressive, every prompt): {verdict(result)}")
-    print_breakdown(console, result["breakdown"])
+    console.print(
+        f"lossless (greedy tier decoding == autoregressive, every prompt): {verdict(result.lossless_check)}"
+    )
+    print_breakdown(console, result.breakdown)

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     out = study_dir(run_dir, args.study)
     if run_dir.is_dir():  # the report is rewritten in place: a directory it cannot write fails first
         check_output_dir(out, "the run directory")
-    write_run_outputs(run_dir, args.study)
-    print((out / SUMMARY_FILE).read_text())
+    report = write_run_outputs(run_dir, args.study)
+    print(report.text)
     print(f"rewrote {TRIALS_TABLE}, {BEST_FILE}, {SUMMARY_FILE} and plots in {out}")
     return 0

@@ -1,4 +1,5 @@
-"""`skipsearch run`: search the skip-mask space of one model, write `results/<run>/`."""
+"""`skipsearch run`: search the skip-mask space of one model, write its run directory (`runs/<run>/`
+unless `--out` says where)."""
 
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=RunConfig.strategy,
         help="knapsack+tpe: knapsack candidates for a third of the budget, then TPE (default %(default)s)",
     )
-    parser.add_argument("--out", help="run directory (default results/<model>-<space>-<strategy>-s<seed>)")
+    parser.add_argument("--out", help="run directory (default runs/<model>-<space>-<strategy>-s<seed>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out to its budget")
     parser.set_defaults(handler=run)
 
@@ -200,7 +201,6 @@ def run_config(args: argparse.Namespace, strategy: str) -> RunConfig:
 
 def run(args: argparse.Namespace) -> int:
     from skipsearch.api import default_out, search_into
-    from skipsearch.store import SUMMARY_FILE
 
     config = run_config(args, args.strategy)
     make_executor = executor_factory(args)  # checks the executor options before the model loads
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     result = search_into(
         config, out, resume=args.resume, typed=typed_settings(args), executor_factory=make_executor
     )
-    print((out / SUMMARY_FILE).read_text())  # plain: a console would wrap the mask line mid-token
+    print(result.markdown)  # plain: a console would wrap the mask line mid-token
     print(
         f"{int((~result.trials['repeat'].astype(bool)).sum())} masks scored, {result.measured_now} measured "
         f"in this session; files in {out}"

@@ -16,6 +16,7 @@ from skipsearch.executors.base import ExecutorFactory, local_executor
 from skipsearch.progress import status
 from skipsearch.run.owner import run_owner
 from skipsearch.run.pipeline import (
+    PreparedRun,
     check_compare,
     cost_note,
     open_context,
@@ -44,26 +45,26 @@ def run_compare(
     `resumed_config`). Returns (label, seed, study)."""
     check_compare(config, compare)
     with run_owner(out, resume):
-        config, compare = prepare_config(config, out, resume, typed or {}, compare)
-        studies_of = [(s, s, config.budget) for s in compare.strategies]
-        if compare.random_multiple:
-            multiple = compare.random_multiple
-            studies_of.append((f"random@{multiple}x", "random", config.budget * multiple))
-        return _compare(config, compare, out, resume, progress, executor_factory, studies_of)
+        prepared = prepare_config(config, out, resume, typed or {}, compare)
+        return _compare(prepared, out, resume, progress, executor_factory)
 
 
 def _compare(
-    config: RunConfig,
-    compare: CompareSettings,
+    prepared: PreparedRun,
     out: Path,
     resume: bool,
     progress: Callable[[str], ProgressCallback],
     executor_factory: ExecutorFactory,
-    studies_of: list[tuple[str, str, int]],
 ) -> list[tuple[str, int, str]]:
     from skipsearch.search import EvaluationCache
 
-    context = open_context(config, tuple(dict.fromkeys(strategy for _, strategy, _ in studies_of)))
+    config, compare = prepared.config, prepared.compare
+    assert compare is not None  # prepare_config keeps the compare it was given
+    studies_of = [(s, s, config.budget) for s in compare.strategies]
+    if compare.random_multiple:
+        multiple = compare.random_multiple
+        studies_of.append((f"random@{multiple}x", "random", config.budget * multiple))
+    context = open_context(prepared)
     status.print(cost_note(config, context))
     save_run(config, context, out, compare)
     cache = EvaluationCache(out / CACHE_DIR)

@@ -17,16 +17,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
-from skipsearch import __version__
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask, vocab_label
 from skipsearch.run.export_source import EXPORT_VERSION, ExportedDraft, ExportSource
 from skipsearch.store import DRAFT_VOCAB_FILE, TIERS_FILE, write_text_atomic
-from skipsearch.tree_shapes import CHAIN
+from skipsearch.tree_shapes import as_tree
 
 NOTES_FILE = "export_notes.md"  # the prose of every note, per format
 
@@ -74,8 +73,8 @@ def note_values(source: ExportSource, draft: ExportedDraft) -> dict[str, Any]:
 
 def _tree(source: ExportSource) -> str | None:
     """The token-tree shape the run's best draft drafts (None: a chain)."""
-    tree = source.best_json.get("tree")
-    return None if tree in (None, CHAIN) else str(tree)
+    tree = as_tree(source.best_json.get("tree"))
+    return None if tree is None else str(tree)
 
 
 def _no_tree_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
@@ -93,6 +92,15 @@ def _key_list(keys: tuple[str, ...]) -> str:
 def notes(section: str, source: ExportSource, draft: ExportedDraft) -> list[str]:
     values = note_values(source, draft)
     return [note.format(**values) for note in NOTES[section]]
+
+
+def skipsearch_version() -> str:
+    """The installed package's version (pyproject's), as the canonical export records it; read
+    from the package's metadata, so this module below the API imports nothing above it."""
+    try:
+        return metadata.version("skipsearch")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
 
 
 # -- the formats ----------------------------------------------------------------------------------
@@ -172,7 +180,7 @@ def write_skipsearch(source: ExportSource, draft: ExportedDraft, path: Path) -> 
                 "latency_profile": best.get("latency_profile"),
                 "torch": best.get("torch"),
                 "transformers": best.get("transformers"),
-                "skipsearch": __version__,
+                "skipsearch": skipsearch_version(),
             },
             "notes": notes_skipsearch(source, draft),
         },

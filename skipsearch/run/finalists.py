@@ -1,7 +1,7 @@
 """The verdict's finalists, re-scored exactly: the top masks of a search in `rounds` mode at their γ*.
 
 A search ranks masks with the cheap `shared-kv` estimator, which sees every draft step as the first
-of its round and so overrates sparse masks by up to 6% (results/fidelity). The `rounds` estimator
+of its round and so overrates sparse masks by up to 6% (docs/search.md). The `rounds` estimator
 simulates the engine's own rounds at one γ and matches the engine exactly there, at three times
 the cost — too dear for every mask, cheap for a few. So once the search ends, its `FINALISTS`
 best distinct drafts (mask, draft vocabulary and KV pattern) are measured again in `rounds` mode at their own
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from skipsearch.masks import FULL_KV, FULL_VOCAB, KVPattern, SkipMask, parse_draft_vocab
 from skipsearch.search.results import TrialRecord
 from skipsearch.store import FINALISTS_FILE, write_text_atomic
-from skipsearch.tree_shapes import CHAIN
+from skipsearch.tree_shapes import CHAIN, as_tree, tree_label
 
 if TYPE_CHECKING:
     from skipsearch.acceptance.worker import Measurement
@@ -42,7 +42,7 @@ class Finalist:
     search_tokens_per_round: float | None
     exact_tokens_per_round: float
     kv: str = FULL_KV  # finalists.json files written before KV patterns lack it
-    tree: str = CHAIN  # the round shape: a chain of `gamma`, or a token tree (`tree_shapes.TreeShape`)
+    tree: str = CHAIN  # the round shape as finalists.json labels it (`tree_label`; `as_tree` reads it)
 
 
 def finalist_records(records: list[TrialRecord], count: int = FINALISTS) -> list[TrialRecord]:
@@ -66,15 +66,14 @@ def rescore(
     """Each finalist measured in `rounds` mode at its γ* (or simulating its token tree's rounds)
     and scored by `scorer` at that γ (or that tree); best first."""
     from skipsearch.acceptance.estimator import Estimator
-    from skipsearch.tree_shapes import parse_tree
 
     estimator = measurement.estimator
     finalists = []
     for record in finalist_records(records):
         vocab = parse_draft_vocab(record.details.get("draft_vocab", FULL_VOCAB))
         kv = KVPattern.parse(record.details.get("kv", FULL_KV))
-        label = record.details.get("tree") or CHAIN
-        tree = None if label == CHAIN else parse_tree(label)
+        tree = as_tree(record.details.get("tree"))
+        label = tree_label(tree)
         exact = Estimator(
             estimator.runner,
             estimator.reference,

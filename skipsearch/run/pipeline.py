@@ -1,12 +1,18 @@
 """`skipsearch run` and `compare` end to end: validate, measure, search, write the run directory.
 
-Order matters for "nothing half-written": the run directory is locked for this command alone
-(`run_owner`), everything that needs no model is checked first (`preflight`), the depth-dependent
-checks run right after the model loads and before the slow reference build, and only then are
-`run.yaml` and the study journal written. A new run that still fails before its first trial (a Ray
-cluster that does not start, an interrupt while loading) removes what it created, so the rerun is
-not told to `--resume` a run that never ran. The report files are rewritten from the journal at the
-end, so a killed run loses nothing that `--resume` cannot rebuild.
+One descent (`start_run`): the run directory is locked for this command alone (`run_owner`); the
+space file is loaded once and everything that needs no model is checked once (`prepare_config`,
+`preflight`), each strategy's search built at the model's depth where it is known; the model loads
+(`open_context`), the depth-dependent checks running right after it when only the weights tell the
+depth, before the slow reference build; the scoring (the latency profile priced at the run's
+context, and the scorer over it) is built once; only then are `run.yaml` and the study journal
+written; the search, the finalists' re-score and the report files follow, and the report is
+handed back as written (`run.report.RunReport`), not read again.
+
+A new run that still fails before its first trial (a Ray cluster that does not start, an interrupt
+while loading) removes what it created, so the rerun is not told to `--resume` a run that never
+ran. The report files are rewritten from the journal at the end, so a killed run loses nothing that
+`--resume` cannot rebuild.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.masks import KVPattern
 from skipsearch.options import SEED_LIMIT
 from skipsearch.progress import console, status
-from skipsearch.run.finalists import FINALISTS
+from skipsearch.run.finalists import FINALISTS, Finalist
 from skipsearch.run.owner import run_owner
 from skipsearch.run.preflight import SearchSetup, build_search, check_searches, preflight, resumed_config
+from skipsearch.run.report import RunReport, write_run_outputs
+from skipsearch.search.space_spec import SpaceSpec, TierSpec
 from skipsearch.search.study import ProgressCallback, StudyOutcome, journal_storage
 from skipsearch.store import CACHE_DIR, DRAFT_VOCAB_FILE, RUN_FILE
 
@@ -37,7 +45,7 @@ if TYPE_CHECKING:  # heavy (torch) types: imported where they are used
     from skipsearch.search.strategies import Strategy
 
 
-def resolve_space_settings(config: RunConfig) -> RunConfig:
+def resolve_space_settings(config: RunConfig, loaded: SpaceSpec | TierSpec | None = None) -> RunConfig:
     """The settings a space file gives and the command line may override, made concrete before
     `run.yaml`: the draft vocabularies and KV patterns every mask is scored with (`--draft-vocab` /
     `--kv-window` when given, else the space file's `draft_vocab:` / `kv:`; full only for a tiers
@@ -48,11 +56,12 @@ def resolve_space_settings(config: RunConfig) -> RunConfig:
     A KV pattern is priced at the run's `--context` and must be measured there: a pattern measured
     on prompts it covers is exact, and priced at a longer context it would look free. So a run with
     patterns needs `--context`, and prompts cut to at least that many tokens.
+
+    `loaded`: the space file, as the run loaded it (loaded here when not given).
     """
     from skipsearch.search.space_files import load_space
-    from skipsearch.search.space_spec import TierSpec
 
-    loaded = load_space(config.space)
+    loaded = load_space(config.space) if loaded is None else loaded
     tiers = isinstance(loaded, TierSpec)
     spec = loaded.base if tiers else loaded
     vocabs = config.draft_vocab if config.draft_vocab is not None else (None,) if tiers else spec.draft_vocab
@@ -85,8 +94,8 @@ def resolve_space_settings(config: RunConfig) -> RunConfig:
 
 def _drafts_beyond_layers(config: RunConfig) -> bool:
     """Whether drafts also differ by draft vocabulary or KV pattern, ranked by the calibrated cost
-    model: then the draft that skips no layer is a candidate too (SmolLM2's best on the Xeon: every
-    layer with a 16,384-id head, results/draft_stop/smollm2-135m-amx-vocab-only-24prompts.md). The
+    model: then the draft that skips no layer is a candidate too (it can win: every layer with a
+    smaller draft vocabulary's head is cheaper than the full step, and accepts nearly all). The
     closed form cannot rank it: its round, `γ r_draft + (1 − r_reuse) f(γ)`, leaves out the verify's
     pass of the last draft token through the reused layers, so at `r_reuse` = 1 it prices the verify
     at nothing (the calibrated model and the engine pay it)."""
@@ -113,44 +122,67 @@ def _check_kv_context(context: int | None, prompt_tokens: int, patterns: Sequenc
         )
 
 
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run (or compare) checked without its model: the config it will use, its space file (loaded
+    once), the compare's settings, the strategies it searches with, and their searches built at the
+    model's depth where that is known before loading (`preflight.Checked`)."""
+
+    config: RunConfig
+    space: SpaceSpec | TierSpec
+    compare: CompareSettings | None
+    strategies: tuple[str, ...]
+    depth: int | None
+    setups: dict[str, SearchSetup] | None
+
+
 def prepare_config(
     config: RunConfig,
     out: Path,
     resume: bool,
     typed: Mapping[str, str],
     compare: CompareSettings | None = None,
-) -> tuple[RunConfig, CompareSettings | None]:
-    """The config a run (or, with `compare`, a compare) will use, with every model-free check done:
+) -> PreparedRun:
+    """What a run (or, with `compare`, a compare) will use, with every model-free check done once:
     the stored settings of a resumed one (`typed` as in `resumed_config`), the space's settings,
     the cost model, the search of each strategy it runs, the device. The run directory itself is
     `run_owner`'s."""
+    from skipsearch.search.space_files import load_space
+
     if resume:
         config, compare = resumed_config(out, config, typed, compare)
-        journal_storage(
-            out
-        )  # a damaged journal fails now, not after the model loaded and run.yaml was rewritten
+        journal_storage(out)  # a damaged journal fails now, before the model loads and run.yaml is rewritten
     strategies = (config.strategy,) if compare is None else compare_strategies(compare)
     if compare is not None:
         check_compare(config, compare)
-    return preflight(resolve_space_settings(config), strategies), compare
+    space = load_space(config.space)
+    checked = preflight(resolve_space_settings(config, space), space, strategies)
+    return PreparedRun(checked.config, space, compare, tuple(strategies), checked.depth, checked.setups)
 
 
 @dataclass
 class RunContext:
-    """A measured model plus everything the search needs, shared by the strategies of a compare."""
+    """A measured model plus everything the search needs, shared by the strategies of a compare:
+    the latency profile found (`latency`) and the one priced at the run's context (`scoring`), the
+    scorer over it, each strategy's search at the model's depth (`setups`) and the space file."""
 
     measurement: Measurement
     latency: LatencyProfile | None
     provenance: dict
+    scoring: LatencyProfile | None
+    scorer: Scorer
+    setups: dict[str, SearchSetup]
+    space: SpaceSpec | TierSpec
 
 
-def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> RunContext:
+def open_context(prepared: PreparedRun | RunConfig) -> RunContext:
     """Load the model and ReferenceCache; find the latency profile for the calibrated cost.
 
-    The scoring context is checked against the profile before the model loads, and the search of
-    each of `strategies` (default: the config's own) is built against the model's depth as soon as
-    it is known, so infeasible constraints or an exhaustive space beyond the budget fail before the
-    reference build and before anything is written.
+    The scoring context is checked against the profile (and priced, once) before the model loads,
+    and the search of each strategy is built against the model's depth as soon as it is known (where
+    `preflight` could not know it), so infeasible constraints or an exhaustive space beyond the
+    budget fail before the reference build and before anything is written. A bare config (a
+    script's, already through `resolve_space_settings`) has its space file loaded here.
     """
     import torch
     import transformers
@@ -162,14 +194,26 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
     from skipsearch.search.objective import scoring_latency
     from skipsearch.store import readable_profile_path
 
+    if isinstance(prepared, RunConfig):
+        from skipsearch.search.space_files import load_space
+
+        prepared = PreparedRun(prepared, load_space(prepared.space), None, (prepared.strategy,), None, None)
+    config = prepared.config
     measure = config.measure
     latency_path = readable_profile_path(
         measure.model, measure.device, dtype_name(measure.device, measure.dtype), config.graphs
     )
     latency = LatencyProfile.load(latency_path) if latency_path.is_file() else None
-    scoring_latency(config.cost, latency, config.context, config.extrapolate_context, _searches_kv(config))
-    searched = tuple(strategies or (config.strategy,))
-    measurement = prepare(config.measure, check=lambda depth: check_searches(config, depth, searched))
+    scoring = scoring_latency(
+        config.cost, latency, config.context, config.extrapolate_context, _searches_kv(config)
+    )
+    setups = dict(prepared.setups or {})
+
+    def check(depth: int) -> None:
+        if depth != prepared.depth or not setups:  # built now where the weights alone tell the depth
+            setups.update(check_searches(config, prepared.space, depth, prepared.strategies))
+
+    measurement = prepare(config.measure, check=check)
     if latency is not None:
         latency.warn_other_plan(plan_kernels(measurement.loaded.model), latency_path)
     provenance = {
@@ -182,7 +226,8 @@ def open_context(config: RunConfig, strategies: Sequence[str] | None = None) -> 
         "torch": str(torch.__version__),
         "transformers": str(transformers.__version__),
     }
-    return RunContext(measurement, latency, provenance)
+    scorer = _scorer(config, measurement, latency, scoring)
+    return RunContext(measurement, latency, provenance, scoring, scorer, setups, prepared.space)
 
 
 def save_run(
@@ -202,14 +247,16 @@ def start_run(
     typed: Mapping[str, str],
     make_executor: ExecutorFactory,
     on_start: Callable[[RunConfig], ProgressCallback | None],
-) -> StudyOutcome:
-    """`skipsearch run`: check, load, write `run.yaml`, search to the budget in `out`.
+) -> tuple[StudyOutcome, RunReport]:
+    """`skipsearch run`, the module's one descent: check, load, write `run.yaml`, search to the
+    budget in `out`, re-score the finalists, write the report; the study's outcome and the report.
 
     `on_start(config)` is called once the model is loaded (with the run's final config) and
     returns the per-trial progress callback."""
     with run_owner(out, resume):
-        config, _ = prepare_config(config, out, resume, typed)
-        context = open_context(config)
+        prepared = prepare_config(config, out, resume, typed)
+        config = prepared.config
+        context = open_context(prepared)
         status.print(cost_note(config, context))
         save_run(config, context, out)
         with make_executor(config.measure, config.temperature, context.measurement) as executor:
@@ -221,9 +268,11 @@ def start_run(
                 on_trial=on_start(config),
                 executor=executor,
                 every_layer=_drafts_beyond_layers(config),
+                setup=context.setups[config.strategy],
             )
-        rescore_finalists(config, context, out)  # still the owner: it writes into the run
-    return result
+        finalists = rescore_finalists(config, context, out)  # still the owner: it writes into the run
+        report = write_run_outputs(out, stored=(config, context.provenance), finalists=finalists)
+    return result, report
 
 
 def cost_note(config: RunConfig, context: RunContext) -> str:
@@ -246,21 +295,24 @@ def search_one(
     on_trial: ProgressCallback | None = None,
     executor: Executor | None = None,
     every_layer: bool = False,
+    setup: SearchSetup | None = None,
 ) -> StudyOutcome:
     """Run one strategy's study in `out` (validated constraints first, then the journal).
 
     Masks are evaluated on `executor` (the caller closes it), by default in this process.
     `every_layer` scores the draft that skips no layer first (`SearchConfig.every_layer`): `run`
     asks for it (`_drafts_beyond_layers`); `compare` does not, since a candidate every strategy
-    scores first would make them all find the same best when it wins."""
+    scores first would make them all find the same best when it wins. `setup`: the search as the
+    run's checks built it (`RunContext.setups`); else built here in the context's space file, for
+    a compare's study with its own seed and budget."""
     from skipsearch.search import EvaluationCache, SearchConfig, run_study
     from skipsearch.search.space_spec import TierSpace
     from skipsearch.search.study import quiet_optuna
 
     with quiet_optuna():  # trials are reported by `on_trial`, not by Optuna's log
         measurement = context.measurement
-        setup = build_search(config, measurement.num_layers)
-        scorer = run_scorer(config, context)
+        if setup is None:
+            setup = build_search(config, context.space, measurement.num_layers)
         cache = cache if cache is not None else EvaluationCache(out / CACHE_DIR)
         owned = local_executor(config.measure, config.temperature, measurement) if executor is None else None
         with owned or nullcontext(executor) as evaluating:
@@ -275,7 +327,7 @@ def search_one(
                 setup.space,
                 strategy,
                 evaluating,
-                scorer,
+                context.scorer,
                 out,
                 search,
                 study_name=study_name,
@@ -291,35 +343,47 @@ def search_one(
 
 
 def run_scorer(config: RunConfig, context: RunContext) -> Scorer:
-    """The run's objective under its cost model, as the search and the finalists' re-score use it."""
-    from skipsearch.cost.closed_forms import head_share_from_config
-    from skipsearch.search.objective import DEFAULT_CONTEXT, make_scorer, model_kv_share
-    from skipsearch.tree_shapes import parse_tree
+    """`config`'s objective under its cost model over the context's model and priced latency: the
+    context's own `scorer` for its own config (a script scores variants of it)."""
+    return _scorer(config, context.measurement, context.latency, context.scoring)
 
-    runner = context.measurement.runner
+
+def _scorer(
+    config: RunConfig,
+    measurement: Measurement,
+    latency: LatencyProfile | None,
+    scoring: LatencyProfile | None,
+) -> Scorer:
+    """The run's objective under its cost model over `scoring` (`latency` priced at the run's
+    context), as the search and the finalists' re-score use it."""
+    from skipsearch.cost.closed_forms import head_share_from_config
+    from skipsearch.search.objective import DEFAULT_CONTEXT, model_kv_share, priced_scorer
+    from skipsearch.tree_shapes import parse_trees
+
+    runner = measurement.runner
     model_config = runner.config
     at = DEFAULT_CONTEXT if config.context is None else config.context
-    return make_scorer(
+    return priced_scorer(
         config.objective,
         config.cost,
-        context.latency,
+        scoring,
+        at,
         config.gamma_max,
-        config.context,
-        config.extrapolate_context,
         draft_vocab=config.draft_vocab or (None,),
         vocab_size=int(model_config.vocab_size),
-        head_share=None if context.latency else head_share_from_config(model_config.to_dict()),
+        head_share=None if latency else head_share_from_config(model_config.to_dict()),
         kv=config.kv or (None,),
-        kv_share=None if context.latency else model_kv_share(runner.model, at),
+        kv_share=None if latency else model_kv_share(runner.model, at),
         gamma_min=config.gamma_min or 1,
-        trees=tuple(parse_tree(shape) for shape in config.trees or ()),
+        trees=parse_trees(config.trees),
     )
 
 
-def rescore_finalists(config: RunConfig, context: RunContext, out: Path) -> None:
+def rescore_finalists(config: RunConfig, context: RunContext, out: Path) -> list[Finalist] | None:
     """Re-score the search's best drafts exactly (`run.finalists`) while the model is loaded; the
     verdict ranks by that score. Skipped, with a line saying why, where the driver holds no live
-    model (released to Ray GPU workers) or no reference K/V (`--mode self`)."""
+    model (released to Ray GPU workers) or no reference K/V (`--mode self`): then None, and the
+    report reads whatever finalists.json a previous session of the run left."""
     from skipsearch.acceptance.measure_config import MODES_WITH_KV
     from skipsearch.run.finalists import rescore, save_finalists
     from skipsearch.search import load_study
@@ -330,13 +394,14 @@ def rescore_finalists(config: RunConfig, context: RunContext, out: Path) -> None
         console.print(
             "finalists not re-scored: the rounds estimator needs the model and the reference K/V here"
         )
-        return
+        return None
     records = [r for r in trial_records(load_study(out, config.strategy)) if not r.repeat]
     with console.status(
         f"re-scoring the {min(FINALISTS, len(records))} best drafts with the rounds estimator"
     ):
-        finalists = rescore(records, measurement, run_scorer(config, context), config.temperature)
+        finalists = rescore(records, measurement, context.scorer, config.temperature)
     save_finalists(out, finalists)
+    return finalists
 
 
 def _strategy(
@@ -351,16 +416,14 @@ def _strategy(
     importance (measuring it first takes the single-unit masks from the budget) and, with the
     calibrated cost, each sub-layer's time at the scoring context."""
     from skipsearch.run.importance_file import run_importance
-    from skipsearch.search.objective import DEFAULT_CONTEXT, scoring_latency
+    from skipsearch.search.objective import DEFAULT_CONTEXT
     from skipsearch.search.strategies import informed_space, make_strategy, measured_units_budget
 
     if setup.strategy is not None:
         return setup.strategy, config.budget
     subset = informed_space(config.strategy, setup.space)
     importance = run_importance(out, config.importance, context.measurement, subset, executor, cache)
-    latency = scoring_latency(
-        config.cost, context.latency, config.context, config.extrapolate_context, _searches_kv(config)
-    )
+    latency = context.scoring
     at = DEFAULT_CONTEXT if config.context is None else config.context
     weights = latency.weights(at) if config.cost == "calibrated" and latency is not None else None
     strategy = make_strategy(config.strategy, importance=importance, weights=weights)

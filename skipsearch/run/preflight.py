@@ -23,8 +23,7 @@ from skipsearch.models.device import check_device
 from skipsearch.models.loading import dtype_name
 from skipsearch.models.registry import REGISTRY
 from skipsearch.search.objective import AUTO_COST
-from skipsearch.search.space_files import load_space
-from skipsearch.search.space_spec import TierSpace
+from skipsearch.search.space_spec import SpaceSpec, TierSpace, TierSpec
 from skipsearch.search.spaces import ConcreteSpace
 from skipsearch.search.strategies import (
     INFORMED,
@@ -51,12 +50,12 @@ class SearchSetup:
         return self.resolved.base if isinstance(self.resolved, TierSpace) else self.resolved
 
 
-def build_search(config: RunConfig, num_layers: int) -> SearchSetup:
-    """The space and strategy of `config` at `num_layers`, with everything that can refuse them
-    checked now: infeasible constraints, sampler packages, CMA-ES with --pareto, an exhaustive
-    plan beyond the budget, an informed strategy on a space it cannot rank or a measured
-    importance that would spend the whole budget."""
-    resolved = load_space(config.space).resolve(num_layers)
+def build_search(config: RunConfig, space: SpaceSpec | TierSpec, num_layers: int) -> SearchSetup:
+    """The search of `config` in `space` (its space file, loaded once: `run.pipeline`) at
+    `num_layers`, with everything that can refuse it checked now: infeasible constraints, sampler
+    packages, CMA-ES with --pareto, an exhaustive plan beyond the budget, an informed strategy on a
+    space it cannot rank or a measured importance that would spend the whole budget."""
+    resolved = space.resolve(num_layers)
     if config.strategy in INFORMED:
         setup = SearchSetup(resolved, None)
         spent = measured_units_budget(informed_space(config.strategy, setup.space), config.importance)
@@ -192,18 +191,28 @@ def _refuse_other_kind(out: Path, stored_compare: bool, compare: bool) -> None:
     )
 
 
-def check_searches(config: RunConfig, num_layers: int, strategies: Iterable[str]) -> None:
+def check_searches(
+    config: RunConfig, space: SpaceSpec | TierSpec, num_layers: int, strategies: Iterable[str]
+) -> dict[str, SearchSetup]:
     """`build_search` for each strategy a run will search with (a compare runs several)."""
-    for strategy in strategies:
-        build_search(replace(config, strategy=strategy), num_layers)
+    return {s: build_search(replace(config, strategy=s), space, num_layers) for s in strategies}
 
 
-def preflight(config: RunConfig, strategies: Iterable[str]) -> RunConfig:
-    """Every check of `config` that needs no model; returns it with the cost model resolved."""
+@dataclass(frozen=True)
+class Checked:
+    """A config that passed every model-free check, with its cost model resolved; where the depth is
+    known without the weights, each strategy's search built at it (`setups`), else None."""
+
+    config: RunConfig
+    depth: int | None
+    setups: dict[str, SearchSetup] | None
+
+
+def preflight(config: RunConfig, space: SpaceSpec | TierSpec, strategies: Iterable[str]) -> Checked:
+    """Every check of `config` that needs no model, in the order of the module's docstring."""
     check_cache_dir()
     config = resolve_cost(config)
     depth = known_depth(config.measure.model)
-    if depth is not None:
-        check_searches(config, depth, strategies)
+    setups = None if depth is None else check_searches(config, space, depth, strategies)
     check_device(config.measure.device)
-    return config
+    return Checked(config, depth, setups)

@@ -20,7 +20,7 @@ from skipsearch.cost.tree_cost import score_tree
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
 from skipsearch.search.score import Score, Scorer
-from skipsearch.tree_shapes import CHAIN, Tree
+from skipsearch.tree_shapes import Tree, as_tree, tree_label
 
 OBJECTIVES = ("speedup", "acceptance")
 COSTS = ("closed-form", "calibrated")
@@ -82,6 +82,26 @@ def make_scorer(
     and `kv_share` (the K/V cache's share of a step, for the closed form without a
     LatencyProfile: `model_kv_share`) a KV pattern's unread keys. A mask's best γ is chosen in
     `gamma_min..gamma_max` (a space file's bounds)."""
+    _check_scoring(objective, cost, latency)
+    patterned = any(pattern is not None for pattern in kv)
+    priced = scoring_latency(cost, latency, context, extrapolate_context, patterned)
+    return priced_scorer(
+        objective,
+        cost,
+        priced,
+        DEFAULT_CONTEXT if context is None else context,
+        gamma_max,
+        draft_vocab=draft_vocab,
+        vocab_size=vocab_size,
+        head_share=head_share,
+        kv=kv,
+        kv_share=kv_share,
+        gamma_min=gamma_min,
+        trees=trees,
+    )
+
+
+def _check_scoring(objective: str, cost: str, latency: LatencyProfile | None) -> None:
     if objective not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
     if cost not in COSTS:
@@ -90,11 +110,28 @@ def make_scorer(
         raise ConfigError(
             "--cost calibrated needs a latency profile: run `skipsearch profile --model M` first"
         )
+
+
+def priced_scorer(
+    objective: str,
+    cost: str,
+    latency: LatencyProfile | None,
+    at: int,
+    gamma_max: int = 8,
+    *,
+    draft_vocab: Sequence[int | None] = (None,),
+    vocab_size: int | None = None,
+    head_share: float | None = None,
+    kv: Sequence[KVPattern | None] = (None,),
+    kv_share: float | None = None,
+    gamma_min: int = 1,
+    trees: Sequence[Tree] = (),
+) -> Scorer:
+    """`make_scorer` over a latency profile already priced at the scoring context `at`
+    (`scoring_latency`): what a run builds once and scores every mask and finalist with."""
+    _check_scoring(objective, cost, latency)
     allowed, allowed_kv = tuple(draft_vocab), tuple(kv)
-    shapes = tuple(shape for shape in trees if not shape.is_chain) if cost == "calibrated" else ()
-    patterned = any(pattern is not None for pattern in allowed_kv)
-    latency = scoring_latency(cost, latency, context, extrapolate_context, patterned)
-    at = DEFAULT_CONTEXT if context is None else context
+    shapes = tuple(t for t in map(as_tree, trees) if t is not None) if cost == "calibrated" else ()
 
     def score_variant(mask: SkipMask, profile: AcceptanceProfile) -> Score:
         prediction = predict(
@@ -120,9 +157,9 @@ def make_scorer(
             form = Calibrated(latency, mask, at, profile.draft_vocab, vocab_size, profile.kv)
             scored = [score_tree(profile, form, shape) for shape in kv_shapes]
             winner = max(scored, key=lambda s: (s.speedup, -s.shape.nodes))
-            details["score_by_tree"] = {CHAIN: value, **{str(s.shape): s.speedup for s in scored}}
+            details["score_by_tree"] = {tree_label(None): value, **{str(s.shape): s.speedup for s in scored}}
             details["tree_verify_steps"] = (winner.shape.verify_rows, _verify_steps(form, winner.shape))
-            details["tree"] = CHAIN
+            details["tree"] = tree_label(None)
             if winner.speedup > value:
                 value = winner.speedup
                 details |= {"tree": str(winner.shape), "tree_tokens_per_round": winner.tokens_per_round}

@@ -52,7 +52,7 @@ def test_a_search_runs_and_reads_back_its_result(model_dir: str, tmp_path: Path)
         progress=False,
     )
     assert result.run_dir == out and len(result.trials) == 3 and result.measured_now == 3
-    assert result.tree == "chain" and result.gamma >= 1 and str(result.best.mask) == result.summary["mask"]
+    assert result.tree is None and result.gamma >= 1 and str(result.best.mask) == result.summary["mask"]
     again = SearchResult.load(out)  # a finished run reads back the same
     assert (again.best, again.gamma, again.predicted_speedup) == (
         result.best,
@@ -71,3 +71,17 @@ def test_a_bad_setting_is_refused_before_any_work(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()
     with pytest.raises(ConfigError, match=r"holds no best\.json"):
         SearchResult.load(tmp_path)
+
+
+def test_each_api_name_is_its_subpackages_own() -> None:
+    """No public name is a wrapper of another: `load_model` is the loader itself, and a decode's
+    result is a view over the decode's typed report."""
+    from dataclasses import fields
+
+    from skipsearch.models import loading
+
+    assert skipsearch.load_model is loading.load_model
+    assert {f.name: f.type for f in fields(skipsearch.DecodeResult)} == {
+        "draft": "Draft",
+        "report": "DecodeReport",
+    }

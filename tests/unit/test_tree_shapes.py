@@ -4,7 +4,15 @@ drafts and what a round of it accepts, in exact numbers."""
 import pytest
 
 from skipsearch.errors import ConfigError
-from skipsearch.tree_shapes import MAX_NODES, DynamicTree, TreeShape, parse_tree, parse_trees
+from skipsearch.tree_shapes import (
+    MAX_NODES,
+    DynamicTree,
+    TreeShape,
+    as_tree,
+    parse_tree,
+    parse_trees,
+    tree_label,
+)
 
 
 def test_a_static_shape_counts_its_nodes_passes_and_verify_rows() -> None:
@@ -15,12 +23,12 @@ def test_a_static_shape_counts_its_nodes_passes_and_verify_rows() -> None:
     assert shape.depths == (0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
     assert shape.children[1] == (3, 4) and shape.children[7] == ()
     assert shape.ancestors(9) == (0, 2, 5, 9)
-    assert str(shape) == "2x2x1" and not shape.is_chain
+    assert str(shape) == "2x2x1" and as_tree(shape) is shape
 
 
 def test_a_chain_is_the_tree_of_width_one() -> None:
     chain = TreeShape.parse("3")
-    assert chain == TreeShape.chain(3) == TreeShape.parse("1x1x1") and chain.is_chain
+    assert chain == TreeShape.chain(3) == TreeShape.parse("1x1x1")
     assert chain.draft_rows == (1, 1, 1) and chain.verify_rows == 4 and chain.parents == (-1, 0, 1, 2)
 
 
@@ -51,7 +59,20 @@ def test_the_largest_shape_fits_the_verify_the_profile_measures() -> None:
 
 
 def test_a_list_of_shapes_drops_chains_and_repeats() -> None:
-    assert parse_trees(["chain", "2x1", "2x1", "3"]) == (TreeShape((2, 1)), TreeShape.chain(3))
+    assert parse_trees(["chain", "2x1", "2x1", "3", "1x1"]) == (TreeShape((2, 1)),)
+
+
+@pytest.mark.parametrize("chain", [None, "chain", " Chain ", "3", 3, "1x1x1", TreeShape.chain(2)])
+def test_every_spelling_of_a_chain_reads_as_no_tree(chain) -> None:
+    """None is the chain in code; `chain`, a number and a width-one shape are how files and
+    command lines write it, read in one place (`as_tree`) and written back as `chain`."""
+    assert as_tree(chain) is None and tree_label(as_tree(chain)) == "chain"
+
+
+@pytest.mark.parametrize("text", ["2x1", "n8d3k2", "2x2x1"])
+def test_a_tree_label_reads_back_as_the_same_tree(text) -> None:
+    tree = as_tree(text)
+    assert tree is not None and tree_label(tree) == text and as_tree(tree_label(tree)) == tree
 
 
 def test_a_dynamic_tree_fixes_its_rows_and_its_node_budget() -> None:

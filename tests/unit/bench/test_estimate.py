@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from skipsearch.acceptance.profile import AcceptanceProfile
-from skipsearch.bench.estimate import estimator_dict
+from skipsearch.bench.estimate import estimator_check
 from skipsearch.engine import GammaPolicy, Sampling
 
 PROFILE = AcceptanceProfile(
@@ -20,11 +20,11 @@ MEASURED = SimpleNamespace(acceptance=0.8, tokens_per_round=2.5)
 
 
 def test_a_greedy_stopping_draft_is_predicted_with_its_stop() -> None:
-    found = estimator_dict(PROFILE, "rounds", GammaPolicy.fixed(3, 0.5), Sampling(), MEASURED)
-    assert found["tokens_per_round"] == pytest.approx(PROFILE.tokens_per_round(3, 0.5))
-    assert found["tokens_per_round"] != pytest.approx(PROFILE.tokens_per_round(3))
-    assert found["no_prediction"] is None
-    assert found["relative_error"] == pytest.approx((found["tokens_per_round"] - 2.5) / 2.5)
+    found = estimator_check(PROFILE, "rounds", GammaPolicy.fixed(3, 0.5), Sampling(), MEASURED)
+    assert found.tokens_per_round == pytest.approx(PROFILE.tokens_per_round(3, 0.5))
+    assert found.tokens_per_round != pytest.approx(PROFILE.tokens_per_round(3))
+    assert found.no_prediction is None
+    assert found.relative_error == pytest.approx((found.tokens_per_round - 2.5) / 2.5)
 
 
 @pytest.mark.parametrize(
@@ -35,6 +35,6 @@ def test_a_greedy_stopping_draft_is_predicted_with_its_stop() -> None:
     ],
 )
 def test_no_prediction_says_why(policy, sampling, why) -> None:
-    found = estimator_dict(PROFILE, "rounds", policy, sampling, MEASURED)
-    assert found["tokens_per_round"] is None and found["relative_error"] is None
-    assert why in found["no_prediction"]
+    found = estimator_check(PROFILE, "rounds", policy, sampling, MEASURED)
+    assert found.tokens_per_round is None and found.relative_error is None
+    assert why in found.no_prediction

@@ -21,6 +21,10 @@ def context(profiled: bool) -> RunContext:
         measurement=None,
         latency=object() if profiled else None,
         provenance={"latency_profile": PROFILE if profiled else None},
+        scoring=None,
+        scorer=None,
+        setups={},
+        space=None,
     )
 
 
@@ -33,8 +37,8 @@ def test_a_resumed_comparison_keeps_its_settings(
     RunConfig(cost="closed-form", objective="acceptance", budget=5).save(tmp_path / RUN_FILE, {}, stored)
     opened: list[RunConfig] = []
 
-    def stop(config: RunConfig, strategies: tuple[str, ...]) -> RunContext:
-        opened.append(config)
+    def stop(prepared: pipeline.PreparedRun) -> RunContext:
+        opened.append(prepared.config)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(runs, "open_context", stop)
@@ -85,3 +89,66 @@ def test_the_note_names_the_profile_or_how_to_make_one() -> None:
     closed = cost_note(RunConfig(cost="closed-form"), context(False))
     assert "closed form" in closed and "skipsearch profile --model smollm2-135m" in closed
     assert "skipsearch profile" not in cost_note(RunConfig(cost="closed-form"), context(True))
+
+
+def test_a_run_is_one_descent(model_dir: str, tmp_path: Path, cache_in_tmp: Path, monkeypatch) -> None:
+    """A tiny run loads its space file once, prices its scoring once, builds its search once (the
+    depth of a local model is known before loading) and reads none of its report back: the result
+    it returns is the one `SearchResult.load` reads from the files it wrote."""
+    from collections import Counter
+
+    import skipsearch
+    from skipsearch.api import SearchResult
+    from skipsearch.run import preflight, report
+    from skipsearch.search import objective, space_files
+    from skipsearch.store import SUMMARY_FILE
+    from tests.unit.conftest import SMALL
+
+    calls: Counter[str] = Counter()
+
+    def count(module: object, name: str) -> None:
+        real = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    count(space_files, "load_space")
+    count(objective, "scoring_latency")
+    count(preflight, "build_search")
+    count(report, "read_run_report")
+    count(report, "load_finalists")
+    prompts = dict(zip(SMALL[::2], SMALL[1::2], strict=True))
+    out = tmp_path / "run"
+    result = skipsearch.search(
+        model_dir,
+        budget=3,
+        strategy="random",
+        out=out,
+        n_prompts=int(prompts["--n-prompts"]),
+        new_tokens=int(prompts["--new-tokens"]),
+        max_prompt_tokens=int(prompts["--max-prompt-tokens"]),
+        progress=False,
+    )
+    assert calls == {"load_space": 1, "scoring_latency": 1, "build_search": 1}
+    again = SearchResult.load(out)
+    assert result.markdown == (out / SUMMARY_FILE).read_text() == again.markdown
+    assert (result.best, result.gamma, result.tree, result.judgement, result.verdict, result.summary) == (
+        again.best,
+        again.gamma,
+        again.tree,
+        again.judgement,
+        again.verdict,
+        again.summary,
+    )
+    assert result.trials.equals(again.trials)
+
+
+def test_runs_and_compares_default_to_the_runs_directory() -> None:
+    from skipsearch.api import default_compare_out, default_out
+
+    config = RunConfig(strategy="random", seed=2)
+    assert default_out(config) == Path(f"runs/{config.measure.model}-sparse-random-s2")
+    assert default_compare_out(config) == Path(f"runs/compare-{config.measure.model}-sparse")

@@ -30,14 +30,15 @@ def test_the_run_checks_informed_strategies_before_the_reference_is_built() -> N
     """`check_searches` runs before the model loads (known depth) or right after, before any file."""
     from skipsearch.config import RunConfig
     from skipsearch.run.preflight import check_searches
+    from skipsearch.search.space_files import load_space
 
     with pytest.raises(ConfigError, match="use --strategy exhaustive"):
-        check_searches(RunConfig(strategy="knapsack", space="contiguous"), NUM_LAYERS, ["knapsack"])
+        check_searches(RunConfig(strategy="knapsack"), load_space("contiguous"), NUM_LAYERS, ["knapsack"])
     measured = RunConfig(strategy="ranking", importance="measured", budget=10)
     with pytest.raises(ConfigError, match=r"evaluates 10 single-unit masks .* raise --budget above 10"):
-        check_searches(measured, NUM_LAYERS, ["ranking"])
-    check_searches(measured, NUM_LAYERS, ["random"])  # only informed ones measure
-    check_searches(replace(measured, budget=11), NUM_LAYERS, ["ranking"])
+        check_searches(measured, load_space("sparse"), NUM_LAYERS, ["ranking"])
+    check_searches(measured, load_space("sparse"), NUM_LAYERS, ["random"])  # only informed ones measure
+    check_searches(replace(measured, budget=11), load_space("sparse"), NUM_LAYERS, ["ranking"])
 
 
 @pytest.mark.parametrize(("profiled", "expected"), [(True, "calibrated"), (False, "closed-form")])

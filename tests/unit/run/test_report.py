@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from skipsearch.run.report import verdict
+from skipsearch.run.summary_text import verdict
 
 pytestmark = pytest.mark.usefixtures("cache_in_tmp")
 

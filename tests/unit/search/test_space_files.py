@@ -94,7 +94,7 @@ def test_a_space_lists_the_kv_patterns_every_mask_is_scored_with(tmp_path: Path)
 def test_a_space_lists_the_token_trees_every_draft_is_also_scored_as(tmp_path: Path) -> None:
     spec = load_space(write_space(tmp_path, "kind: sparse\ntree: [chain, 2x2x1, 3, 2x2x1]\n", "t.yaml"))
     assert isinstance(spec, SpaceSpec)
-    assert spec.tree == (TreeShape((2, 2, 1)), TreeShape.chain(3))  # chains are always scored; once each
+    assert spec.tree == (TreeShape((2, 2, 1)),)  # chains are always scored; trees once each
     assert load_space(write_space(tmp_path, "kind: sparse\n", "plain.yaml")).tree == ()  # chains only
     assert load_space("sparse").tree == ()  # trees are opt-in: the shipped spaces score chains
 

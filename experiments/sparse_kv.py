@@ -60,7 +60,9 @@ from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.loading import eos_ids
 from skipsearch.run.pipeline import RunContext, run_scorer, search_one
 from skipsearch.search import EvaluationCache, load_study
+from skipsearch.search.objective import scoring_latency
 from skipsearch.search.results import trial_records
+from skipsearch.search.space_files import load_space
 from skipsearch.store import CACHE_DIR
 from skipsearch.validate.phases import decode_seconds, prefill_estimate
 from skipsearch.validate.replay import round_stats, same_text_rounds
@@ -151,6 +153,16 @@ def rank_without_held_out(args: argparse.Namespace, context: int, measurement: A
     measurement.ranking = ranking_for(measurement.loaded, measured_and_held_out(args, context))
 
 
+def search_context(
+    args: argparse.Namespace, context: int, measurement: Any, latency: LatencyProfile
+) -> RunContext:
+    """The search's context over the measured model at `context`: the profile priced there and
+    the space file; `best_drafts` gives it the scorer of each config it searches."""
+    config = run_config(args, context, (None, *patterns_at(args, context)))
+    scoring = scoring_latency(config.cost, latency, config.context, config.extrapolate_context, True)
+    return RunContext(measurement, latency, {}, scoring, None, {}, load_space(config.space))
+
+
 def best_drafts(args: argparse.Namespace, context: int, run: RunContext, out: Path) -> dict:
     """The three drafts at `context`: each a (mask, KV pattern, γ, predicted speedup, α) record.
 
@@ -165,6 +177,7 @@ def best_drafts(args: argparse.Namespace, context: int, run: RunContext, out: Pa
     shutil.rmtree(out, ignore_errors=True)
     patterns, measurement = patterns_at(args, context), run.measurement
     joint = run_config(args, context, (None, *patterns))
+    run = replace(run, scorer=run_scorer(joint, run))
     name = f"joint-{context}"
     best = search_one(joint, run, out, False, study_name=name).best
     found = {"joint": _record(best.mask, best.gamma_best, best.score, best.details)}
@@ -327,7 +340,7 @@ def main() -> None:
         if args.decode_only:
             drafts = results["contexts"][str(context)]
         else:
-            run = RunContext(measurement, latency.for_context(context), {})
+            run = search_context(args, context, measurement, latency.for_context(context))
             drafts = best_drafts(args, context, run, args.out / "searches" / str(context))
             drafts["fidelity"] = fidelity(drafts, measurement, args.new_tokens)
         drafts["measured"] = decode(args, context, drafts, measurement)

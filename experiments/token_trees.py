@@ -53,7 +53,7 @@ from skipsearch.masks import Draft, split_draft
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.kernels import busy_cpu_warning
 from skipsearch.models.loading import eos_ids
-from skipsearch.tree_shapes import DynamicTree, Tree, TreeShape, parse_tree
+from skipsearch.tree_shapes import DynamicTree, Tree, TreeShape, as_tree, parse_tree
 
 PARTS = ("predict", "decode", "spec-bench")
 SHAPES = (
@@ -146,7 +146,7 @@ def engine_rows(measurement: Any, draft: Draft, rows: dict[str, dict[str, Any]])
             length = int(reference.prompt_lengths[index])
             prompt = reference.input_ids[index, :length].tolist()
             new = int(reference.lengths[index]) - length
-            if shape.is_chain:
+            if as_tree(shape) is None:
                 run = speculative_decode(
                     runner, prompt, draft.mask, new, shape.depth, eos_ids=stop, head=head, timed=False
                 )
@@ -165,10 +165,10 @@ def engine_rows(measurement: Any, draft: Draft, rows: dict[str, dict[str, Any]])
 
 
 def _row(shape: Tree, tokens: float, form: Calibrated, step: float, teacher: float) -> dict[str, Any]:
-    time = tree_round_time(form, shape) if not shape.is_chain else form.round_time(shape.depth)
+    time = tree_round_time(form, shape) if as_tree(shape) is not None else form.round_time(shape.depth)
     return {
         "shape": str(shape),
-        "chain": shape.is_chain,
+        "chain": as_tree(shape) is None,
         "dynamic": isinstance(shape, DynamicTree),
         "nodes": shape.nodes,
         "draft_rows": list(shape.draft_rows),

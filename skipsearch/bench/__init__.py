@@ -3,6 +3,7 @@ benchmark, the estimator's prediction beside the engine's, the lossless check, t
 
 Modules:
 - `decode`: one decode check: a draft or a tier set against autoregressive decoding, timed, proven lossless.
+- `decode_report`: the decode check's typed report (`DecodeReport`, `TiersReport`), serialised in one place.
 - `decoders`: each configuration a benchmark compares, as one callable returning a `DecodeTrace`.
 - `interleaved`: every decoder on the same prompts, interleaved and paired.
 - `estimate`: the estimator's prediction next to what the engine measured.

@@ -10,6 +10,7 @@ Modules:
 - `depth`: a LatencyProfile measured on a depth-cut model scaled back to the real depth.
 - `profile_summary`: what a measured LatencyProfile says about the closed forms' assumptions.
 - `memory`: serving memory: the batch-size gain of holding one set of weights.
+- `verdict`: the rule that says whether a draft pays off (`PAYS_OFF`), judged on its predicted speedup.
 
 Terms: the *closed form* prices a draft by its share of sub-layers; the *calibrated form* by the
 measured times of a `LatencyProfile` (made by `skipsearch profile`); a round's cost is

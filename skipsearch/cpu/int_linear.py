@@ -14,8 +14,9 @@ equal the draft steps').
 
 Numerics (tested): int8, each output is `sum_k(q x) * scale + bias` in float32, the fp32 product
 with `dequantize_int8`'s matrix up to the reassociation of its sums; int4, on AVX-512 each weight is
-exactly `dequantize_int4`'s value (a table per group, module `linear_rows_int.c`), on AVX2 it is
-`fma(q - 8, scale, zero)`, within an ulp of it. Blocks longer than `MAX_ROWS` rows, other dtypes,
+exactly `dequantize_int4`'s value (a table per group, `linear_rows_int.c`), on AVX2 each group
+enters as `scale * sum(q x) + (zero - 8 scale) * sum(x)` (the same product reassociated, `zero - 8
+scale` rounded once). Blocks longer than `MAX_ROWS` rows, other dtypes,
 or a CPU where no build loads, multiply the dequantized matrix with torch's product.
 
 Not part of the kernel plan yet: nothing replaces a model's layers with these modules.
@@ -62,7 +63,7 @@ SOURCES8 = tuple(
 SOURCES4 = tuple(
     KernelSource(_PATH, "linear_rows_int4", _SIGNATURE4, needed, flags, _HEADERS) for needed, flags in _BUILDS
 )
-OUT_BLOCK = 2  # weight rows the kernel streams together (linear_rows_int.c)
+OUT_BLOCK = 4  # weight rows the kernel streams together (linear_rows_int.c)
 NIBBLES = 8  # int4 values a 32-bit word holds: one load serves 8 chunks
 
 
@@ -134,16 +135,16 @@ def unpack_int8(packed: torch.Tensor, out: int, inputs: int) -> torch.Tensor:
 def pack_int4(quantized: Int4Weight, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`quantized`'s values and groups in the kernel's layouts: the values as int32 words
     `[blocks, in / (8 width), OUT_BLOCK, width]`, word lane `i` of a super-chunk starting at input
-    `k0` holding in its nibble `j` (bits `4j..4j+3`) the value of input `k0 + j width + i` stored as
-    the two's complement of `q - 8` (`q ^ 8`); each block one contiguous stream, super-chunk by
-    super-chunk, its rows one after the other (zeros past `out` and `in`); and the groups' float32
-    `(scale, zero)` pairs `[blocks, in / group, OUT_BLOCK, 2]`."""
+    `k0` holding in its nibble `j` (bits `4j..4j+3`) the value `q` of input `k0 + j width + i`, each
+    block one contiguous stream, super-chunk by super-chunk, its rows one after the other (zeros
+    past `out` and `in`); and the groups' float32 `(scale, zero)` pairs `[blocks, in / group,
+    OUT_BLOCK, 2]`."""
     q = quantized.q
     out, inputs = q.shape
     rows = -(-out // OUT_BLOCK) * OUT_BLOCK
     superchunk = NIBBLES * width
     nibbles = torch.zeros(rows, -(-inputs // superchunk) * superchunk, dtype=torch.int64)
-    nibbles[:out, :inputs] = q.long() ^ 8
+    nibbles[:out, :inputs] = q.long()
     nibbles = nibbles.view(rows // OUT_BLOCK, OUT_BLOCK, -1, NIBBLES, width)  # block, row, super, j, lane
     shifts = (4 * torch.arange(NIBBLES, dtype=torch.int64)).view(1, 1, 1, NIBBLES, 1)
     words = (nibbles << shifts).sum(dim=3)  # disjoint bits: the sum is the or
@@ -162,7 +163,7 @@ def unpack_int4(words: torch.Tensor, params: torch.Tensor, out: int, inputs: int
     shifts = (4 * torch.arange(NIBBLES, dtype=torch.int64)).view(1, 1, 1, NIBBLES, 1)
     # block, row, super, j, lane
     nibbles = (words.long().permute(0, 2, 1, 3)[:, :, :, None, :] >> shifts) & 15
-    q = (nibbles ^ 8).reshape(blocks * OUT_BLOCK, supers * NIBBLES * width)[:out, :inputs].to(torch.uint8)
+    q = nibbles.reshape(blocks * OUT_BLOCK, supers * NIBBLES * width)[:out, :inputs].to(torch.uint8)
     pairs = params.permute(0, 2, 1, 3).reshape(blocks * OUT_BLOCK, -1, 2)[:out]
     return Int4Weight(q.contiguous(), pairs[..., 0].contiguous(), pairs[..., 1].contiguous(), group)
 
@@ -233,7 +234,7 @@ class Int4Linear(nn.Module):
     """`nn.Linear`'s product with the weight at int4 in groups of `group` inputs
     (`int_weights.quantize_int4`, or `quantized` given), in float32 arithmetic on
     `linear_rows_int.c`. `weight` is the float32 matrix it multiplies by (`dequantize_int4`; the
-    AVX2 build's weights are within an ulp of it), computed on each read."""
+    AVX2 build reassociates the product by group), computed on each read."""
 
     def __init__(
         self,

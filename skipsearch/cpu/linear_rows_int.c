@@ -21,39 +21,43 @@
  * row's scale once: y = sum(q * x) * scale[o] + bias[o]. in must be a multiple of 8; in the wide
  * build the last chunk of x is read under a mask where in is not a multiple of 16.
  *
- * int4 (linear_rows_int4): each value is stored as the 4-bit two's complement of q - 8 (q ^ 8), in
- * int_linear.pack_int4's layout [blocks, in / SUPER, OUT_BLOCK, LANES] uint32 (SUPER = 8 LANES
- * inputs): lane i of an output's word holds in nibble j the input k0 + j LANES + i, so one load
- * serves 8 chunks, each a shift away. params is float32 [blocks, in / group, OUT_BLOCK, 2] (each
+ * int4 (linear_rows_int4): each value q (0..15) is a nibble of int_linear.pack_int4's layout
+ * [blocks, in / SUPER, OUT_BLOCK, LANES] uint32 (SUPER = 8 LANES inputs): lane i of an output's word
+ * holds in nibble j the input k0 + j LANES + i, so one load serves 8 chunks. params is float32 [blocks, in / group, OUT_BLOCK, 2] (each
  * group's scale s and zero z); group (32, 64 or 128) divides in. A value stands for (q - 8) s + z.
  * - AVX-512: the 16 values a group can take are one vector, the table (q - 8) s + z computed as
  *   int_weights.dequantize_int4 does (a float32 product, then a sum: the same bits), built once per
  *   group and output; a chunk's weights are vpermps of the table by the shifted word (vpermps reads
  *   the low 4 bits of each lane): two operations per 16 weights, and the weights exactly the
  *   dequantized ones.
- * - AVX2 (8-entry permutes only): the nibble is sign-extended by two shifts, converted, and
- *   fma((q - 8), s, z) widens it with one rounding instead of two: within an ulp of the dequantized
- *   weight (the test's tolerance covers it).
+ * - AVX2 (8-entry permutes only): q x is summed per group (q 16^j by a mask and a conversion, times
+ *   x 16^-j: exactly q x), then the group enters the lane totals as s (sum q x) + (z - 8 s) (sum x),
+ *   z - 8 s rounded once: the dequantized product reassociated (block4's comment; the tests'
+ *   tolerance counts |z| in each weight's magnitude for it).
  *
- * Every output y[r][o] is one LANES-lane float32 accumulator summed over k in order, then its lanes
- * summed in a fixed order (avx2_lanes.h) and scaled and biased: the same operations whatever the row
- * count, the row's place in its block and the thread, so a verify pass's products are bit for bit
- * the draft steps'. Work is split over OpenMP threads (torch's runtime) by blocks of outputs.
+ * Every output y[r][o] is one LANES-lane float32 accumulator (per group, on AVX2 int4) summed over k
+ * in order, then its lanes summed in a fixed order (avx2_lanes.h) and scaled and biased: the same
+ * operations whatever the row count, the row's place in its block and the thread, so a verify
+ * pass's products are bit for bit the draft steps'. Work is split over OpenMP threads (torch's runtime) by blocks of outputs.
  */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "avx2_lanes.h"
 
-#define OUT_BLOCK 2 /* weight rows streamed together */
+/* Weight rows streamed together: 4, so that one row's sums are 4 independent FMA chains (with 2, as
+ * linear_rows.c, a one-row step waited on the FMAs' latency: 1.4-1.7x slower in cache) and each chunk
+ * of x is loaded once for 4 outputs. */
+#define OUT_BLOCK 4
 #define NIBBLES 8   /* int4 values a 32-bit lane holds: a SUPER of inputs is 8 chunks */
 #define PREFETCH_BYTES 8192 /* linear_rows.c's distance: 8 KB ahead in the block's stream, into L2 */
 
 #ifdef __AVX512F__
 #define LANES 16
-#define ROW_BLOCK 12 /* int8: 12 x 2 accumulators + 2 weights + x < 32 */
-#define ROW_BLOCK4 8 /* int4: 8 x 2 accumulators + 2 words + 2 tables + 2 weights + x + table ramp < 32 */
+#define ROW_BLOCK 6 /* int8: 6 x 4 accumulators + 4 weights + x < 32 */
+#define ROW_BLOCK4 4 /* int4: 4 x 4 accumulators + 4 words + 4 tables + 4 weights + x < 32 */
 typedef __m512 vec;
 typedef __m512i ivec;
 #define vec_zero _mm512_setzero_ps
@@ -71,18 +75,17 @@ static inline float vec_sum(__m512 v) {
 static inline vec widen8(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
-/* int4: the group's table, entry n = the value nibble n stands for: (q - 8) s + z with q - 8 the
- * nibble's two's complement (0..7, then -8..-1). */
+/* int4: the group's table, entry q = the value q stands for: (q - 8) s + z. */
 typedef vec Int4Group;
 static inline Int4Group int4_group(const float *pair) {
-    const __m512 ramp = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+    const __m512 ramp = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     return _mm512_add_ps(_mm512_mul_ps(ramp, _mm512_set1_ps(pair[0])), _mm512_set1_ps(pair[1]));
 }
 #define INT4_WIDEN(words, j, group) _mm512_permutexvar_ps(_mm512_srli_epi32((words), 4 * (j)), (group))
 #else
 #define LANES 8
-#define ROW_BLOCK 6 /* int8: 6 x 2 accumulators + 2 weights + x < 16 */
-#define ROW_BLOCK4 4 /* int4: 4 x 2 accumulators + 2 words + 2 weights + x; scales and zeros from L1 */
+#define ROW_BLOCK 2 /* int8: 2 x 4 accumulators + 4 weights + x < 16 */
+#define ROW_BLOCK4 2 /* int4: 2 x 4 group accumulators + 4 words + weights + x; the totals from L1 */
 typedef __m256 vec;
 typedef __m256i ivec;
 #define vec_zero _mm256_setzero_ps
@@ -94,18 +97,11 @@ typedef __m256i ivec;
 static inline vec widen8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
-typedef struct {
-    __m256 scale, zero;
-} Int4Group;
-static inline Int4Group int4_group(const float *pair) {
-    Int4Group g = {_mm256_set1_ps(pair[0]), _mm256_set1_ps(pair[1])};
-    return g;
-}
-/* Nibble j sign-extended (q - 8), converted exactly, then (q - 8) s + z in one rounding. */
-#define INT4_WIDEN(words, j, group)                                                                        \
-    _mm256_fmadd_ps(                                                                                       \
-        _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32((words), 28 - 4 * (j)), 28)), (group).scale, \
-        (group).zero)
+/* Nibble j converted where it lies, q 16^j (exact: 4 significant bits), by a mask and a conversion;
+ * the top one shifted down (its place is the sign bit). The rows' x are scaled by 16^-j to match. */
+#define INT4_LEVEL(words, j)                                                                                \
+    ((j) == NIBBLES - 1 ? _mm256_cvtepi32_ps(_mm256_srli_epi32((words), 4 * (NIBBLES - 1)))                 \
+                        : _mm256_cvtepi32_ps(_mm256_and_si256((words), _mm256_set1_epi32(0xF << 4 * (j)))))
 #endif
 #define SUPER (NIBBLES * LANES)
 
@@ -143,10 +139,10 @@ static void output_block8(const float *x, int64_t x_stride, int64_t rows, int64_
         int64_t nr = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK;
         const float *xr = x + r0 * x_stride;
         switch (nr) {
-#if ROW_BLOCK > 6
-        ROWS_CASE8(12) ROWS_CASE8(11) ROWS_CASE8(10) ROWS_CASE8(9) ROWS_CASE8(8) ROWS_CASE8(7)
+#if ROW_BLOCK > 2
+        ROWS_CASE8(6) ROWS_CASE8(5) ROWS_CASE8(4) ROWS_CASE8(3)
 #endif
-        ROWS_CASE8(6) ROWS_CASE8(5) ROWS_CASE8(4) ROWS_CASE8(3) ROWS_CASE8(2)
+        ROWS_CASE8(2)
         default: block8(xr, x_stride, 1, in, w_block, sums);
         }
         for (int64_t r = 0; r < nr; r++)
@@ -168,10 +164,12 @@ int linear_rows_int8(const float *x, int64_t x_stride, int64_t rows, int64_t in,
 
 /* ---- int4 ---- */
 
+#ifdef __AVX512F__
 /* One block of OUT_BLOCK outputs of rows 0 .. NR - 1: lane sums of the dequantized weights times x. */
 static inline __attribute__((always_inline)) void block4(
     const float *x, int64_t x_stride, int NR, int64_t in, const uint32_t *w_block, const float *p_block,
-    int group_shift, vec *sums) {
+    int group_shift, const float *xsums, const float *xscaled, vec *sums) {
+    (void)xsums, (void)xscaled;
     const int64_t group_mask = ((int64_t)1 << group_shift) - 1; /* no division in the loop */
     vec acc[ROW_BLOCK4][OUT_BLOCK];
     for (int r = 0; r < NR; r++)
@@ -202,12 +200,62 @@ static inline __attribute__((always_inline)) void block4(
     for (int r = 0; r < NR; r++)
         for (int j = 0; j < OUT_BLOCK; j++) sums[r * OUT_BLOCK + j] = acc[r][j];
 }
+#else
+/* One block of OUT_BLOCK outputs of rows 0 .. NR - 1, without a table (AVX2 permutes 8 floats): each
+ * group's sum of q x per lane in its own accumulator, then into the lane totals as
+ * total = fma(sum, s, total), total = fma(X, z - 8 s, total), X the group's lane sums of x. Chunk j of
+ * a super-chunk multiplies q 16^j (INT4_LEVEL) by x 16^-j (xs, the rows scaled once per call): the
+ * same product q x exactly, for a mask and a conversion a weight, then one FMA a weight and row.
+ * xsums: per row, per group, LANES floats; xs: the rows scaled, in floats apart. */
+static inline __attribute__((always_inline)) void block4(
+    const float *x, int64_t x_stride, int NR, int64_t in, const uint32_t *w_block, const float *p_block,
+    int group_shift, const float *xsums, const float *xs, vec *sums) {
+    const int64_t group_mask = ((int64_t)1 << group_shift) - 1, groups = in >> group_shift;
+    (void)x, (void)x_stride;
+    vec acc[ROW_BLOCK4][OUT_BLOCK], total[ROW_BLOCK4][OUT_BLOCK];
+    for (int r = 0; r < NR; r++)
+        for (int o = 0; o < OUT_BLOCK; o++) acc[r][o] = total[r][o] = vec_zero();
+    for (int64_t k0 = 0; k0 < in; k0 += SUPER) {
+        const uint32_t *super = w_block + k0 / SUPER * OUT_BLOCK * LANES;
+        _mm_prefetch((const char *)super + PREFETCH_BYTES, _MM_HINT_T1);
+        _mm_prefetch((const char *)(p_block + (k0 >> group_shift) * OUT_BLOCK * 2) + 512, _MM_HINT_T1);
+        ivec words[OUT_BLOCK];
+        for (int o = 0; o < OUT_BLOCK; o++) words[o] = ivec_load(super + o * LANES);
+#pragma GCC unroll 8
+        for (int j = 0; j < NIBBLES; j++) {
+            int64_t k = k0 + j * LANES;
+            if (k >= in) break;
+            vec levels[OUT_BLOCK];
+            for (int o = 0; o < OUT_BLOCK; o++) levels[o] = INT4_LEVEL(words[o], j);
+            for (int r = 0; r < NR; r++) {
+                vec xr = vec_load(xs + r * in + k);
+                __asm__("" : "+v"(xr));
+                for (int o = 0; o < OUT_BLOCK; o++) acc[r][o] = vec_fmadd(xr, levels[o], acc[r][o]);
+            }
+            if (((k + LANES) & group_mask) == 0) { /* the group's last chunk */
+                int64_t g = k >> group_shift;
+                for (int o = 0; o < OUT_BLOCK; o++) {
+                    const float *pair = p_block + (g * OUT_BLOCK + o) * 2;
+                    vec scale = _mm256_set1_ps(pair[0]), zero = _mm256_set1_ps(pair[1] - 8.0f * pair[0]);
+                    for (int r = 0; r < NR; r++) {
+                        vec xs = vec_load(xsums + (r * groups + g) * LANES);
+                        total[r][o] = vec_fmadd(xs, zero, vec_fmadd(acc[r][o], scale, total[r][o]));
+                        acc[r][o] = vec_zero();
+                    }
+                }
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int o = 0; o < OUT_BLOCK; o++) sums[r * OUT_BLOCK + o] = total[r][o];
+}
+#endif
 
-#define ROWS_CASE4(n) case n: block4(xr, x_stride, n, in, w_block, p_block, group_shift, sums); break;
+#define ROWS_CASE4(n) case n: block4(xr, x_stride, n, in, w_block, p_block, group_shift, xs, xc, sums); break;
 
 static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint32_t *w,
-                          const float *params, int64_t group, int64_t out, int64_t b, const float *bias, float *y,
-                          int64_t y_stride) {
+                          const float *params, int64_t group, const float *xsums, const float *xscaled, int64_t out, int64_t b,
+                          const float *bias, float *y, int64_t y_stride) {
     const uint32_t *w_block = w + b * OUT_BLOCK * ((in + SUPER - 1) / SUPER * LANES);
     const float *p_block = params + b * OUT_BLOCK * 2 * (in / group);
     int group_shift = group == 32 ? 5 : group == 64 ? 6 : 7;
@@ -215,12 +263,14 @@ static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK4) {
         int64_t nr = rows - r0 < ROW_BLOCK4 ? rows - r0 : ROW_BLOCK4;
         const float *xr = x + r0 * x_stride;
+        /* AVX2: this row block's group sums and scaled rows (linear_rows_int4) */
+        const float *xs = xsums ? xsums + r0 * (in / group) * LANES : NULL, *xc = xscaled ? xscaled + r0 * in : NULL;
         switch (nr) {
-#if ROW_BLOCK4 > 4
-        ROWS_CASE4(8) ROWS_CASE4(7) ROWS_CASE4(6) ROWS_CASE4(5)
+#if ROW_BLOCK4 > 2
+        ROWS_CASE4(4) ROWS_CASE4(3)
 #endif
-        ROWS_CASE4(4) ROWS_CASE4(3) ROWS_CASE4(2)
-        default: block4(xr, x_stride, 1, in, w_block, p_block, group_shift, sums);
+        ROWS_CASE4(2)
+        default: block4(xr, x_stride, 1, in, w_block, p_block, group_shift, xs, xc, sums);
         }
         for (int64_t r = 0; r < nr; r++)
             for (int64_t j = 0, o = b * OUT_BLOCK; j < OUT_BLOCK && o < out; j++, o++)
@@ -234,9 +284,31 @@ int linear_rows_int4(const float *x, int64_t x_stride, int64_t rows, int64_t in,
                      const float *params, int64_t group, int64_t out, const float *bias, float *y, int64_t y_stride) {
     if ((group != 32 && group != 64 && group != 128) || in % group != 0 || rows < 1 || out < 1) return 1;
     int64_t blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK;
+    float *xsums = NULL, *xscaled = NULL;
+#ifndef __AVX512F__
+    /* Each row's lane sums of x over each group, in chunk order, and the row with chunk j of each
+     * super-chunk scaled by 16^-j (exact): both the same whatever the rows beside it. */
+    int64_t groups = in / group;
+    xsums = malloc((size_t)(rows * (groups * LANES + in)) * sizeof(float));
+    if (!xsums) return 1;
+    xscaled = xsums + rows * groups * LANES;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t g = 0; g < groups; g++) {
+            vec sum = vec_zero();
+            for (int64_t k = g * group; k < (g + 1) * group; k += LANES) sum = _mm256_add_ps(sum, vec_load(x + r * x_stride + k));
+            _mm256_storeu_ps(xsums + (r * groups + g) * LANES, sum);
+        }
+        for (int64_t k = 0; k < in; k += LANES) {
+            int64_t j = k % SUPER / LANES;
+            float factor = j == NIBBLES - 1 ? 1.0f : 1.0f / (float)(1 << 4 * j);
+            _mm256_storeu_ps(xscaled + r * in + k, _mm256_mul_ps(vec_load(x + r * x_stride + k), _mm256_set1_ps(factor)));
+        }
+    }
+#endif
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; b++)
-        output_block4(x, x_stride, rows, in, w, params, group, out, b, bias, y, y_stride);
+        output_block4(x, x_stride, rows, in, w, params, group, xsums, xscaled, out, b, bias, y, y_stride);
+    free(xsums);
     return 0;
 }
 

@@ -52,7 +52,9 @@
  * of x is loaded once for 4 outputs. */
 #define OUT_BLOCK 4
 #define NIBBLES 8   /* int4 values a 32-bit lane holds: a SUPER of inputs is 8 chunks */
+#ifndef PREFETCH_BYTES /* -D for experiments */
 #define PREFETCH_BYTES 8192 /* linear_rows.c's distance: 8 KB ahead in the block's stream, into L2 */
+#endif
 
 #ifdef __AVX512F__
 #define LANES 16

@@ -36,14 +36,34 @@ import torch
 from _common import markdown_table
 from _load import load_line
 
+from skipsearch.cpu import bf16_weights
 from skipsearch.cpu.bf16_weights import Bf16WeightLinear
 from skipsearch.cpu.bf16_weights import load_kernel as load_bf16_kernel
 from skipsearch.cpu.dtypes import cpu_flags, describe_cpu
 from skipsearch.cpu.int_linear import INT4, INT8, Int4Linear, Int8Linear, builds
 from skipsearch.cpu.int_torch import TorchInt4Linear, TorchInt8Linear, available
 from skipsearch.cpu.int_weights import GROUPS, quantize_int4, quantize_int8
+from skipsearch.cpu.native import load_native
 
 CONFIGS = ("bf16 ours", "int8 ours", "int4 ours", "int8 torch", "int4 torch")
+AVX2 = 8  # `--avx2`: our kernels' 8-float builds (the AVX2-only EPYCs' path), on a CPU that has wider
+
+
+class Bf16Avx2(torch.nn.Module):
+    """`Bf16WeightLinear`'s product on the AVX2 build of `linear_rows.c` (`--avx2`)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.packed = bf16_weights.pack_weight(weight, AVX2)
+        self.function = load_native(bf16_weights.SOURCES[-1]).function
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows = hidden.numel() // self.in_features
+        return bf16_weights.multiply(self.function, hidden, rows, self.packed, self.out_features, None)
+
+    def packed_bytes(self) -> int:
+        return self.packed.numel() * 2
 
 
 def model_shapes(model: str, head: bool) -> tuple[list[tuple[int, int]], int]:
@@ -67,15 +87,26 @@ def model_shapes(model: str, head: bool) -> tuple[list[tuple[int, int]], int]:
     return shapes + extra, config["num_hidden_layers"]
 
 
+def loads(kind: str, width: int | None) -> bool:
+    """Whether our `kind` kernel has a build of `width` floats here (None: any)."""
+    return width in builds(kind) if width else bool(builds(kind))
+
+
 def group_for(inputs: int, requested: int | None) -> int:
     return requested or next(group for group in sorted(GROUPS, reverse=True) if inputs % group == 0)
 
 
 def build(
-    shapes: list[tuple[int, int]], layers: int, head: bool, group: int | None, configs: tuple[str, ...]
+    shapes: list[tuple[int, int]],
+    layers: int,
+    head: bool,
+    group: int | None,
+    configs: tuple[str, ...],
+    width: int | None = None,
 ) -> dict[str, list[torch.nn.Module]]:
     """Every configuration's copies of every layer's products (the head once), each from its own
-    random weights, quantized once for both int8 kernels and once for both int4 ones."""
+    random weights, quantized once for both int8 kernels and once for both int4 ones; ours on the
+    builds of `width` floats (None: the widest)."""
     built: dict[str, list[torch.nn.Module]] = {name: [] for name in configs}
     generator = torch.Generator().manual_seed(0)
     per_layer = shapes[:-1] if head else shapes
@@ -83,17 +114,17 @@ def build(
     for out, inputs in matrices:
         weight = torch.randn(out, inputs, generator=generator) * inputs**-0.5
         if "bf16 ours" in built:
-            built["bf16 ours"].append(Bf16WeightLinear(weight, None))
+            built["bf16 ours"].append(Bf16WeightLinear(weight, None) if width is None else Bf16Avx2(weight))
         if {"int8 ours", "int8 torch"} & set(built):
             q8 = quantize_int8(weight)
             if "int8 ours" in built:
-                built["int8 ours"].append(Int8Linear(weight, None, q8))
+                built["int8 ours"].append(Int8Linear(weight, None, q8, width))
             if "int8 torch" in built:
                 built["int8 torch"].append(TorchInt8Linear(weight, None, q8))
         if {"int4 ours", "int4 torch"} & set(built):
             q4 = quantize_int4(weight, group_for(inputs, group))
             if "int4 ours" in built:
-                built["int4 ours"].append(Int4Linear(weight, None, quantized=q4))
+                built["int4 ours"].append(Int4Linear(weight, None, quantized=q4, width=width))
             if "int4 torch" in built:
                 built["int4 torch"].append(TorchInt4Linear(weight, None, quantized=q4, keep=False))
         del weight
@@ -130,16 +161,19 @@ def main() -> None:
     parser.add_argument("--head", action="store_true", help="the output head too")
     parser.add_argument("--threads", type=int, help="torch's threads (default: torch's)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="which, comma-separated")
+    parser.add_argument("--avx2", action="store_true", help="our kernels' AVX2 builds (on an AVX-512 CPU)")
     parser.add_argument("--out", type=Path, help="also write the report here (Markdown)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     row_counts = tuple(int(r) for r in args.rows.split(","))
     configs = tuple(name.strip() for name in args.configs.split(","))
+    width = AVX2 if args.avx2 else None
+    bf16 = load_native(bf16_weights.SOURCES[-1]) if args.avx2 else load_bf16_kernel()
     missing = {
-        "bf16 ours": load_bf16_kernel().reason if load_bf16_kernel().function is None else None,
-        "int8 ours": None if builds(INT8) else "no int8 build loads",
-        "int4 ours": None if builds(INT4) else "no int4 build loads",
+        "bf16 ours": bf16.reason if bf16.function is None else None,
+        "int8 ours": None if loads(INT8, width) else "no such build of the int8 kernel loads",
+        "int4 ours": None if loads(INT4, width) else "no such build of the int4 kernel loads",
         "int8 torch": available(),
         "int4 torch": available(),
     }
@@ -148,7 +182,7 @@ def main() -> None:
     load_before = os.getloadavg()
     shapes, layers = model_shapes(args.model, args.head)
     print(f"building {len(configs)} configurations of {layers} layers of {shapes} ...", flush=True)
-    built = build(shapes, layers, args.head, args.group, configs)
+    built = build(shapes, layers, args.head, args.group, configs, width)
     weight_bytes = {name: sum(int(m.packed_bytes()) for m in modules) for name, modules in built.items()}
     runs = {name: timed(modules, row_counts) for name, modules in built.items()}
     samples: dict[tuple[str, int], list[float]] = {
@@ -187,12 +221,13 @@ def main() -> None:
         "",
         f"`python experiments/int_kernels.py --model {args.model} --repeats {args.repeats} --rows {args.rows}"
         f"{' --head' if args.head else ''}{f' --group {args.group}' if args.group else ''}"
-        f"{f' --threads {args.threads}' if args.threads else ''}`.",
+        f"{f' --threads {args.threads}' if args.threads else ''}{' --avx2' if args.avx2 else ''}`.",
         "",
         f"CPU: {describe_cpu()}; AMX {'exposed' if 'amx_tile' in flags else 'not exposed'}; "
         f"vector flags: {' '.join(sorted(f for f in flags if f.startswith(('avx', 'amx', 'fma'))))}. "
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s). Our int builds: "
-        f"int8 {sorted(builds(INT8))} floats wide, int4 {sorted(builds(INT4))} (the widest runs).",
+        f"int8 {sorted(builds(INT8))} floats wide, int4 {sorted(builds(INT4))}; "
+        + ("the AVX2 builds (8 floats) ran, bf16's too (`--avx2`)." if args.avx2 else "the widest ran."),
         "",
         f"{layers} layers of products {', '.join(f'{o}x{i}' for o, i in shapes)} (out x in), each layer "
         f"its own weights; int4 groups of {'/'.join(map(str, groups))} with float32 scale and zero. "

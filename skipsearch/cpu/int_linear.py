@@ -206,7 +206,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden.numel() // self.in_features
-        function = _function(INT8, self.width)
+        function = _function(INT8, self.width) if self.in_features % 8 == 0 else None
         if function is None or not 1 <= rows <= MAX_ROWS or hidden.dtype is not torch.float32:
             bias = None if self.bias is None else self.bias.to(hidden.dtype)
             return F.linear(hidden, self.weight.to(hidden.dtype), bias)

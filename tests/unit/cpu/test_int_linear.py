@@ -186,6 +186,13 @@ def test_long_blocks_other_dtypes_and_no_kernel_multiply_the_dequantized_weights
         assert torch.equal(product(short), F.linear(short, product.weight, bias))
 
 
+def test_int8_inputs_not_in_chunks_of_8_multiply_in_torch() -> None:
+    weight, bias = torch.randn(6, 12), torch.randn(6)
+    product = Int8Linear(weight, bias)
+    x = torch.randn(2, 12)
+    assert torch.equal(product(x), F.linear(x, product.weight, bias))
+
+
 def test_inputs_not_contiguous_multiply_like_their_contiguous_copies() -> None:
     for product in (
         Int8Linear(torch.randn(40, 64), torch.randn(40)),

@@ -162,6 +162,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch's threads (default: torch's)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="which, comma-separated")
     parser.add_argument("--avx2", action="store_true", help="our kernels' AVX2 builds (on an AVX-512 CPU)")
+    parser.add_argument(
+        "--layers", type=int, help="fewer layers than the model's (a smoke run: all in cache)"
+    )
     parser.add_argument("--out", type=Path, help="also write the report here (Markdown)")
     args = parser.parse_args()
     if args.threads:
@@ -181,6 +184,7 @@ def main() -> None:
     configs = tuple(name for name in configs if name not in skipped)
     load_before = os.getloadavg()
     shapes, layers = model_shapes(args.model, args.head)
+    layers = min(layers, args.layers or layers)
     print(f"building {len(configs)} configurations of {layers} layers of {shapes} ...", flush=True)
     built = build(shapes, layers, args.head, args.group, configs, width)
     weight_bytes = {name: sum(int(m.packed_bytes()) for m in modules) for name, modules in built.items()}
@@ -221,7 +225,8 @@ def main() -> None:
         "",
         f"`python experiments/int_kernels.py --model {args.model} --repeats {args.repeats} --rows {args.rows}"
         f"{' --head' if args.head else ''}{f' --group {args.group}' if args.group else ''}"
-        f"{f' --threads {args.threads}' if args.threads else ''}{' --avx2' if args.avx2 else ''}`.",
+        f"{f' --threads {args.threads}' if args.threads else ''}{' --avx2' if args.avx2 else ''}"
+        f"{f' --layers {args.layers}' if args.layers else ''}`.",
         "",
         f"CPU: {describe_cpu()}; AMX {'exposed' if 'amx_tile' in flags else 'not exposed'}; "
         f"vector flags: {' '.join(sorted(f for f in flags if f.startswith(('avx', 'amx', 'fma'))))}. "

@@ -3,7 +3,7 @@ linear products at bf16 (our kernel), int8 and int4 on our kernel (`cpu.int_line
 torch's weight-only kernels (`cpu.int_torch`) (the issue "Drafts at lower precision").
 
 A decode step reads every weight once, so int8 should cost half a bf16 step and int4 (float32
-scale and zero per group) about 0.28 of it; the goal is int8 <= 0.55 and int4 <= 0.33 of the bf16
+scale and zero per group of 128) about 0.27 of it; the goal is int8 <= 0.55 and int4 <= 0.33 of the bf16
 step. Every layer has its own random weights of the model's shapes (values do not change the
 time), so each product streams its weights from memory as a step does; the layer's products are
 called as the fused layers call them (q/k/v together, o, gate/up together, down), with `--head` the
@@ -243,7 +243,7 @@ def main() -> None:
         + ("the AVX2 builds (8 floats) ran, bf16's too (`--avx2`)." if args.avx2 else "the widest ran."),
         "",
         f"{layers} layers of products {', '.join(f'{o}x{i}' for o, i in shapes)} (out x in), each layer "
-        f"its own weights; int4 groups of {'/'.join(map(str, groups))} with float32 scale and zero. "
+        f"its own weights; int4 groups of {'/'.join(map(str, groups))} with bf16 scale and zero. "
         "ms per pass of all products (median of the repeats, min-max), the bytes a pass reads over the "
         "median, the median over bf16's at the same rows, and the fastest pass over bf16's fastest (the "
         "steadier of the two on a busy machine).",

@@ -3,8 +3,8 @@ own vector kernel, `linear_rows_int.c` (the issue "Drafts at lower precision"; t
 `cpu.int_weights`', torch's kernels on the same weights are `cpu.int_torch`).
 
 A draft step reads every weight once, so its floor is the weight bytes over the memory's
-bandwidth: int8 reads half of bf16's bytes, int4 (with a float32 scale and zero per group of 128)
-0.28 of them. torch's weight-only kernels stream at 20-28 GB/s on a 2-core EPYC where our bf16
+bandwidth: int8 reads half of bf16's bytes, int4 (with a bf16 scale and zero per group of 128)
+0.27 of them. torch's weight-only kernels stream at 20-28 GB/s on a 2-core EPYC where our bf16
 kernel (`cpu.bf16_weights`, `linear_rows.c`) streams 35-40, so their int8 step costs 0.71-0.77 of
 the bf16 one. This kernel is `linear_rows.c`'s design on the smaller weights: each weight read
 once per call whatever the row count (1..`MAX_ROWS`), one sequential stream per block of
@@ -137,8 +137,8 @@ def pack_int4(quantized: Int4Weight, width: int) -> tuple[torch.Tensor, torch.Te
     `[blocks, in / (8 width), OUT_BLOCK, width]`, word lane `i` of a super-chunk starting at input
     `k0` holding in its nibble `j` (bits `4j..4j+3`) the value `q` of input `k0 + j width + i`, each
     block one contiguous stream, super-chunk by super-chunk, its rows one after the other (zeros
-    past `out` and `in`); and the groups' float32 `(scale, zero)` pairs `[blocks, in / group,
-    OUT_BLOCK, 2]`."""
+    past `out` and `in`); and the groups' `(scale, zero)` pairs in bf16 `[blocks, in / group,
+    OUT_BLOCK, 2]` (bf16 values, as `int_weights.quantize_int4` makes them: others are refused)."""
     q = quantized.q
     out, inputs = q.shape
     rows = -(-out // OUT_BLOCK) * OUT_BLOCK
@@ -151,8 +151,15 @@ def pack_int4(quantized: Int4Weight, width: int) -> tuple[torch.Tensor, torch.Te
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     words = words.permute(0, 2, 1, 3).contiguous()  # block, super, row, lane
     groups = inputs // quantized.group
-    params = torch.zeros(rows, groups, 2)
+    params = torch.zeros(rows, groups, 2, dtype=torch.bfloat16)
     params[:out, :, 0], params[:out, :, 1] = quantized.scale, quantized.zero
+    if not (
+        torch.equal(params[:out, :, 0].float(), quantized.scale)
+        and torch.equal(params[:out, :, 1].float(), quantized.zero)
+    ):
+        raise ValueError(
+            "the kernel reads int4 scales and zeros as bf16 values (int_weights.quantize_int4's)"
+        )
     params = params.view(rows // OUT_BLOCK, OUT_BLOCK, groups, 2).permute(0, 2, 1, 3).contiguous()
     return words, params
 
@@ -164,7 +171,7 @@ def unpack_int4(words: torch.Tensor, params: torch.Tensor, out: int, inputs: int
     # block, row, super, j, lane
     nibbles = (words.long().permute(0, 2, 1, 3)[:, :, :, None, :] >> shifts) & 15
     q = nibbles.reshape(blocks * OUT_BLOCK, supers * NIBBLES * width)[:out, :inputs].to(torch.uint8)
-    pairs = params.permute(0, 2, 1, 3).reshape(blocks * OUT_BLOCK, -1, 2)[:out]
+    pairs = params.permute(0, 2, 1, 3).reshape(blocks * OUT_BLOCK, -1, 2)[:out].float()
     return Int4Weight(q.contiguous(), pairs[..., 0].contiguous(), pairs[..., 1].contiguous(), group)
 
 
@@ -279,7 +286,7 @@ class Int4Linear(nn.Module):
 
     def packed_bytes(self) -> int:
         """The bytes a call reads: the values and the groups' scales and zeros."""
-        return self.words.numel() * 4 + self.params.numel() * 4
+        return self.words.numel() * 4 + self.params.numel() * 2
 
     def extra_repr(self) -> str:
         return (

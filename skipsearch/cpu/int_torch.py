@@ -1,12 +1,13 @@
 """torch's weight-only int8 and int4 kernels on `cpu.int_weights`' quantized weights: the baseline
 our kernel (`cpu.int_linear`) is measured against, so that a plan can pick per CPU.
 
-- int8: `aten._weight_int8pack_mm(x, q, scales)` (x `[m, in]` float32, q int8 `[out, in]`, scales
-  float32 `[out]`): `x (q scale)^T`.
+- int8: `aten._weight_int8pack_mm(x, q, scales)` (x `[m, in]`, q int8 `[out, in]`, scales `[out]`,
+  x and scales in one dtype): `x (q scale)^T`.
 - int4: `aten._convert_weight_to_int4pack_for_cpu(q, innerKTiles)` packs int32 `[out, in]` values
   0..15 (`out` a multiple of 16: padded here) and `aten._weight_int4pack_mm_for_cpu(x, packed,
-  group, qScaleAndZeros)` multiplies by `(q - 8) scale + zero`, `qScaleAndZeros` float32
-  `[in / group, out, 2]`: `int_weights`' scheme, so the same quantized weights.
+  group, qScaleAndZeros)` multiplies by `(q - 8) scale + zero`, `qScaleAndZeros` `[in / group, out,
+  2]` in x's dtype: `int_weights`' scheme, whose scales and zeros are bf16 values, so in bf16 the
+  same quantized weights exactly.
 
 (Schemas in torch 2.13: `_weight_int8pack_mm(Tensor self, Tensor mat2, Tensor scales)`,
 `_weight_int4pack_mm_for_cpu(Tensor self, Tensor mat2, int qGroupSize, Tensor qScaleAndZeros)`,
@@ -15,10 +16,10 @@ our kernel (`cpu.int_linear`) is measured against, so that a plan can pick per C
 The activations, scales and zeros are in the kernels' `dtype`, and only bf16 is fast: on this
 project's Xeon (one thread, a 4864 x 896 matrix, one row) int8 ran at 12 G weights/s with bf16
 activations and 1.2 with float32 (float16 0.6), int4 at 18.5 against 0.5. So the baseline's default
-is bf16 (`DTYPE`): the input is rounded to bf16, the scales and zeros too (`weight` is the matrix it
-then stands for), and the output comes back rounded to bf16, then widened to float32. float32 is
-kept for an exact comparison. Their sums are ordered their own way; whether a row's bits depend on
-the rows beside it is theirs to say (not promised here).
+is bf16 (`DTYPE`): the input is rounded to bf16, the scales too (int8's: `weight` is the matrix
+it then stands for; int4's are bf16 values already), and the output comes back rounded to bf16,
+then widened to float32. float32 is kept for an exact comparison. Their sums are ordered their own
+way; whether a row's bits depend on the rows beside it is theirs to say (not promised here).
 """
 
 from __future__ import annotations

@@ -15,14 +15,17 @@ once after summing `q * x` (the sums differ from the dequantized matrix's produc
 reassociation of float32 arithmetic).
 
 **int4, asymmetric in groups along the input.** Each row is cut into groups of `group` inputs (32,
-64 or 128; `in` a multiple of it); group `g` of row `o` has a float32 scale and zero
-`s = (max - min) / 15`, `z = min + 8 s` (over the group's weights, `s` = 1 where they are all
-equal), and values `q = clamp(round_half_even((w - min) / s), 0, 15)` that stand for
-`(q - 8) * s + z` computed in float32 (a product, then a sum, each rounded: `dequantize_int4`).
-This is the scheme of torch's `_weight_int4pack_mm_for_cpu` (its `qScaleAndZeros` hold `s`, `z`),
-so the same quantized weights run on both kernels. The value stands within `s / 2` of `w` plus the
-float32 roundings (a few ulp of the group's largest value). The 16 values a group can take are the
-16 entries of one table, which is how the AVX-512 kernel reads them.
+64 or 128; `in` a multiple of it); group `g` of row `o` has a scale and a zero that are bf16 values
+(held in float32 tensors): `s = bf16((max - min) / 15)`, `z = bf16(min + 8 s)` over the group's
+weights (`s` = 1 where they are all equal), and values `q = clamp(round_half_even((w - z) / s) + 8,
+0, 15)` that stand for `(q - 8) * s + z` computed in float32 (a product, then a sum, each rounded:
+`dequantize_int4`). bf16 halves what the groups cost a step (4 bytes a group and row, not 8: at
+groups of 128, 0.53 bytes a weight instead of 0.56) and is what torch's int4 kernel reads at its
+fast (bf16) path, so the same quantized weights run on both kernels exactly:
+`_weight_int4pack_mm_for_cpu`'s `qScaleAndZeros` hold `s` and `z`. A value stands within `s / 2` of
+`w`, plus what rounding `s` and `z` to bf16 moves the grid (at most 2^-9 of `8 s + |z|`) and the
+float32 roundings. The 16 values a group can take are the 16 entries of one table, which is how the
+AVX-512 kernel reads them.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class Int8Weight:
 @dataclass(frozen=True)
 class Int4Weight:
     """`q` uint8 `[out, in]` with values 0..15 (one a byte: the kernels' layouts pack two), and
-    `scale`, `zero` float32 `[out, in / group]` (module docstring)."""
+    `scale`, `zero` `[out, in / group]`, bf16 values in float32 tensors (module docstring)."""
 
     q: torch.Tensor
     scale: torch.Tensor
@@ -77,10 +80,10 @@ def quantize_int4(weight: torch.Tensor, group: int = 128) -> Int4Weight:
         raise ValueError(f"{inputs} inputs are not a whole number of groups of {group}")
     w = weight.detach().float().reshape(out, inputs // group, group)
     low, high = w.amin(dim=2), w.amax(dim=2)
-    scale = (high - low) / 15
+    scale = ((high - low) / 15).bfloat16().float()
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    zero = low + 8 * scale
-    q = torch.round((w - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
+    zero = (low + 8 * scale).bfloat16().float()
+    q = (torch.round((w - zero[..., None]) / scale[..., None]) + 8).clamp(0, 15).to(torch.uint8)
     return Int4Weight(q.reshape(out, inputs).contiguous(), scale.contiguous(), zero.contiguous(), group)
 
 

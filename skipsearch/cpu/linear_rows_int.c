@@ -23,8 +23,10 @@
  *
  * int4 (linear_rows_int4): each value q (0..15) is a nibble of int_linear.pack_int4's layout
  * [blocks, in / SUPER, OUT_BLOCK, LANES] uint32 (SUPER = 8 LANES inputs): lane i of an output's word
- * holds in nibble j the input k0 + j LANES + i, so one load serves 8 chunks. params is float32 [blocks, in / group, OUT_BLOCK, 2] (each
- * group's scale s and zero z); group (32, 64 or 128) divides in. A value stands for (q - 8) s + z.
+ * holds in nibble j the input k0 + j LANES + i, so one load serves 8 chunks. params is bf16
+ * [blocks, in / group, OUT_BLOCK, 2] (each group's scale s and zero z, bf16 values by
+ * int_weights.quantize_int4, widened exactly); group (32, 64 or 128) divides in. A value stands for
+ * (q - 8) s + z.
  * - AVX-512: the 16 values a group can take are one vector, the table (q - 8) s + z computed as
  *   int_weights.dequantize_int4 does (a float32 product, then a sum: the same bits), built once per
  *   group and output; a chunk's weights are vpermps of the table by the shifted word (vpermps reads
@@ -44,6 +46,7 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "avx2_lanes.h"
 
@@ -55,6 +58,14 @@
 #ifndef PREFETCH_BYTES /* -D for experiments */
 #define PREFETCH_BYTES 8192 /* linear_rows.c's distance: 8 KB ahead in the block's stream, into L2 */
 #endif
+
+/* A bf16 value (a group's scale or zero) as float32: its bits are the top half of one. */
+static inline float bf16_float(uint16_t bits) {
+    uint32_t wide = (uint32_t)bits << 16;
+    float value;
+    memcpy(&value, &wide, sizeof value);
+    return value;
+}
 
 #ifdef __AVX512F__
 #define LANES 16
@@ -79,9 +90,9 @@ static inline vec widen8(const int8_t *p) {
 }
 /* int4: the group's table, entry q = the value q stands for: (q - 8) s + z. */
 typedef vec Int4Group;
-static inline Int4Group int4_group(const float *pair) {
+static inline Int4Group int4_group(const uint16_t *pair) {
     const __m512 ramp = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm512_add_ps(_mm512_mul_ps(ramp, _mm512_set1_ps(pair[0])), _mm512_set1_ps(pair[1]));
+    return _mm512_add_ps(_mm512_mul_ps(ramp, _mm512_set1_ps(bf16_float(pair[0]))), _mm512_set1_ps(bf16_float(pair[1])));
 }
 #define INT4_WIDEN(words, j, group) _mm512_permutexvar_ps(_mm512_srli_epi32((words), 4 * (j)), (group))
 #else
@@ -169,7 +180,7 @@ int linear_rows_int8(const float *x, int64_t x_stride, int64_t rows, int64_t in,
 #ifdef __AVX512F__
 /* One block of OUT_BLOCK outputs of rows 0 .. NR - 1: lane sums of the dequantized weights times x. */
 static inline __attribute__((always_inline)) void block4(
-    const float *x, int64_t x_stride, int NR, int64_t in, const uint32_t *w_block, const float *p_block,
+    const float *x, int64_t x_stride, int NR, int64_t in, const uint32_t *w_block, const uint16_t *p_block,
     int group_shift, const float *xsums, const float *xscaled, vec *sums) {
     (void)xsums, (void)xscaled;
     const int64_t group_mask = ((int64_t)1 << group_shift) - 1; /* no division in the loop */
@@ -210,7 +221,7 @@ static inline __attribute__((always_inline)) void block4(
  * same product q x exactly, for a mask and a conversion a weight, then one FMA a weight and row.
  * xsums: per row, per group, LANES floats; xs: the rows scaled, in floats apart. */
 static inline __attribute__((always_inline)) void block4(
-    const float *x, int64_t x_stride, int NR, int64_t in, const uint32_t *w_block, const float *p_block,
+    const float *x, int64_t x_stride, int NR, int64_t in, const uint32_t *w_block, const uint16_t *p_block,
     int group_shift, const float *xsums, const float *xs, vec *sums) {
     const int64_t group_mask = ((int64_t)1 << group_shift) - 1, groups = in >> group_shift;
     (void)x, (void)x_stride;
@@ -237,8 +248,9 @@ static inline __attribute__((always_inline)) void block4(
             if (((k + LANES) & group_mask) == 0) { /* the group's last chunk */
                 int64_t g = k >> group_shift;
                 for (int o = 0; o < OUT_BLOCK; o++) {
-                    const float *pair = p_block + (g * OUT_BLOCK + o) * 2;
-                    vec scale = _mm256_set1_ps(pair[0]), zero = _mm256_set1_ps(pair[1] - 8.0f * pair[0]);
+                    const uint16_t *pair = p_block + (g * OUT_BLOCK + o) * 2;
+                    float s = bf16_float(pair[0]);
+                    vec scale = _mm256_set1_ps(s), zero = _mm256_set1_ps(bf16_float(pair[1]) - 8.0f * s);
                     for (int r = 0; r < NR; r++) {
                         vec xs = vec_load(xsums + (r * groups + g) * LANES);
                         total[r][o] = vec_fmadd(xs, zero, vec_fmadd(acc[r][o], scale, total[r][o]));
@@ -256,10 +268,10 @@ static inline __attribute__((always_inline)) void block4(
 #define ROWS_CASE4(n) case n: block4(xr, x_stride, n, in, w_block, p_block, group_shift, xs, xc, sums); break;
 
 static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint32_t *w,
-                          const float *params, int64_t group, const float *xsums, const float *xscaled, int64_t out, int64_t b,
+                          const uint16_t *params, int64_t group, const float *xsums, const float *xscaled, int64_t out, int64_t b,
                           const float *bias, float *y, int64_t y_stride) {
     const uint32_t *w_block = w + b * OUT_BLOCK * ((in + SUPER - 1) / SUPER * LANES);
-    const float *p_block = params + b * OUT_BLOCK * 2 * (in / group);
+    const uint16_t *p_block = params + b * OUT_BLOCK * 2 * (in / group);
     int group_shift = group == 32 ? 5 : group == 64 ? 6 : 7;
     vec sums[ROW_BLOCK4 * OUT_BLOCK];
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK4) {
@@ -283,7 +295,7 @@ static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_
 /* y = x w^T + bias, w the int4 values of pack_int4's layout with their groups' params; 0 on success, 1
  * where the shape is not one the kernel reads (group not 32, 64 or 128, or not dividing in). */
 int linear_rows_int4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint32_t *w,
-                     const float *params, int64_t group, int64_t out, const float *bias, float *y, int64_t y_stride) {
+                     const uint16_t *params, int64_t group, int64_t out, const float *bias, float *y, int64_t y_stride) {
     if ((group != 32 && group != 64 && group != 128) || in % group != 0 || rows < 1 || out < 1) return 1;
     int64_t blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK;
     float *xsums = NULL, *xscaled = NULL;

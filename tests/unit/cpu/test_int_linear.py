@@ -82,7 +82,7 @@ def test_the_int8_layout_keeps_the_values_exactly(width: int, out: int, inputs: 
 def test_the_int4_layout_keeps_the_values_and_groups_exactly(width: int, group: int, out: int) -> None:
     quantized = quantize_int4(torch.randn(out, 384), group)
     words, params = pack_int4(quantized, width)
-    assert words.dtype == torch.int32 and params.dtype == torch.float32
+    assert words.dtype == torch.int32 and params.dtype == torch.bfloat16
     assert words.numel() * 4 * 2 >= out * 384  # half a byte a value, padded to whole words
     back = unpack_int4(words, params, out, 384, group)
     for name in ("q", "scale", "zero"):
@@ -207,4 +207,4 @@ def test_the_packed_bytes_are_a_half_and_about_a_quarter_of_bf16s() -> None:
     weight = torch.randn(4864, 896)  # Qwen2.5-0.5B's gate: 7 groups of 128, 7 super-chunks of 128
     bf16 = 4864 * 896 * 2
     assert Int8Linear(weight, None).packed_bytes() == bf16 // 2 + 4 * 4864
-    assert Int4Linear(weight, None, 128).packed_bytes() == bf16 // 4 + 4864 * 7 * 8  # float32 scale and zero
+    assert Int4Linear(weight, None, 128).packed_bytes() == bf16 // 4 + 4864 * 7 * 4  # bf16 scale and zero

@@ -69,8 +69,17 @@ static inline float bf16_float(uint16_t bits) {
 
 #ifdef __AVX512F__
 #define LANES 16
-#define ROW_BLOCK 6 /* int8: 6 x 4 accumulators + 4 weights + x < 32 */
-#define ROW_BLOCK4 4 /* int4: 4 x 4 accumulators + 4 words + 4 tables + 4 weights + x < 32 */
+/* Rows summed together (one pass over a block's weights): the fastest of 4-12 (int8) and 4-8 (int4) in
+ * cache on the project's Xeon, one thread, 1-16 rows of a 2048 x 1024 matrix (a few accumulators
+ * spilled cost less than another pass's widening); -D for experiments. */
+#ifndef ROW_BLOCK_WIDE
+#define ROW_BLOCK_WIDE 8
+#endif
+#define ROW_BLOCK ROW_BLOCK_WIDE
+#ifndef ROW_BLOCK4_WIDE
+#define ROW_BLOCK4_WIDE 8 /* 5 rows 0.77 of 4's time, 16 rows 0.87 */
+#endif
+#define ROW_BLOCK4 ROW_BLOCK4_WIDE
 typedef __m512 vec;
 typedef __m512i ivec;
 #define vec_zero _mm512_setzero_ps
@@ -97,8 +106,15 @@ static inline Int4Group int4_group(const uint16_t *pair) {
 #define INT4_WIDEN(words, j, group) _mm512_permutexvar_ps(_mm512_srli_epi32((words), 4 * (j)), (group))
 #else
 #define LANES 8
-#define ROW_BLOCK 2 /* int8: 2 x 4 accumulators + 4 weights + x < 16 */
-#define ROW_BLOCK4 2 /* int4: 2 x 4 group accumulators + 4 words + weights + x; the totals from L1 */
+/* As the wide build's, of 1-3 (int8) and 1-4 (int4) on the same Xeon (the AVX2 build); -D for experiments. */
+#ifndef ROW_BLOCK_NARROW
+#define ROW_BLOCK_NARROW 2 /* 2 x 4 accumulators + 4 weights + x < 16 */
+#endif
+#ifndef ROW_BLOCK4_NARROW
+#define ROW_BLOCK4_NARROW 3 /* 3 x 4 group accumulators, the words, a weight, x: some from L1 */
+#endif
+#define ROW_BLOCK ROW_BLOCK_NARROW
+#define ROW_BLOCK4 ROW_BLOCK4_NARROW
 typedef __m256 vec;
 typedef __m256i ivec;
 #define vec_zero _mm256_setzero_ps
@@ -151,9 +167,36 @@ static void output_block8(const float *x, int64_t x_stride, int64_t rows, int64_
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
         int64_t nr = rows - r0 < ROW_BLOCK ? rows - r0 : ROW_BLOCK;
         const float *xr = x + r0 * x_stride;
-        switch (nr) {
-#if ROW_BLOCK > 2
-        ROWS_CASE8(6) ROWS_CASE8(5) ROWS_CASE8(4) ROWS_CASE8(3)
+        switch (nr) { /* a case for each count up to ROW_BLOCK (12 at most) */
+#if ROW_BLOCK >= 12
+        ROWS_CASE8(12)
+#endif
+#if ROW_BLOCK >= 11
+        ROWS_CASE8(11)
+#endif
+#if ROW_BLOCK >= 10
+        ROWS_CASE8(10)
+#endif
+#if ROW_BLOCK >= 9
+        ROWS_CASE8(9)
+#endif
+#if ROW_BLOCK >= 8
+        ROWS_CASE8(8)
+#endif
+#if ROW_BLOCK >= 7
+        ROWS_CASE8(7)
+#endif
+#if ROW_BLOCK >= 6
+        ROWS_CASE8(6)
+#endif
+#if ROW_BLOCK >= 5
+        ROWS_CASE8(5)
+#endif
+#if ROW_BLOCK >= 4
+        ROWS_CASE8(4)
+#endif
+#if ROW_BLOCK >= 3
+        ROWS_CASE8(3)
 #endif
         ROWS_CASE8(2)
         default: block8(xr, x_stride, 1, in, w_block, sums);
@@ -279,9 +322,24 @@ static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_
         const float *xr = x + r0 * x_stride;
         /* AVX2: this row block's group sums and scaled rows (linear_rows_int4) */
         const float *xs = xsums ? xsums + r0 * (in / group) * LANES : NULL, *xc = xscaled ? xscaled + r0 * in : NULL;
-        switch (nr) {
-#if ROW_BLOCK4 > 2
-        ROWS_CASE4(4) ROWS_CASE4(3)
+        switch (nr) { /* a case for each count up to ROW_BLOCK4 (8 at most) */
+#if ROW_BLOCK4 >= 8
+        ROWS_CASE4(8)
+#endif
+#if ROW_BLOCK4 >= 7
+        ROWS_CASE4(7)
+#endif
+#if ROW_BLOCK4 >= 6
+        ROWS_CASE4(6)
+#endif
+#if ROW_BLOCK4 >= 5
+        ROWS_CASE4(5)
+#endif
+#if ROW_BLOCK4 >= 4
+        ROWS_CASE4(4)
+#endif
+#if ROW_BLOCK4 >= 3
+        ROWS_CASE4(3)
 #endif
         ROWS_CASE4(2)
         default: block4(xr, x_stride, 1, in, w_block, p_block, group_shift, xs, xc, sums);

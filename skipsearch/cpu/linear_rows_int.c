@@ -59,12 +59,11 @@
 #define PREFETCH_BYTES 8192 /* linear_rows.c's distance: 8 KB ahead in the block's stream, into L2 */
 #endif
 
-/* A bf16 value (a group's scale or zero) as float32: its bits are the top half of one. */
-static inline float bf16_float(uint16_t bits) {
-    uint32_t wide = (uint32_t)bits << 16;
-    float value;
-    memcpy(&value, &wide, sizeof value);
-    return value;
+/* A group's (scale, zero) bf16 pair, one 32-bit word: scale in the low half, zero in the high. */
+static inline uint32_t int4_pair(const uint16_t *pair) {
+    uint32_t word;
+    memcpy(&word, pair, sizeof word);
+    return word;
 }
 
 #ifdef __AVX512F__
@@ -101,7 +100,11 @@ static inline vec widen8(const int8_t *p) {
 typedef vec Int4Group;
 static inline Int4Group int4_group(const uint16_t *pair) {
     const __m512 ramp = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm512_add_ps(_mm512_mul_ps(ramp, _mm512_set1_ps(bf16_float(pair[0]))), _mm512_set1_ps(bf16_float(pair[1])));
+    /* the pair broadcast, each half widened exactly in every lane (a shift, a mask): no scalar work */
+    __m512i both = _mm512_set1_epi32((int)int4_pair(pair));
+    __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(both, 16));
+    __m512 zero = _mm512_castsi512_ps(_mm512_and_si512(both, _mm512_set1_epi32((int)0xFFFF0000u)));
+    return _mm512_add_ps(_mm512_mul_ps(ramp, scale), zero);
 }
 #define INT4_WIDEN(words, j, group) _mm512_permutexvar_ps(_mm512_srli_epi32((words), 4 * (j)), (group))
 #else
@@ -292,8 +295,10 @@ static inline __attribute__((always_inline)) void block4(
                 int64_t g = k >> group_shift;
                 for (int o = 0; o < OUT_BLOCK; o++) {
                     const uint16_t *pair = p_block + (g * OUT_BLOCK + o) * 2;
-                    float s = bf16_float(pair[0]);
-                    vec scale = _mm256_set1_ps(s), zero = _mm256_set1_ps(bf16_float(pair[1]) - 8.0f * s);
+                    __m256i both = _mm256_set1_epi32((int)int4_pair(pair));
+                    vec scale = _mm256_castsi256_ps(_mm256_slli_epi32(both, 16));
+                    vec zero = _mm256_castsi256_ps(_mm256_and_si256(both, _mm256_set1_epi32((int)0xFFFF0000u)));
+                    zero = _mm256_sub_ps(zero, _mm256_mul_ps(_mm256_set1_ps(8.0f), scale)); /* z - 8 s */
                     for (int r = 0; r < NR; r++) {
                         vec xs = vec_load(xsums + (r * groups + g) * LANES);
                         total[r][o] = vec_fmadd(xs, zero, vec_fmadd(acc[r][o], scale, total[r][o]));

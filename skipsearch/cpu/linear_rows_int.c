@@ -33,14 +33,15 @@
  *   the low 4 bits of each lane): two operations per 16 weights, and the weights exactly the
  *   dequantized ones.
  * - AVX2 (8-entry permutes only): q x is summed per group (q 16^j by a mask and a conversion, times
- *   x 16^-j: exactly q x), then the group enters the lane totals as s (sum q x) + (z - 8 s) (sum x),
+ *   x 16^-j: exactly q x, unless |x| < 2^-102 falls to a subnormal), then the group enters the lane totals as s (sum q x) + (z - 8 s) (sum x),
  *   z - 8 s rounded once: the dequantized product reassociated (block4's comment; the tests'
  *   tolerance counts |z| in each weight's magnitude for it).
  *
  * Every output y[r][o] is one LANES-lane float32 accumulator (per group, on AVX2 int4) summed over k
  * in order, then its lanes summed in a fixed order (avx2_lanes.h) and scaled and biased: the same
  * operations whatever the row count, the row's place in its block and the thread, so a verify
- * pass's products are bit for bit the draft steps'. Work is split over OpenMP threads (torch's runtime) by blocks of outputs.
+ * pass's products are bit for bit the draft steps'. Work is split over OpenMP threads (torch's
+ * runtime) by blocks of outputs.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -109,7 +110,8 @@ static inline Int4Group int4_group(const uint16_t *pair) {
 #define INT4_WIDEN(words, j, group) _mm512_permutexvar_ps(_mm512_srli_epi32((words), 4 * (j)), (group))
 #else
 #define LANES 8
-/* As the wide build's, of 1-3 (int8) and 1-4 (int4) on the same Xeon (the AVX2 build); -D for experiments. */
+/* As the wide build's, of 1-3 (int8) and 1-4 (int4) on the same Xeon (the AVX2 build); -D for
+ * experiments. */
 #ifndef ROW_BLOCK_NARROW
 #define ROW_BLOCK_NARROW 2 /* 2 x 4 accumulators + 4 weights + x < 16 */
 #endif
@@ -153,7 +155,7 @@ static inline __attribute__((always_inline)) void block8(
         for (int r = 0; r < NR; r++) {
             const float *xk = x + r * x_stride + k;
             vec xr = k + LANES <= in ? vec_load(xk) : vec_load_first(xk, in - k);
-            __asm__("" : "+v"(xr)); /* one load of x for both FMAs (linear_rows.c) */
+            __asm__("" : "+v"(xr)); /* one load of x for the block's FMAs (linear_rows.c) */
             for (int j = 0; j < OUT_BLOCK; j++) acc[r][j] = vec_fmadd(xr, weights[j], acc[r][j]);
         }
     }
@@ -164,7 +166,8 @@ static inline __attribute__((always_inline)) void block8(
 #define ROWS_CASE8(n) case n: block8(xr, x_stride, n, in, w_block, sums); break;
 
 static void output_block8(const float *x, int64_t x_stride, int64_t rows, int64_t in, const int8_t *w,
-                          const float *scale, int64_t out, int64_t b, const float *bias, float *y, int64_t y_stride) {
+                          const float *scale, int64_t out, int64_t b, const float *bias, float *y,
+                          int64_t y_stride) {
     const int8_t *w_block = w + b * OUT_BLOCK * ((in + LANES - 1) / LANES * LANES);
     vec sums[ROW_BLOCK * OUT_BLOCK];
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
@@ -206,14 +209,15 @@ static void output_block8(const float *x, int64_t x_stride, int64_t rows, int64_
         }
         for (int64_t r = 0; r < nr; r++)
             for (int64_t j = 0, o = b * OUT_BLOCK; j < OUT_BLOCK && o < out; j++, o++)
-                y[(r0 + r) * y_stride + o] = vec_sum(sums[r * OUT_BLOCK + j]) * scale[o] + (bias ? bias[o] : 0.0f);
+                y[(r0 + r) * y_stride + o] =
+                    vec_sum(sums[r * OUT_BLOCK + j]) * scale[o] + (bias ? bias[o] : 0.0f);
     }
 }
 
 /* y = x (q scale)^T + bias, q in pack_int8's layout; 0 on success, 1 where the shape is not one the
  * kernel reads. */
-int linear_rows_int8(const float *x, int64_t x_stride, int64_t rows, int64_t in, const int8_t *w, const float *scale,
-                     int64_t out, const float *bias, float *y, int64_t y_stride) {
+int linear_rows_int8(const float *x, int64_t x_stride, int64_t rows, int64_t in, const int8_t *w,
+                     const float *scale, int64_t out, const float *bias, float *y, int64_t y_stride) {
     if (in % 8 != 0 || rows < 1 || out < 1) return 1;
     int64_t blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK;
 #pragma omp parallel for schedule(static)
@@ -300,8 +304,8 @@ static inline __attribute__((always_inline)) void block4(
                     vec zero = _mm256_castsi256_ps(_mm256_and_si256(both, _mm256_set1_epi32((int)0xFFFF0000u)));
                     zero = _mm256_sub_ps(zero, _mm256_mul_ps(_mm256_set1_ps(8.0f), scale)); /* z - 8 s */
                     for (int r = 0; r < NR; r++) {
-                        vec xs = vec_load(xsums + (r * groups + g) * LANES);
-                        total[r][o] = vec_fmadd(xs, zero, vec_fmadd(acc[r][o], scale, total[r][o]));
+                        vec xsum = vec_load(xsums + (r * groups + g) * LANES);
+                        total[r][o] = vec_fmadd(xsum, zero, vec_fmadd(acc[r][o], scale, total[r][o]));
                         acc[r][o] = vec_zero();
                     }
                 }
@@ -316,8 +320,8 @@ static inline __attribute__((always_inline)) void block4(
 #define ROWS_CASE4(n) case n: block4(xr, x_stride, n, in, w_block, p_block, group_shift, xs, xc, sums); break;
 
 static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint32_t *w,
-                          const uint16_t *params, int64_t group, const float *xsums, const float *xscaled, int64_t out, int64_t b,
-                          const float *bias, float *y, int64_t y_stride) {
+                          const uint16_t *params, int64_t group, const float *xsums, const float *xscaled,
+                          int64_t out, int64_t b, const float *bias, float *y, int64_t y_stride) {
     const uint32_t *w_block = w + b * OUT_BLOCK * ((in + SUPER - 1) / SUPER * LANES);
     const uint16_t *p_block = params + b * OUT_BLOCK * 2 * (in / group);
     int group_shift = group == 32 ? 5 : group == 64 ? 6 : 7;
@@ -325,8 +329,9 @@ static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK4) {
         int64_t nr = rows - r0 < ROW_BLOCK4 ? rows - r0 : ROW_BLOCK4;
         const float *xr = x + r0 * x_stride;
-        /* AVX2: this row block's group sums and scaled rows (linear_rows_int4) */
-        const float *xs = xsums ? xsums + r0 * (in / group) * LANES : NULL, *xc = xscaled ? xscaled + r0 * in : NULL;
+        /* AVX2: this row block's group sums and scaled rows (linear_rows_int4); NULL on AVX-512 */
+        const float *xs = xsums ? xsums + r0 * (in / group) * LANES : NULL;
+        const float *xc = xscaled ? xscaled + r0 * in : NULL;
         switch (nr) { /* a case for each count up to ROW_BLOCK4 (8 at most) */
 #if ROW_BLOCK4 >= 8
         ROWS_CASE4(8)
@@ -358,7 +363,8 @@ static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_
 /* y = x w^T + bias, w the int4 values of pack_int4's layout with their groups' params; 0 on success, 1
  * where the shape is not one the kernel reads (group not 32, 64 or 128, or not dividing in). */
 int linear_rows_int4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint32_t *w,
-                     const uint16_t *params, int64_t group, int64_t out, const float *bias, float *y, int64_t y_stride) {
+                     const uint16_t *params, int64_t group, int64_t out, const float *bias, float *y,
+                     int64_t y_stride) {
     if ((group != 32 && group != 64 && group != 128) || in % group != 0 || rows < 1 || out < 1) return 1;
     int64_t blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK;
     float *xsums = NULL, *xscaled = NULL;
@@ -370,15 +376,16 @@ int linear_rows_int4(const float *x, int64_t x_stride, int64_t rows, int64_t in,
     if (!xsums) return 1;
     xscaled = xsums + rows * groups * LANES;
     for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * x_stride;
         for (int64_t g = 0; g < groups; g++) {
             vec sum = vec_zero();
-            for (int64_t k = g * group; k < (g + 1) * group; k += LANES) sum = _mm256_add_ps(sum, vec_load(x + r * x_stride + k));
+            for (int64_t k = g * group; k < (g + 1) * group; k += LANES) sum = _mm256_add_ps(sum, vec_load(row + k));
             _mm256_storeu_ps(xsums + (r * groups + g) * LANES, sum);
         }
         for (int64_t k = 0; k < in; k += LANES) {
             int64_t j = k % SUPER / LANES;
             float factor = j == NIBBLES - 1 ? 1.0f : 1.0f / (float)(1 << 4 * j);
-            _mm256_storeu_ps(xscaled + r * in + k, _mm256_mul_ps(vec_load(x + r * x_stride + k), _mm256_set1_ps(factor)));
+            _mm256_storeu_ps(xscaled + r * in + k, _mm256_mul_ps(vec_load(row + k), _mm256_set1_ps(factor)));
         }
     }
 #endif

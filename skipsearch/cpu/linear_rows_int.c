@@ -33,9 +33,9 @@
  *   the low 4 bits of each lane): two operations per 16 weights, and the weights exactly the
  *   dequantized ones.
  * - AVX2 (8-entry permutes only): q x is summed per group (q 16^j by a mask and a conversion, times
- *   x 16^-j: exactly q x, unless |x| < 2^-102 falls to a subnormal), then the group enters the lane totals as s (sum q x) + (z - 8 s) (sum x),
- *   z - 8 s rounded once: the dequantized product reassociated (block4's comment; the tests'
- *   tolerance counts |z| in each weight's magnitude for it).
+ *   x 16^-j: exactly q x, unless |x| < 2^-102 falls to a subnormal), then the group enters the
+ *   lane totals as s (sum q x) + (z - 8 s) (sum x), z - 8 s rounded once: the dequantized product
+ *   reassociated (block4's comment; the tests' tolerance counts |z| in each weight's magnitude).
  *
  * Every output y[r][o] is one LANES-lane float32 accumulator (per group, on AVX2 int4) summed over k
  * in order, then its lanes summed in a fixed order (avx2_lanes.h) and scaled and biased: the same
@@ -221,7 +221,8 @@ int linear_rows_int8(const float *x, int64_t x_stride, int64_t rows, int64_t in,
     if (in % 8 != 0 || rows < 1 || out < 1) return 1;
     int64_t blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK;
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; b++) output_block8(x, x_stride, rows, in, w, scale, out, b, bias, y, y_stride);
+    for (int64_t b = 0; b < blocks; b++)
+        output_block8(x, x_stride, rows, in, w, scale, out, b, bias, y, y_stride);
     return 0;
 }
 
@@ -379,7 +380,8 @@ int linear_rows_int4(const float *x, int64_t x_stride, int64_t rows, int64_t in,
         const float *row = x + r * x_stride;
         for (int64_t g = 0; g < groups; g++) {
             vec sum = vec_zero();
-            for (int64_t k = g * group; k < (g + 1) * group; k += LANES) sum = _mm256_add_ps(sum, vec_load(row + k));
+            for (int64_t k = g * group; k < (g + 1) * group; k += LANES)
+                sum = _mm256_add_ps(sum, vec_load(row + k));
             _mm256_storeu_ps(xsums + (r * groups + g) * LANES, sum);
         }
         for (int64_t k = 0; k < in; k += LANES) {

@@ -6,18 +6,22 @@ A draft step reads every weight once, so its floor is the weight bytes over the 
 bandwidth: int8 reads half of bf16's bytes, int4 (with a bf16 scale and zero per group of 128)
 0.27 of them. torch's weight-only kernels stream at 20-28 GB/s on a 2-core EPYC where our bf16
 kernel (`cpu.bf16_weights`, `linear_rows.c`) streams 35-40, so their int8 step costs 0.71-0.77 of
-the bf16 one. This kernel is `linear_rows.c`'s design on the smaller weights: each weight read
+the bf16 one (and that with bf16 activations: with float32 ones they take a path 10-30x slower,
+`cpu.int_torch`). This kernel is `linear_rows.c`'s design on the smaller weights: each weight read
 once per call whatever the row count (1..`MAX_ROWS`), one sequential stream per block of
 `OUT_BLOCK` outputs, each chunk widened to float32 once and multiplied into every row's float32
 accumulators; every row's output is the same bits whatever the rows beside it (a verify's products
 equal the draft steps').
 
 Numerics (tested): int8, each output is `sum_k(q x) * scale + bias` in float32, the fp32 product
-with `dequantize_int8`'s matrix up to the reassociation of its sums; int4, on AVX-512 each weight is
-exactly `dequantize_int4`'s value (a table per group, `linear_rows_int.c`), on AVX2 each group
+with `dequantize_int8`'s matrix up to the reassociation of its sums; int4, on AVX-512 each weight
+is exactly `dequantize_int4`'s value (a table per group, `linear_rows_int.c`), on AVX2 each group
 enters as `scale * sum(q x) + (zero - 8 scale) * sum(x)` (the same product reassociated, `zero - 8
-scale` rounded once). Blocks longer than `MAX_ROWS` rows, other dtypes,
-or a CPU where no build loads, multiply the dequantized matrix with torch's product.
+scale` rounded once). The tests hold every output within 1e-5 of the sum of its terms' magnitudes
+(`|x| |w|`, int4 counting `|x| |zero|` too) from the float64 product with the dequantized matrix,
+and every row's bits equal across 1..`MAX_ROWS` rows, in both builds. Blocks longer than
+`MAX_ROWS` rows, other dtypes, or a CPU where no build loads, multiply the dequantized matrix with
+torch's product.
 
 Not part of the kernel plan yet: nothing replaces a model's layers with these modules.
 """
@@ -42,8 +46,6 @@ from skipsearch.cpu.int_weights import (
     quantize_int8,
 )
 from skipsearch.cpu.native import KernelSource, NativeLibrary, load_native
-
-__all__ = ["MAX_ROWS", "Int4Linear", "Int8Linear", "load_int4_kernel", "load_int8_kernel"]
 
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
 # x, x_stride, rows, in, w, scale, out, bias, y, y_stride

@@ -186,6 +186,12 @@ def test_long_blocks_other_dtypes_and_no_kernel_multiply_the_dequantized_weights
         assert torch.equal(product(short), F.linear(short, product.weight, bias))
 
 
+def test_fits_says_which_matrices_the_kernels_read() -> None:
+    assert int_linear.fits(torch.randn(4, 24)) and not int_linear.fits(torch.randn(4, 12))
+    assert int_linear.fits(torch.randn(4, 576), 64) and not int_linear.fits(torch.randn(4, 576), 128)
+    assert not int_linear.fits(torch.randint(0, 3, (4, 24)))
+
+
 def test_int8_inputs_not_in_chunks_of_8_multiply_in_torch() -> None:
     weight, bias = torch.randn(6, 12), torch.randn(6)
     product = Int8Linear(weight, bias)

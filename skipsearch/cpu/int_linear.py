@@ -134,24 +134,37 @@ def unpack_int8(packed: torch.Tensor, out: int, inputs: int) -> torch.Tensor:
     return packed.permute(0, 2, 1, 3).reshape(blocks * OUT_BLOCK, chunks * width)[:out, :inputs]
 
 
+def _supers(inputs: int, width: int) -> tuple[int, bool]:
+    """The super-chunks of 32-bit words a block holds, and whether a half one (16-bit words) follows."""
+    superchunk = NIBBLES * width
+    whole, tail = divmod(inputs, superchunk)
+    return (whole, True) if 0 < tail <= superchunk // 2 else (-(-inputs // superchunk), False)
+
+
 def pack_int4(quantized: Int4Weight, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`quantized`'s values and groups in the kernel's layouts: the values as int32 words
-    `[blocks, in / (8 width), OUT_BLOCK, width]`, word lane `i` of a super-chunk starting at input
-    `k0` holding in its nibble `j` (bits `4j..4j+3`) the value `q` of input `k0 + j width + i`, each
-    block one contiguous stream, super-chunk by super-chunk, its rows one after the other (zeros
-    past `out` and `in`); and the groups' `(scale, zero)` pairs in bf16 `[blocks, in / group,
-    OUT_BLOCK, 2]` (bf16 values, as `int_weights.quantize_int4` makes them: others are refused)."""
+    """`quantized`'s values and groups in the kernel's layouts. The values: per block of `OUT_BLOCK`
+    outputs one contiguous stream of 16-bit units `[blocks, units]`, super-chunk by super-chunk of
+    `8 width` inputs, each the block's rows one after the other, a row `width` 32-bit words (two
+    units, low half first) whose lane `i` holds in its nibble `j` (bits `4j..4j+3`) the value `q` of
+    input `k0 + j width + i` (zeros past `out` and `in`); a last super-chunk of at most half the
+    inputs (576 = 4.5 x 128) has 16-bit words instead (its 4 nibbles), so that no padding is
+    streamed. The groups: `(scale, zero)` pairs in bf16 `[blocks, in / group, OUT_BLOCK, 2]` (bf16
+    values, as `int_weights.quantize_int4` makes them: others are refused)."""
     q = quantized.q
     out, inputs = q.shape
     rows = -(-out // OUT_BLOCK) * OUT_BLOCK
     superchunk = NIBBLES * width
-    nibbles = torch.zeros(rows, -(-inputs // superchunk) * superchunk, dtype=torch.int64)
+    whole, half = _supers(inputs, width)
+    nibbles = torch.zeros(rows, (whole + half) * superchunk, dtype=torch.int64)
     nibbles[:out, :inputs] = q.long()
     nibbles = nibbles.view(rows // OUT_BLOCK, OUT_BLOCK, -1, NIBBLES, width)  # block, row, super, j, lane
     shifts = (4 * torch.arange(NIBBLES, dtype=torch.int64)).view(1, 1, 1, NIBBLES, 1)
-    words = (nibbles << shifts).sum(dim=3)  # disjoint bits: the sum is the or
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-    words = words.permute(0, 2, 1, 3).contiguous()  # block, super, row, lane
+    words = (nibbles << shifts).sum(dim=3).permute(0, 2, 1, 3)  # block, super, row, lane (disjoint bits)
+    low, high = words & 0xFFFF, words >> 16
+    units = torch.stack((low, high), dim=-1)[:, :whole].reshape(rows // OUT_BLOCK, -1)  # low half first
+    if half:
+        units = torch.cat((units, low[:, whole].reshape(rows // OUT_BLOCK, -1)), dim=1)
+    units = torch.where(units >= 2**15, units - 2**16, units).to(torch.int16).contiguous()
     groups = inputs // quantized.group
     params = torch.zeros(rows, groups, 2, dtype=torch.bfloat16)
     params[:out, :, 0], params[:out, :, 1] = quantized.scale, quantized.zero
@@ -163,16 +176,25 @@ def pack_int4(quantized: Int4Weight, width: int) -> tuple[torch.Tensor, torch.Te
             "the kernel reads int4 scales and zeros as bf16 values (int_weights.quantize_int4's)"
         )
     params = params.view(rows // OUT_BLOCK, OUT_BLOCK, groups, 2).permute(0, 2, 1, 3).contiguous()
-    return words, params
+    return units, params
 
 
-def unpack_int4(words: torch.Tensor, params: torch.Tensor, out: int, inputs: int, group: int) -> Int4Weight:
-    """The `Int4Weight` `pack_int4`'s layouts hold."""
-    blocks, supers, _, width = words.shape
+def unpack_int4(
+    units: torch.Tensor, params: torch.Tensor, out: int, inputs: int, group: int, width: int
+) -> Int4Weight:
+    """The `Int4Weight` `pack_int4(…, width)`'s layouts hold."""
+    blocks = units.shape[0]
+    whole, half = _supers(inputs, width)
+    flat = units.long() & 0xFFFF
+    full = flat[:, : whole * OUT_BLOCK * width * 2].reshape(blocks, whole, OUT_BLOCK, width, 2)
+    words = full[..., 0] | (full[..., 1] << 16)  # block, super, row, lane
+    if half:
+        last = flat[:, whole * OUT_BLOCK * width * 2 :].reshape(blocks, 1, OUT_BLOCK, width)
+        words = torch.cat((words, last), dim=1)
     shifts = (4 * torch.arange(NIBBLES, dtype=torch.int64)).view(1, 1, 1, NIBBLES, 1)
     # block, row, super, j, lane
-    nibbles = (words.long().permute(0, 2, 1, 3)[:, :, :, None, :] >> shifts) & 15
-    q = nibbles.reshape(blocks * OUT_BLOCK, supers * NIBBLES * width)[:out, :inputs].to(torch.uint8)
+    nibbles = (words.permute(0, 2, 1, 3)[:, :, :, None, :] >> shifts) & 15
+    q = nibbles.reshape(blocks * OUT_BLOCK, -1)[:out, :inputs].to(torch.uint8)
     pairs = params.permute(0, 2, 1, 3).reshape(blocks * OUT_BLOCK, -1, 2)[:out].float()
     return Int4Weight(q.contiguous(), pairs[..., 0].contiguous(), pairs[..., 1].contiguous(), group)
 
@@ -262,7 +284,9 @@ class Int4Linear(nn.Module):
         self.bias = None if bias is None else bias.detach().float().contiguous()
 
     def quantized(self) -> Int4Weight:
-        return unpack_int4(self.words, self.params, self.out_features, self.in_features, self.group)
+        return unpack_int4(
+            self.words, self.params, self.out_features, self.in_features, self.group, self.width
+        )
 
     @property
     def weight(self) -> torch.Tensor:
@@ -288,7 +312,7 @@ class Int4Linear(nn.Module):
 
     def packed_bytes(self) -> int:
         """The bytes a call reads: the values and the groups' scales and zeros."""
-        return self.words.numel() * 4 + self.params.numel() * 2
+        return self.words.numel() * 2 + self.params.numel() * 2
 
     def extra_repr(self) -> str:
         return (

@@ -21,9 +21,10 @@
  * row's scale once: y = sum(q * x) * scale[o] + bias[o]. in must be a multiple of 8; in the wide
  * build the last chunk of x is read under a mask where in is not a multiple of 16.
  *
- * int4 (linear_rows_int4): each value q (0..15) is a nibble of int_linear.pack_int4's layout
- * [blocks, in / SUPER, OUT_BLOCK, LANES] uint32 (SUPER = 8 LANES inputs): lane i of an output's word
- * holds in nibble j the input k0 + j LANES + i, so one load serves 8 chunks. params is bf16
+ * int4 (linear_rows_int4): each value q (0..15) is a nibble of int_linear.pack_int4's layout, per
+ * block [in / SUPER, OUT_BLOCK, LANES] uint32 (SUPER = 8 LANES inputs; a last half super-chunk in
+ * uint16, int4_words): lane i of an output's word holds in nibble j the input k0 + j LANES + i, so one
+ * load serves 8 chunks. params is bf16
  * [blocks, in / group, OUT_BLOCK, 2] (each group's scale s and zero z, bf16 values by
  * int_weights.quantize_int4, widened exactly); group (32, 64 or 128) divides in. A value stands for
  * (q - 8) s + z.
@@ -139,6 +140,26 @@ static inline vec widen8(const int8_t *p) {
 #endif
 #define SUPER (NIBBLES * LANES)
 
+/* int4: the words of one output's super-chunk starting at input k0, at `units` (16-bit units, the
+ * layout's type): 32-bit words, except a last super-chunk of at most 4 chunks (in not a multiple of
+ * SUPER, e.g. 576 = 4.5 x 128 in the wide build), stored as 16-bit words (its 4 nibbles) so that no
+ * padding is streamed: zero-extended here. */
+static inline ivec int4_words(const uint16_t *units, int64_t k0, int64_t in) {
+    if (in - k0 > SUPER / 2) return ivec_load(units);
+#ifdef __AVX512F__
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)units));
+#else
+    return _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)units));
+#endif
+}
+
+/* The 16-bit units of one block of outputs' int4 words: whole super-chunks of 32-bit words, then a
+ * last one of 16-bit words where it holds at most half a super-chunk. */
+static inline int64_t int4_block_units(int64_t in) {
+    int64_t whole = in / SUPER, tail = in % SUPER;
+    return OUT_BLOCK * LANES * (2 * whole + (tail == 0 ? 0 : tail <= SUPER / 2 ? 1 : 2));
+}
+
 /* ---- int8 ---- */
 
 /* One block of OUT_BLOCK outputs of rows 0 .. NR - 1: lane sums of q * x, unscaled. */
@@ -231,7 +252,7 @@ int linear_rows_int8(const float *x, int64_t x_stride, int64_t rows, int64_t in,
 #ifdef __AVX512F__
 /* One block of OUT_BLOCK outputs of rows 0 .. NR - 1: lane sums of the dequantized weights times x. */
 static inline __attribute__((always_inline)) void block4(
-    const float *x, int64_t x_stride, int NR, int64_t in, const uint32_t *w_block, const uint16_t *p_block,
+    const float *x, int64_t x_stride, int NR, int64_t in, const uint16_t *w_block, const uint16_t *p_block,
     int group_shift, const float *xsums, const float *xscaled, vec *sums) {
     (void)xsums, (void)xscaled;
     const int64_t group_mask = ((int64_t)1 << group_shift) - 1; /* no division in the loop */
@@ -240,11 +261,12 @@ static inline __attribute__((always_inline)) void block4(
         for (int j = 0; j < OUT_BLOCK; j++) acc[r][j] = vec_zero();
     Int4Group groups[OUT_BLOCK];
     for (int64_t k0 = 0; k0 < in; k0 += SUPER) {
-        const uint32_t *super = w_block + k0 / SUPER * OUT_BLOCK * LANES;
+        const uint16_t *super = w_block + k0 / SUPER * OUT_BLOCK * LANES * 2;
+        int64_t word_units = in - k0 > SUPER / 2 ? 2 : 1; /* a half last super-chunk: 16-bit words */
         _mm_prefetch((const char *)super + PREFETCH_BYTES, _MM_HINT_T1);
         _mm_prefetch((const char *)(p_block + (k0 >> group_shift) * OUT_BLOCK * 2) + 512, _MM_HINT_T1);
         ivec words[OUT_BLOCK];
-        for (int o = 0; o < OUT_BLOCK; o++) words[o] = ivec_load(super + o * LANES);
+        for (int o = 0; o < OUT_BLOCK; o++) words[o] = int4_words(super + o * LANES * word_units, k0, in);
 #pragma GCC unroll 8
         for (int j = 0; j < NIBBLES; j++) {
             int64_t k = k0 + j * LANES;
@@ -272,7 +294,7 @@ static inline __attribute__((always_inline)) void block4(
  * same product q x exactly, for a mask and a conversion a weight, then one FMA a weight and row.
  * xsums: per row, per group, LANES floats; xs: the rows scaled, in floats apart. */
 static inline __attribute__((always_inline)) void block4(
-    const float *x, int64_t x_stride, int NR, int64_t in, const uint32_t *w_block, const uint16_t *p_block,
+    const float *x, int64_t x_stride, int NR, int64_t in, const uint16_t *w_block, const uint16_t *p_block,
     int group_shift, const float *xsums, const float *xs, vec *sums) {
     const int64_t group_mask = ((int64_t)1 << group_shift) - 1, groups = in >> group_shift;
     (void)x, (void)x_stride;
@@ -280,11 +302,12 @@ static inline __attribute__((always_inline)) void block4(
     for (int r = 0; r < NR; r++)
         for (int o = 0; o < OUT_BLOCK; o++) acc[r][o] = total[r][o] = vec_zero();
     for (int64_t k0 = 0; k0 < in; k0 += SUPER) {
-        const uint32_t *super = w_block + k0 / SUPER * OUT_BLOCK * LANES;
+        const uint16_t *super = w_block + k0 / SUPER * OUT_BLOCK * LANES * 2;
+        int64_t word_units = in - k0 > SUPER / 2 ? 2 : 1; /* a half last super-chunk: 16-bit words */
         _mm_prefetch((const char *)super + PREFETCH_BYTES, _MM_HINT_T1);
         _mm_prefetch((const char *)(p_block + (k0 >> group_shift) * OUT_BLOCK * 2) + 512, _MM_HINT_T1);
         ivec words[OUT_BLOCK];
-        for (int o = 0; o < OUT_BLOCK; o++) words[o] = ivec_load(super + o * LANES);
+        for (int o = 0; o < OUT_BLOCK; o++) words[o] = int4_words(super + o * LANES * word_units, k0, in);
 #pragma GCC unroll 8
         for (int j = 0; j < NIBBLES; j++) {
             int64_t k = k0 + j * LANES;
@@ -320,10 +343,10 @@ static inline __attribute__((always_inline)) void block4(
 
 #define ROWS_CASE4(n) case n: block4(xr, x_stride, n, in, w_block, p_block, group_shift, xs, xc, sums); break;
 
-static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint32_t *w,
+static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w,
                           const uint16_t *params, int64_t group, const float *xsums, const float *xscaled,
                           int64_t out, int64_t b, const float *bias, float *y, int64_t y_stride) {
-    const uint32_t *w_block = w + b * OUT_BLOCK * ((in + SUPER - 1) / SUPER * LANES);
+    const uint16_t *w_block = w + b * int4_block_units(in);
     const uint16_t *p_block = params + b * OUT_BLOCK * 2 * (in / group);
     int group_shift = group == 32 ? 5 : group == 64 ? 6 : 7;
     vec sums[ROW_BLOCK4 * OUT_BLOCK];
@@ -363,7 +386,7 @@ static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_
 
 /* y = x w^T + bias, w the int4 values of pack_int4's layout with their groups' params; 0 on success, 1
  * where the shape is not one the kernel reads (group not 32, 64 or 128, or not dividing in). */
-int linear_rows_int4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint32_t *w,
+int linear_rows_int4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w,
                      const uint16_t *params, int64_t group, int64_t out, const float *bias, float *y,
                      int64_t y_stride) {
     if ((group != 32 && group != 64 && group != 128) || in % group != 0 || rows < 1 || out < 1) return 1;

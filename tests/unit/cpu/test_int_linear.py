@@ -78,18 +78,29 @@ def test_the_int8_layout_keeps_the_values_exactly(width: int, out: int, inputs: 
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("group", GROUPS)
-@pytest.mark.parametrize("out", [3, 37])
-def test_the_int4_layout_keeps_the_values_and_groups_exactly(width: int, group: int, out: int) -> None:
-    quantized = quantize_int4(torch.randn(out, 384), group)
-    words, params = pack_int4(quantized, width)
-    assert words.dtype == torch.int32 and params.dtype == torch.bfloat16
-    assert words.numel() * 4 * 2 >= out * 384  # half a byte a value, padded to whole words
-    back = unpack_int4(words, params, out, 384, group)
+@pytest.mark.parametrize(("out", "inputs"), [(3, 384), (37, 384), (5, 576), (6, 896), (7, 224), (9, 160)])
+def test_the_int4_layout_keeps_the_values_and_groups_exactly(
+    width: int, group: int, out: int, inputs: int
+) -> None:
+    if inputs % group:
+        pytest.skip("not whole groups")
+    quantized = quantize_int4(torch.randn(out, inputs), group)
+    units, params = pack_int4(quantized, width)
+    assert units.dtype == torch.int16 and params.dtype == torch.bfloat16
+    back = unpack_int4(units, params, out, inputs, group, width)
     for name in ("q", "scale", "zero"):
         assert torch.equal(getattr(back, name), getattr(quantized, name)), name
-    # input k0 + j * width + i of a super-chunk is nibble j of lane i
-    first = int(words[0, 0, 0, 1]) & 0xFFFFFFFF
+    # input k0 + j * width + i of a super-chunk is nibble j of lane i's 32-bit word (two units, low first)
+    first = (int(units[0, 2]) & 0xFFFF) | (int(units[0, 3]) & 0xFFFF) << 16
     assert [(first >> 4 * j) & 15 for j in range(8)] == [int(quantized.q[0, j * width + 1]) for j in range(8)]
+    # half a byte a value, in whole super-chunks, but a last one of at most half the inputs (576 at
+    # 16 wide) in 16-bit words: half a super-chunk
+    superchunk = 8 * width
+    whole, tail = divmod(inputs, superchunk)
+    streamed = whole * superchunk + (
+        0 if tail == 0 else superchunk // 2 if tail <= superchunk // 2 else superchunk
+    )
+    assert units.numel() * 2 == -(-out // OUT_BLOCK) * OUT_BLOCK * streamed // 2
 
 
 @pytest.mark.parametrize("width", build_params(INT8))
@@ -112,11 +123,18 @@ def test_the_int8_kernel_multiplies_by_the_dequantized_weights(
 @pytest.mark.parametrize("width", build_params(INT4))
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("rows", [1, 3, 5, 8, 9, MAX_ROWS])
-@pytest.mark.parametrize(("inputs", "out", "bias"), [(128, 37, True), (384, 131, False), (896, 5, True)])
+@pytest.mark.parametrize(
+    ("inputs", "out", "bias"),
+    [(128, 37, True), (384, 131, False), (896, 5, True), (576, 9, True), (224, 7, False), (160, 6, True)],
+)
 def test_the_int4_kernel_multiplies_by_the_dequantized_weights(
     width: int, group: int, rows: int, inputs: int, out: int, bias: bool
 ) -> None:
-    """384 and 896 inputs are not whole super-chunks of 128 (the AVX-512 build's 8 chunks of 16)."""
+    """Super-chunks are 8 chunks (128 inputs at 16 wide, 64 at 8): 576 ends in a half one at 16
+    wide (16-bit words), 224 in one of 6 chunks (32-bit words) at 16 wide and a half one at 8, 160 in
+    a half one at both."""
+    if inputs % group:
+        pytest.skip("not whole groups")
     generator = torch.Generator().manual_seed(rows * out + group)
     weight = torch.randn(out, inputs, generator=generator) + torch.randn(out, 1, generator=generator)
     b = torch.randn(out, generator=generator) if bias else None

@@ -5,15 +5,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "experiments" / "int_kernels.py"
 
 
-def test_a_smoke_run_reports_every_configuration(tmp_path: Path) -> None:
+@pytest.mark.parametrize("calls", [[], ["--direct"]], ids=["modules", "direct"])
+def test_a_smoke_run_reports_every_configuration(tmp_path: Path, calls: list[str]) -> None:
     out = tmp_path / "int.md"
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--model", "smollm2-135m", "--layers", "1", "--repeats", "1",
-         "--rows", "1,2", "--threads", "1", "--out", str(out)],
+         "--rows", "1,2", "--threads", "1", "--out", str(out), *calls],
         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -17,6 +17,11 @@ Python modules, the kernels and what applies them:
 - `native`: builds the C kernels on first use with the system compiler and loads them with ctypes.
 - `bf16_weights`: bf16 weights in float32 arithmetic (`linear_rows.c`, `linear_rows_amx.c`).
 - `packed`: weights prepacked once for oneDNN's products.
+- `int_weights`: int8 (symmetric, one scale a row) and int4 (asymmetric groups of 32/64/128, bf16
+  scale and zero) quantizers, and the exact float32 values they stand for.
+- `int_linear`: int8/int4 weights in float32 arithmetic on `linear_rows_int.c` (a lower-precision
+  draft's products); a row's output does not depend on the rows beside it.
+- `int_torch`: torch's weight-only int8/int4 kernels on the same quantized weights, the baseline.
 - `decode_attention`: the decode-attention kernels for a decode's short query blocks.
 - `fused_layers`: a decoder sub-layer in one C call (`decoder_layer.c`).
 - `rms_norm`, `rotary`, `silu`: the norm, rotary embedding and SiLU kernels, same bits as transformers.
@@ -24,7 +29,7 @@ Python modules, the kernels and what applies them:
 - `inventory`: what a loaded model runs (`plan_kernels`) and the bytes a step reads (`step_bytes`).
 
 C sources (`*.c`), one kernel each: `linear_rows.c` (AVX2/AVX-512) and `linear_rows_amx.c` (AMX
-tiles) multiply rows by bf16 weights; `decode_attention.c` (bf16 cache, AVX-512 BF16),
+tiles) multiply rows by bf16 weights, `linear_rows_int.c` by int8 or int4 ones; `decode_attention.c` (bf16 cache, AVX-512 BF16),
 `decode_attention_fp32.c` (float32 cache, AVX2) and `decode_attention_amx.c` (AMX tiles) attend;
 `rms_norm.c`, `rotary.c`, `silu.c`; `decoder_layer.c` drives a fused sub-layer. Headers (`*.h`),
 shared between kernels and hashed into each build: `avx2_lanes.h` (fixed-order lane sums),

@@ -29,9 +29,10 @@ Python modules, the kernels and what applies them:
 - `inventory`: what a loaded model runs (`plan_kernels`) and the bytes a step reads (`step_bytes`).
 
 C sources (`*.c`), one kernel each: `linear_rows.c` (AVX2/AVX-512) and `linear_rows_amx.c` (AMX
-tiles) multiply rows by bf16 weights, `linear_rows_int.c` by int8 or int4 ones; `decode_attention.c` (bf16 cache, AVX-512 BF16),
-`decode_attention_fp32.c` (float32 cache, AVX2) and `decode_attention_amx.c` (AMX tiles) attend;
-`rms_norm.c`, `rotary.c`, `silu.c`; `decoder_layer.c` drives a fused sub-layer. Headers (`*.h`),
+tiles) multiply rows by bf16 weights, `linear_rows_int.c` by int8 or int4 ones; `decode_attention.c`
+(bf16 cache, AVX-512 BF16), `decode_attention_fp32.c` (float32 cache, AVX2) and
+`decode_attention_amx.c` (AMX tiles) attend; `rms_norm.c`, `rotary.c`, `silu.c`; `decoder_layer.c`
+drives a fused sub-layer. Headers (`*.h`),
 shared between kernels and hashed into each build: `avx2_lanes.h` (fixed-order lane sums),
 `avx2_exp.h` and `avx512_exp.h` (e^x), `avx512_transpose.h`, `amx_tiles.h` (tile configuration),
 `decode_attention_keys.h` (which keys a query sees, the chunks), `decode_attention_merge.h` (the

@@ -4,7 +4,7 @@ own vector kernel, `linear_rows_int.c` (the issue "Drafts at lower precision"; t
 
 A draft step reads every weight once, so its floor is the weight bytes over the memory's
 bandwidth: int8 reads half of bf16's bytes, int4 (with a bf16 scale and zero per group of 128)
-0.27 of them. torch's weight-only kernels stream at 20-28 GB/s on a 2-core EPYC where our bf16
+0.27 of them. torch's weight-only kernels stream at 20-28 GB/s on a 2-core AVX-512 CPU where our bf16
 kernel (`cpu.bf16_weights`, `linear_rows.c`) streams 35-40, so their int8 step costs 0.71-0.77 of
 the bf16 one (and that with bf16 activations: with float32 ones they take a path 10-30x slower,
 `cpu.int_torch`). This kernel is `linear_rows.c`'s design on the smaller weights: each weight read

@@ -13,8 +13,8 @@ our kernel (`cpu.int_linear`) is measured against, so that a plan can pick per C
 `_weight_int4pack_mm_for_cpu(Tensor self, Tensor mat2, int qGroupSize, Tensor qScaleAndZeros)`,
 `_convert_weight_to_int4pack_for_cpu(Tensor self, int innerKTiles)`.)
 
-The activations, scales and zeros are in the kernels' `dtype`, and only bf16 is fast: on this
-project's Xeon (one thread, a 4864 x 896 matrix, one row) int8 ran at 12 G weights/s with bf16
+The activations, scales and zeros are in the kernels' `dtype`, and only bf16 is fast: on a CPU
+with AVX-512 BF16 (one thread, a 4864 x 896 matrix, one row) int8 ran at 12 G weights/s with bf16
 activations and 1.2 with float32 (float16 0.6), int4 at 18.5 against 0.5. So the baseline's default
 is bf16 (`DTYPE`): the input is rounded to bf16, the scales too (int8's: `weight` is the matrix
 it then stands for; int4's are bf16 values already), and the output comes back rounded to bf16,

@@ -5,7 +5,7 @@
  * Why it exists: a draft that keeps every layer but reads its weights at int8 (half the bytes of
  * bf16) or int4 (a quarter) agrees with the full model 96-100% of the time, and a decode step is
  * bound by the bytes of weights it reads; torch's weight-only kernels (aten._weight_int8pack_mm,
- * _weight_int4pack_mm_for_cpu) stream them at 20-28 GB/s on a 2-core EPYC where linear_rows.c
+ * _weight_int4pack_mm_for_cpu) stream them at 20-28 GB/s on a 2-core AVX-512 CPU where linear_rows.c
  * streams bf16 at 35-40 GB/s, so their int8 step costs 0.71-0.77 of our bf16 one instead of 0.5.
  * This is linear_rows.c's design on fewer bytes: each weight read once per call whatever the row
  * count (1..16 rows), one sequential stream per block of OUT_BLOCK outputs, each chunk of weights
@@ -71,7 +71,7 @@ static inline uint32_t int4_pair(const uint16_t *pair) {
 #ifdef __AVX512F__
 #define LANES 16
 /* Rows summed together (one pass over a block's weights): the fastest of 4-12 (int8) and 4-8 (int4) in
- * cache on the project's Xeon, one thread, 1-16 rows of a 2048 x 1024 matrix (a few accumulators
+ * cache on a CPU with AVX-512 BF16, one thread, 1-16 rows of a 2048 x 1024 matrix (a few accumulators
  * spilled cost less than another pass's widening); -D for experiments. */
 #ifndef ROW_BLOCK_WIDE
 #define ROW_BLOCK_WIDE 8
@@ -111,7 +111,7 @@ static inline Int4Group int4_group(const uint16_t *pair) {
 #define INT4_WIDEN(words, j, group) _mm512_permutexvar_ps(_mm512_srli_epi32((words), 4 * (j)), (group))
 #else
 #define LANES 8
-/* As the wide build's, of 1-3 (int8) and 1-4 (int4) on the same Xeon (the AVX2 build); -D for
+/* As the wide build's, of 1-3 (int8) and 1-4 (int4) on the same CPU (the AVX2 build); -D for
  * experiments. */
 #ifndef ROW_BLOCK_NARROW
 #define ROW_BLOCK_NARROW 2 /* 2 x 4 accumulators + 4 weights + x < 16 */

@@ -61,9 +61,11 @@ _WEIGHTS: weakref.WeakKeyDictionary[nn.Module, dict[int | None, DraftWeights]] =
 
 
 def remember_checkpoint(model: nn.Module, location: str) -> None:
-    """Record which checkpoint `model` was loaded from (`models.loading`), so its draft weights are
-    kept in the cache under that name. A converted GGUF's directory is named by the GGUF's sha256."""
-    _CHECKPOINTS[model] = slug(str(Path(location).expanduser()))[-120:]
+    """Record which checkpoint `model` was loaded from (`models.loading`: a directory or a hub id), so
+    its draft weights are kept in the cache under that name (a converted GGUF's directory is named by
+    the GGUF's sha256; the weights' fingerprint tells apart directories of one name)."""
+    path = Path(location).expanduser()
+    _CHECKPOINTS[model] = slug(path.name if path.is_dir() else location)[-120:]
 
 
 def group_for(inputs: int, group: int | None = None) -> int:

@@ -122,3 +122,17 @@ def test_a_checkpoints_copies_are_written_once_and_read_back_bit_for_bit(
             for name, child in module.named_children():
                 if isinstance(child, (Int8Linear, Int4Linear)):
                     torch.testing.assert_close(child.weight, getattr(expected, name).weight, rtol=0, atol=0)
+
+
+def test_a_half_precision_model_gets_plain_layers_holding_the_dequantized_matrices() -> None:
+    """Our kernels take float32 activations: a bf16 model's copies are linear layers in bf16 holding
+    what the quantized weights stand for (the draft's numerics, not its bytes)."""
+    model = tiny_model("llama", layers=2, seed=3).to(torch.bfloat16)
+    runner = LayerwiseRunner(model)
+    linear = runner.draft_weights.mlp(1, 8).up_proj
+    original = model.model.layers[1].mlp.up_proj.weight
+    assert type(linear) is torch.nn.Linear and linear.weight.dtype == torch.bfloat16
+    expected = dequantize_int8(quantize_int8(original)).to(torch.bfloat16)
+    torch.testing.assert_close(linear.weight, expected, rtol=0, atol=0)
+    logits = runner.forward(torch.tensor([[5, 17, 3]]), SkipMask.parse("w8:0-1", 2))
+    assert logits.dtype == torch.bfloat16

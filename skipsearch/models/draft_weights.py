@@ -57,6 +57,7 @@ DEFAULT_GROUP = 128
 DRAFT_WEIGHTS_DIR = "draft_weights"
 
 _CHECKPOINTS: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+_GROUPS: weakref.WeakKeyDictionary[nn.Module, int | None] = weakref.WeakKeyDictionary()
 _WEIGHTS: weakref.WeakKeyDictionary[nn.Module, dict[int | None, DraftWeights]] = weakref.WeakKeyDictionary()
 
 
@@ -283,9 +284,21 @@ class DraftWeights:
         return path
 
 
+def set_int4_group(model: nn.Module, group: int | None) -> None:
+    """The int4 group `model`'s runners quantize in from now on (None: each matrix's default,
+    `group_for`); checked against every matrix of the model at once."""
+    if group is not None:
+        for layer in model.model.layers:
+            for owner, names in PROJECTIONS.values():
+                for name in names:
+                    group_for(getattr(getattr(layer, owner), name).in_features, group)
+    _GROUPS[model] = group
+
+
 def draft_weights_of(model: nn.Module, group: int | None = None) -> DraftWeights:
-    """The model's draft weights at int4 `group` (None: each matrix's default), one set per model and
-    group whichever runner asks."""
+    """The model's draft weights at int4 `group` (None: the one `set_int4_group` set, else each
+    matrix's default), one set per model and group whichever runner asks."""
+    group = group if group is not None else _GROUPS.get(model)
     found = _WEIGHTS.setdefault(model, {})
     if group not in found:
         found[group] = DraftWeights(model, group)

@@ -18,6 +18,7 @@ from skipsearch.models.draft_weights import (
     group_for,
     quantized_bytes,
     remember_checkpoint,
+    set_int4_group,
 )
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model
@@ -90,9 +91,15 @@ def test_the_bytes_are_stated_and_copies_that_do_not_fit_are_refused(model, monk
     assert weights.loaded_bytes == attention + mlp
 
 
-def test_runners_of_one_model_share_its_draft_weights(model) -> None:
+def test_runners_of_one_model_share_its_draft_weights_at_the_group_set_for_it(model) -> None:
     assert LayerwiseRunner(model).draft_weights is LayerwiseRunner(model).draft_weights
     assert draft_weights_of(model, 32) is not draft_weights_of(model)
+    assert LayerwiseRunner(model).draft_weights.mlp(0, 4).down_proj.group == 64
+    set_int4_group(model, 32)
+    assert LayerwiseRunner(model).draft_weights is draft_weights_of(model, 32)
+    assert LayerwiseRunner(model).draft_weights.mlp(0, 4).down_proj.group == 32
+    with pytest.raises(ConfigError, match="groups of 64 do not fit a matrix of 32 inputs"):
+        set_int4_group(model, 64)
 
 
 def test_a_checkpoints_copies_are_written_once_and_read_back_bit_for_bit(

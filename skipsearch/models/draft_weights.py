@@ -53,7 +53,6 @@ PROJECTIONS = {
     ATTN: ("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
     MLP: ("mlp", ("gate_proj", "up_proj", "down_proj")),
 }
-DEFAULT_GROUP = 128
 DRAFT_WEIGHTS_DIR = "draft_weights"
 
 _CHECKPOINTS: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()

@@ -27,6 +27,11 @@ position's mask adds, per layer and head, those chosen at the first position of 
 its own (`previous_round_starts`; in `shared-kv`, where every position is a round, the position
 before). `self` mode has no rounds and refuses them.
 
+A sub-layer at lower precision (`SkipMask.attn_bits`, `mlp_bits`) runs where the engine's draft runs
+it, on the same int8 / int4 copies (`LayerwiseRunner`, `models.draft_weights`): it counts as skipped
+for where evaluation starts (`first_skipped_layer`), and its attention's own K/V join the round's as
+a skipped layer's would not.
+
 A draft vocabulary (docs/theory.md, "The draft vocabulary") changes only the head: the draft
 proposes the argmax over the subset, and samples from `q` renormalised over it. Both follow exactly
 from the draft's full logits, so one forward measures the mask at every vocabulary size
@@ -325,6 +330,7 @@ class Estimator:
         `kv`, the draft's KV pattern (None: every key); in `by_kv` the same under each of
         `patterns`, one draft forward each (the vocabularies come from the same logits)."""
         mask.check_fits(self.runner.num_layers)
+        self.runner.prepare(mask)  # a lower-precision draft's weights, refused if they do not fit
         by_kv = tuple(self.evaluate(mask, temperature, vocabs, pattern) for pattern in patterns)
         logits = self.draft_logits(mask, kv)
         target, tokens = self.target_logits, self.target_tokens

@@ -137,6 +137,8 @@ class GraphSteps:
                 "round's pillars): drop its k, or decode it eagerly"
             )
         self.s1 = tuple(divergent_layer(mask, kv) for mask, kv in zip(self.masks, self.kvs, strict=True))
+        for mask in self.masks:
+            runner.prepare(mask)  # before any capture: the copies' addresses must not move after it
         gamma = max(gammas)
         self.capture = runner.device.type == "cuda" if capture is None else capture
         if self.capture and runner.device.type != "cuda":

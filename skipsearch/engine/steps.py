@@ -13,6 +13,7 @@ pattern's pillars included.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,7 +26,7 @@ from skipsearch.engine.sampling import Sampling, greedy_commit, sample, sample_a
 from skipsearch.engine.shared_kv import crop
 from skipsearch.kv.pillars import PillarChoice, PillarKeys
 from skipsearch.kv.tree_keys import TreeKeys
-from skipsearch.masks import KVPattern, SkipMask
+from skipsearch.masks import LOW_BITS, KVPattern, SkipMask
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.runner import LayerwiseRunner
 
@@ -57,7 +58,8 @@ class ChainProposal:
 
     `exact[j]` `[1, 1, d]` is the draft's residual stream where it last equals the full model's
     for the input at draft step j: the input of layer `s1`, or — when the MLP of layer `s1 - 1`
-    is skipped — the output of that layer's attention, which verify completes with the MLP.
+    is skipped or at lower precision — the output of that layer's attention, which verify
+    completes with the full MLP.
     """
 
     tokens: torch.Tensor
@@ -98,6 +100,20 @@ def divergent_layer(mask: SkipMask, kv: KVPattern | None) -> int:
     return 0 if kv is not None else mask.first_divergent_layer
 
 
+@functools.cache
+def _without_mlp(num_layers: int, layer: int) -> SkipMask:
+    return SkipMask(num_layers, mlp=[layer])
+
+
+def exact_part(mask: SkipMask, s1: int) -> SkipMask:
+    """The mask the draft runs layers `[0, s1)` under: the full model's, but for the MLP of layer
+    `s1 - 1` where `mask` skips it or runs it at lower precision (then skipped), so that what those
+    layers leave is the draft's exact state (`ChainProposal.exact`)."""
+    if s1 == 0 or mask.exact_mlp(s1 - 1):
+        return mask  # no sub-layer below s1 is changed
+    return _without_mlp(mask.num_layers, s1 - 1)
+
+
 def draft_forward(
     runner: LayerwiseRunner,
     mask: SkipMask,
@@ -112,10 +128,15 @@ def draft_forward(
 
     The forward pass of a draft step, shared by the eager path and the captured graphs
     (`engine.graphs`); `head` is a draft vocabulary's head (None: the full LM head), `kv` the
-    keys its attention reads (None: all)."""
+    keys its attention reads (None: all). The exact part stops before the MLP of layer `s1 - 1`
+    where the draft changes it (`exact_part`); a lower-precision MLP there then runs on the exact state."""
     s1 = divergent_layer(mask, kv)
-    hidden = runner.run_layers(runner.embed(token), 0, s1, position, mask, cache, attention_mask)
-    last = runner.run_layers(hidden, s1, runner.num_layers, position, mask, cache, attention_mask, kv=kv)
+    embedded = runner.embed(token)
+    hidden = runner.run_layers(embedded, 0, s1, position, exact_part(mask, s1), cache, attention_mask)
+    last = hidden
+    if s1 and mask.mlp_bits(s1 - 1) in LOW_BITS:
+        last = runner.mlp(s1 - 1, hidden, mask.mlp_bits(s1 - 1))
+    last = runner.run_layers(last, s1, runner.num_layers, position, mask, cache, attention_mask, kv=kv)
     return hidden, (runner.head if head is None else head)(last)
 
 
@@ -154,7 +175,8 @@ def verify_forward(
     0); `last` `[b, T]`: the tokens it never fed, at the block's last T positions — a chain's last
     draft token (the pending token when γ = 0), or a token tree's leaves (`engine.tree_rounds`, whose
     `attention_mask` may be its `TreeKeys`). Layers `< s1` run only for `last`; the exact states
-    are completed with the MLP of layer `s1 - 1` when the draft skipped it; layers `>= s1` run for
+    are completed with the full MLP of layer `s1 - 1` when the draft skipped it or ran it at lower
+    precision; layers `>= s1` run for
     the whole block. Shared by `verify`, `engine.graphs`, `engine.tree_rounds` and `engine.graphed_tree`.
     `pillars` records the next round's pillars from the block's first position (a KV pattern's `s1`
     is 0, so every layer runs the whole block).
@@ -169,7 +191,7 @@ def verify_forward(
     if exact is None:
         hidden = tail
     else:
-        if gamma and s1 > 0 and not mask.runs_mlp(s1 - 1):
+        if gamma and s1 > 0 and not mask.exact_mlp(s1 - 1):
             exact = runner.mlp(s1 - 1, exact)
         hidden = torch.cat([exact, tail], dim=1)
     hidden = runner.run_layers(
@@ -313,6 +335,8 @@ class EagerSteps:
         self.heads = tuple(heads) if heads is not None else (None,) * len(self.masks)
         self.kvs = tuple(kvs) if kvs is not None else (None,) * len(self.masks)
         self.s1 = tuple(divergent_layer(mask, kv) for mask, kv in zip(self.masks, self.kvs, strict=True))
+        for mask in self.masks:
+            runner.prepare(mask)  # a lower-precision draft's weights, refused here if they do not fit
         self.pillars: list[torch.Tensor | None] = []  # per layer, from the last verify
 
     def prefill(self, prompt: Sequence[int]) -> Any:

@@ -396,6 +396,7 @@ class EagerTreeSteps:
             raise ConfigError(f"tree {shape} has more children a node than the draft's {len(head.ids)} ids")
         self.runner, self.mask, self.shape, self.head, self.kv = runner, mask, shape, head, kv
         self.s1 = (divergent_layer(mask, kv),)
+        runner.prepare(mask)  # a lower-precision draft's weights, refused here if they do not fit
 
     def prefill(self, prompt: Sequence[int]) -> Any:
         return self.runner.prefill(prompt)

@@ -9,6 +9,7 @@ Modules:
 - `compat`: the transformers API the runner calls, checked once per process.
 - `runner`: `LayerwiseRunner`: a decoder run layer by layer with a SkipMask, from transformers' modules.
 - `draft_head`: the draft's LM head over a draft vocabulary (`k` rows, gathered once).
+- `draft_weights`: int8 / int4 copies of the projections a lower-precision draft reads, cached on disk.
 - `device`: the device a command runs on, checked before any model loads there.
 - `backend`: puts a loaded model on this device's kernel plan (the only importer of `skipsearch.cpu`).
 - `kernels`: the kernel plan as the rest sees it: its KV cache, its record, the helpers a decode engages.

@@ -4,6 +4,11 @@ The runner calls each decoder layer's own sub-modules (input norm, self-attentio
 norm, MLP) so that attention and MLP can be skipped independently — a skipped sub-layer lets the
 residual stream pass through — and so that execution can start at any layer from given hidden
 states. No model math is re-implemented: with an empty mask the logits equal `model(...)`.
+
+A sub-layer the mask runs at lower precision (`SkipMask.attn_bits`, `mlp_bits`) runs the layer's own
+module with its projections swapped for their int8 or int4 copies (`models.draft_weights`), through
+the modules' path; a sub-layer at full precision keeps the fused path where the plan has one
+(`fused_at`).
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from skipsearch.errors import ConfigError
 from skipsearch.kv.patterns import KV_PATTERN_KEYWORD, OWN_MASK_KEYWORD
 from skipsearch.kv.pillars import PILLAR_KEYWORD, PillarChoice, PillarKeys
 from skipsearch.kv.tree_keys import TreeKeys
-from skipsearch.masks import KVPattern, SkipMask
+from skipsearch.masks import FULL_BITS, KVPattern, SkipMask
 from skipsearch.models.attention import supports_kv_patterns
 from skipsearch.models.compat import check_architecture, check_installed_transformers
+from skipsearch.models.draft_weights import DraftWeights, draft_weights_of
 from skipsearch.models.kernels import new_cache
 
 SLIDING = "sliding_attention"
@@ -53,6 +59,22 @@ class LayerwiseRunner:
     @property
     def device(self) -> torch.device:
         return self.decoder.embed_tokens.weight.device
+
+    @property
+    def draft_weights(self) -> DraftWeights:
+        """The int8 / int4 copies of the model's projections a lower-precision draft reads, shared by
+        every runner of the model (`models.draft_weights`)."""
+        return draft_weights_of(self.model)
+
+    def prepare(self, mask: SkipMask) -> None:
+        """Load the lower-precision weights `mask` reads, before a decode or an evaluation, refusing
+        in one line those that would not fit in memory; a mask at full precision loads nothing."""
+        if mask.quantized:
+            self.draft_weights.prepare(mask)
+
+    def fused_at(self, layer: int, bits: int = FULL_BITS) -> Any:
+        """The fused path of `layer` at `bits` (`cpu.fused_layers`), or None: only full precision has one."""
+        return self.fused[layer] if bits == FULL_BITS else None
 
     def new_cache(self) -> Any:
         """An empty KV cache on the model's kernel plan (fp32 K/V beside fp32 attention)."""
@@ -96,6 +118,7 @@ class LayerwiseRunner:
         pillars: PillarChoice | None = None,
         own_mask: bool = False,
         tree: TreeKeys | None = None,
+        bits: int = FULL_BITS,
     ) -> torch.Tensor:
         """Residual + self-attention sub-layer (writes this layer's K/V into `cache` if given),
         attending only to the keys of `kv` when given (`kv.patterns`); `pillars`, when
@@ -103,21 +126,23 @@ class LayerwiseRunner:
         `attention_mask` is the caller's, not the causal one (`OWN_MASK_KEYWORD`). A short block
         runs the layer's fused path where it has one (`cpu.fused_layers`; the causal mask is
         then not read). `tree`, a token tree's pass (`kv.tree_keys`): the fused path where it takes
-        the tree, else the modules over its dense mask, which holds `kv`'s sink and window."""
+        the tree, else the modules over its dense mask, which holds `kv`'s sink and window. `bits`:
+        the precision of its projections (`FULL_BITS`, or 8 / 4: the draft's copies)."""
+        fused = self.fused_at(layer, bits)
         if tree is not None:
-            fused = self.fused[layer]
             if fused is not None and fused.takes(hidden, cache, pillars, tree):
                 return fused.attention(hidden, position_embeddings, cache, kv, pillars, tree)
             attention_mask, kv, own_mask = tree.dense, None, True
-        elif not own_mask and self._fused_attention(layer, hidden, cache, pillars):
-            return self.fused[layer].attention(hidden, position_embeddings, cache, kv, pillars)
+        elif not own_mask and self._fused_attention(layer, hidden, cache, pillars, bits):
+            return fused.attention(hidden, position_embeddings, cache, kv, pillars)
         block = self.layers[layer]
+        attention = block.self_attn if bits == FULL_BITS else self.draft_weights.self_attn(layer, bits)
         extra: dict[str, Any] = {} if kv is None else {KV_PATTERN_KEYWORD: kv}
         if pillars is not None:
             extra[PILLAR_KEYWORD] = pillars
         if own_mask:
             extra[OWN_MASK_KEYWORD] = True
-        out, _ = block.self_attn(
+        out, _ = attention(
             hidden_states=block.input_layernorm(hidden),
             position_embeddings=position_embeddings,
             attention_mask=attention_mask,
@@ -127,19 +152,26 @@ class LayerwiseRunner:
         return hidden + out
 
     def _fused_attention(
-        self, layer: int, hidden: torch.Tensor, cache: Any, pillars: PillarChoice | None
+        self,
+        layer: int,
+        hidden: torch.Tensor,
+        cache: Any,
+        pillars: PillarChoice | None,
+        bits: int = FULL_BITS,
     ) -> bool:
-        """Whether this layer's attention over `hidden` runs fused (`cpu.fused_layers`)."""
-        fused = self.fused[layer]
+        """Whether this layer's attention over `hidden` at `bits` runs fused (`cpu.fused_layers`)."""
+        fused = self.fused_at(layer, bits)
         return fused is not None and fused.takes(hidden, cache, pillars)
 
-    def mlp(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        """Residual + MLP sub-layer (fused for a short block where the layer has a fused path)."""
-        fused = self.fused[layer]
+    def mlp(self, layer: int, hidden: torch.Tensor, bits: int = FULL_BITS) -> torch.Tensor:
+        """Residual + MLP sub-layer (fused for a short block where the layer has a fused path), its
+        projections at `bits` (`FULL_BITS`, or 8 / 4: the draft's copies)."""
+        fused = self.fused_at(layer, bits)
         if fused is not None and fused.takes_rows(hidden):
             return fused.mlp(hidden)
         block = self.layers[layer]
-        return hidden + block.mlp(block.post_attention_layernorm(hidden))
+        mlp = block.mlp if bits == FULL_BITS else self.draft_weights.mlp(layer, bits)
+        return hidden + mlp(block.post_attention_layernorm(hidden))
 
     # -- composition --------------------------------------------------------------------------
     @torch.no_grad()
@@ -157,7 +189,8 @@ class LayerwiseRunner:
         pillars: PillarChoice | None = None,
     ) -> torch.Tensor:
         """Run layers `[start, end)` from `hidden` (the input of layer `start`), their attention
-        over the keys of `kv` when given (a KV-pattern draft, its round's pillars with it).
+        over the keys of `kv` when given (a KV-pattern draft, its round's pillars with it), each
+        sub-layer skipped or at the precision `mask` gives it (None: the full model).
 
         `attention_mask` overrides the model's causal mask for every layer (the shared-KV
         estimator needs its own), or per layer when a sequence indexed by layer (the estimator's
@@ -180,14 +213,15 @@ class LayerwiseRunner:
         for layer in range(start, end):
             if collect is not None:
                 collect.append(hidden)
-            if mask is None or mask.runs_attn(layer):
+            bits = FULL_BITS if mask is None else mask.attn_bits(layer)
+            if bits:
                 layer_mask = attention_mask
                 if layer_mask is not None and not isinstance(layer_mask, torch.Tensor):
                     layer_mask = layer_mask[layer]
                 if (
                     layer_mask is None
                     and tree is None
-                    and not self._fused_attention(layer, hidden, cache, pillars)
+                    and not self._fused_attention(layer, hidden, cache, pillars, bits)
                 ):
                     seen = cache.layers[layer].get_seq_length() if cache is not None else 0
                     key = (self.layer_types[layer], seen)
@@ -204,9 +238,11 @@ class LayerwiseRunner:
                     pillars,
                     attention_mask is not None,
                     tree,
+                    bits,
                 )
-            if mask is None or mask.runs_mlp(layer):
-                hidden = self.mlp(layer, hidden)
+            bits = FULL_BITS if mask is None else mask.mlp_bits(layer)
+            if bits:
+                hidden = self.mlp(layer, hidden, bits)
         if collect is not None:
             collect.append(hidden)
         return hidden

@@ -43,6 +43,15 @@ ROUND_MASKS = [
 ]
 
 
+PRECISION_MASKS = [
+    SkipMask.parse("w8:0-5", LAYERS),
+    SkipMask.parse("w4:0-5", LAYERS),
+    SkipMask.parse("w8m:1|w4:3-5", LAYERS),  # s1 = 2: the engine's verify completes layer 1's MLP
+    SkipMask.parse("a:1|m:1|w8:2-5", LAYERS),
+    SkipMask.parse("w8a:2|m:2|w4m:4", LAYERS),
+]
+
+
 @pytest.fixture(scope="module")
 def rounds_setup():
     model = tiny_model("llama", layers=LAYERS, seed=1)
@@ -122,6 +131,15 @@ def test_shared_kv_mode_equals_per_position_decoding_on_the_full_cache(setup, ma
     )
 
 
+@pytest.mark.parametrize("mask", PRECISION_MASKS[1:3], ids=str)
+def test_shared_kv_mode_runs_lower_precision_sub_layers_as_a_cached_pass_does(setup, mask):
+    _, runner, reference = setup
+    estimator = Estimator(runner, reference, "shared-kv")
+    logits = estimator.draft_logits(mask)
+    assert torch.allclose(logits, brute_force_shared_kv(runner, reference, mask), atol=1e-4)
+    assert not torch.allclose(logits, estimator.target_logits, atol=1e-3)
+
+
 def test_skipping_changes_acceptance(setup):
     _, runner, reference = setup
     estimator = Estimator(runner, reference, "shared-kv")
@@ -189,6 +207,25 @@ def test_rounds_mode_matches_every_engine_judgement(rounds_setup) -> None:
     assert shared_misses > 0  # the engine's own K/V within a round matters on these masks
 
 
+@pytest.mark.parametrize("mask", PRECISION_MASKS, ids=str)
+def test_rounds_mode_matches_every_engine_judgement_of_a_lower_precision_draft(rounds_setup, mask) -> None:
+    """int8 / int4 sub-layers run on the same copies in the estimator and in the engine's draft, and
+    their own K/V within a round are the engine's: the same judgements at every γ, so the same tokens
+    per round."""
+    runner, reference = rounds_setup
+    for gamma in (2, 4):
+        rounds = Estimator(runner, reference, "rounds", round_gamma=gamma)
+        judged = engine_judgements(runner, reference, mask, gamma)
+        assert disagreements(rounds.evaluate(mask, temperature=0), judged) == 0, gamma
+
+
+def test_lower_precision_drafts_are_judged_with_rejections(rounds_setup) -> None:
+    """The cases above are not all acceptances: int4 everywhere misses some of the target's tokens."""
+    runner, reference = rounds_setup
+    judged = engine_judgements(runner, reference, PRECISION_MASKS[1], 4)
+    assert not all(accepted for *_, accepted in judged)
+
+
 @pytest.mark.parametrize("mask", ROUND_MASKS[:3], ids=str)
 def test_rounds_mode_with_a_stop_matches_every_engine_judgement(rounds_setup, mask) -> None:
     """A draft that stops below the median of its own confidence: the rounds the estimator
@@ -211,7 +248,11 @@ def plan_rounds_setup():
     return runner, random_reference(runner, [7, 12, 5, 9], new_tokens=NEW_TOKENS, seed=5)
 
 
-@pytest.mark.parametrize("mask", [SkipMask(LAYERS), SkipMask.from_layers(LAYERS, [2])], ids=str)
+@pytest.mark.parametrize(
+    "mask",
+    [SkipMask(LAYERS), SkipMask.from_layers(LAYERS, [2]), SkipMask.parse("w4:0-5", LAYERS)],
+    ids=str,
+)
 @pytest.mark.parametrize(
     "kv", [KVPattern(2, 6), KVPattern(0, 4), KVPattern(1, 4, 3), KVPattern(0, 3, 2)], ids=str
 )
@@ -303,7 +344,7 @@ def engine_tree_judgements(
 
 
 @pytest.mark.parametrize("shape", ["2x2x1", "3x1x1", "2x2x2x1"])
-@pytest.mark.parametrize("mask", ROUND_MASKS[:3], ids=str)
+@pytest.mark.parametrize("mask", [*ROUND_MASKS[:3], *PRECISION_MASKS[1:3]], ids=str)
 def test_rounds_mode_predicts_every_engine_judgement_of_a_tree(rounds_setup, mask, shape) -> None:
     """A tree's node on the target's path is kept when the target's token ranks below its depth's
     width under the draft: the ranks the round-aware estimator measures give the engine's every

@@ -31,9 +31,9 @@ def model():
     return tiny_model("llama", layers=LAYERS, seed=3)
 
 
-def test_int4_groups_are_128_or_the_largest_that_divides_the_inputs() -> None:
-    assert group_for(1536) == 128 and group_for(576) == 64 and group_for(96) == 32
-    assert group_for(576, 32) == 32
+def test_int4_groups_are_32_unless_asked_for_another_that_divides_the_inputs() -> None:
+    assert group_for(1536) == 32 and group_for(576) == 32 and group_for(96) == 32
+    assert group_for(576, 64) == 64
     with pytest.raises(ConfigError, match="groups of 128 do not fit a matrix of 576 inputs"):
         group_for(576, 128)
 
@@ -80,7 +80,7 @@ def test_the_bytes_are_stated_and_copies_that_do_not_fit_are_refused(model, monk
     mask = SkipMask.parse("w8a:0|w4m:1", LAYERS)
     hidden, inner = 32, 64  # tests.conftest.TINY; 4 heads of 8, 2 K/V heads
     attention = quantized_bytes(hidden, hidden, 8, 0) * 2 + quantized_bytes(16, hidden, 8, 0) * 2
-    mlp = quantized_bytes(inner, hidden, 4, 32) * 2 + quantized_bytes(hidden, inner, 4, 64)
+    mlp = quantized_bytes(inner, hidden, 4, 32) * 2 + quantized_bytes(hidden, inner, 4, 32)
     assert weights.nbytes(mask) == attention + mlp
     monkeypatch.setattr(draft_weights, "available_memory", lambda: attention + mlp - 1)
     with pytest.raises(ConfigError, match=r"draft weights of .* need 0 MB but 0 MB of memory are available"):
@@ -94,7 +94,7 @@ def test_the_bytes_are_stated_and_copies_that_do_not_fit_are_refused(model, monk
 def test_runners_of_one_model_share_its_draft_weights_at_the_group_set_for_it(model) -> None:
     assert LayerwiseRunner(model).draft_weights is LayerwiseRunner(model).draft_weights
     assert draft_weights_of(model, 32) is not draft_weights_of(model)
-    assert LayerwiseRunner(model).draft_weights.mlp(0, 4).down_proj.group == 64
+    assert LayerwiseRunner(model).draft_weights.mlp(0, 4).down_proj.group == 32
     set_int4_group(model, 32)
     assert LayerwiseRunner(model).draft_weights is draft_weights_of(model, 32)
     assert LayerwiseRunner(model).draft_weights.mlp(0, 4).down_proj.group == 32

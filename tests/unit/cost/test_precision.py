@@ -125,3 +125,14 @@ def test_depth_scaling_repeats_the_precision_tables() -> None:
     scaled = scale_to_depth(_with_int8(), 5)
     assert scaled.weights(100).low_bits[8][0] == exact((0.7,) * 5)
     assert scaled.precisions[8].weight_bytes is None
+
+
+def test_the_profile_summary_shows_each_timed_precision() -> None:
+    from skipsearch.cost.profile_summary import summary
+
+    timed = summary(_with_int8())
+    # the all-int8 draft: embed 1 + 2 x (0.7 + 1.2) + head 2 = 6.8 of a 9 step, where bytes say 6/9.
+    assert timed.precision_cost == {8: (exact(6.8 / 9), exact(6.8 / 9))}
+    assert set(timed.precision_floor) == {16, 8}
+    assert timed.precision_floor[8][0].seconds == exact(6.8)
+    assert summary(_latency()).precision_cost == {}

@@ -244,11 +244,9 @@ class InformedStrategy(Strategy):
     def choices(self, space: ConcreteSpace, units: Sequence[Unit], bits: int) -> list[Choice]:
         """The knapsack frontier of skips when every kept sub-layer runs at `bits`: skipping a unit
         saves what it costs at `bits` and loses its skip importance less its quantized one."""
-        every = _sublayers(space.num_layers)
-        saved, lost = (
-            sum(self.cost(u, bits) for u in every),
-            sum(self.quantized_value(u, bits) for u in every),
-        )
+        every = _sublayers(space.num_layers)  # the draft that skips nothing, all at `bits`
+        saved = sum(self.cost(u, bits) for u in every)
+        lost = sum(self.quantized_value(u, bits) for u in every)
         values = [self.value(u) - self.quantized_value(u, bits) for u in units]
         weights = [self.cost(u) - self.cost(u, bits) for u in units]
         return [
@@ -281,9 +279,8 @@ class InformedStrategy(Strategy):
         found = []
         for choice in frontier:
             taken = [None if i is None else groups[g][i] for g, i in enumerate(choice)]
-            bits = [FULL_BITS if t is None else t[0] for t in taken]
-            half = space.num_layers
-            mask = mask_from_bits(half, bits[0::2], bits[1::2])
+            bits = [FULL_BITS if t is None else t[0] for t in taken]  # attn_0, mlp_0, attn_1, ...
+            mask = mask_from_bits(space.num_layers, bits[0::2], bits[1::2])
             picked = [t[1] for t in taken if t is not None]
             found.append(Choice(mask, sum(o.weight for o in picked), sum(o.value for o in picked)))
         return found

@@ -136,3 +136,14 @@ def test_the_profile_summary_shows_each_timed_precision() -> None:
     assert set(timed.precision_floor) == {16, 8}
     assert timed.precision_floor[8][0].seconds == exact(6.8)
     assert summary(_latency()).precision_cost == {}
+
+
+def test_a_kv_pattern_prices_quantized_attention_at_the_keys_it_reads() -> None:
+    from skipsearch.masks import KVPattern
+
+    by_context = {**_int8_costs(), "attn": [[[0.7, 1.2], [1.7, 2.2]]] * 2}
+    latency = LatencyProfile.from_dict({**_latency().to_dict(), "precisions": {"8": by_context}})
+    # at 300 tokens the int8 attention costs 1.7; a draft reading 100 keys pays its 0.7.
+    assert Calibrated(latency, ALL_INT8, context=300).round_time(1).draft == exact(1 + 2 * (1.7 + 1.2) + 2)
+    windowed = Calibrated(latency, ALL_INT8, context=300, kv=KVPattern(0, 100)).round_time(1)
+    assert windowed.draft == exact(1 + 2 * (0.7 + 1.2) + 2)

@@ -53,6 +53,11 @@ class Calibrated:
     SDPA over fewer keys), and verify reuses nothing, as the engine does
     (`engine.steps.divergent_layer`). A pattern with pillars adds the LatencyProfile's pillar choice to the
     verify, which makes it.
+
+    A sub-layer the mask runs at int8 or int4 is priced in each draft step at what it costs there
+    (the LatencyProfile's `precisions`, else its bytes, `bits / 16`, said once:
+    `LatencyProfile.check_precisions`); verify runs it at full precision, and reuses only the
+    sub-layers before the first one skipped or quantized (`SkipMask.reused_sublayers`).
     """
 
     latency: LatencyProfile
@@ -69,7 +74,7 @@ class Calibrated:
         full = self.latency.weights(self.context, gamma + 1)
         head = self.latency.draft_head_time(self.draft_vocab, self.context, self.vocab_size)
         drafted = self._draft_weights(one)
-        draft_step = drafted.total * self.mask.r_draft(drafted) - (one.head - head)
+        draft_step = draft_time(self.latency, self.mask, drafted) - (one.head - head)
         reused = self.mask.reused_sublayers if self.kv is None else 0
         step_one, step_full = _in_order(one), _in_order(full)
         verify = one.embed + sum(step_one[:reused]) + sum(step_full[reused:]) + full.head
@@ -84,8 +89,22 @@ class Calibrated:
         """A draft step's parts: one step's, with attention at the keys the KV pattern reads."""
         if self.kv is None:
             return one
-        keys = min(self.context, self.kv.keys_read)
-        return replace(one, attn=self.latency.weights(keys, 1).attn)
+        return attention_at(one, self.latency.weights(min(self.context, self.kv.keys_read), 1))
+
+
+def draft_time(latency: LatencyProfile, mask: SkipMask, weights: SublayerWeights) -> float:
+    """Seconds of one draft pass whose parts cost `weights` (full head included): every sub-layer
+    `mask` runs, at the precision it runs it (`SublayerWeights.share`, which prices a precision the
+    profile did not time by its bytes, said once)."""
+    latency.check_precisions(mask)
+    return weights.total * mask.r_draft(weights)
+
+
+def attention_at(weights: SublayerWeights, at_keys: SublayerWeights) -> SublayerWeights:
+    """`weights` with every attention sub-layer's time, at each precision, taken from `at_keys` (a
+    pass over fewer keys: a KV pattern's draft)."""
+    low = {bits: (at_keys.low_bits[bits][0], mlp) for bits, (_, mlp) in weights.low_bits.items()}
+    return replace(weights, attn=at_keys.attn, low_bits=low)
 
 
 def _in_order(weights: SublayerWeights) -> list[float]:

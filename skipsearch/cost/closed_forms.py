@@ -194,7 +194,9 @@ class SelfSpeculative:
         kv_share: float = 0.0,
         context: float = 512,
     ) -> SelfSpeculative:
-        """Shares by sub-layer count: `r_draft` from the mask, `r_reuse` = reused sub-layers / 2L.
+        """Shares by sub-layer count: `r_draft` from the mask (a sub-layer at int8 or int4 counted by
+        its bytes, `bits / 16`), `r_reuse` = reused sub-layers / 2L (those before the first one
+        skipped or quantized).
 
         A draft vocabulary of `draft_vocab` of the `vocab_size` ids saves `head_share × (1 − k/V)`
         per draft step; at the full vocabulary (None) every number is as without it. A KV pattern

@@ -27,9 +27,11 @@ def scale_to_depth(profile: LatencyProfile, num_layers: int) -> LatencyProfile:
         return profile
     data: dict[str, Any] = profile.to_dict()
     for name in PER_LAYER:
-        for tables in (data, data["spread"]):
+        for tables in (data, data["spread"], *data["precisions"].values()):
             mean = np.asarray(tables[name]).mean(axis=0)
             tables[name] = np.repeat(mean[None], num_layers, axis=0).tolist()
+    for costs in data["precisions"].values():  # a step and its bytes were of the cut model too
+        costs |= {"step": [], "weight_bytes": None}
     # The bytes a step reads were counted on the cut model: no memory floor for the real depth.
     meta = {k: v for k, v in data["meta"].items() if k not in ("weight_bytes", "kv_bytes_per_position")}
     data["meta"] = {

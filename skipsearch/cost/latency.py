@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SublayerWeights
+from skipsearch.masks import LOW_BITS, SkipMask, SublayerWeights
 from skipsearch.store import write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,71 @@ def _interpolate(table: np.ndarray, i: int, j: int, t: float, axis: int) -> np.n
 
 
 @dataclass(frozen=True)
+class PrecisionCosts:
+    """What the profiler measures of a draft whose weights are read at one lower precision (int8 or
+    int4, docs/theory.md "Calibrated cost"): what `LatencyProfile.with_precision` stores.
+
+    `attn[layer][c][k]` and `mlp[layer][c][k]` are median seconds of each sub-layer with its weights
+    at that precision, on the LatencyProfile's own axes (`context_lengths` x `positions`), as its
+    full-precision `attn` / `mlp`. `step[c]` is a whole one-position decode step with every layer at
+    that precision (embedding and head as the model's own), and `weight_bytes` the bytes of weights
+    that step reads: with the K/V of the context and the copy bandwidth they give the step's
+    memory floor and the bandwidth it reached (`LatencyProfile.precision_floor`). `step` and
+    `weight_bytes` are optional (a report then shows no floor); the two tables are not.
+    """
+
+    attn: tuple[tuple[tuple[float, ...], ...], ...]
+    mlp: tuple[tuple[tuple[float, ...], ...], ...]
+    step: tuple[float, ...] = ()
+    weight_bytes: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attn": np.asarray(self.attn).tolist(),
+            "mlp": np.asarray(self.mlp).tolist(),
+            "step": list(self.step),
+            "weight_bytes": self.weight_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PrecisionCosts:
+        weight_bytes = data.get("weight_bytes")
+        return cls(
+            attn=_tuples(data["attn"]),
+            mlp=_tuples(data["mlp"]),
+            step=tuple(float(t) for t in data.get("step", ())),
+            weight_bytes=None if weight_bytes is None else float(weight_bytes),
+        )
+
+
+@dataclass(frozen=True)
+class PrecisionFloor:
+    """A one-position decode step with every layer at `bits`, against what it must read: `seconds`
+    measured, `floor` = `read_bytes` over the copy bandwidth (None where the profile lacks either),
+    and the bandwidth the step reached (`read_bytes / seconds`)."""
+
+    bits: int
+    context: float
+    seconds: float | None
+    read_bytes: float | None
+    floor: float | None
+
+    @property
+    def bandwidth(self) -> float | None:
+        """Bytes per second the step read at."""
+        if self.seconds is None or self.read_bytes is None or self.seconds <= 0:
+            return None
+        return self.read_bytes / self.seconds
+
+    @property
+    def over_floor(self) -> float | None:
+        """`seconds / floor`: 1 is a step at the memory's speed."""
+        if self.seconds is None or not self.floor:
+            return None
+        return self.seconds / self.floor
+
+
+@dataclass(frozen=True)
 class LatencyProfile:
     """Device-calibrated cost table, measured by `skipsearch profile` (docs/theory.md, "Calibrated cost").
 
@@ -70,6 +135,12 @@ class LatencyProfile:
     gather for the next round's draft (`kv.pillars`). Profiles from before it lack it and price
     pillars as free (`pillar_choice_time`).
 
+    `precisions[bits]` (`PrecisionCosts`) holds each sub-layer's cost with its weights at a lower
+    precision (int8, int4) and the step's measured time and bytes there; `weights()` hands them to
+    `SublayerWeights.low_bits`. A precision the profile lacks is priced by its bytes (`bits / 16` of
+    the full-precision sub-layer), and `check_precisions` says so once. Profiles from before lack
+    the table and stay readable.
+
     Between measured context lengths the tables are interpolated linearly; outside them they are
     clamped to the nearest end, unless `extrapolate_context` (see `for_context`) continues the end
     segment's line, as attention time grows linearly with context (KnapSpec's `t_attn = c2·ctx + c3`).
@@ -87,6 +158,7 @@ class LatencyProfile:
     head_rows: tuple[int, ...] = ()
     head_by_rows: tuple[float, ...] = ()
     pillar_choice: tuple[float, ...] = ()
+    precisions: Mapping[int, PrecisionCosts] = field(default_factory=dict)
     extrapolate_context: bool = field(default=False, compare=False)
     _weights: dict[tuple[float, float], SublayerWeights] = field(
         default_factory=dict, init=False, compare=False, repr=False
@@ -124,6 +196,36 @@ class LatencyProfile:
             raise ConfigError(
                 "pillar_choice needs one finite time >= 0 per context length; re-run `skipsearch profile`"
             )
+        for bits, costs in self.precisions.items():
+            self._check_precision(bits, costs)
+
+    def _check_precision(self, bits: int, costs: PrecisionCosts) -> None:
+        if bits not in LOW_BITS:
+            raise ConfigError(
+                f"precision costs are for {bits} bits: a draft reads its weights at one of "
+                f"{', '.join(map(str, LOW_BITS))}; re-run `skipsearch profile`"
+            )
+        self._check_table(f"precisions.{bits}.attn", costs.attn)
+        self._check_table(f"precisions.{bits}.mlp", costs.mlp)
+        if costs.step and (
+            len(costs.step) != len(self.context_lengths)
+            or any(not (math.isfinite(t) and t > 0.0) for t in costs.step)
+        ):
+            raise ConfigError(
+                f"precisions.{bits}.step needs one finite time > 0 per context length; "
+                "re-run `skipsearch profile`"
+            )
+        if costs.weight_bytes is not None and not (
+            math.isfinite(costs.weight_bytes) and costs.weight_bytes > 0
+        ):
+            raise ConfigError(
+                f"precisions.{bits}.weight_bytes must be a byte count > 0, got {costs.weight_bytes}"
+            )
+
+    def with_precision(self, bits: int, costs: PrecisionCosts) -> LatencyProfile:
+        """This profile with the measured costs of `bits`-bit drafts (replacing any it had): what
+        the profiler calls once per lower precision it times (checked like the rest of the table)."""
+        return replace(self, precisions={**self.precisions, int(bits): costs})
 
     def _check_head_rows(self) -> None:
         rows, times = self.head_rows, self.head_by_rows
@@ -207,8 +309,55 @@ class LatencyProfile:
                 attn=tuple(self._at(self.attn, context, positions).tolist()),
                 mlp=tuple(self._at(self.mlp, context, positions).tolist()),
                 head=self.head_time(context, positions),
+                low_bits={
+                    bits: (
+                        tuple(self._at(costs.attn, context, positions).tolist()),
+                        tuple(self._at(costs.mlp, context, positions).tolist()),
+                    )
+                    for bits, costs in sorted(self.precisions.items())
+                },
             )
         return self._weights[key]
+
+    def check_precisions(self, mask: SkipMask) -> bool:
+        """Whether this profile prices some of `mask`'s lower-precision sub-layers by their bytes
+        (`bits / 16` of the full-precision time) because it did not time that precision; said
+        once per profile."""
+        used = {mask.attn_bits(i) for i in range(mask.num_layers)}
+        used |= {mask.mlp_bits(i) for i in range(mask.num_layers)}
+        missing = sorted(used & set(LOW_BITS) - set(self.precisions), reverse=True)
+        if missing:
+            self._warn_once(
+                "latency profile of %s has no int"
+                + "/int".join(map(str, missing))
+                + " timings: those sub-layers are priced by their bytes (bits/16 of full precision); "
+                "re-run `skipsearch profile` to measure them"
+            )
+        return bool(missing)
+
+    def precision_floor(self, bits: int, context: float) -> PrecisionFloor:
+        """A one-position step with every layer at `bits` (16: the model's own precision) at
+        `context`: its measured seconds, the bytes it reads and their floor (`PrecisionFloor`)."""
+        bandwidth = self.meta.get("copy_bandwidth")
+        read = self.read_bytes(context)
+        if bits == 16:
+            seconds: float | None = self.step_time(context)
+            weight_bytes = None if read is None else read[0]
+        elif bits in self.precisions:
+            costs = self.precisions[bits]
+            weight_bytes = costs.weight_bytes
+            seconds = None
+            if costs.step:
+                i, j, t = _bracket(self.context_lengths, context, extrapolate=self.extrapolate_context)
+                seconds = max((1.0 - t) * costs.step[i] + t * costs.step[j], 0.0)
+        else:
+            timed = ", ".join(f"int{b}" for b in sorted(self.precisions)) or "none"
+            raise ConfigError(
+                f"this latency profile has no int{bits} timings (it has {timed}): re-run `skipsearch profile`"
+            )
+        total = None if weight_bytes is None or read is None else weight_bytes + read[1]
+        floor = None if total is None or bandwidth is None else total / bandwidth
+        return PrecisionFloor(bits, context, seconds, total, floor)
 
     @property
     def vocab_size(self) -> int | None:
@@ -341,6 +490,7 @@ class LatencyProfile:
             "head_rows": list(self.head_rows),
             "head_by_rows": list(self.head_by_rows),
             "pillar_choice": list(self.pillar_choice),
+            "precisions": {str(bits): costs.to_dict() for bits, costs in sorted(self.precisions.items())},
         }
 
     @classmethod
@@ -360,6 +510,10 @@ class LatencyProfile:
                 head_rows=tuple(int(k) for k in data.get("head_rows", ())),
                 head_by_rows=tuple(float(t) for t in data.get("head_by_rows", ())),
                 pillar_choice=tuple(float(t) for t in data.get("pillar_choice", ())),
+                precisions={
+                    int(bits): PrecisionCosts.from_dict(costs)
+                    for bits, costs in data.get("precisions", {}).items()
+                },
             )
         except KeyError as missing:
             raise ConfigError(

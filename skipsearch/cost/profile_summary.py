@@ -6,10 +6,10 @@ Pure arithmetic over the profile: `skipsearch profile` prints it, the experiment
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
-from skipsearch.cost.latency import LatencyProfile
+from skipsearch.cost.latency import LatencyProfile, PrecisionFloor
 from skipsearch.masks import SkipMask
 
 SUMMARY_GAMMAS = tuple(range(1, 9))
@@ -24,6 +24,11 @@ class ProfileSummary:
     `E / L`. `verify_cost[i][γ - 1]` is `f(γ)`: a full pass over `γ + 1` positions over one step.
     `head_ratio[i]` is the draft head with `head_rows[i]` rows over the full head: `k / V` if time
     were proportional to rows (empty for a profile without the table).
+
+    For each lower precision the profile timed, `precision_cost[bits][i]` is `c` of the draft
+    that keeps every layer at `bits` (the closed forms assume its bytes: `bits / 16` of the
+    layers), and `precision_floor[bits][i]` that step against its memory floor (`PrecisionFloor`:
+    seconds, bytes read, floor, bandwidth reached); `precision_floor[16]` is the full step's.
     """
 
     context_lengths: tuple[int, ...]
@@ -33,6 +38,8 @@ class ProfileSummary:
     verify_cost: tuple[tuple[float, ...], ...]
     head_rows: tuple[int, ...] = ()
     head_ratio: tuple[float, ...] = ()
+    precision_cost: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+    precision_floor: Mapping[int, tuple[PrecisionFloor, ...]] = field(default_factory=dict)
 
     @property
     def exits(self) -> range:
@@ -48,6 +55,9 @@ def summary(profile: LatencyProfile, gammas: Iterable[int] = SUMMARY_GAMMAS) -> 
     gammas = tuple(gammas)
     layers = profile.num_layers
     prefixes = [SkipMask.prefix(layers, exit_layer) for exit_layer in range(1, layers + 1)]
+    every_layer = {
+        bits: SkipMask.parse(f"w{bits}:0-{layers - 1}", layers) for bits in sorted(profile.precisions)
+    }
 
     def draft_costs(context: int) -> tuple[float, ...]:
         step = profile.weights(context)
@@ -64,4 +74,12 @@ def summary(profile: LatencyProfile, gammas: Iterable[int] = SUMMARY_GAMMAS) -> 
         verify_cost=tuple(verify_costs(c) for c in profile.context_lengths),
         head_rows=profile.head_rows,
         head_ratio=tuple(t / profile.head_by_rows[-1] for t in profile.head_by_rows),
+        precision_cost={
+            bits: tuple(every_layer[bits].r_draft(profile.weights(c)) for c in profile.context_lengths)
+            for bits in every_layer
+        },
+        precision_floor={
+            bits: tuple(profile.precision_floor(bits, c) for c in profile.context_lengths)
+            for bits in (16, *every_layer)
+        },
     )

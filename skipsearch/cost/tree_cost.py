@@ -9,7 +9,9 @@ leaves the draft never fed, and every sub-layer from `s1` on for all `N + 1` row
 free while a device's products stay memory-bound (AMX tiles, a GPU), and not on a CPU's vector
 units: the profile says which, so the search decides per device where a tree pays. Under a KV
 pattern (a sink and a window) each draft pass's attention is priced at the keys it reads and the
-verify reuses nothing, as for the chain. A chain-shaped tree costs exactly the chain's round
+verify reuses nothing, as for the chain. A draft with sub-layers at int8 or int4 prices each pass's
+sub-layers at their precision's cost over that many rows (the profile's `precisions`, else bytes),
+as the chain does; the verify stays at full precision. A chain-shaped tree costs exactly the chain's round
 (`cost.calibrated.Calibrated`), which this reproduces.
 
 Pure arithmetic, no torch.
@@ -17,10 +19,10 @@ Pure arithmetic, no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from skipsearch.acceptance.profile import AcceptanceProfile
-from skipsearch.cost.calibrated import Calibrated, RoundTime, _in_order
+from skipsearch.cost.calibrated import Calibrated, RoundTime, _in_order, attention_at, draft_time
 from skipsearch.tree_shapes import Tree
 
 
@@ -48,9 +50,9 @@ def tree_round_time(form: Calibrated, shape: Tree) -> RoundTime:
     for rows in shape.draft_rows:
         passed = latency.weights(context, rows)
         if kv is not None:  # attention at the keys the pattern reads, as the chain's draft step
-            passed = replace(passed, attn=latency.weights(min(context, kv.keys_read), rows).attn)
+            passed = attention_at(passed, latency.weights(min(context, kv.keys_read), rows))
         head = head_one * passed.head / one.head  # the draft head grows with rows as the full one does
-        draft += passed.total * form.mask.r_draft(passed) - (passed.head - head)
+        draft += draft_time(latency, form.mask, passed) - (passed.head - head)
     full = latency.weights(context, shape.verify_rows)
     leaves = latency.weights(context, shape.leaves)
     reused = form.mask.reused_sublayers if kv is None else 0  # a pattern's draft: no layer is exact

@@ -17,9 +17,9 @@ Example (a synthetic evaluator and scorer stand in for the model and the cost mo
 Modules:
 - `space_spec`: what a space file says, before it meets a model (`SpaceSpec`, `TierSpec`).
 - `space_files`: reading and validating a space file's YAML (shipped ones in `builtin_spaces/`).
-- `spaces`: the concrete set of masks one space file allows for one model.
+- `spaces`: the concrete set of masks one space file allows for one model, skips and precisions.
 - `strategies`: who proposes the next mask (`random`, `uniform`, `learned`, `exhaustive`, ...).
-- `knapsack`: the least important set of units for every amount of draft cost saved (pure).
+- `knapsack`: the least important units to skip or quantize for every amount of draft cost saved (pure).
 - `study`: the search loop: Optuna ask/tell in the driver, masks evaluated by an Executor.
 - `journal`: repair an Optuna journal a killed writer left torn.
 - `score`: `Scorer` and `Score`: what the search maximises, from a mask's AcceptanceProfile.

@@ -4,7 +4,9 @@
 A Score stores every number the trials table and best.json report, so a run directory explains
 itself without the model. A mask measured at several draft-vocabulary sizes (docs/theory.md, "The
 draft vocabulary") and KV patterns ("KV patterns") is scored with each and keeps the best, as it
-keeps the best γ: both are exact optima per mask, found by arithmetic on its measurement.
+keeps the best γ: both are exact optima per mask, found by arithmetic on its measurement. A mask
+whose sub-layers read their weights at int8 or int4 is priced by what it reads (`cost.calibrated`),
+so it is scored with every draft vocabulary, KV pattern, tree and γ as any other mask.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from skipsearch.cost.tree_cost import score_tree
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
 from skipsearch.search.score import Score, Scorer
+from skipsearch.search.spaces import precision_label
 from skipsearch.tree_shapes import Tree, as_tree, tree_label
 
 OBJECTIVES = ("speedup", "acceptance")
@@ -200,11 +203,13 @@ def _details(mask: SkipMask, profile: AcceptanceProfile, prediction: Prediction)
         "r_reuse": mask.r_reuse if profile.kv is None else 0.0,  # a KV pattern leaves verify nothing
         "skipped_attn": sorted(mask.attn),
         "skipped_mlp": sorted(mask.mlp),
-        # the closed form prices a draft that skips no layer's verify at nothing (run.pipeline)
-        "speedup_closed_form": prediction.best_closed_form.speedup if mask.attn or mask.mlp else None,
-        "gamma_closed_form": prediction.best_closed_form.gamma if mask.attn or mask.mlp else None,
+        # the closed form prices a draft that changes no sub-layer at nothing (run.pipeline)
+        "speedup_closed_form": None if mask.is_empty else prediction.best_closed_form.speedup,
+        "gamma_closed_form": None if mask.is_empty else prediction.best_closed_form.gamma,
         **{f"tokens_per_round_{g}": t for g, t in enumerate(prediction.tokens_per_round, start=1)},
     }
+    if mask.quantized:  # a column only where the draft reads some weights at lower precision
+        details["precision"] = precision_label(mask)
     if prediction.best_calibrated is not None:
         details |= {
             "speedup_calibrated": prediction.best_calibrated.speedup,

@@ -19,10 +19,11 @@ from skipsearch.errors import ConfigError, InvalidMaskError
 from skipsearch.masks import FULL_VOCAB, KVPattern, parse_draft_vocab
 from skipsearch.options import DEFAULT_GAMMA_MAX, GAMMA_CAP, TOKENS_CAP
 from skipsearch.search.space_spec import LayerRef, SpaceSpec, TierSpec, space_error
+from skipsearch.search.spaces import PRECISIONS
 from skipsearch.tiers.policy import TierPolicy, check_policy
 from skipsearch.tree_shapes import Tree, parse_trees
 
-KINDS = ("contiguous", "block", "sparse", "sublayer", "tiers")
+KINDS = ("contiguous", "block", "sparse", "sublayer", "mixed", "tiers")
 SPACES_DIR = Path(str(resources.files("skipsearch.search") / "builtin_spaces"))
 """The shipped space files, inside the package so that an installed wheel has them."""
 
@@ -41,6 +42,7 @@ _MASK_KEYS = (
     "draft_vocab",
     "kv",
     "tree",
+    "precision",
 )
 _TIER_KEYS = ("name", "kind", "description", "base", "num_tiers", "policy")
 _POLICY_KEYS = ("window", "thresholds")
@@ -50,7 +52,10 @@ _DEFAULT_PROTECTED: dict[str, tuple[LayerRef, ...]] = {
     "block": (0, -1),
     "sparse": (0, -1),
     "sublayer": (0, -1),
+    "mixed": (0, -1),
 }
+# A mixed space chooses each sub-layer's precision; the others run every kept one at full by default.
+_DEFAULT_PRECISION = {"mixed": ("full", "int8", "int4")}
 
 
 class _Reader:
@@ -170,6 +175,7 @@ def _parse_mask_space(reader: _Reader, kind: str, name: str) -> SpaceSpec:
         draft_vocab=_choices(reader, "draft_vocab", parse_draft_vocab, "[full, 16384, 8192]"),
         kv=_choices(reader, "kv", KVPattern.parse, "[full, s4w512, s4w1024]"),
         tree=_trees(reader),
+        precision=_precisions(reader, kind),
     )
     for low, high in (
         ("r_draft_min", "r_draft_max"),
@@ -197,6 +203,22 @@ def _choices(reader: _Reader, key: str, parse: Callable[[Any], Any], example: st
     if len(set(choices)) != len(choices):
         raise reader.error(key, f"{raw} names one twice", "list each once")
     return choices
+
+
+def _precisions(reader: _Reader, kind: str) -> tuple[int, ...]:
+    """`precision: [full, int8, int4]`: the bits the draft reads its kept sub-layers' weights at,
+    one for all of them (a `mixed` space: one per sub-layer, where skipping is a fourth choice)."""
+    raw = reader.data.get("precision", list(_DEFAULT_PRECISION.get(kind, ("full",))))
+    example = f"write e.g. [{', '.join(PRECISIONS)}]"
+    if not isinstance(raw, list) or not raw:
+        raise reader.error("precision", f"expected a non-empty list, got {raw!r}", example)
+    unknown = [name for name in raw if not isinstance(name, str) or name not in PRECISIONS]
+    if unknown:
+        fix = f"use some of {', '.join(PRECISIONS)}"
+        raise reader.error("precision", f"{unknown[0]!r} is not a precision", fix)
+    if len(set(raw)) != len(raw):
+        raise reader.error("precision", f"{raw} names one twice", "list each once")
+    return tuple(PRECISIONS[name] for name in raw)
 
 
 def _trees(reader: _Reader) -> tuple[Tree, ...]:

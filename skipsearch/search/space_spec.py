@@ -6,7 +6,8 @@ model: a fraction `f` of `n` items is `min(floor(f * n), n - 1)` for a layer ind
 1.0 -> the last layer), and a negative integer counts from the end (-1 is the last layer).
 `SpaceSpec.resolve(num_layers)` turns a spec into a `ConcreteSpace` for one model. The `r_draft`
 bounds of a file are by sub-layer count, not by measured latency, so a file means the same on every
-device; the cost model weighs the masks it finds.
+device; the cost model weighs the masks it finds. So do they for a space with a precision
+dimension (`precision`): they count skipped units only, and the cost model prices the bytes.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import math
 from dataclasses import dataclass
 
 from skipsearch.errors import ConfigError
-from skipsearch.masks import KVPattern
-from skipsearch.search.spaces import BlockSpace, ConcreteSpace, ContiguousSpace, SubsetSpace
+from skipsearch.masks import FULL_BITS, KVPattern
+from skipsearch.search.spaces import BlockSpace, ConcreteSpace, ContiguousSpace, MixedSpace, SubsetSpace
 from skipsearch.tiers.policy import TierPolicy
 from skipsearch.tree_shapes import Tree
 
@@ -46,6 +47,9 @@ class SpaceSpec:
     draft_vocab: tuple[int | None, ...] = (None,)
     kv: tuple[KVPattern | None, ...] = (None,)
     tree: tuple[Tree, ...] = ()  # token-tree shapes each draft is also scored as (none: chains only)
+    # bits the draft's kept sub-layers may read their weights at: one for all of them, or (mixed)
+    # one per sub-layer
+    precision: tuple[int, ...] = (FULL_BITS,)
 
     def _layer(self, ref: LayerRef, num_layers: int) -> int:
         if isinstance(ref, float):
@@ -63,7 +67,7 @@ class SpaceSpec:
         """The concrete space at `num_layers`; a ConfigError naming the binding keys when no mask
         meets every constraint."""
         protected = frozenset(self._layer(ref, num_layers) for ref in self.protected)
-        sublayer = self.kind == "sublayer"
+        sublayer = self.kind in ("sublayer", "mixed")
         units = 2 * num_layers if sublayer else num_layers
         unit = "sub-layer" if sublayer else "layer"
         if self.kind == "contiguous":
@@ -95,7 +99,9 @@ class SpaceSpec:
                 f"at least {low} skipped {unit}s, but {why} allows at most {high}",
                 f"{_RELAX[low_key]} or {_RELAX[high_key]}",
             )
-        cls = {"contiguous": ContiguousSpace, "block": BlockSpace}.get(self.kind, SubsetSpace)
+        cls = {"contiguous": ContiguousSpace, "block": BlockSpace, "mixed": MixedSpace}.get(
+            self.kind, SubsetSpace
+        )
         extra = {"sublayer": sublayer} if cls is SubsetSpace else {}
         return cls(
             name=self.name,
@@ -105,6 +111,7 @@ class SpaceSpec:
             max_skipped=high,
             gamma_min=self.gamma_min,
             gamma_max=self.gamma_max,
+            precisions=self.precision,
             **extra,
         )
 

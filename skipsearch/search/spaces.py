@@ -6,6 +6,12 @@ Once protected layers are taken out, every constraint depends only on *how many*
 skip k free units, k in an allowed set": any k-subset (`sparse`, `sublayer`), the early exit that
 skips the last k layers (`contiguous`), or a run of k consecutive layers (`block`). That makes
 counting, exact uniform sampling and enumeration cheap.
+
+A space may also choose the precision the draft reads its weights at (docs/theory.md, "Drafts at
+lower precision"). Every structure takes a `precisions` set: the draft runs every sub-layer it
+keeps at one of them (full, int8, int4), chosen with one categorical `precision` param; a single
+precision adds no param, and the default (full only) is every space as it was. The `mixed` space
+(`MixedSpace`) chooses per sub-layer instead: full, int8, int4 or skipped, one categorical each.
 """
 
 from __future__ import annotations
@@ -16,15 +22,67 @@ from abc import ABC, abstractmethod
 from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import optuna
 
 from skipsearch.errors import ConfigError, InvalidMaskError
-from skipsearch.masks import SkipMask
+from skipsearch.masks import FULL_BITS, SkipMask
 
 ENUMERATE_LIMIT = 100_000
+T = TypeVar("T")
+PRECISIONS = {"full": FULL_BITS, "int8": 8, "int4": 4}
+"""The precisions a space file names, and the bits the draft reads each at."""
+SKIP = "skip"
+"""A `mixed` space's choice for a sub-layer the draft does not run."""
+PRECISION_PARAM = "precision"
+
+
+def precision_name(bits: int) -> str:
+    """`full`, `int8` or `int4`: how space files and trial params name a precision."""
+    return next(name for name, value in PRECISIONS.items() if value == bits)
+
+
+def uniform_bits(mask: SkipMask) -> int | None:
+    """The one precision every sub-layer `mask` runs reads its weights at (`FULL_BITS` when none
+    is quantized); None when they differ."""
+    used = {mask.attn_bits(i) for i in range(mask.num_layers)} | {
+        mask.mlp_bits(i) for i in range(mask.num_layers)
+    }
+    used.discard(0)
+    return used.pop() if len(used) == 1 else None if used else FULL_BITS
+
+
+def precision_label(mask: SkipMask) -> str:
+    """`full`, `int8`, `int4`, or `mixed`: the precision of the draft's kept sub-layers."""
+    bits = uniform_bits(mask)
+    return "mixed" if bits is None else precision_name(bits)
+
+
+def skips_of(mask: SkipMask) -> SkipMask:
+    """`mask`'s skips alone, every kept sub-layer at full precision."""
+    return SkipMask(mask.num_layers, mask.attn, mask.mlp)
+
+
+def with_bits(mask: SkipMask, bits: int) -> SkipMask:
+    """`mask`'s skips with every sub-layer it keeps at `bits` (its own precisions dropped)."""
+    if bits == FULL_BITS:
+        return skips_of(mask)
+    kept = range(mask.num_layers)
+    attn = frozenset(i for i in kept if i not in mask.attn)
+    mlp = frozenset(i for i in kept if i not in mask.mlp)
+    return SkipMask(mask.num_layers, mask.attn, mask.mlp, **{f"attn_int{bits}": attn, f"mlp_int{bits}": mlp})
+
+
+def mask_from_bits(num_layers: int, attn: Sequence[int], mlp: Sequence[int]) -> SkipMask:
+    """The mask whose layer `l` reads its attention at `attn[l]` bits and its MLP at `mlp[l]` (0: skipped)."""
+    chosen: dict[str, set[int]] = {}
+    for kind, bits_of in (("attn", attn), ("mlp", mlp)):
+        for layer, bits in enumerate(bits_of):
+            if bits != FULL_BITS:
+                chosen.setdefault(kind if bits == 0 else f"{kind}_int{bits}", set()).add(layer)
+    return SkipMask(num_layers, **{name: frozenset(layers) for name, layers in chosen.items()})
 
 
 # -- concrete spaces ---------------------------------------------------------------------------
@@ -33,7 +91,9 @@ class ConcreteSpace(ABC):
     """The feasible masks of one space for one depth: free units, skip-count range, gamma range.
 
     Subclasses only say how to build masks that skip exactly `k` units; counting, sampling,
-    enumeration and feasibility over the whole space are shared here.
+    enumeration and feasibility over the whole space are shared here, as is the draft's one
+    precision, chosen from `precisions` (bits; every kept sub-layer, protected ones included, reads
+    its weights at it).
     """
 
     name: str
@@ -43,6 +103,7 @@ class ConcreteSpace(ABC):
     max_skipped: int
     gamma_min: int
     gamma_max: int
+    precisions: tuple[int, ...] = (FULL_BITS,)
 
     # -- what a subclass provides ---------------------------------------------------------------
     @property
@@ -56,8 +117,8 @@ class ConcreteSpace(ABC):
 
     @abstractmethod
     def skip_count(self, mask: SkipMask) -> int | None:
-        """Units `mask` skips, or None when it is not of this space's structure or skips a
-        protected layer (whatever its count)."""
+        """Units the skip mask `mask` (no sub-layer quantized) skips, or None when it is not of this
+        space's structure or skips a protected layer (whatever its count)."""
 
     @abstractmethod
     def _count_with(self, k: int) -> int: ...
@@ -72,12 +133,58 @@ class ConcreteSpace(ABC):
     def _all_with(self, k: int) -> Iterator[SkipMask]: ...
 
     @abstractmethod
-    def suggest(self, trial: optuna.Trial) -> SkipMask:
-        """Ask an Optuna trial for one mask of this structure (it may break the count limits)."""
+    def _suggest_skips(self, trial: optuna.Trial) -> SkipMask:
+        """Ask an Optuna trial for one skip mask of this structure (it may break the count limits)."""
 
     @abstractmethod
-    def params_for(self, mask: SkipMask) -> dict[str, int]:
+    def _skip_params(self, mask: SkipMask) -> dict[str, int | str]:
+        """The trial params `_suggest_skips` reads as the skip mask `mask`."""
+
+    # -- the draft's precision -----------------------------------------------------------------
+    def count_of(self, mask: SkipMask) -> int | None:
+        """Units `mask` skips, or None when its structure or its precision is not this space's."""
+        bits = uniform_bits(mask)
+        return self.skip_count(skips_of(mask)) if bits in self.precisions else None
+
+    def _count(self, k: int) -> int:
+        return self._count_with(k) * len(self.precisions)
+
+    def _random(self, k: int, rng: np.random.Generator) -> SkipMask:
+        mask = self._random_with(k, rng)
+        if len(self.precisions) == 1:  # no draw: a space without the choice samples as it did
+            return with_bits(mask, self.precisions[0])
+        return with_bits(mask, self.precisions[int(rng.integers(len(self.precisions)))])
+
+    def suggest(self, trial: optuna.Trial) -> SkipMask:
+        """Ask an Optuna trial for one mask of this space (it may break the count limits): its
+        skips, then its precision (one categorical `precision`, where there is a choice)."""
+        mask = self._suggest_skips(trial)
+        if len(self.precisions) == 1:
+            return with_bits(mask, self.precisions[0])
+        names = [precision_name(bits) for bits in self.precisions]
+        return with_bits(mask, PRECISIONS[trial.suggest_categorical(PRECISION_PARAM, names)])
+
+    def params_for(self, mask: SkipMask) -> dict[str, int | str]:
         """The trial params `suggest` reads as `mask`, for `study.enqueue_trial`."""
+        bits = uniform_bits(mask)
+        if bits not in self.precisions:
+            allowed = ", ".join(precision_name(b) for b in self.precisions)
+            raise InvalidMaskError(
+                f"mask {mask} runs its sub-layers at {precision_label(mask)} but space {self.name!r} "
+                f"allows one precision of {allowed} for all of them: enqueue a mask at one of those"
+            )
+        params = self._skip_params(skips_of(mask))
+        if len(self.precisions) > 1:
+            params[PRECISION_PARAM] = precision_name(bits)
+        return params
+
+    def precision_anchors(self) -> list[SkipMask]:
+        """The feasible drafts that skip nothing and run every sub-layer at one of the space's
+        lower precisions: a sampler of skip params would hardly ever propose them."""
+        anchors = [
+            with_bits(SkipMask(self.num_layers), bits) for bits in self.precisions if bits != FULL_BITS
+        ]
+        return [mask for mask in anchors if self.is_feasible(mask)]
 
     # -- shared --------------------------------------------------------------------------------
     @property
@@ -103,7 +210,7 @@ class ConcreteSpace(ABC):
                 f"mask {mask} is for {mask.num_layers} layers but space {self.name!r} was resolved "
                 f"for {self.num_layers}: resolve the space for the model the mask belongs to"
             )
-        k = self.skip_count(mask)
+        k = self.count_of(mask)
         if k is None:
             return 1.0
         return max(self.min_skipped - k, k - self.max_skipped, 0) / self.units_total
@@ -113,7 +220,7 @@ class ConcreteSpace(ABC):
 
     def size(self) -> int:
         """Exact number of feasible masks."""
-        return sum(self._count_with(k) for k in self.skip_counts)
+        return sum(self._count(k) for k in self.skip_counts)
 
     def random_mask(self, rng: np.random.Generator) -> SkipMask:
         """A mask drawn uniformly from the feasible space, exactly, by counting.
@@ -121,10 +228,10 @@ class ConcreteSpace(ABC):
         The skip count `k` is drawn with weight C(free, k), then `k` free units uniformly. Rejection
         sampling would waste almost every draw when the r_draft band is narrow.
         """
-        counts = [self._count_with(k) for k in self.skip_counts]
+        counts = [self._count(k) for k in self.skip_counts]
         weights = np.array([c / max(counts) for c in counts])  # exact ints may overflow a float
         k = int(rng.choice(np.asarray(self.skip_counts), p=weights / weights.sum()))
-        return self._random_with(k, rng)
+        return self._random(k, rng)
 
     def random_unseen(
         self, rng: np.random.Generator, seen: Container[str], attempts: int = 64
@@ -144,11 +251,14 @@ class ConcreteSpace(ABC):
         return unseen[int(rng.integers(len(unseen)))] if unseen else None
 
     def uniform_masks(self, n: int | None = None) -> list[SkipMask]:
-        """Evenly spaced skips, one mask per skip count (so per r_draft level), fewest skips first.
+        """Evenly spaced skips, one mask per skip count (so per r_draft level) and precision, fewest
+        skips first within each precision.
 
-        With `n` below the number of counts, `n` counts evenly spread over the range are kept.
+        With `n` below the number of (precision, count) pairs, `n` pairs evenly spread over them
+        are kept: every precision's share of the counts, spread over its range.
         """
-        return [self._evenly_spaced_with(k) for k in spread(self.skip_counts, n)]
+        pairs = [(bits, k) for bits in self.precisions for k in self.skip_counts]
+        return [with_bits(self._evenly_spaced_with(k), bits) for bits, k in spread(pairs, n)]
 
     def enumerate(self, limit: int = ENUMERATE_LIMIT) -> list[SkipMask]:
         """Every feasible mask, fewest skips first; a ConfigError when there are over `limit`."""
@@ -159,11 +269,15 @@ class ConcreteSpace(ABC):
                 f"more than the {limit} that can be enumerated: use the learned or random strategy, "
                 "or tighten the space (max_skipped, r_draft_min/r_draft_max)"
             )
-        return [mask for k in self.skip_counts for mask in self._all_with(k)]
+        return [mask for k in self.skip_counts for mask in self._all_masks_with(k)]
+
+    def _all_masks_with(self, k: int) -> Iterator[SkipMask]:
+        return (with_bits(mask, bits) for mask in self._all_with(k) for bits in self.precisions)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready description: stored with a study so a resume can check it is the same."""
-        return {
+        """JSON-ready description: stored with a study so a resume can check it is the same (a
+        space of full precision only says nothing of precision, as before it could choose one)."""
+        described = {
             "name": self.name,
             "kind": self.kind,
             "num_layers": self.num_layers,
@@ -171,6 +285,9 @@ class ConcreteSpace(ABC):
             "skipped": [self.min_skipped, self.max_skipped],
             "gamma": [self.gamma_min, self.gamma_max],
         }
+        if self.precisions != (FULL_BITS,):
+            described["precision"] = [precision_name(bits) for bits in self.precisions]
+        return described
 
 
 @dataclass(frozen=True)
@@ -206,13 +323,13 @@ class ContiguousSpace(ConcreteSpace):
     def _all_with(self, k: int) -> Iterator[SkipMask]:
         yield self._prefix(k)
 
-    def suggest(self, trial: optuna.Trial) -> SkipMask:
+    def _suggest_skips(self, trial: optuna.Trial) -> SkipMask:
         exit_layer = trial.suggest_int(
             "exit_layer", self.num_layers - self.max_skipped, self.num_layers - self.min_skipped
         )
         return SkipMask.prefix(self.num_layers, exit_layer)
 
-    def params_for(self, mask: SkipMask) -> dict[str, int]:
+    def _skip_params(self, mask: SkipMask) -> dict[str, int | str]:
         k = self.skip_count(mask)
         if k is None:
             raise InvalidMaskError(
@@ -268,11 +385,11 @@ class BlockSpace(ConcreteSpace):
     def _all_with(self, k: int) -> Iterator[SkipMask]:
         return (self._block(start, k) for start in self._starts(k))
 
-    def suggest(self, trial: optuna.Trial) -> SkipMask:
+    def _suggest_skips(self, trial: optuna.Trial) -> SkipMask:
         start = trial.suggest_int("block_start", 0, self.num_layers - self.min_skipped)
         return self._block(start, trial.suggest_int("block_length", self.min_skipped, self.max_skipped))
 
-    def params_for(self, mask: SkipMask) -> dict[str, int]:
+    def _skip_params(self, mask: SkipMask) -> dict[str, int | str]:
         k = self.skip_count(mask)
         if not k:
             raise InvalidMaskError(
@@ -362,10 +479,10 @@ class SubsetSpace(ConcreteSpace):
     def _all_with(self, k: int) -> Iterator[SkipMask]:
         return (self._mask(chosen) for chosen in itertools.combinations(self.units, k))
 
-    def suggest(self, trial: optuna.Trial) -> SkipMask:
+    def _suggest_skips(self, trial: optuna.Trial) -> SkipMask:
         return self._mask([u for u in self.units if trial.suggest_int(u.param, 0, 1)])
 
-    def params_for(self, mask: SkipMask) -> dict[str, int]:
+    def _skip_params(self, mask: SkipMask) -> dict[str, int | str]:
         chosen = self._chosen(mask)
         if chosen is None:
             raise InvalidMaskError(
@@ -376,7 +493,83 @@ class SubsetSpace(ConcreteSpace):
         return {u.param: int(u in chosen) for u in self.units}
 
 
-def spread(values: Sequence[int], n: int | None) -> list[int]:
+@dataclass(frozen=True)
+class MixedSpace(SubsetSpace):
+    """Each sub-layer's own choice (docs/theory.md, "Drafts at lower precision"): full, int8 or
+    int4 (those of `precisions`), or skipped where it is free (protected layers are never skipped,
+    but may run at lower precision). One Optuna categorical per sub-layer, `attn_<l>` and `mlp_<l>`
+    (`full`, `int8`, `int4`, `skip`); the skip counts and r_draft bounds count skipped sub-layers,
+    as a `sublayer` space's do.
+    """
+
+    sublayer: bool = True
+
+    @property
+    def kind(self) -> str:
+        return "mixed"
+
+    def _choices(self, layer: int) -> list[str]:
+        names = [precision_name(bits) for bits in self.precisions]
+        return names if layer in self.protected else [*names, SKIP]
+
+    def count_of(self, mask: SkipMask) -> int | None:
+        kept = [mask.attn_bits(i) for i in range(self.num_layers)] + [
+            mask.mlp_bits(i) for i in range(self.num_layers)
+        ]
+        if any(bits and bits not in self.precisions for bits in kept):
+            return None
+        return self.skip_count(skips_of(mask))
+
+    def _count(self, k: int) -> int:
+        return self._count_with(k) * len(self.precisions) ** (self.units_total - k)
+
+    def _random(self, k: int, rng: np.random.Generator) -> SkipMask:
+        skips = self._random_with(k, rng)
+        choices = np.asarray(self.precisions)
+        attn = [0 if i in skips.attn else int(rng.choice(choices)) for i in range(self.num_layers)]
+        mlp = [0 if i in skips.mlp else int(rng.choice(choices)) for i in range(self.num_layers)]
+        return mask_from_bits(self.num_layers, attn, mlp)
+
+    def _all_masks_with(self, k: int) -> Iterator[SkipMask]:
+        for skips in self._all_with(k):
+            kept = [
+                (kind, i)
+                for kind, skipped in (("attn", skips.attn), ("mlp", skips.mlp))
+                for i in range(self.num_layers)
+                if i not in skipped
+            ]
+            for chosen in itertools.product(self.precisions, repeat=len(kept)):
+                bits = {"attn": [0] * self.num_layers, "mlp": [0] * self.num_layers}
+                for (kind, i), b in zip(kept, chosen, strict=True):
+                    bits[kind][i] = b
+                yield mask_from_bits(self.num_layers, bits["attn"], bits["mlp"])
+
+    def suggest(self, trial: optuna.Trial) -> SkipMask:
+        chosen = {
+            kind: [
+                PRECISIONS.get(trial.suggest_categorical(f"{kind}_{i}", self._choices(i)), 0)
+                for i in range(self.num_layers)
+            ]
+            for kind in ("attn", "mlp")
+        }
+        return mask_from_bits(self.num_layers, chosen["attn"], chosen["mlp"])
+
+    def params_for(self, mask: SkipMask) -> dict[str, int | str]:
+        if self.count_of(mask) is None:
+            allowed = ", ".join(precision_name(b) for b in self.precisions)
+            raise InvalidMaskError(
+                f"mask {mask} does not fit space {self.name!r} (mixed, protected layers "
+                f"{sorted(self.protected)}, precisions {allowed}): enqueue a mask that skips no "
+                "protected layer and runs every other sub-layer at one of those precisions"
+            )
+        params: dict[str, int | str] = {}
+        for i in range(self.num_layers):
+            for kind, bits in (("attn", mask.attn_bits(i)), ("mlp", mask.mlp_bits(i))):
+                params[f"{kind}_{i}"] = SKIP if bits == 0 else precision_name(bits)
+        return params
+
+
+def spread(values: Sequence[T], n: int | None) -> list[T]:
     """`n` items evenly spread over `values` (ends included); all of them when `n` is None or
     not smaller."""
     if n is None or n >= len(values):

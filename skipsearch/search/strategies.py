@@ -9,6 +9,7 @@ the same storage, resume and trials table, and a new strategy is a new class in 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -19,9 +20,24 @@ import optuna
 
 from skipsearch.acceptance.importance import SublayerImportance
 from skipsearch.errors import ConfigError
-from skipsearch.masks import SkipMask, SublayerWeights
-from skipsearch.search.knapsack import knapsack_frontier
-from skipsearch.search.spaces import ENUMERATE_LIMIT, ConcreteSpace, SubsetSpace, Unit, spread
+from skipsearch.masks import FULL_BITS, SkipMask, SublayerWeights
+from skipsearch.search.knapsack import Option, choice_frontier, knapsack_frontier
+from skipsearch.search.spaces import (
+    ENUMERATE_LIMIT,
+    ConcreteSpace,
+    MixedSpace,
+    SubsetSpace,
+    Unit,
+    mask_from_bits,
+    spread,
+    with_bits,
+)
+
+QUANTIZATION_ERROR = {8: 2.0**-8, 4: 2.0**-4}
+"""The importance proxy of running a sub-layer at `bits` as a share of skipping it, `2^-bits`: the
+relative error of a `bits`-bit grid, where a skip loses the sub-layer's whole output. Measured
+agreement of whole drafts agrees in size (docs/theory.md, "Drafts at lower precision": SmolLM2-135M
+int8 1 - α ≈ 0.014, int4 ≈ 0.13 over 60 sub-layers, against skips of a few percent each)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +150,12 @@ class LearnedStrategy(Strategy):
             )
 
     def plan(self, ctx: PlanContext) -> Iterator[SkipMask]:
+        """The space's precision anchors (every layer at one lower precision, nothing skipped),
+        then the warm start: a sampler of skip params would hardly ever propose skipping nothing."""
+        anchors = ctx.space.precision_anchors()
+        return itertools.chain(anchors, self._warm_start(ctx))
+
+    def _warm_start(self, ctx: PlanContext) -> Iterator[SkipMask]:
         if not self.warm_start:
             return iter(())
         space = ctx.space
@@ -168,7 +190,9 @@ class InformedStrategy(Strategy):
     space, their importance and their cost.
 
     A `measured` importance was computed before the search from the single-unit masks, whose
-    evaluations the pipeline took from the study's budget (`measured_units_budget`).
+    evaluations the pipeline took from the study's budget (`measured_units_budget`). A unit run at
+    int8 or int4 loses a share of its skip importance (`QUANTIZATION_ERROR`, a proxy: no
+    quantized mask is measured) and saves what the LatencyProfile's `precisions` say it does there.
     """
 
     importance: SublayerImportance | None = None
@@ -193,11 +217,105 @@ class InformedStrategy(Strategy):
         assert self.importance is not None
         return self.importance.of(unit.layer, unit.attn, unit.mlp)
 
-    def cost(self, unit: Unit) -> float:
-        """Draft time the unit saves (LatencyProfile seconds at the scoring context), else sub-layer count."""
+    def quantized_value(self, unit: Unit, bits: int) -> float:
+        """Importance lost by running `unit` at `bits`: its sub-layers' skip importance times
+        `QUANTIZATION_ERROR[bits]` (0 at full precision). A sub-layer the importance has no value
+        for (a protected one, under a `measured` importance) takes its table's mean."""
+        if bits == FULL_BITS:
+            return 0.0
+        assert self.importance is not None
+        tables = [self.importance.attn] * unit.attn + [self.importance.mlp] * unit.mlp
+        return QUANTIZATION_ERROR[bits] * sum(_or_mean(table, unit.layer) for table in tables)
+
+    def cost(self, unit: Unit, bits: int = 0) -> float:
+        """Draft time the unit saves run at `bits` instead of full precision (0: skipped), in
+        LatencyProfile seconds at the scoring context (its `precisions` timings, else bytes), else in
+        sub-layers (a lower precision saving `1 - bits / 16` of one)."""
         if self.weights is None:
-            return float(unit.attn + unit.mlp)
-        return self.weights.attn[unit.layer] * unit.attn + self.weights.mlp[unit.layer] * unit.mlp
+            return (unit.attn + unit.mlp) * (1.0 - bits / FULL_BITS)
+        if bits == 0:
+            return self.weights.attn[unit.layer] * unit.attn + self.weights.mlp[unit.layer] * unit.mlp
+        if bits == FULL_BITS:
+            return 0.0
+        layers = {unit.layer} if unit.attn else set(), {unit.layer} if unit.mlp else set()
+        mask = SkipMask(len(self.weights.attn), **{f"attn_int{bits}": layers[0], f"mlp_int{bits}": layers[1]})
+        return self.weights.total * (1.0 - self.weights.share(mask))
+
+    def choices(self, space: ConcreteSpace, units: Sequence[Unit], bits: int) -> list[Choice]:
+        """The knapsack frontier of skips when every kept sub-layer runs at `bits`: skipping a unit
+        saves what it costs at `bits` and loses its skip importance less its quantized one."""
+        every = _sublayers(space.num_layers)  # the draft that skips nothing, all at `bits`
+        saved = sum(self.cost(u, bits) for u in every)
+        lost = sum(self.quantized_value(u, bits) for u in every)
+        values = [self.value(u) - self.quantized_value(u, bits) for u in units]
+        weights = [self.cost(u) - self.cost(u, bits) for u in units]
+        return [
+            Choice(
+                with_bits(_skip(space.num_layers, [units[i] for i in items]), bits),
+                saved + sum(weights[i] for i in items),
+                lost + sum(values[i] for i in items),
+            )
+            for items in knapsack_frontier(values, weights, space.skip_counts)
+        ]
+
+    def mixed_choices(self, space: MixedSpace) -> list[Choice]:
+        """The multiple-choice knapsack frontier of a mixed space: each sub-layer at one of the
+        space's lower precisions, skipped (a free one), or as it is (where full is a choice)."""
+        free = set(space.units)
+        lower = [b for b in space.precisions if b != FULL_BITS]
+        groups, sublayers = [], _sublayers(space.num_layers)
+        for unit in sublayers:
+            saving = {b: self.cost(unit, b) for b in lower}
+            options = [
+                (b, Option(self.quantized_value(unit, b), saving[b], skips=False))
+                for b in lower
+                if saving[b] > 0 or FULL_BITS not in space.precisions  # one that saves nothing is no choice
+            ]
+            if unit in free:
+                options.append((0, Option(self.value(unit), self.cost(unit))))
+            groups.append(options)
+        required = [FULL_BITS not in space.precisions] * len(groups)
+        frontier = choice_frontier([[o for _, o in g] for g in groups], space.skip_counts, required=required)
+        found = []
+        for choice in frontier:
+            taken = [None if i is None else groups[g][i] for g, i in enumerate(choice)]
+            bits = [FULL_BITS if t is None else t[0] for t in taken]  # attn_0, mlp_0, attn_1, ...
+            mask = mask_from_bits(space.num_layers, bits[0::2], bits[1::2])
+            picked = [t[1] for t in taken if t is not None]
+            found.append(Choice(mask, sum(o.weight for o in picked), sum(o.value for o in picked)))
+        return found
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A candidate draft of an informed strategy: the draft cost it saves and the importance it loses."""
+
+    mask: SkipMask
+    saved: float
+    lost: float
+
+
+def _sublayers(num_layers: int) -> list[Unit]:
+    """Every sub-layer as a unit, in execution order."""
+    return [
+        Unit(layer, kind == "attn", kind == "mlp") for layer in range(num_layers) for kind in ("attn", "mlp")
+    ]
+
+
+def _or_mean(table: Sequence[float | None], layer: int) -> float:
+    known = [v for v in table if v is not None]
+    value = table[layer]
+    return value if value is not None else (sum(known) / len(known) if known else 0.0)
+
+
+def pareto(choices: Sequence[Choice]) -> list[Choice]:
+    """The choices no other beats (saves at least as much for less lost), least saved first."""
+    front, least = [], float("inf")
+    for choice in sorted(choices, key=lambda c: (-c.saved, c.lost)):
+        if choice.lost < least:
+            least = choice.lost
+            front.append(choice)
+    return front[::-1]
 
 
 def informed_space(strategy: str, space: ConcreteSpace) -> SubsetSpace:
@@ -240,9 +358,16 @@ class RankingStrategy(InformedStrategy):
     name: ClassVar[str] = "ranking"
 
     def plan(self, ctx: PlanContext) -> Iterator[SkipMask]:
-        ranked = sorted(self.units(ctx.space), key=self.value)
-        counts = spread(ctx.space.skip_counts, ctx.budget)
-        return iter([_skip(ctx.space.num_layers, ranked[:k]) for k in counts])
+        """At each of the space's precisions, the `k` units that lose least by skipping rather than
+        running at it; (precision, count) pairs spread evenly when the budget is short."""
+        units, space = self.units(ctx.space), ctx.space
+        pairs = spread([(bits, k) for bits in space.precisions for k in space.skip_counts], ctx.budget)
+        ranked = {
+            bits: sorted(units, key=lambda u, b=bits: self.value(u) - self.quantized_value(u, b))
+            for bits in space.precisions
+        }
+        masks = [with_bits(_skip(space.num_layers, ranked[bits][:k]), bits) for bits, k in pairs]
+        return iter([mask for mask in masks if not mask.is_empty])  # the full model is no draft
 
 
 @dataclass(frozen=True)
@@ -265,12 +390,18 @@ class KnapsackStrategy(InformedStrategy):
         return ctx.budget if self.candidates is None else min(self.candidates, ctx.budget)
 
     def plan(self, ctx: PlanContext) -> Iterator[SkipMask]:
-        units = self.units(ctx.space)
-        frontier = knapsack_frontier(
-            [self.value(u) for u in units], [self.cost(u) for u in units], ctx.space.skip_counts
-        )
+        """The frontier of draft cost saved against importance lost: over skips at each of the
+        space's precisions (merged), or, in a mixed space, over each sub-layer's choice."""
+        units, space = self.units(ctx.space), ctx.space
+        if isinstance(space, MixedSpace):
+            frontier = self.mixed_choices(space)
+        elif len(space.precisions) == 1:
+            frontier = self.choices(space, units, space.precisions[0])
+        else:
+            frontier = pareto([c for bits in space.precisions for c in self.choices(space, units, bits)])
+        frontier = [choice for choice in frontier if not choice.mask.is_empty]  # the full model is no draft
         chosen = [frontier[i] for i in spread(range(len(frontier)), self.planned(ctx))]
-        return iter([_skip(ctx.space.num_layers, [units[i] for i in items]) for items in chosen])
+        return iter([choice.mask for choice in chosen])
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.config import COMPARE_KIND, RUN_KIND, load_run_file
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor, Outcome
-from skipsearch.masks import SkipMask, SublayerWeights
+from skipsearch.masks import FULL_BITS, SkipMask, SublayerWeights
 from skipsearch.search.evaluation_cache import EvaluationCache
 from skipsearch.search.journal import FlockLock, repair_journal
 from skipsearch.search.results import DETAIL_PREFIX, TrialRecord, best_trial, pareto_front
@@ -268,7 +268,9 @@ class _Search:
         # need one search space over all trials (GP, CMA-ES) would otherwise sample the rest at random.
         self.every_layer_params = (
             space.params_for(self.every_layer)
-            if self.every_layer is not None and isinstance(space, SubsetSpace)
+            if self.every_layer is not None
+            and isinstance(space, SubsetSpace)
+            and FULL_BITS in space.precisions
             else None
         )
         self.space_size = space.size() + (self.every_layer is not None)

@@ -51,3 +51,21 @@ def _latency() -> LatencyProfile:
 def _with_head_table(rows: list[int], seconds: list[float]) -> LatencyProfile:
     """`_latency()` (full head 2 at one position) plus a draft-head table."""
     return LatencyProfile.from_dict({**_latency().to_dict(), "head_rows": rows, "head_by_rows": seconds})
+
+
+# -- drafts at lower precision -------------------------------------------------------------------
+
+
+def _int8_costs() -> dict:
+    """int8 sub-layers of `_latency()`: attn 0.7 -> 1.2, mlp 1.2 -> 1.8 (positions 1 -> 3)."""
+    return {
+        "attn": [_tables(0.7, 1.2), _tables(0.7, 1.2)],
+        "mlp": [_tables(1.2, 1.8), _tables(1.2, 1.8)],
+        "step": [6.8, 7.0],
+        "weight_bytes": 50.0,
+    }
+
+
+def _with_int8() -> LatencyProfile:
+    """`_latency()` plus measured int8 costs (`_int8_costs`)."""
+    return LatencyProfile.from_dict({**_latency().to_dict(), "precisions": {"8": _int8_costs()}})

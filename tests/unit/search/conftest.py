@@ -55,7 +55,11 @@ def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def synthetic_profile(mask: SkipMask) -> AcceptanceProfile:
+    """Each skipped sub-layer costs its damage, one at int8 or int4 `2^-bits` of it."""
     damage = sum(ATTN_DAMAGE[i] for i in mask.attn) + sum(MLP_DAMAGE[i] for i in mask.mlp)
+    for bits in (8, 4):
+        damage += 2.0**-bits * sum(ATTN_DAMAGE[i] for i in getattr(mask, f"attn_int{bits}"))
+        damage += 2.0**-bits * sum(MLP_DAMAGE[i] for i in getattr(mask, f"mlp_int{bits}"))
     accept = float(np.exp(-damage))
     matches = tuple(tuple(bool(d < accept) for d in row) for row in DRAWS)
     return AcceptanceProfile(str(mask), matches, tuple((accept,) * len(row) for row in DRAWS), 0.0)

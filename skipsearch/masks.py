@@ -57,6 +57,10 @@ def parse_layer_list(text: str) -> list[int]:
 
 FULL_BITS = 16  # a sub-layer at the model's own precision (the plan's weights)
 LOW_BITS = (8, 4)  # the lower precisions a draft's sub-layer may read its weights at
+INT4_GROUP = 32  # inputs that share an int4 scale and zero by default (`models.draft_weights`)
+# The share of the model's weight bytes a sub-layer at each precision reads (`bytes_share`): int8 one
+# byte a weight (a row's float32 scale aside), int4 half a byte plus a bf16 scale and zero a group.
+BYTES_SHARE = {FULL_BITS: 1.0, 8: 8 / FULL_BITS, 4: (4 + 32 / INT4_GROUP) / FULL_BITS, 0: 0.0}
 _LOW_FIELDS = ("attn_int8", "attn_int4", "mlp_int8", "mlp_int4")
 _MASK_KEYS = {"a", "m"} | {f"w{bits}{kind}" for bits in LOW_BITS for kind in ("", "a", "m")}
 
@@ -349,11 +353,12 @@ class SkipMask:
 
         With `weights` (from a LatencyProfile) the share is by measured time, embedding and head
         included; without, it is the share of sub-layers the draft runs, a sub-layer at lower
-        precision counted by the share of the weight bytes it reads (`bits / FULL_BITS`).
+        precision counted by the share of the weight bytes it reads (`BYTES_SHARE`).
         """
         if weights is None:
-            bits = sum(self.attn_bits(i) + self.mlp_bits(i) for i in range(self.num_layers))
-            return bits / (2 * self.num_layers * FULL_BITS)
+            run = (self.attn_bits(i) for i in range(self.num_layers))
+            shares = [*run, *(self.mlp_bits(i) for i in range(self.num_layers))]
+            return sum(BYTES_SHARE.get(bits, 0.0) for bits in shares) / (2 * self.num_layers)
         return weights.share(self)
 
 
@@ -363,7 +368,7 @@ class SublayerWeights:
 
     `low_bits` gives, per lower precision, each layer's attention and MLP cost with its weights at
     that precision (`{8: (attn, mlp)}`); a precision it lacks is priced by its bytes
-    (`bits / FULL_BITS` of the sub-layer's cost), which `share` says through `priced_by_bytes`.
+    (`BYTES_SHARE[bits]` of the sub-layer's cost), which `share` says through `priced_by_bytes`.
     """
 
     embed: float
@@ -391,7 +396,7 @@ class SublayerWeights:
         if bits in self.low_bits:
             attn, mlp = self.low_bits[bits]
             return (attn if kind == "attn" else mlp)[layer]
-        return full * bits / FULL_BITS
+        return full * BYTES_SHARE[bits]
 
     def share(self, mask: SkipMask) -> float:
         if len(self.attn) != mask.num_layers or len(self.mlp) != mask.num_layers:

@@ -55,7 +55,7 @@ class Calibrated:
     verify, which makes it.
 
     A sub-layer the mask runs at int8 or int4 is priced in each draft step at what it costs there
-    (the LatencyProfile's `precisions`, else its bytes, `bits / 16`, said once:
+    (the LatencyProfile's `precisions`, else its bytes, `masks.BYTES_SHARE`, said once:
     `LatencyProfile.check_precisions`); verify runs it at full precision, and reuses only the
     sub-layers before the first one skipped or quantized (`SkipMask.reused_sublayers`).
     """

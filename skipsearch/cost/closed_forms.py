@@ -195,7 +195,7 @@ class SelfSpeculative:
         context: float = 512,
     ) -> SelfSpeculative:
         """Shares by sub-layer count: `r_draft` from the mask (a sub-layer at int8 or int4 counted by
-        its bytes, `bits / 16`), `r_reuse` = reused sub-layers / 2L (those before the first one
+        its bytes, `masks.BYTES_SHARE`), `r_reuse` = reused sub-layers / 2L (those before the first one
         skipped or quantized).
 
         A draft vocabulary of `draft_vocab` of the `vocab_size` ids saves `head_share × (1 − k/V)`

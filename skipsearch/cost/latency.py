@@ -137,7 +137,7 @@ class LatencyProfile:
 
     `precisions[bits]` (`PrecisionCosts`) holds each sub-layer's cost with its weights at a lower
     precision (int8, int4) and the step's measured time and bytes there; `weights()` hands them to
-    `SublayerWeights.low_bits`. A precision the profile lacks is priced by its bytes (`bits / 16` of
+    `SublayerWeights.low_bits`. A precision the profile lacks is priced by its bytes (`masks.BYTES_SHARE` of
     the full-precision sub-layer), and `check_precisions` says so once. Profiles from before lack
     the table and stay readable.
 
@@ -321,7 +321,7 @@ class LatencyProfile:
 
     def check_precisions(self, mask: SkipMask) -> bool:
         """Whether this profile prices some of `mask`'s lower-precision sub-layers by their bytes
-        (`bits / 16` of the full-precision time) because it did not time that precision; said
+        (`masks.BYTES_SHARE` of the full-precision time) because it did not time that precision; said
         once per profile."""
         used = {mask.attn_bits(i) for i in range(mask.num_layers)}
         used |= {mask.mlp_bits(i) for i in range(mask.num_layers)}

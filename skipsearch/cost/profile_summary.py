@@ -26,7 +26,7 @@ class ProfileSummary:
     were proportional to rows (empty for a profile without the table).
 
     For each lower precision the profile timed, `precision_cost[bits][i]` is `c` of the draft
-    that keeps every layer at `bits` (the closed forms assume its bytes: `bits / 16` of the
+    that keeps every layer at `bits` (the closed forms assume its bytes: `masks.BYTES_SHARE` of the
     layers), and `precision_floor[bits][i]` that step against its memory floor (`PrecisionFloor`:
     seconds, bytes read, floor, bandwidth reached); `precision_floor[16]` is the full step's.
     """

@@ -88,10 +88,10 @@ def group_for(inputs: int, group: int | None = None) -> int:
 
 def quantized_bytes(out: int, inputs: int, bits: int, group: int) -> int:
     """The bytes of one matrix's copy: int8 values and a float32 scale per output; int4 values (half a
-    byte) and a float32 scale and zero per group."""
+    byte) and a bf16 scale and zero per group (`cpu.int_linear`'s layouts)."""
     if bits == 8:
         return out * inputs + 4 * out
-    return out * inputs // 2 + 8 * out * (inputs // group)
+    return out * inputs // 2 + 4 * out * (inputs // group)
 
 
 def available_memory() -> int:

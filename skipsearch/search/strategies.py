@@ -20,7 +20,7 @@ import optuna
 
 from skipsearch.acceptance.importance import SublayerImportance
 from skipsearch.errors import ConfigError
-from skipsearch.masks import FULL_BITS, SkipMask, SublayerWeights
+from skipsearch.masks import BYTES_SHARE, FULL_BITS, SkipMask, SublayerWeights
 from skipsearch.search.knapsack import Option, choice_frontier, knapsack_frontier
 from skipsearch.search.spaces import (
     ENUMERATE_LIMIT,
@@ -230,9 +230,9 @@ class InformedStrategy(Strategy):
     def cost(self, unit: Unit, bits: int = 0) -> float:
         """Draft time the unit saves run at `bits` instead of full precision (0: skipped), in
         LatencyProfile seconds at the scoring context (its `precisions` timings, else bytes), else in
-        sub-layers (a lower precision saving `1 - bits / 16` of one)."""
+        sub-layers (a lower precision saving `1 - BYTES_SHARE[bits]` of one)."""
         if self.weights is None:
-            return (unit.attn + unit.mlp) * (1.0 - bits / FULL_BITS)
+            return (unit.attn + unit.mlp) * (1.0 - BYTES_SHARE[bits])
         if bits == 0:
             return self.weights.attn[unit.layer] * unit.attn + self.weights.mlp[unit.layer] * unit.mlp
         if bits == FULL_BITS:

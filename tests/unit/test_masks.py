@@ -203,10 +203,10 @@ def test_lower_precision_ends_the_reused_prefix_as_a_skip_does() -> None:
 
 def test_r_draft_prices_lower_precision_by_measured_cost_or_by_bytes() -> None:
     mask = SkipMask.parse("a:0|m:|w8:1|w4m:0", 2)
-    assert mask.r_draft() == pytest.approx((0 + 4 + 8 + 8) / 64)
+    assert mask.r_draft() == pytest.approx((0 + 0.5 + 5 / 16 + 0.5) / 4)  # int4: a bf16 scale, zero / 32
     weights = SublayerWeights(embed=1.0, attn=[2.0, 2.0], mlp=[3.0, 3.0], head=2.0)
     assert weights.priced_by_bytes(mask)
-    by_bytes = 1.0 + 0.0 + 3.0 * 4 / 16 + 2.0 * 8 / 16 + 3.0 * 8 / 16 + 2.0
+    by_bytes = 1.0 + 0.0 + 3.0 * 5 / 16 + 2.0 * 8 / 16 + 3.0 * 8 / 16 + 2.0
     assert mask.r_draft(weights) == pytest.approx(by_bytes / weights.total)
     measured = SublayerWeights(
         1.0, [2.0, 2.0], [3.0, 3.0], 2.0, {8: ([1.5, 1.5], [2.0, 2.0]), 4: ([1, 1], [1, 1])}

@@ -16,7 +16,7 @@ from optuna.trial import FixedTrial
 from skipsearch.acceptance.importance import SublayerImportance
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.errors import ConfigError, InvalidMaskError
-from skipsearch.masks import SkipMask, SublayerWeights
+from skipsearch.masks import BYTES_SHARE, SkipMask, SublayerWeights
 from skipsearch.search import load_study, make_strategy, study_trials_frame
 from skipsearch.search.knapsack import Option, choice_frontier
 from skipsearch.search.objective import make_scorer
@@ -259,4 +259,4 @@ def test_a_quantized_draft_is_scored_by_what_it_reads() -> None:
 def test_with_bits_keeps_skips_and_sets_every_kept_sublayer() -> None:
     mask = with_bits(SkipMask(4, attn={1}, mlp={1, 2}), 4)
     assert str(mask) == "a:1|m:1,2|w4:0,3|w4a:2"
-    assert uniform_bits(mask) == 4 and math.isclose(mask.r_draft(), (5 * 4) / (8 * 16))
+    assert uniform_bits(mask) == 4 and math.isclose(mask.r_draft(), 5 * BYTES_SHARE[4] / 8)

@@ -400,6 +400,8 @@ class LowerPrecisionLayer(FusedLayer):
     (each output is its own accumulator, whichever product it is fused in), so a sub-layer is the
     bits of the block's modules with those projections (tested), and a verify's rows are the draft
     steps' bits whatever the row count. A sub-layer not in `parts` is not held: calling it raises.
+    Keep the layer for the model's life, as its weights are: a helper on a busy core
+    (`cpu.shared_core`) late for a piece may read its weights until the decode disengages.
     """
 
     def __init__(

@@ -3,10 +3,13 @@ of the block's modules with `Int8Linear`/`Int4Linear` projections on the same qu
 every pass the engine makes, in both builds of the int kernels; a verify's rows the draft steps'
 bits; the block's own bf16 fused path untouched."""
 
+import os
+
 import pytest
 import torch
 
-from skipsearch.cpu import fused_layers, int_linear
+from skipsearch.cpu import fused_layers, int_linear, shared_core
+from skipsearch.cpu.bf16_weights import VECTOR
 from skipsearch.cpu.fused_layers import (
     ATTENTION,
     MLP,
@@ -17,11 +20,13 @@ from skipsearch.cpu.fused_layers import (
 )
 from skipsearch.cpu.int_linear import Int4Linear, Int8Linear
 from skipsearch.cpu.int_weights import quantize_int4, quantize_int8
+from skipsearch.cpu.shared_core import SharedCores
 from skipsearch.kv.pillars import PillarKeys
 from skipsearch.masks import KVPattern
 from skipsearch.models.runner import LayerwiseRunner
 from tests.unit.cpu.test_fused_layers import LAYERS, needs_kernels, on_the_plan
 
+_KIND = {8: int_linear.INT8, 4: int_linear.INT4}
 # (bits, width): each int kernel's builds this CPU runs (the AVX2 one as well as the AVX-512 one)
 BUILDS = [
     pytest.param(bits, width, id=f"int{bits}-{width}")
@@ -220,3 +225,27 @@ def test_the_quantized_copy_its_bytes_and_refusals() -> None:
     assert "FusedLayer.fits" in lower_precision_refusal(plain.model.layers[0], 8)
     with pytest.raises(ValueError):
         lower_precision_layer(block, 5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_draft_on_shared_cores_is_the_same_bits(monkeypatch: pytest.MonkeyPatch, bits: int) -> None:
+    """With helpers engaged on a busy core (`cpu.shared_core`, a piece held and taken back) the
+    fused int products inside the driver give the bits they give alone."""
+    model = on_the_plan("llama")
+    runner = lower_precision_runner(model, bits, next(iter(int_linear.builds(_KIND[bits]))))
+    ids = torch.randint(0, model.config.vocab_size, (1, 30), generator=torch.Generator().manual_seed(6))
+
+    def draft() -> list[torch.Tensor]:
+        cache = runner.new_cache()
+        runner.forward(ids[:, :20], cache=cache)
+        return [runner.forward(ids[:, p : p + 1], cache=cache) for p in range(20, 30)]
+
+    alone = draft()
+    cores = sorted(os.sched_getaffinity(0))
+    monkeypatch.setattr(shared_core, "_plan", SharedCores(cores[0], (cores[-1],), VECTOR))
+    library = int_linear.builds(_KIND[bits])[runner.fused[0].width]
+    with shared_core.engaged() as on:
+        assert on
+        shared_core.hold_next_piece(library, 2000)
+        assert all(torch.equal(a, b) for a, b in zip(draft(), alone, strict=True))

@@ -29,6 +29,14 @@ forward (transformers' `generate`, the comparison every decode reports) calls th
 so `fuse_layers` also gives each fused block a forward that takes the same path for the blocks
 the runner would fuse: HF's decode steps then run the plan's driver too, and an `HF generate`
 figure compares decoding loops, not one loop on the driver against one on the modules.
+
+Lower-precision drafts (`lower_precision_layer`, `LowerPrecisionLayer`): the same driver runs a
+layer's sub-layers with the four products' weights at int8 or int4 (`linear_rows_int.c`), from a
+quantized copy of the block's bf16 weights that the layer holds; everything else is the bf16 path's.
+Through the modules each int product cost ~6 us of Python (SmolLM2: 120 products a step, ~0.8 ms
+against ~1.6 ms of int4 weights to read), so a draft step could not reach its bytes' ratio; inside
+the driver it pays none. The runner calls such a layer's `.attention` / `.mlp` in place of the bf16
+ones for a draft's layers; the block's own `FusedLayer` stays the full model's.
 """
 
 from __future__ import annotations

@@ -23,7 +23,10 @@ and every row's bits equal across 1..`MAX_ROWS` rows, in both builds. Blocks lon
 `MAX_ROWS` rows, other dtypes, or a CPU where no build loads, multiply the dequantized matrix with
 torch's product.
 
-Not part of the kernel plan yet: nothing replaces a model's layers with these modules.
+These modules are the reference and the unfused path: a draft's decoder layers run the same kernels
+inside the fused layers' C driver (`fused_layers.lower_precision_layer`, the modules' bits without
+their ~6 us of Python a call); which kernel runs a draft's products on this CPU, ours or torch's,
+is `cpu.int_choice`'s measurement. Nothing replaces a model's own layers with these modules.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 /* The product of a few float32 rows with an int8 or int4 weight matrix, in float32 arithmetic, for
  * CPUs with AVX2 and FMA (skipsearch/cpu/int_linear.py builds and loads it; the quantization is
- * skipsearch/cpu/int_weights.py's).
+ * skipsearch/cpu/int_weights.py's; a lower-precision fused layer's driver, decoder_layer.c, calls it
+ * through a function pointer).
  *
  * Why it exists: a draft that keeps every layer but reads its weights at int8 (half the bytes of
  * bf16) or int4 (a quarter) agrees with the full model 96-100% of the time, and a decode step is

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention, Qwen2MLP
 from skipsearch.cpu import bf16_weights, decode_attention, int_linear, rms_norm, rotary, silu
 from skipsearch.cpu.attention_paths import DECODE_KERNEL_FP32_PATHS, KERNEL_AMX_ATTENTION, kv_cache_dtype
 from skipsearch.cpu.bf16_weights import Bf16WeightLinear
-from skipsearch.cpu.int_weights import GROUPS, quantize_int4, quantize_int8
+from skipsearch.cpu.int_weights import GROUPS, Int4Weight, Int8Weight, quantize_int4, quantize_int8
 from skipsearch.cpu.native import KernelSource, NativeLibrary, load_native
 from skipsearch.cpu.rms_norm import KernelRMSNorm
 from skipsearch.cpu.silu import KernelSiLU
@@ -346,6 +346,35 @@ def fused_layer(block: nn.Module) -> FusedLayer | None:
 ATTENTION, MLP = "attention", "mlp"  # the sub-layers a lower-precision layer may hold
 PARTS = (ATTENTION, MLP)
 _KINDS = {8: int_linear.INT8, 4: int_linear.INT4}
+# the driver's products at lower precision: (owner, projections fused into one product)
+_PRODUCTS = {
+    "qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")),
+    "o": ("self_attn", ("o_proj",)),
+    "gate_up": ("mlp", ("gate_proj", "up_proj")),
+    "down": ("mlp", ("down_proj",)),
+}
+_PART_OF = {"self_attn": ATTENTION, "mlp": MLP}
+Quantized = Mapping[str, Int8Weight | Int4Weight]  # projection name ("q_proj", ...) -> its quantized weight
+
+
+def _given_refusal(
+    block: nn.Module, bits: int, group: int | None, parts: tuple[str, ...], given: Quantized
+) -> str | None:
+    """Why `given` quantized weights do not fit `block`'s `parts` at `bits` (None where they do)."""
+    kind = Int8Weight if bits == 8 else Int4Weight
+    for owner, names in _PRODUCTS.values():
+        if _PART_OF[owner] not in parts:
+            continue
+        for name in names:
+            weight, projection = given.get(name), getattr(getattr(block, owner), name)
+            if type(weight) is not kind:
+                return f"no int{bits} weight given for {name}"
+            if tuple(weight.q.shape) != (projection.out_features, projection.in_features):
+                return f"the weight given for {name} is {tuple(weight.q.shape)}, not the projection's"
+    groups = {weight.group for weight in given.values() if isinstance(weight, Int4Weight)}
+    if bits == 4 and (len(groups) != 1 or (group is not None and groups != {group})):
+        return f"a layer's int4 weights share one group size, not {sorted(groups)}"
+    return None
 
 
 def _inputs(block: nn.Module, parts: tuple[str, ...]) -> list[int]:
@@ -361,6 +390,7 @@ def lower_precision_refusal(
     group: int | None = None,
     parts: tuple[str, ...] = PARTS,
     width: int | None = None,
+    quantized: Quantized | None = None,
 ) -> str | None:
     """Why `lower_precision_layer` gives `block` no layer at `bits` (None where it gives one)."""
     if bits not in _KINDS:
@@ -377,6 +407,11 @@ def lower_precision_refusal(
     if load_driver().function is None:
         return f"the fused driver does not load: {load_driver().reason}"
     inputs = _inputs(block, parts)
+    if quantized is not None:
+        refusal = _given_refusal(block, bits, group, parts, quantized)
+        if refusal is not None:
+            return refusal
+        group = next((w.group for w in quantized.values() if isinstance(w, Int4Weight)), group)
     if bits == 8 and any(n % 8 for n in inputs):
         return f"int8 products take inputs in multiples of 8, not {inputs}"
     if bits == 4 and _int4_group(inputs, group) is None:
@@ -401,8 +436,9 @@ class LowerPrecisionLayer(FusedLayer):
     when they run, as `FusedLayer`'s do).
 
     The weights are quantized from the block's bf16 products (their float32 values, exactly) by
-    `cpu.int_weights` (int8 per output channel; int4 in groups of `group` inputs), packed for the
-    `width` build; the biases stay float32. The layer holds its own copy (`packed_bytes`) and the
+    `cpu.int_weights` (int8 per output channel; int4 in groups of `group` inputs), or are the
+    `quantized` ones given (by projection name: a draft's cached copies), packed for the `width`
+    build; the biases stay float32. The layer holds its own copy (`packed_bytes`) and the
     block's norms' weights, and changes nothing on the block: its bf16 `FusedLayer`, if any, runs as
     before. Each product's outputs are the bits of `Int8Linear`/`Int4Linear` on the same weights
     (each output is its own accumulator, whichever product it is fused in), so a sub-layer is the
@@ -419,10 +455,13 @@ class LowerPrecisionLayer(FusedLayer):
         group: int | None = None,
         parts: tuple[str, ...] = PARTS,
         width: int | None = None,
+        quantized: Quantized | None = None,
     ) -> None:
-        refusal = lower_precision_refusal(block, bits, group, parts, width)
+        refusal = lower_precision_refusal(block, bits, group, parts, width, quantized)
         if refusal is not None:
             raise ValueError(f"no int{bits} fused layer: {refusal}")
+        if quantized is not None and bits == 4:
+            group = next(w.group for w in quantized.values() if isinstance(w, Int4Weight))
         attention, mlp = block.self_attn, block.mlp
         kind = _KINDS[bits]
         self.width = width or next(iter(int_linear.builds(kind)))  # the build it runs: 16 or 8
@@ -430,14 +469,12 @@ class LowerPrecisionLayer(FusedLayer):
         self.group = _int4_group(_inputs(block, parts), group) if bits == 4 else None
         self.layer = attention.layer_idx
         self.kv_dtype = kv_cache_dtype(attention.config)
-        held = {
-            "qkv": [attention.q_proj, attention.k_proj, attention.v_proj] if ATTENTION in parts else None,
-            "o": [attention.o_proj] if ATTENTION in parts else None,
-            "gate_up": [mlp.gate_proj, mlp.up_proj] if MLP in parts else None,
-            "down": [mlp.down_proj] if MLP in parts else None,
-        }
         # name -> (weights, aux, bias): what the driver reads
-        self.products = {name: self._quantize(p) for name, p in held.items() if p is not None}
+        self.products = {
+            product: self._quantize(block, owner, names, quantized)
+            for product, (owner, names) in _PRODUCTS.items()
+            if _PART_OF[owner] in self.parts
+        }
         config, norms = attention.config, (block.input_layernorm, block.post_attention_layernorm)
         self.norm_weights = tuple(norm.weight for norm in norms)  # the driver reads them: kept alive
 
@@ -463,11 +500,13 @@ class LowerPrecisionLayer(FusedLayer):
             qkv_aux, o_aux, gate_up_aux, down_aux,
         )  # fmt: skip
 
-    def _quantize(self, projections: list[Bf16WeightLinear]) -> tuple[torch.Tensor, ...]:
-        """One product of `projections` (same inputs): their weights as one matrix, quantized and
-        packed, its scales (int8) or groups (int4), and their biases as one (zeros where one has none;
-        None where none has one)."""
-        weight = torch.cat([projection.weight.float() for projection in projections])
+    def _quantize(
+        self, block: nn.Module, owner: str, names: tuple[str, ...], given: Quantized | None
+    ) -> tuple[torch.Tensor, ...]:
+        """One product of `block`'s projections `names` (same inputs): their weights as one matrix,
+        quantized (or the `given` ones, joined) and packed, its scales (int8) or groups (int4), and
+        their biases as one (zeros where one has none; None where none has one)."""
+        projections = [getattr(getattr(block, owner), name) for name in names]
         biases = [projection.bias for projection in projections]
         bias = (
             None
@@ -479,10 +518,26 @@ class LowerPrecisionLayer(FusedLayer):
                 ]
             ).contiguous()
         )
+        if given is None:
+            weight = torch.cat([projection.weight.float() for projection in projections])
         if self.bits == 8:
-            quantized = quantize_int8(weight)
+            if given is None:
+                quantized = quantize_int8(weight)
+            else:
+                parts8 = [given[name] for name in names]
+                quantized = Int8Weight(
+                    torch.cat([w.q for w in parts8]), torch.cat([w.scale.float() for w in parts8])
+                )
             return int_linear.pack_int8(quantized.q, self.width), quantized.scale.contiguous(), bias
-        words, params = int_linear.pack_int4(quantize_int4(weight, self.group), self.width)
+        if given is None:
+            quantized4 = quantize_int4(weight, self.group)
+        else:
+            parts4 = [given[name] for name in names]
+            quantized4 = Int4Weight(
+                *(torch.cat([getattr(w, field) for w in parts4]) for field in ("q", "scale", "zero")),
+                self.group,
+            )
+        words, params = int_linear.pack_int4(quantized4, self.width)
         return words, params, bias
 
     def packed_bytes(self) -> int:
@@ -518,13 +573,16 @@ def lower_precision_layer(
     group: int | None = None,
     parts: tuple[str, ...] = PARTS,
     width: int | None = None,
+    quantized: Quantized | None = None,
 ) -> LowerPrecisionLayer | None:
     """A lower-precision copy of `block`'s fused sub-layers for a draft: `bits` 8 or 4 (int4 in
     groups of `group` inputs, by default the largest of 128, 64, 32 dividing every product's
     inputs), only the sub-layers in `parts` (`ATTENTION`, `MLP`), for the `width` build (by default
-    the widest this CPU runs; 8 runs the AVX2 build). None where the block does not fit
+    the widest this CPU runs; 8 runs the AVX2 build). `quantized`: the weights to use, by projection
+    name (`"q_proj"`, ..., `"down_proj"`; `Int8Weight`s or `Int4Weight`s of one group size, e.g. a
+    draft's cached copies), instead of quantizing the block's. None where the block does not fit
     (`lower_precision_refusal` says why). Call it once per block and keep the result (it quantizes
     and packs the layer's weights); the block's own fused path is unaffected."""
-    if lower_precision_refusal(block, bits, group, parts, width) is not None:
+    if lower_precision_refusal(block, bits, group, parts, width, quantized) is not None:
         return None
-    return LowerPrecisionLayer(block, bits, group, parts, width)
+    return LowerPrecisionLayer(block, bits, group, parts, width, quantized)

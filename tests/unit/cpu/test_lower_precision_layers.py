@@ -249,3 +249,35 @@ def test_a_draft_on_shared_cores_is_the_same_bits(monkeypatch: pytest.MonkeyPatc
         assert on
         shared_core.hold_next_piece(library, 2000)
         assert all(torch.equal(a, b) for a, b in zip(draft(), alone, strict=True))
+
+
+@needs_kernels
+@pytest.mark.parametrize("bits", [8, 4])
+def test_given_quantized_weights_are_the_ones_read(bits: int) -> None:
+    """A draft's own quantized copies (by projection name) give the layer it would quantize itself
+    at the same group, buffer for buffer; weights that do not fit are refused with the reason."""
+    block = on_the_plan("qwen2").model.layers[1]
+    names = {"self_attn": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
+    given = {
+        f"{name}_proj": (quantize_int8 if bits == 8 else lambda w: quantize_int4(w, 32))(
+            getattr(getattr(block, owner), f"{name}_proj").weight
+        )
+        for owner, projections in names.items()
+        for name in projections
+    }
+    from_given = lower_precision_layer(block, bits, quantized=given)
+    own = lower_precision_layer(block, bits, group=32 if bits == 4 else None)
+    assert from_given.group == own.group
+    for name, buffers in own.products.items():
+        assert all(
+            (a is None and b is None) or torch.equal(a, b)
+            for a, b in zip(buffers, from_given.products[name], strict=True)
+        )
+    attention_only = {name: weight for name, weight in given.items() if name[0] in "qkvo"}
+    assert lower_precision_layer(block, bits, parts=(ATTENTION,), quantized=attention_only) is not None
+    assert "no int" in lower_precision_refusal(block, bits, quantized=attention_only)  # the MLP's missing
+    wrong = {**given, "o_proj": quantize_int8(block.self_attn.q_proj.weight[:8])}
+    assert lower_precision_refusal(block, bits, quantized=wrong) is not None
+    if bits == 4:
+        mixed = {**given, "down_proj": quantize_int4(block.mlp.down_proj.weight, 64)}
+        assert "one group size" in lower_precision_refusal(block, 4, quantized=mixed)

@@ -56,7 +56,14 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention, Qwen2MLP
 from skipsearch.cpu import bf16_weights, decode_attention, int_linear, rms_norm, rotary, silu
 from skipsearch.cpu.attention_paths import DECODE_KERNEL_FP32_PATHS, KERNEL_AMX_ATTENTION, kv_cache_dtype
 from skipsearch.cpu.bf16_weights import Bf16WeightLinear
-from skipsearch.cpu.int_weights import GROUPS, Int4Weight, Int8Weight, quantize_int4, quantize_int8
+from skipsearch.cpu.int_weights import (
+    GROUPS,
+    Int4Weight,
+    Int8Weight,
+    common_group,
+    quantize_int4,
+    quantize_int8,
+)
 from skipsearch.cpu.native import KernelSource, NativeLibrary, load_native
 from skipsearch.cpu.rms_norm import KernelRMSNorm
 from skipsearch.cpu.silu import KernelSiLU
@@ -414,17 +421,10 @@ def lower_precision_refusal(
         group = next((w.group for w in quantized.values() if isinstance(w, Int4Weight)), group)
     if bits == 8 and any(n % 8 for n in inputs):
         return f"int8 products take inputs in multiples of 8, not {inputs}"
-    if bits == 4 and _int4_group(inputs, group) is None:
+    if bits == 4 and common_group(inputs, group) is None:
         wanted = f"groups of {group}" if group is not None else f"any group size of {GROUPS}"
         return f"int4 inputs {inputs} are not whole {wanted}"
     return None
-
-
-def _int4_group(inputs: list[int], group: int | None) -> int | None:
-    """`group` where it divides every input width (and is one of `GROUPS`), or by default the
-    largest of `GROUPS` that does; None where none does."""
-    sizes = (group,) if group is not None else tuple(sorted(GROUPS, reverse=True))
-    return next((size for size in sizes if size in GROUPS and all(n % size == 0 for n in inputs)), None)
 
 
 class LowerPrecisionLayer(FusedLayer):
@@ -466,7 +466,7 @@ class LowerPrecisionLayer(FusedLayer):
         kind = _KINDS[bits]
         self.width = width or next(iter(int_linear.builds(kind)))  # the build it runs: 16 or 8
         self.bits, self.parts = bits, tuple(part for part in PARTS if part in parts)
-        self.group = _int4_group(_inputs(block, parts), group) if bits == 4 else None
+        self.group = common_group(_inputs(block, parts), group) if bits == 4 else None
         self.layer = attention.layer_idx
         self.kv_dtype = kv_cache_dtype(attention.config)
         # name -> (weights, aux, bias): what the driver reads
@@ -576,13 +576,14 @@ def lower_precision_layer(
     quantized: Quantized | None = None,
 ) -> LowerPrecisionLayer | None:
     """A lower-precision copy of `block`'s fused sub-layers for a draft: `bits` 8 or 4 (int4 in
-    groups of `group` inputs, by default the largest of 128, 64, 32 dividing every product's
-    inputs), only the sub-layers in `parts` (`ATTENTION`, `MLP`), for the `width` build (by default
-    the widest this CPU runs; 8 runs the AVX2 build). `quantized`: the weights to use, by projection
-    name (`"q_proj"`, ..., `"down_proj"`; `Int8Weight`s or `Int4Weight`s of one group size, e.g. a
-    draft's cached copies), instead of quantizing the block's. None where the block does not fit
-    (`lower_precision_refusal` says why). Call it once per block and keep the result (it quantizes
-    and packs the layer's weights); the block's own fused path is unaffected."""
+    groups of `group` inputs, by default the smallest of 32, 64, 128 dividing every product's
+    inputs, `int_weights.common_group`), only the sub-layers in `parts` (`ATTENTION`, `MLP`), for
+    the `width` build (by default the widest this CPU runs; 8 runs the AVX2 build). `quantized`:
+    the weights to use, by projection name (`"q_proj"`, ..., `"down_proj"`; `Int8Weight`s or
+    `Int4Weight`s of one group size, e.g. a draft's cached copies), instead of quantizing the
+    block's. None where the block does not fit (`lower_precision_refusal` says why). Call it once
+    per block and keep the result (it quantizes and packs the layer's weights); the block's own
+    fused path is unaffected."""
     if lower_precision_refusal(block, bits, group, parts, width, quantized) is not None:
         return None
     return LowerPrecisionLayer(block, bits, group, parts, width, quantized)

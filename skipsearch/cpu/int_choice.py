@@ -36,7 +36,7 @@ from torch import nn
 from skipsearch.cpu import int_linear, int_torch
 from skipsearch.cpu.choices import choice_path, keep_choice, median_ms, read_choice
 from skipsearch.cpu.dtypes import cpu_flags
-from skipsearch.cpu.int_weights import GROUPS, Int4Weight, Int8Weight
+from skipsearch.cpu.int_weights import GROUPS, Int4Weight, Int8Weight, common_group
 
 OURS, TORCH = "ours", "torch"
 KERNEL_NAMES = {OURS: "skipsearch's int kernels (fused)", TORCH: "torch's weight-only kernels"}
@@ -99,11 +99,10 @@ def torch_dtype() -> torch.dtype:
     return torch.bfloat16 if any(flag in flags for flag in NATIVE_BF16) else torch.float32
 
 
-def common_group(shapes: list[tuple[int, int]]) -> int | None:
-    """The int4 group a lower-precision fused layer of these shapes uses by default: the largest of
-    `GROUPS` dividing every product's inputs (`fused_layers.lower_precision_layer`)."""
-    fitting = (g for g in sorted(GROUPS, reverse=True) if all(inputs % g == 0 for _, inputs in shapes))
-    return next(fitting, None)
+def draft_group(shapes: list[tuple[int, int]]) -> int | None:
+    """The int4 group a lower-precision fused layer of these shapes uses by default
+    (`int_weights.common_group`)."""
+    return common_group(inputs for _, inputs in shapes)
 
 
 def _random(
@@ -129,7 +128,7 @@ def _calls(
     theirs: dict[int, list[Callable[[], object]]] = {r: [] for r in rows}
     kind = int_linear.INT8 if bits == 8 else int_linear.INT4
     function = next(iter(int_linear.builds(kind).values())).function
-    group = common_group(shapes) or GROUPS[0]
+    group = draft_group(shapes) or GROUPS[0]
     kept: list[object] = []
     op8, op4 = torch.ops.aten._weight_int8pack_mm, torch.ops.aten._weight_int4pack_mm_for_cpu
     for out, inputs in shapes:
@@ -231,7 +230,7 @@ def choose_int_products(model: nn.Module) -> IntProductsChoice:
     shapes, layers = draft_shapes(model)
     if not shapes:
         return IntProductsChoice({}, unavailable="no decoder layers to measure")
-    group = common_group(shapes)
+    group = draft_group(shapes)
     ours = {
         8: bool(int_linear.builds(int_linear.INT8)) and all(inputs % 8 == 0 for _, inputs in shapes),
         4: bool(int_linear.builds(int_linear.INT4)) and group is not None,

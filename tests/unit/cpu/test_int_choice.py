@@ -12,8 +12,8 @@ from skipsearch.cpu.int_choice import (
     TORCH,
     IntProductsChoice,
     choose_int_products,
-    common_group,
     decide,
+    draft_group,
     draft_shapes,
     probed_layers,
 )
@@ -48,7 +48,7 @@ def test_the_probe_reads_the_fused_layers_shapes() -> None:
     heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
     head_dim = 64 // heads
     assert shapes == [((heads + 2 * kv_heads) * head_dim, 64), (64, heads * head_dim), (256, 64), (64, 128)]
-    assert layers == 3 and common_group(shapes) == 64
+    assert layers == 3 and draft_group(shapes) == 32
     assert probed_layers(shapes, 3) == 3  # a small model: all its layers
     assert probed_layers([(4096, 4096)] * 4, 40) == 1  # at least one
 

@@ -35,7 +35,7 @@ BUILDS = [
 ]
 
 
-def quantized_modules(family: str, bits: int, width: int, group: int = 64) -> torch.nn.Module:
+def quantized_modules(family: str, bits: int, width: int, group: int = 32) -> torch.nn.Module:
     """The tiny model on the plan with every projection an `Int8Linear`/`Int4Linear` of its bf16
     weights (the quantization `lower_precision_layer` makes, per output channel or group)."""
     model = on_the_plan(family)
@@ -207,7 +207,7 @@ def test_the_quantized_copy_its_bytes_and_refusals() -> None:
         <= weights * 1.1 + 4 * (q_width + 2 * kv_width + 2 * hidden + 2 * inner)
     )
     int4 = lower_precision_layer(block, 4, width=width)
-    assert int4.group == 64  # the largest group size dividing 64 and 128 inputs
+    assert int4.group == 32  # the smallest group size dividing 64 and 128 inputs
     assert weights / 2 <= int4.packed_bytes() < int8.packed_bytes()
     # the quantized values are int_weights' of the bf16 weights
     q_proj = block.self_attn.q_proj
@@ -215,8 +215,8 @@ def test_the_quantized_copy_its_bytes_and_refusals() -> None:
     assert torch.equal(scale[:q_width], quantize_int8(q_proj.weight).scale)
     assert torch.equal(int_linear.unpack_int8(packed, q_width, hidden), quantize_int8(q_proj.weight).q)
     words, params, _ = int4.products["down"]
-    unpacked = int_linear.unpack_int4(words, params, hidden, inner, 64, width)
-    assert torch.equal(unpacked.q, quantize_int4(block.mlp.down_proj.weight, 64).q)
+    unpacked = int_linear.unpack_int4(words, params, hidden, inner, 32, width)
+    assert torch.equal(unpacked.q, quantize_int4(block.mlp.down_proj.weight, 32).q)
     assert lower_precision_refusal(block, 4, group=128) is not None  # 64 inputs are no whole group of 128
     assert lower_precision_layer(block, 4, group=128) is None
     assert lower_precision_refusal(block, 8) is None

@@ -40,4 +40,4 @@ def test_a_fused_smoke_run_reports_whole_steps(tmp_path: Path) -> None:
     for passes in ("whole step", "layers only"):
         for name in ("bf16", "int8", "int4"):
             assert sum(line.startswith(f"| {passes} | {name} |") for line in report.splitlines()) == 1
-    assert "Load average" in report and "groups of 64" in report and "CPU: " in report
+    assert "Load average" in report and "groups of 32" in report and "CPU: " in report

@@ -16,6 +16,15 @@ kernels' (a fused C layer calls the kernels as `--direct` does).
 
     python experiments/int_kernels.py --model smollm2-135m            # ~1 min
     python experiments/int_kernels.py --model qwen2.5-coder-0.5b      # ~2 min, ~2.5 GB of memory
+    python experiments/int_kernels.py --model smollm2-135m --fused    # ~1 min: whole draft steps
+
+`--fused` times what a draft step costs, not the products alone: one row through the whole model
+(random weights of its config, every layer its own, on the fp32 fallback plan: bf16 weights,
+float32 activations, the kernel norms, rotary, SiLU and decode attention) on its fused bf16 layers
+(`cpu.fused_layers`) against the same model's layers fused at int8 and at int4
+(`fused_layers.lower_precision_layer`: only the products change), interleaved. It reports the
+whole step (embedding, layers, final norm and the output head, which stays bf16 in all three) and
+the layers alone, each as the median ms of the repeats, the spread, and the ratios to bf16.
 
 Run it alone; the load average is recorded before and after, and the CPU's model and flags.
 Shapes come from the alias's shipped config (`skipsearch/models/configs/`), so any `--model` of
@@ -229,10 +238,16 @@ def main() -> None:
     parser.add_argument(
         "--layers", type=int, help="fewer layers than the model's (a smoke run: all in cache)"
     )
+    parser.add_argument(
+        "--fused", action="store_true", help="whole draft steps on fused bf16, int8 and int4 layers"
+    )
     parser.add_argument("--out", type=Path, help="also write the report here (Markdown)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.fused:
+        fused_steps(args)
+        return
     row_counts = tuple(int(r) for r in args.rows.split(","))
     configs = tuple(name.strip() for name in args.configs.split(","))
     width = AVX2 if args.avx2 else None
@@ -325,12 +340,149 @@ def main() -> None:
         *(f"Not measured: {name} ({reason})." for name, reason in skipped.items()),
         load_line(load_before, load_after) + ".",
     ]
+    write_report(lines, args.out)
+
+
+def write_report(lines: list[str], out: Path | None) -> None:
     report = "\n".join(lines) + "\n"
     print(report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
-        print(f"wrote {args.out}")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report)
+        print(f"wrote {out}")
+
+
+FUSED_CONFIGS = ("bf16", "int8", "int4")
+CONTEXT = 128  # cached positions before each timed step
+
+
+def fused_model(name: str, layers: int | None) -> torch.nn.Module:
+    """`name`'s architecture with random weights (every layer its own) on the fp32 fallback plan,
+    its layers fused (as `models.backend` sets it up on a CPU without a faster plan)."""
+    from skipsearch.cpu.attention_choice import AttentionChoice
+    from skipsearch.cpu.attention_paths import KERNEL_FP32_ATTENTION
+    from skipsearch.cpu.bf16_weights import use_bf16_weights
+    from skipsearch.cpu.fused_layers import fuse_layers
+    from skipsearch.cpu.rms_norm import use_kernel_norms
+    from skipsearch.cpu.rotary import use_kernel_rotary
+    from skipsearch.cpu.silu import use_kernel_silu
+    from skipsearch.models.kernels import apply_attention
+    from skipsearch.models.random_weights import RandomWeights, random_model
+
+    model = random_model(name, "cpu", torch.float32, RandomWeights(num_layers=layers))
+    apply_attention(model, AttentionChoice("float32", KERNEL_FP32_ATTENTION))
+    use_bf16_weights(model)
+    use_kernel_norms(model)
+    use_kernel_rotary()
+    use_kernel_silu(model)
+    fused = fuse_layers(model)
+    if fused != model.config.num_hidden_layers:
+        raise SystemExit(f"only {fused} of {model.config.num_hidden_layers} layers fuse on this CPU")
+    gc.collect()
+    return model
+
+
+def fused_steps(args: argparse.Namespace) -> None:
+    """`--fused` (module docstring)."""
+    from skipsearch.cpu.fused_layers import lower_precision_layer, lower_precision_refusal
+    from skipsearch.models.runner import LayerwiseRunner
+
+    load_before = os.getloadavg()
+    print(f"building {args.model} on fused bf16, int8 and int4 layers ...", flush=True)
+    model = fused_model(args.model, args.layers)
+    runners = {name: LayerwiseRunner(model) for name in FUSED_CONFIGS}
+    bytes_read = {"bf16": sum(layer.packed_bytes() for layer in _bf16_products(model))}
+    for bits in (8, 4):
+        layers = [lower_precision_layer(block, bits, args.group) for block in runners["bf16"].layers]
+        if any(layer is None for layer in layers):
+            raise SystemExit(
+                f"int{bits}: {lower_precision_refusal(runners['bf16'].layers[0], bits, args.group)}"
+            )
+        runners[f"int{bits}"].fused = layers
+        bytes_read[f"int{bits}"] = sum(layer.packed_bytes() for layer in layers)
+    groups = {layer.group for layer in runners["int4"].fused}
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (1, CONTEXT + 1), generator=generator)
+    caches, embedded = {}, None
+    with torch.no_grad():
+        for name, runner in runners.items():
+            caches[name] = runner.new_cache()
+            runner.forward(ids[:, :CONTEXT], cache=caches[name])
+        embedded = runners["bf16"].embed(ids[:, CONTEXT:])
+        positions = torch.tensor([[CONTEXT]])
+        layer_count = runners["bf16"].num_layers
+
+        def step(name: str, whole: bool) -> float:
+            runner, cache = runners[name], caches[name]
+            began = time.perf_counter()
+            if whole:
+                runner.forward(ids[:, CONTEXT:], cache=cache)
+            else:
+                runner.run_layers(embedded, 0, layer_count, positions, cache=cache)
+            seconds = time.perf_counter() - began
+            for layer in cache.layers:
+                layer.crop(-1)
+            return seconds
+
+        cells = [(name, whole) for whole in (True, False) for name in FUSED_CONFIGS]
+        samples: dict[tuple[str, bool], list[float]] = {cell: [] for cell in cells}
+        for repeat in range(args.repeats + 2):  # two warm-up rounds
+            for cell in cells if repeat % 2 else cells[::-1]:
+                seconds = step(*cell)
+                if repeat >= 2:
+                    samples[cell].append(seconds)
+    load_after = os.getloadavg()
+    table = []
+    for whole in (True, False):
+        base = samples["bf16", whole]
+        for name in FUSED_CONFIGS:
+            values = samples[name, whole]
+            table.append(
+                [
+                    "whole step" if whole else "layers only",
+                    name,
+                    f"{bytes_read[name] / 1e6:.1f}",
+                    f"{1e3 * statistics.median(values):.2f}",
+                    f"{1e3 * min(values):.2f}-{1e3 * max(values):.2f}",
+                    f"{statistics.median(values) / statistics.median(base):.3f}",
+                    f"{min(values) / min(base):.3f}",
+                ]
+            )
+    flags = cpu_flags() or frozenset()
+    lines = [
+        f"# Draft steps on fused bf16, int8 and int4 layers: {args.model}",
+        "",
+        f"`python experiments/int_kernels.py --model {args.model} --fused --repeats {args.repeats}"
+        f"{f' --group {args.group}' if args.group else ''}"
+        f"{f' --threads {args.threads}' if args.threads else ''}"
+        f"{f' --layers {args.layers}' if args.layers else ''}`.",
+        "",
+        f"CPU: {describe_cpu()}; AMX {'exposed' if 'amx_tile' in flags else 'not exposed'}; "
+        f"vector flags: {' '.join(sorted(f for f in flags if f.startswith(('avx', 'amx', 'fma'))))}. "
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); our int builds "
+        f"{sorted(builds(INT8))} floats wide, the widest ran.",
+        "",
+        f"{layer_count} layers of random weights, each its own, on the fp32 fallback plan; one row after "
+        f"{CONTEXT} cached positions (each step's K/V cropped after it). int4 in groups of "
+        f"{'/'.join(map(str, sorted(groups)))} with bf16 scale and zero. 'MB' is the decoder layers' "
+        "product weights (int: `packed_bytes`, with scales, groups and biases); the whole step also "
+        "reads the bf16 output head in every configuration. ms per step: the median of the repeats "
+        "and the min-max; the median over bf16's, and the fastest over bf16's fastest (the steadier "
+        "of the two on a busy machine).",
+        "",
+        *markdown_table(
+            ["pass", "layers", "MB", "ms", "spread ms", "÷ bf16", "fastest ÷ bf16's"],
+            table,
+        ),
+        "",
+        load_line(load_before, load_after) + ".",
+    ]
+    write_report(lines, args.out)
+
+
+def _bf16_products(model: torch.nn.Module) -> list[Bf16WeightLinear]:
+    """The decoder layers' bf16 products (not the head)."""
+    return [m for block in model.model.layers for m in block.modules() if isinstance(m, Bf16WeightLinear)]
 
 
 if __name__ == "__main__":

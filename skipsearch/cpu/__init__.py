@@ -7,6 +7,7 @@ Python modules, the plan's choices:
 - `bf16_activations`: on a CPU with native bf16, bf16 activations or float32 ones on bf16 weights.
 - `fp32_linear`: which product the fp32 fallback plan's linear layers run (MKL, oneDNN, the kernel).
 - `products_choice`: on a CPU with AMX, the vector or the tile kernel for a model's products.
+- `int_choice`: our int8/int4 kernels (fused) or torch's weight-only ones for a draft's products.
 - `attention_choice`: which attention path a model runs, measured at one and four queries.
 - `attention_paths`: the attention paths' names and the K/V cache dtype each reads.
 - `choices`: where the measured choices are cached, and the clocks they are measured with.
@@ -23,7 +24,7 @@ Python modules, the kernels and what applies them:
   draft's products); a row's output does not depend on the rows beside it.
 - `int_torch`: torch's weight-only int8/int4 kernels on the same quantized weights, the baseline.
 - `decode_attention`: the decode-attention kernels for a decode's short query blocks.
-- `fused_layers`: a decoder sub-layer in one C call (`decoder_layer.c`).
+- `fused_layers`: a decoder sub-layer in one C call (`decoder_layer.c`), at bf16 or int8/int4 weights.
 - `rms_norm`, `rotary`, `silu`: the norm, rotary embedding and SiLU kernels, same bits as transformers.
 - `replace`: swaps a model's sub-modules for the plan's own.
 - `inventory`: what a loaded model runs (`plan_kernels`) and the bytes a step reads (`step_bytes`).

@@ -37,9 +37,18 @@ typedef int (*attention_fn)(const float *q, int64_t q_head_stride, int64_t q_row
                             float scale, const void *extra_k, const void *extra_v, int64_t extra,
                             float *scores, const uint32_t *tree, int64_t tree_base);
 typedef int (*silu_fn)(const float *x, int64_t rows, int64_t n, int64_t x_stride, float *y, int64_t y_stride);
+/* linear_rows_int.c's products: int8 with a float32 scale per output, int4 with bf16 (scale, zero) pairs per group. */
+typedef int (*linear_int8_fn)(const float *x, int64_t x_stride, int64_t rows, int64_t in, const int8_t *w,
+                              const float *scale, int64_t out, const float *bias, float *y, int64_t y_stride);
+typedef int (*linear_int4_fn)(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w,
+                              const uint16_t *params, int64_t group, int64_t out, const float *bias, float *y,
+                              int64_t y_stride);
 
-/* The kernels and one layer's shapes and weights (the products' in linear_rows.c's packed layout;
- * a bias may be NULL), fixed for the layer's life. */
+/* The kernels and one layer's shapes and weights, fixed for the layer's life. The products' weights are
+ * in linear_rows.c's packed layout (bits 0: `linear` multiplies), or at lower precision in
+ * linear_rows_int.c's (bits 8 or 4: `linear_int` multiplies, each product's `aux` its int8 scales or its
+ * int4 groups' pairs, in groups of `group`); a bias may be NULL. A sub-layer a lower-precision layer does
+ * not hold has NULL weights and is never called (fused_layers.py). */
 typedef struct {
     linear_rows_fn linear;
     rms_norm_fn norm;
@@ -49,9 +58,12 @@ typedef struct {
     int64_t hidden, heads, kv_heads, dim, intermediate;
     float scale, input_eps, mlp_eps;
     const float *input_norm, *mlp_norm;
-    const uint16_t *qkv, *o, *gate_up, *down;
+    const void *qkv, *o, *gate_up, *down;
     const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias;
     double *product_seconds; /* NULL, or where the products' wall time is added (experiments/step_anatomy.py) */
+    int64_t bits, group;
+    void *linear_int; /* linear_int8_fn or linear_int4_fn, as `bits` says */
+    const void *qkv_aux, *o_aux, *gate_up_aux, *down_aux;
 } Layer;
 
 /* One attention call's cache and keys: float32, or bf16 where `bf16` (the AMX kernel's cache, whose
@@ -72,11 +84,18 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* The layer's product of `rows` rows of x (`in` floats each) with `w`: linear_rows, timed where asked. */
-static int product(const Layer *l, const float *x, int64_t rows, int64_t in, const uint16_t *w, int64_t out,
-                   const float *bias, float *y) {
+/* The layer's product of `rows` rows of x (`in` floats each) with `w` (and its `aux`): linear_rows, or
+ * the int8 or int4 kernel, timed where asked. */
+static int product(const Layer *l, const float *x, int64_t rows, int64_t in, const void *w, const void *aux,
+                   int64_t out, const float *bias, float *y) {
     double began = l->product_seconds ? now() : 0.0;
-    int status = l->linear(x, in, rows, in, w, out, bias, y, out);
+    int status;
+    if (l->bits == 8)
+        status = ((linear_int8_fn)l->linear_int)(x, in, rows, in, w, aux, out, bias, y, out);
+    else if (l->bits == 4)
+        status = ((linear_int4_fn)l->linear_int)(x, in, rows, in, w, aux, l->group, out, bias, y, out);
+    else
+        status = l->linear(x, in, rows, in, w, out, bias, y, out);
     if (l->product_seconds) *l->product_seconds += now() - began;
     return status;
 }
@@ -113,7 +132,7 @@ int layer_attention(const Layer *l, const Attend *a, const float *hidden, int64_
     int status = -1;
     if (normed && qkv && query && attended && (turned || !a->bf16)) {
         status = l->norm(hidden, rows, l->hidden, l->input_norm, l->input_eps, normed);
-        if (!status) status = product(l, normed, rows, l->hidden, l->qkv, width, l->qkv_bias, qkv);
+        if (!status) status = product(l, normed, rows, l->hidden, l->qkv, l->qkv_aux, width, l->qkv_bias, qkv);
         /* the rotated keys go straight into a float32 cache, or into `turned` to be rounded */
         float *keys = a->bf16 ? turned : (float *)a->keys + a->start * l->dim;
         const int64_t keys_head_stride = a->bf16 ? l->dim : head_stride;
@@ -135,7 +154,7 @@ int layer_attention(const Layer *l, const Attend *a, const float *hidden, int64_
                                   l->kv_heads, rows, l->dim, a->start + rows, a->sink, a->window, l->scale,
                                   a->extra_keys, a->extra_values, a->extra, a->scores, a->tree, a->tree_base);
         }
-        if (!status) status = product(l, attended, rows, q_width, l->o, l->hidden, l->o_bias, out);
+        if (!status) status = product(l, attended, rows, q_width, l->o, l->o_aux, l->hidden, l->o_bias, out);
         if (!status) add_residual(hidden, rows * l->hidden, out);
     }
     free(normed), free(qkv), free(query), free(attended), free(turned);
@@ -150,12 +169,13 @@ int layer_mlp(const Layer *l, const float *hidden, int64_t rows, float *out) {
     if (normed && gate_up && act) {
         status = l->norm(hidden, rows, l->hidden, l->mlp_norm, l->mlp_eps, normed);
         if (!status)
-            status = product(l, normed, rows, l->hidden, l->gate_up, 2 * inner, l->gate_up_bias, gate_up);
+            status = product(l, normed, rows, l->hidden, l->gate_up, l->gate_up_aux, 2 * inner, l->gate_up_bias,
+                             gate_up);
         if (!status) status = l->silu(gate_up, rows, inner, 2 * inner, act, inner);
         if (!status) {
             for (int64_t r = 0; r < rows; r++) /* act_fn(gate) * up: the activation rounded, then the product */
                 for (int64_t j = 0; j < inner; j++) act[r * inner + j] *= gate_up[r * 2 * inner + inner + j];
-            status = product(l, act, rows, inner, l->down, l->hidden, l->down_bias, out);
+            status = product(l, act, rows, inner, l->down, l->down_aux, l->hidden, l->down_bias, out);
         }
         if (!status) add_residual(hidden, rows * l->hidden, out);
     }

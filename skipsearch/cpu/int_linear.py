@@ -23,7 +23,10 @@ and every row's bits equal across 1..`MAX_ROWS` rows, in both builds. Blocks lon
 `MAX_ROWS` rows, other dtypes, or a CPU where no build loads, multiply the dequantized matrix with
 torch's product.
 
-Not part of the kernel plan yet: nothing replaces a model's layers with these modules.
+These modules are the reference and the unfused path: a draft's decoder layers run the same kernels
+inside the fused layers' C driver (`fused_layers.lower_precision_layer`, the modules' bits without
+their ~6 us of Python a call); which kernel runs a draft's products on this CPU, ours or torch's,
+is `cpu.int_choice`'s measurement. Nothing replaces a model's own layers with these modules.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ _SIGNATURE8 = (_POINTER, _INT, _INT, _INT, _POINTER, _POINTER, _INT, _POINTER, _
 _SIGNATURE4 = (_POINTER, _INT, _INT, _INT, _POINTER, _POINTER, _INT, _INT, _POINTER, _POINTER, _INT)
 _COMPILE = ("-O3", "-mfma", "-ffp-contract=off", "-fopenmp", "-pthread", "-shared", "-fPIC")
 _PATH = Path(__file__).with_name("linear_rows_int.c")
-_HEADERS = (Path(__file__).with_name("avx2_lanes.h"),)
+# shared_core.h: the products shared with busy cores (cpu.shared_core)
+_HEADERS = (Path(__file__).with_name("avx2_lanes.h"), Path(__file__).with_name("shared_core.h"))
 _BUILDS = (  # one source, two builds, the widest this CPU runs first (as linear_rows.c)
     (("avx512f", "avx2", "fma"), (*_COMPILE, "-mavx2", "-mavx512f")),
     (("avx2", "fma"), (*_COMPILE, "-mavx2")),
@@ -83,12 +87,23 @@ def lanes(library: NativeLibrary) -> int:
     return int(function())
 
 
+_LOADED: dict[str, NativeLibrary] = {}  # each build's library by its build, once loaded
+
+
 @functools.cache
 def builds(kind: str) -> dict[int, NativeLibrary]:
     """The builds of the `kind` (`INT8` or `INT4`) kernel this CPU runs, by their chunk width, the
     widest first."""
     loaded = (load_native(source) for source in _SOURCES[kind])
-    return {lanes(library): library for library in loaded if library.function is not None}
+    found = {lanes(library): library for library in loaded if library.function is not None}
+    _LOADED.update((library.build, library) for library in found.values())
+    return found
+
+
+def loaded_libraries() -> list[NativeLibrary]:
+    """The int kernels' libraries loaded so far, one a build (int8 and int4 share one), without
+    loading any: `cpu.shared_core` engages their helpers around a decode as it does the bf16 kernel's."""
+    return list(_LOADED.values())
 
 
 def _load(kind: str) -> NativeLibrary:

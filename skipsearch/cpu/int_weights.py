@@ -30,6 +30,7 @@ AVX-512 kernel reads them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +86,16 @@ def quantize_int4(weight: torch.Tensor, group: int = 128) -> Int4Weight:
     zero = (low + 8 * scale).bfloat16().float()
     q = (torch.round((w - zero[..., None]) / scale[..., None]) + 8).clamp(0, 15).to(torch.uint8)
     return Int4Weight(q.reshape(out, inputs).contiguous(), scale.contiguous(), zero.contiguous(), group)
+
+
+def common_group(inputs: Iterable[int], group: int | None = None) -> int | None:
+    """The int4 group of matrices of these input widths quantized with one group size: `group`
+    where it is one of `GROUPS` and divides every width, by default the smallest of `GROUPS` that
+    does (the finest, as a draft's copies default to: it agrees with the full model most often);
+    None where none does."""
+    widths = list(inputs)
+    sizes = (group,) if group is not None else GROUPS
+    return next((size for size in sizes if size in GROUPS and all(n % size == 0 for n in widths)), None)
 
 
 def dequantize_int4(quantized: Int4Weight) -> torch.Tensor:

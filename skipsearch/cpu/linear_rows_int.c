@@ -1,6 +1,7 @@
 /* The product of a few float32 rows with an int8 or int4 weight matrix, in float32 arithmetic, for
  * CPUs with AVX2 and FMA (skipsearch/cpu/int_linear.py builds and loads it; the quantization is
- * skipsearch/cpu/int_weights.py's).
+ * skipsearch/cpu/int_weights.py's; a lower-precision fused layer's driver, decoder_layer.c, calls it
+ * through a function pointer).
  *
  * Why it exists: a draft that keeps every layer but reads its weights at int8 (half the bytes of
  * bf16) or int4 (a quarter) agrees with the full model 96-100% of the time, and a decode step is
@@ -42,8 +43,11 @@
  * in order, then its lanes summed in a fixed order (avx2_lanes.h) and scaled and biased: the same
  * operations whatever the row count, the row's place in its block and the thread, so a verify
  * pass's products are bit for bit the draft steps'. Work is split over OpenMP threads (torch's
- * runtime) by blocks of outputs.
+ * runtime) by blocks of outputs, or, where the decoding thread engaged helpers on busy cores
+ * (shared_core.h, cpu/shared_core.py), into pieces of PIECE_BLOCKS blocks that the free core and the
+ * helpers claim, as linear_rows.c's: the same operations for each output, so the same bits.
  */
+#define _GNU_SOURCE /* shared_core.h pins threads (sched.h's CPU sets, pthread affinity) */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -186,9 +190,10 @@ static inline __attribute__((always_inline)) void block8(
 
 #define ROWS_CASE8(n) case n: block8(xr, x_stride, n, in, w_block, sums); break;
 
+/* Block b's outputs of every row into y, output o of row r at y[r * y_stride + o - y_first]. */
 static void output_block8(const float *x, int64_t x_stride, int64_t rows, int64_t in, const int8_t *w,
                           const float *scale, int64_t out, int64_t b, const float *bias, float *y,
-                          int64_t y_stride) {
+                          int64_t y_stride, int64_t y_first) {
     const int8_t *w_block = w + b * OUT_BLOCK * ((in + LANES - 1) / LANES * LANES);
     vec sums[ROW_BLOCK * OUT_BLOCK];
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
@@ -230,9 +235,58 @@ static void output_block8(const float *x, int64_t x_stride, int64_t rows, int64_
         }
         for (int64_t r = 0; r < nr; r++)
             for (int64_t j = 0, o = b * OUT_BLOCK; j < OUT_BLOCK && o < out; j++, o++)
-                y[(r0 + r) * y_stride + o] =
+                y[(r0 + r) * y_stride + o - y_first] =
                     vec_sum(sums[r * OUT_BLOCK + j]) * scale[o] + (bias ? bias[o] : 0.0f);
     }
+}
+
+/* ---- sharing with busy cores (shared_core.h): a piece is PIECE_BLOCKS blocks of outputs (128, as
+ * linear_rows.c's), of at most SHARED_ROWS rows (int_linear.MAX_ROWS) ---- */
+#define PIECE_BLOCKS 32
+#define PIECE_OUTPUTS (PIECE_BLOCKS * OUT_BLOCK)
+#define SHARED_ROWS 16
+#define SHARED_SCRATCH_BYTES (SHARED_ROWS * PIECE_OUTPUTS * 4)
+#include "shared_core.h"
+
+/* One product's arguments, for either kernel (x and, on AVX2 int4, xsums and xscaled in the shared
+ * inputs buffer, which a helper late for the piece may still read). */
+typedef struct {
+    const float *x, *bias, *scale, *xsums, *xscaled;
+    const void *w;
+    const uint16_t *params;
+    float *y;
+    int64_t rows, in, out, blocks, y_stride, group;
+} Product;
+
+static void piece_range(const Product *p, int64_t piece, int64_t *first, int64_t *last) {
+    *first = piece * PIECE_BLOCKS;
+    *last = *first + PIECE_BLOCKS < p->blocks ? *first + PIECE_BLOCKS : p->blocks;
+}
+
+static void piece_compute8(const void *args, int64_t piece, void *scratch) {
+    const Product *p = args;
+    int64_t first, last;
+    piece_range(p, piece, &first, &last);
+    for (int64_t b = first; b < last; b++)
+        output_block8(p->x, p->in, p->rows, p->in, p->w, p->scale, p->out, b, p->bias, scratch, PIECE_OUTPUTS,
+                      first * OUT_BLOCK);
+}
+
+static void piece_store(const void *args, int64_t piece, const void *scratch) {
+    const Product *p = args;
+    int64_t first = piece * PIECE_OUTPUTS, end = first + PIECE_OUTPUTS;
+    int64_t n = (end < p->out ? end : p->out) - first;
+    for (int64_t r = 0; r < p->rows; r++)
+        memcpy(p->y + r * p->y_stride + first, (const float *)scratch + r * PIECE_OUTPUTS, (size_t)n * sizeof(float));
+}
+
+/* The rows of x copied into the shared inputs buffer, with `extra` floats after them; NULL where
+ * memory runs out. */
+static float *shared_rows(const float *x, int64_t x_stride, int64_t rows, int64_t in, int64_t extra) {
+    float *inputs = shared_inputs((size_t)(rows * in + extra) * sizeof(float));
+    if (inputs)
+        for (int64_t r = 0; r < rows; r++) memcpy(inputs + r * in, x + r * x_stride, (size_t)in * sizeof(float));
+    return inputs;
 }
 
 /* y = x (q scale)^T + bias, q in pack_int8's layout; 0 on success, 1 where the shape is not one the
@@ -240,10 +294,17 @@ static void output_block8(const float *x, int64_t x_stride, int64_t rows, int64_
 int linear_rows_int8(const float *x, int64_t x_stride, int64_t rows, int64_t in, const int8_t *w,
                      const float *scale, int64_t out, const float *bias, float *y, int64_t y_stride) {
     if (in % 8 != 0 || rows < 1 || out < 1) return 1;
-    int64_t blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK;
+    int64_t blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK, pieces = (blocks + PIECE_BLOCKS - 1) / PIECE_BLOCKS;
+    if (rows <= SHARED_ROWS && shared_active(pieces)) {
+        float *inputs = shared_rows(x, x_stride, rows, in, 0);
+        if (!inputs) return 1;
+        Product product = {inputs, bias, scale, NULL, NULL, w, NULL, y, rows, in, out, blocks, y_stride, 0};
+        shared_run(&product, sizeof product, pieces, piece_compute8, piece_store);
+        return 0;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; b++)
-        output_block8(x, x_stride, rows, in, w, scale, out, b, bias, y, y_stride);
+        output_block8(x, x_stride, rows, in, w, scale, out, b, bias, y, y_stride, 0);
     return 0;
 }
 
@@ -345,7 +406,8 @@ static inline __attribute__((always_inline)) void block4(
 
 static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w,
                           const uint16_t *params, int64_t group, const float *xsums, const float *xscaled,
-                          int64_t out, int64_t b, const float *bias, float *y, int64_t y_stride) {
+                          int64_t out, int64_t b, const float *bias, float *y, int64_t y_stride,
+                          int64_t y_first) {
     const uint16_t *w_block = w + b * int4_block_units(in);
     const uint16_t *p_block = params + b * OUT_BLOCK * 2 * (in / group);
     int group_shift = group == 32 ? 5 : group == 64 ? 6 : 7;
@@ -380,31 +442,33 @@ static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_
         }
         for (int64_t r = 0; r < nr; r++)
             for (int64_t j = 0, o = b * OUT_BLOCK; j < OUT_BLOCK && o < out; j++, o++)
-                y[(r0 + r) * y_stride + o] = vec_sum(sums[r * OUT_BLOCK + j]) + (bias ? bias[o] : 0.0f);
+                y[(r0 + r) * y_stride + o - y_first] = vec_sum(sums[r * OUT_BLOCK + j]) + (bias ? bias[o] : 0.0f);
     }
 }
 
-/* y = x w^T + bias, w the int4 values of pack_int4's layout with their groups' params; 0 on success, 1
- * where the shape is not one the kernel reads (group not 32, 64 or 128, or not dividing in). */
-int linear_rows_int4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w,
-                     const uint16_t *params, int64_t group, int64_t out, const float *bias, float *y,
-                     int64_t y_stride) {
-    if ((group != 32 && group != 64 && group != 128) || in % group != 0 || rows < 1 || out < 1) return 1;
-    int64_t blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK;
-    float *xsums = NULL, *xscaled = NULL;
-#ifndef __AVX512F__
-    /* Each row's lane sums of x over each group, in chunk order, and the row with chunk j of each
-     * super-chunk scaled by 16^-j (exact): both the same whatever the rows beside it. */
+static void piece_compute4(const void *args, int64_t piece, void *scratch) {
+    const Product *p = args;
+    int64_t first, last;
+    piece_range(p, piece, &first, &last);
+    for (int64_t b = first; b < last; b++)
+        output_block4(p->x, p->in, p->rows, p->in, p->w, p->params, p->group, p->xsums, p->xscaled, p->out, b,
+                      p->bias, scratch, PIECE_OUTPUTS, first * OUT_BLOCK);
+}
+
+/* AVX2: each row's lane sums of x over each group, in chunk order, and the row with chunk j of each
+ * super-chunk scaled by 16^-j (exact), into `xsums` (rows x groups x LANES floats) and `xscaled`
+ * (rows x in): both the same whatever the rows beside it. */
+static void int4_row_sums(const float *x, int64_t x_stride, int64_t rows, int64_t in, int64_t group, float *xsums,
+                          float *xscaled) {
+#ifdef __AVX512F__
+    (void)x, (void)x_stride, (void)rows, (void)in, (void)group, (void)xsums, (void)xscaled;
+#else
     int64_t groups = in / group;
-    xsums = malloc((size_t)(rows * (groups * LANES + in)) * sizeof(float));
-    if (!xsums) return 1;
-    xscaled = xsums + rows * groups * LANES;
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * x_stride;
         for (int64_t g = 0; g < groups; g++) {
             vec sum = vec_zero();
-            for (int64_t k = g * group; k < (g + 1) * group; k += LANES)
-                sum = _mm256_add_ps(sum, vec_load(row + k));
+            for (int64_t k = g * group; k < (g + 1) * group; k += LANES) sum = _mm256_add_ps(sum, vec_load(row + k));
             _mm256_storeu_ps(xsums + (r * groups + g) * LANES, sum);
         }
         for (int64_t k = 0; k < in; k += LANES) {
@@ -414,9 +478,40 @@ int linear_rows_int4(const float *x, int64_t x_stride, int64_t rows, int64_t in,
         }
     }
 #endif
+}
+
+/* y = x w^T + bias, w the int4 values of pack_int4's layout with their groups' params; 0 on success, 1
+ * where the shape is not one the kernel reads (group not 32, 64 or 128, or not dividing in). */
+int linear_rows_int4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w,
+                     const uint16_t *params, int64_t group, int64_t out, const float *bias, float *y,
+                     int64_t y_stride) {
+    if ((group != 32 && group != 64 && group != 128) || in % group != 0 || rows < 1 || out < 1) return 1;
+    int64_t blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK, pieces = (blocks + PIECE_BLOCKS - 1) / PIECE_BLOCKS;
+#ifdef __AVX512F__
+    const int64_t sums_floats = 0; /* the table kernel reads x itself */
+#else
+    const int64_t sums_floats = rows * ((in / group) * LANES + in);
+#endif
+    if (rows <= SHARED_ROWS && shared_active(pieces)) {
+        float *inputs = shared_rows(x, x_stride, rows, in, sums_floats);
+        if (!inputs) return 1;
+        float *xsums = sums_floats ? inputs + rows * in : NULL;
+        float *xscaled = sums_floats ? xsums + rows * (in / group) * LANES : NULL;
+        int4_row_sums(inputs, in, rows, in, group, xsums, xscaled);
+        Product product = {inputs, bias, NULL, xsums, xscaled, w, params, y, rows, in, out, blocks, y_stride, group};
+        shared_run(&product, sizeof product, pieces, piece_compute4, piece_store);
+        return 0;
+    }
+    float *xsums = NULL, *xscaled = NULL;
+    if (sums_floats) {
+        xsums = malloc((size_t)sums_floats * sizeof(float));
+        if (!xsums) return 1;
+        xscaled = xsums + rows * (in / group) * LANES;
+        int4_row_sums(x, x_stride, rows, in, group, xsums, xscaled);
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; b++)
-        output_block4(x, x_stride, rows, in, w, params, group, xsums, xscaled, out, b, bias, y, y_stride);
+        output_block4(x, x_stride, rows, in, w, params, group, xsums, xscaled, out, b, bias, y, y_stride, 0);
     free(xsums);
     return 0;
 }

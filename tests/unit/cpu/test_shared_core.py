@@ -1,7 +1,7 @@
-"""The products shared with helpers on busy cores (`cpu.shared_core`, `shared_core.h`): every
-output is the bits one thread computes, whichever thread computed or took back each piece; the
-plan is chosen only where one thread is all the load leaves; decodes engage it and leave the
-caller's affinity as it was."""
+"""The products shared with helpers on busy cores (`cpu.shared_core`, `shared_core.h`), the bf16
+kernels' and the int8/int4 ones': every output is the bits one thread computes, whichever thread
+computed or took back each piece; the plan is chosen only where one thread is all the load leaves;
+decodes engage it and leave the caller's affinity as it was."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from skipsearch.cpu import bf16_activations, fp32_linear, products_choice, shared_core
+from skipsearch.cpu import bf16_activations, fp32_linear, int_linear, products_choice, shared_core
 from skipsearch.cpu import threads as threads_module
 from skipsearch.cpu.bf16_activations import FLOAT32, ActivationChoice
 from skipsearch.cpu.bf16_weights import KERNELS, TILES, Bf16WeightLinear, kernel_library, use_bf16_weights
 from skipsearch.cpu.fp32_linear import BF16_KERNEL, Fp32Linear
+from skipsearch.cpu.int_linear import Int4Linear, Int8Linear
 from skipsearch.cpu.products_choice import ProductsChoice
 from skipsearch.cpu.shared_core import SharedCores, choose_shared_cores, engaged, piece_counts
 from skipsearch.cpu.threads import ThreadChoice
@@ -173,3 +174,48 @@ def test_the_load_plans_helpers_only_beside_a_busy_core(
         )
     else:
         assert shared_core._plan is None and "helper" not in loaded.plan.details
+
+
+# each int kernel's builds this CPU runs (the AVX2 one as well as the AVX-512 one)
+INT_BUILDS = [
+    pytest.param(kind, width, id=f"{kind}-{width}")
+    for kind in (int_linear.INT8, int_linear.INT4)
+    for width in int_linear.builds(kind)
+]
+
+
+@pytest.mark.parametrize(("kind", "width"), INT_BUILDS)
+@pytest.mark.parametrize("held", [0, 3000])
+def test_shared_int_products_are_one_threads_bits(plan, held: int, kind: str, width: int) -> None:
+    """As the bf16 kernels': the int8/int4 products shared with a helper (one piece held, taken
+    back) are the bits of the unshared ones, in each build."""
+    generator = torch.Generator().manual_seed(5)
+    # outputs ending mid-piece; the last shape long enough (64 pieces) that a helper on a loaded
+    # machine gets some before the caller has claimed them all
+    shapes = [(64, 37), (256, 130), (576, 1536), (128, 4100), (1536, 8192)]
+    products = [
+        (
+            Int8Linear(w, b, width=width) if kind == int_linear.INT8 else Int4Linear(w, b, 64, width=width),
+            torch.randn(1, rows, inputs, generator=generator),
+        )
+        for inputs, out in shapes
+        for w, b in [(torch.randn(out, inputs, generator=generator), torch.randn(out, generator=generator))]
+        for rows in (1, 3, 16)
+    ]
+    expected = [product(x) for product, x in products]
+    library = int_linear.builds(kind)[width]
+    cores = sorted(os.sched_getaffinity(0))
+    plan(SharedCores(cores[0], (cores[-1],), next(k for k in KERNELS if kernel_library(k).function)))
+    before = piece_counts(library)
+    mask = os.sched_getaffinity(0)
+    with engaged() as on:
+        assert on and os.sched_getaffinity(0) == {cores[0]}
+        shared_core.hold_next_piece(library, held)
+        for _ in range(10):
+            for (product, x), want in zip(products, expected, strict=True):
+                assert torch.equal(product(x), want)
+    assert os.sched_getaffinity(0) == mask
+    done, taken = (after - first for after, first in zip(piece_counts(library), before, strict=True))
+    assert done > 0
+    if held:
+        assert taken >= 1

@@ -25,3 +25,19 @@ def test_a_smoke_run_reports_every_configuration(tmp_path: Path, calls: list[str
         rows = [line for line in report.splitlines() if line.startswith(f"| {name} |")]
         assert len(rows) == 2 or f"Not measured: {name}" in report, name
     assert "Load average" in report and "groups of 64/128" in report
+
+
+def test_a_fused_smoke_run_reports_whole_steps(tmp_path: Path) -> None:
+    """`--fused`: whole steps and the layers alone on fused bf16, int8 and int4 layers."""
+    out = tmp_path / "fused.md"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "smollm2-135m", "--layers", "1", "--repeats", "1",
+         "--threads", "1", "--fused", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = out.read_text()
+    for passes in ("whole step", "layers only"):
+        for name in ("bf16", "int8", "int4"):
+            assert sum(line.startswith(f"| {passes} | {name} |") for line in report.splitlines()) == 1
+    assert "Load average" in report and "groups of 32" in report and "CPU: " in report

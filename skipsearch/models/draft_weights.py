@@ -30,10 +30,13 @@ import logging
 import os
 import weakref
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from skipsearch.cpu.fused_layers import ATTENTION, fused_layer, lower_precision_layer, lower_precision_refusal
+from skipsearch.cpu.fused_layers import MLP as FUSED_MLP
 from skipsearch.cpu.int_linear import Int4Linear, Int8Linear
 from skipsearch.cpu.int_weights import (
     GROUPS,
@@ -106,10 +109,16 @@ def available_memory() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+FORMAT = 2  # the cache files' layout: raised whenever what `cpu.int_weights` stores changes
+
+
 def draft_weights_path(checkpoint: str, fingerprint: str, bits: int, group: int | None) -> Path:
-    """Where a checkpoint's copies at `bits` (and int4 `group`, None: each matrix's default) are kept."""
-    precision = "int8" if bits == 8 else f"int4-g{group or 'auto'}"
-    return cache_dir() / DRAFT_WEIGHTS_DIR / f"{checkpoint}-{fingerprint[:12]}-{precision}.safetensors"
+    """Where a checkpoint's copies at `bits` (and int4 `group`, None: the default) are kept; the
+    name holds the group the copies are in and the files' format, so no change of either reads an
+    older file."""
+    precision = "int8" if bits == 8 else f"int4-g{group or min(GROUPS)}"
+    name = f"{checkpoint}-{fingerprint[:12]}-{precision}-v{FORMAT}.safetensors"
+    return cache_dir() / DRAFT_WEIGHTS_DIR / name
 
 
 def _fits(needed: int, what: str) -> None:
@@ -131,6 +140,7 @@ class DraftWeights:
         self.dtype = model.model.embed_tokens.weight.dtype
         self.checkpoint = _CHECKPOINTS.get(model)
         self._modules: dict[tuple[int, str, int], nn.Module] = {}
+        self._fused: dict[tuple[int, str, int], Any] = {}
         self._fingerprint: str | None = None
 
     # -- what a mask uses ---------------------------------------------------------------------
@@ -186,6 +196,32 @@ class DraftWeights:
     def mlp(self, layer: int, bits: int) -> nn.Module:
         """Layer `layer`'s MLP module with gate/up/down at `bits`."""
         return self._module(layer, MLP, bits)
+
+    def fused(self, layer: int, kind: str, bits: int) -> Any:
+        """Layer `layer`'s attention (`ATTN`) or MLP at `bits` in one call of the fused driver
+        (`cpu.fused_layers.lower_precision_layer`) over the same quantized weights as the swapped
+        modules, so both paths give the same bits; None where the layer has no fused path (a plan
+        with bf16 activations, a GPU), and the modules run it. Built once and kept for the model's
+        life: a helper on a busy core may read its weights until a decode disengages."""
+        key = (layer, kind, bits)
+        if key not in self._fused:
+            module = self._module(layer, kind, bits)
+            block = self.layers[layer]
+            built = None
+            if fused_layer(block) is not None:
+                quantized = {
+                    name: getattr(module, name).quantized
+                    for name in PROJECTIONS[kind][1]
+                    if hasattr(getattr(module, name), "quantized")
+                }
+                part = ATTENTION if kind == ATTN else FUSED_MLP
+                if len(quantized) == len(PROJECTIONS[kind][1]):
+                    built = lower_precision_layer(block, bits, parts=(part,), quantized=quantized)
+                    if built is None:
+                        why = lower_precision_refusal(block, bits, parts=(part,), quantized=quantized)
+                        log.info("layer %d's %s at int%d runs the modules: %s", layer, kind, bits, why)
+            self._fused[key] = built
+        return self._fused[key]
 
     def _module(self, layer: int, kind: str, bits: int) -> nn.Module:
         key = (layer, kind, bits)

@@ -27,7 +27,7 @@ from skipsearch.kv.tree_keys import TreeKeys
 from skipsearch.masks import FULL_BITS, KVPattern, SkipMask
 from skipsearch.models.attention import supports_kv_patterns
 from skipsearch.models.compat import check_architecture, check_installed_transformers
-from skipsearch.models.draft_weights import DraftWeights, draft_weights_of
+from skipsearch.models.draft_weights import ATTN, MLP, DraftWeights, draft_weights_of
 from skipsearch.models.kernels import new_cache
 
 SLIDING = "sliding_attention"
@@ -72,9 +72,13 @@ class LayerwiseRunner:
         if mask.quantized:
             self.draft_weights.prepare(mask)
 
-    def fused_at(self, layer: int, bits: int = FULL_BITS) -> Any:
-        """The fused path of `layer` at `bits` (`cpu.fused_layers`), or None: only full precision has one."""
-        return self.fused[layer] if bits == FULL_BITS else None
+    def fused_at(self, layer: int, bits: int = FULL_BITS, kind: str = ATTN) -> Any:
+        """The fused path of `layer`'s attention (`kind` `ATTN`) or MLP at `bits` (`cpu.fused_layers`):
+        the layer's own at full precision, the draft's copies in the fused driver at 8 or 4 bits
+        (`DraftWeights.fused`); None where there is none, and the modules run it."""
+        if bits == FULL_BITS:
+            return self.fused[layer]
+        return self.draft_weights.fused(layer, kind, bits) if self.fused[layer] is not None else None
 
     def new_cache(self) -> Any:
         """An empty KV cache on the model's kernel plan (fp32 K/V beside fp32 attention)."""
@@ -166,7 +170,7 @@ class LayerwiseRunner:
     def mlp(self, layer: int, hidden: torch.Tensor, bits: int = FULL_BITS) -> torch.Tensor:
         """Residual + MLP sub-layer (fused for a short block where the layer has a fused path), its
         projections at `bits` (`FULL_BITS`, or 8 / 4: the draft's copies)."""
-        fused = self.fused_at(layer, bits)
+        fused = self.fused_at(layer, bits, MLP)
         if fused is not None and fused.takes_rows(hidden):
             return fused.mlp(hidden)
         block = self.layers[layer]

@@ -42,6 +42,11 @@ def test_int8_and_int4_drafts_are_lossless_and_estimated_within_3_percent():
             engine_rounds += [
                 n + 1 for d, n in zip(result.gammas, result.accepted, strict=True) if d == GAMMA
             ]
+        if runner.fused[0] is not None:  # the plan fuses its layers: so does the draft at lower precision
+            bits = 8 if text.startswith("w8") else 4
+            assert (
+                runner.fused_at(0, bits, "attn") is not None and runner.fused_at(29, bits, "mlp") is not None
+            )
         engine = sum(engine_rounds) / len(engine_rounds)
         estimated = estimator.evaluate(mask, temperature=0).tokens_per_round(GAMMA)
         assert estimated == pytest.approx(engine, rel=0.03), text

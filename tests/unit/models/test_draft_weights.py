@@ -115,8 +115,8 @@ def test_a_checkpoints_copies_are_written_once_and_read_back_bit_for_bit(
     names = sorted(f.name for f in files)
     assert (
         len(names) == 2
-        and names[0].endswith("-int4-gauto.safetensors")
-        and names[1].endswith("-int8.safetensors")
+        and names[0].endswith("-int4-g32-v2.safetensors")
+        and names[1].endswith("-int8-v2.safetensors")
     )
     written = {f: f.stat().st_mtime_ns for f in files}
     again = DraftWeights(model)

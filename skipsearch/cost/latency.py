@@ -330,8 +330,8 @@ class LatencyProfile:
             self._warn_once(
                 "latency profile of %s has no int"
                 + "/int".join(map(str, missing))
-                + " timings: those sub-layers are priced by their bytes (bits/16 of full precision); "
-                "re-run `skipsearch profile` to measure them"
+                + " timings: those sub-layers are priced by the bytes they read (masks.BYTES_SHARE of full "
+                "precision), not by a measurement"
             )
         return bool(missing)
 

@@ -26,7 +26,13 @@ log = logging.getLogger(__name__)
 
 # -- exporting ------------------------------------------------------------------------------------
 def draft_for(source: ExportSource, fmt: Format) -> ExportedDraft:
-    """The best mask, or for an early-exit-only engine the best early exit of the run."""
+    """The best mask, or for an early-exit-only engine the best early exit of the run; refused for an
+    engine that cannot run a sub-layer at lower precision when the best draft does."""
+    if source.best.mask.quantized and not fmt.precision:
+        raise ConfigError(
+            f"format {fmt.name} cannot say that the draft {source.best.mask} runs sub-layers at int8/int4 "
+            "(only skips): use --format skipsearch"
+        )
     if not fmt.prefix_only:
         return source.best
     if source.contiguous is None:

@@ -109,7 +109,8 @@ Reader = Callable[[Path, int], tuple[SkipMask, int | None]]
 
 @dataclass(frozen=True)
 class Format:
-    """A target: its file, whether it needs an early exit, how to write, read back and explain it."""
+    """A target: its file, whether it needs an early exit, how to write, read back and explain it,
+    and whether it can say that a sub-layer runs at lower precision (`precision`)."""
 
     name: str
     file: str
@@ -117,6 +118,7 @@ class Format:
     write: Callable[[ExportSource, ExportedDraft, Path], None]
     read: Reader
     notes: Callable[[ExportSource, ExportedDraft], list[str]]
+    precision: bool = False
 
 
 def _dump(path: Path, data: Any) -> None:
@@ -152,6 +154,10 @@ def write_skipsearch(source: ExportSource, draft: ExportedDraft, path: Path) -> 
             "mask": str(mask),
             "skipped_attn": sorted(mask.attn),
             "skipped_mlp": sorted(mask.mlp),
+            "int8_attn": sorted(mask.attn_int8),
+            "int8_mlp": sorted(mask.mlp_int8),
+            "int4_attn": sorted(mask.attn_int4),
+            "int4_mlp": sorted(mask.mlp_int4),
             "exit_layer": mask.exit_layer,
             "draft_vocab": vocab_label(source.draft_vocab),
             "draft_vocab_ids": None if source.draft_vocab_ids is None else list(source.draft_vocab_ids),
@@ -359,7 +365,9 @@ def _fallback_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
-        Format("skipsearch", "skipsearch.json", False, write_skipsearch, read_skipsearch, notes_skipsearch),
+        Format(
+            "skipsearch", "skipsearch.json", False, write_skipsearch, read_skipsearch, notes_skipsearch, True
+        ),
         Format("hf", "generation_config.json", True, write_hf, read_hf, notes_hf),
         Format(
             "skip-layers", "skip_layers.json", False, write_skip_layers, read_skip_layers, notes_skip_layers

@@ -93,7 +93,7 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
         + (
             f"attention skipped at {summary['skipped_attn']}, MLP at {summary['skipped_mlp']}"
             if summary["skipped_attn"] != [] or summary["skipped_mlp"] != []
-            else "no layer skipped: the draft differs by its vocabulary or KV pattern only"
+            else "no sub-layer skipped: the draft differs by its precision, vocabulary or KV pattern"
         )
         + "):",
         "",

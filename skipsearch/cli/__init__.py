@@ -1,7 +1,9 @@
 """`skipsearch` command line: one module per sub-command, each with `register` and `run`.
 
 Sub-command modules import torch and friends inside `run`, so light commands (`speedup`,
-`report`) start instantly. Every `SkipsearchError` becomes one line on stderr and exit code 2.
+`report`) start instantly. The settings are judged as a whole before any work
+(`skipsearch.settings_rules`); every `SkipsearchError` becomes one line on stderr and exit code 2;
+SIGINT and SIGTERM stop a command the same way, with the command that resumes it.
 
 - `models`: the registry aliases, their depth, source and offline availability.
 - `plan`: the kernel plan a model runs on this device, with the timings behind each choice.
@@ -26,7 +28,9 @@ import importlib
 import logging
 import os
 import shlex
+import signal
 import sys
+import threading
 from typing import NoReturn
 
 from skipsearch.errors import SkipsearchError
@@ -90,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    main_thread = threading.current_thread() is threading.main_thread()  # signals go to it alone
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None  # as a Ctrl-C does
     try:
+        from skipsearch.cli.common import judge_command
+
+        judge_command(args)  # the settings as a whole, before any work
         if args.command not in WRITES_NOTHING:  # before any import that writes under HOME
             check_environment()
             # matplotlib's font cache with skipsearch's, not in HOME: a command writes where it was
@@ -108,9 +117,25 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    except KeyboardInterrupt:
-        print(f"skipsearch: interrupted{_resume_hint(args)}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # SIGINT, or SIGTERM (`Terminated`): 128 + the signal
+        terminated = isinstance(stop, Terminated)
+        stopped = "terminated" if terminated else "interrupted"
+        print(f"skipsearch: {stopped}{_resume_hint(args)}", file=sys.stderr)
+        return 143 if terminated else 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM, raised where the command is, as a Ctrl-C's KeyboardInterrupt is, so it unwinds
+    the same way through the search and the run owner (every finished trial kept, or what a new
+    run made before its first removed) and `main` prints the command that continues it."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated
 
 
 def _resume_hint(args: argparse.Namespace) -> str:

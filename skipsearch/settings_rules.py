@@ -205,13 +205,14 @@ def _describe(hint: Any) -> str:
         return "None"
     if origin in (Sequence, list, tuple, Iterable):
         (item,) = typing.get_args(hint)[:1] or (Any,)
-        return f"a list of {_describe(item)}"
+        return f"a list of {_describe(item).removeprefix('a ').removeprefix('an ')}s"
     words = {str: "a string", int: "an integer", float: "a number", bool: "True or False", Path: "a Path"}
     return words.get(hint, f"a {getattr(hint, '__name__', hint)}")
 
 
 def _kind(value: Any) -> str:
-    return "None" if value is None else f"a {type(value).__name__}"
+    name = type(value).__name__
+    return "None" if value is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def _short(value: Any) -> str:

@@ -89,8 +89,8 @@ def _hints() -> dict:
 @pytest.mark.parametrize(
     ("values", "error", "message"),
     [
-        ({"model": 123}, SettingTypeError, r"^model=123 is a int, not a string or None"),
-        ({"trees": "2x1"}, SettingTypeError, r"^trees='2x1' is a str, not a list of a string"),
+        ({"model": 123}, SettingTypeError, r"^model=123 is an int, not a string or None"),
+        ({"trees": "2x1"}, SettingTypeError, r"^trees='2x1' is a str, not a list of strings"),
         ({"trees": ["2x1", 3]}, SettingTypeError, "trees="),
         ({"budget": "thirty"}, SettingTypeError, "budget='thirty'"),
         ({"budget": True}, SettingTypeError, "budget=True"),

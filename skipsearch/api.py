@@ -16,7 +16,8 @@ the same values with the same message.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,7 @@ class SearchResult:
         """The result of the run in `run_dir` (its report files, rewritten by `skipsearch report`)."""
         from skipsearch.run.report import read_run_report
 
+        check_call(SearchResult.load, {"run_dir": run_dir})
         return cls.of(read_run_report(Path(run_dir)))
 
     @classmethod
@@ -181,17 +183,18 @@ def search(
         "max_prompt_tokens": max_prompt_tokens,
         "new_tokens": new_tokens,
     }
-    spec = PromptSpec(**{k: v for k, v in prompt_settings.items() if v is not None})
-    measure = MeasureConfig(prompts=spec, **{k: v for k, v in measured.items() if v is not None})
-    vocab = None if draft_vocab is None else (parse_draft_vocab(draft_vocab),)
-    pattern = None if kv is None else (KVPattern.parse(kv),)
-    config = RunConfig(
-        measure=measure,
-        **{"cost": AUTO, **settings},
-        draft_vocab=vocab,
-        kv=pattern,
-        trees=None if trees is None else tuple(str(shape) for shape in parse_trees(trees)),
-    )
+    with named_as_keywords(search):
+        spec = PromptSpec(**{k: v for k, v in prompt_settings.items() if v is not None})
+        measure = MeasureConfig(prompts=spec, **{k: v for k, v in measured.items() if v is not None})
+        vocab = None if draft_vocab is None else (parse_draft_vocab(draft_vocab),)
+        pattern = None if kv is None else (KVPattern.parse(kv),)
+        config = RunConfig(
+            measure=measure,
+            **{"cost": AUTO, **settings},
+            draft_vocab=vocab,
+            kv=pattern,
+            trees=None if trees is None else tuple(str(shape) for shape in parse_trees(trees)),
+        )
     typed = {name for name, value in {**given, **measured, **prompt_settings}.items() if value is not None}
     if draft_vocab is not None:
         typed.add("draft_vocab")
@@ -223,6 +226,26 @@ def check_call(function: Callable[..., Any], arguments: dict[str, Any]) -> None:
     judge({name: value for name, value in arguments.items() if name in given}, given, API)
     if arguments.get("dtype") is not None:
         _check_dtype_argument(arguments["dtype"])
+
+
+@contextmanager
+def named_as_keywords(function: Callable[..., Any]) -> Iterator[None]:
+    """A configuration's own check, built from `function`'s arguments, names the command-line
+    flag (`--draft-vocab 'x' is not ...`): here the refusal names the keyword (`draft_vocab`)."""
+    import inspect
+
+    from skipsearch.errors import SkipsearchError
+
+    try:
+        yield
+    except SkipsearchError as error:
+        message = str(error)
+        for keyword in inspect.signature(function).parameters:
+            flag = "--" + keyword.replace("_", "-")
+            if message.startswith(flag + " ") or message.startswith(flag + ":"):
+                error.args = (keyword + message[len(flag) :],)
+                break
+        raise
 
 
 def _late_types() -> dict[str, Any]:

@@ -27,7 +27,9 @@ from skipsearch.options import BOUNDS
 
 LEARNED = ("learned",)  # the strategies an Optuna sampler of `--sampler` drives
 INFORMED = ("ranking", "knapsack", "knapsack+tpe")  # the strategies `--importance` ranks units for
-LISTS = ("strategies", "tree", "trees", "context_lengths", "alphas", "table_alphas", "table_gammas")
+# The list settings whose values name things (a repeat is a mistake); `--alphas` is not one: its
+# values are acceptances by draft depth, and two depths may well have the same.
+LISTS = ("strategies", "tree", "trees", "context_lengths", "table_alphas", "table_gammas")
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,20 @@ class NotBlank:
                     )
 
 
+@dataclass(frozen=True)
+class NotADirectory:
+    """`option` names a file to read (a space file, a profile, a best.json): a directory there is
+    refused as one, not reported as a name that does not exist."""
+
+    option: str
+    what: str
+
+    def judge(self, settings: Mapping[str, Any], given: Collection[str], names: Names) -> None:
+        value = settings.get(self.option)
+        if isinstance(value, str | Path) and str(value).strip() and Path(value).is_dir():
+            raise ConfigError(f"{names.show(self.option, value)} is a directory: pass {self.what}")
+
+
 def _has(*allowed: str) -> Callable[[Any], bool]:
     def holds(value: Any) -> bool:
         chosen = value if isinstance(value, list | tuple) else (value,)
@@ -135,7 +151,7 @@ def _sampling(temperature: Any) -> bool:
     return isinstance(temperature, int | float) and temperature > 0
 
 
-RULES: tuple[Applies | Distinct | NotBlank, ...] = (
+RULES: tuple[Applies | Distinct | NotBlank | NotADirectory, ...] = (
     Applies("warm_start", ("strategies", "strategy"), _has(*LEARNED), "learned"),
     Applies("sampler", ("strategies", "strategy"), _has(*LEARNED), "learned"),
     Applies("importance", ("strategies", "strategy"), _has(*INFORMED), "ranking, knapsack or knapsack+tpe"),
@@ -148,6 +164,9 @@ RULES: tuple[Applies | Distinct | NotBlank, ...] = (
     Applies("table_gammas", ("table",), bool, "given"),
     Applies("table_alphas", ("table",), bool, "given"),
     *(Distinct(option) for option in LISTS),
+    NotADirectory("space", "a space name (search_spaces/) or a space YAML file"),
+    NotADirectory("latency_profile", "a profile JSON file (`skipsearch profile --out`)"),
+    NotADirectory("from_path", "a best.json or a tiers.json"),
     NotBlank(may_be_empty=("skip", "attn_skip", "mlp_skip")),
 )
 
@@ -173,7 +192,7 @@ def check_arguments(hints: Mapping[str, Any], values: Mapping[str, Any]) -> None
             raise SettingTypeError(
                 f"{keyword}={_short(value)} is {_kind(value)}, not {_describe(hint)}: pass {_describe(hint)}"
             )
-        if keyword in BOUNDS and value is not None:
+        if keyword in BOUNDS and value is not None and not isinstance(value, str):  # a str: `full`, `8192`
             replace(BOUNDS[keyword], option=keyword).check(value)
 
 

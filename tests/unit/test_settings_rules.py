@@ -106,3 +106,9 @@ def test_the_api_checks_types_and_ranges_by_keyword(values: dict, error: type, m
 def test_the_api_errors_are_value_and_type_errors() -> None:
     assert issubclass(SettingTypeError, TypeError) and issubclass(ConfigError, ValueError)
     check_arguments(_hints(), {"model": "m", "budget": 3, "trees": ["2x1"], "temperature": 1})
+
+
+def test_a_file_setting_given_a_directory_is_refused_as_one(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"^--space .* is a directory: pass a space name"):
+        judge({"space": str(tmp_path)}, set())
+    judge({"space": "sparse"}, set())

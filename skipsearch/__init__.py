@@ -64,7 +64,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "search": "skipsearch.api",
     "decode": "skipsearch.api",
-    "load_model": "skipsearch.api",
+    "load_model": "skipsearch.models.loading",
     "SearchResult": "skipsearch.api",
     "DecodeResult": "skipsearch.api",
     "Draft": "skipsearch.masks",
@@ -84,8 +84,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from skipsearch.api import DecodeResult, SearchResult, decode, load_model, search
+    from skipsearch.api import DecodeResult, SearchResult, decode, search
     from skipsearch.masks import Draft, KVPattern, SkipMask
+    from skipsearch.models.loading import load_model
 
 
 def __getattr__(name: str) -> Any:

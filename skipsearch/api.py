@@ -26,10 +26,10 @@ from skipsearch.acceptance.measure_config import MeasureConfig
 from skipsearch.acceptance.prompts import PromptSpec
 from skipsearch.config import RunConfig
 from skipsearch.cost.verdict import Verdict
-from skipsearch.errors import ConfigError
 from skipsearch.masks import Draft, KVPattern, SkipMask, parse_draft_vocab
 from skipsearch.models.registry import DEFAULT_MODEL
 from skipsearch.options import check
+from skipsearch.settings_rules import check_call
 from skipsearch.tree_shapes import Tree, as_tree, parse_trees
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
     from skipsearch.bench.decode_report import DecodeReport
     from skipsearch.executors.base import ExecutorFactory
-    from skipsearch.models.loading import LoadedModel
     from skipsearch.models.random_weights import RandomWeights
     from skipsearch.run.report import RunReport
 
@@ -206,28 +205,6 @@ def search(
     return search_into(config, directory, resume=resume, typed=stored_fields(typed), progress=progress)
 
 
-def check_call(function: Callable[..., Any], arguments: dict[str, Any]) -> None:
-    """The arguments of a public `function` judged before any work, each named by its keyword: its
-    type against the annotation, its range (`options.BOUNDS` under the same name), then the
-    settings as a whole (`settings_rules.judge`: an empty name, a duplicate tree, a sampler with a
-    strategy that has none). A keyword left at None was not given."""
-    import inspect
-    import typing
-
-    from skipsearch.settings_rules import API, check_arguments, judge
-
-    arguments = {name: arguments[name] for name in inspect.signature(function).parameters}
-    try:
-        hints = typing.get_type_hints(function)
-    except NameError:  # an annotation imported for type checkers only: imported now
-        hints = typing.get_type_hints(function, localns=_late_types())
-    check_arguments(hints, arguments)
-    given = {name for name, value in arguments.items() if value is not None}
-    judge({name: value for name, value in arguments.items() if name in given}, given, API)
-    if arguments.get("dtype") is not None:
-        _check_dtype_argument(arguments["dtype"])
-
-
 @contextmanager
 def named_as_keywords(function: Callable[..., Any]) -> Iterator[None]:
     """A configuration's own check, built from `function`'s arguments, names the command-line
@@ -246,38 +223,6 @@ def named_as_keywords(function: Callable[..., Any]) -> Iterator[None]:
                 error.args = (keyword + message[len(flag) :],)
                 break
         raise
-
-
-def _late_types() -> dict[str, Any]:
-    """The annotations' names that are imported for type checkers only (they load torch)."""
-    from skipsearch.models.loading import LoadedModel
-    from skipsearch.models.random_weights import RandomWeights
-
-    return {"RandomWeights": RandomWeights, "LoadedModel": LoadedModel}
-
-
-def load_model(
-    name: str,
-    device: str = "cpu",
-    dtype: str = "auto",
-    random_weights: RandomWeights | None = None,
-    announce: bool = True,
-) -> LoadedModel:
-    """A model on this device's kernel plan, ready to run layer by layer (`models.loading.load_model`),
-    its arguments checked first by keyword as `search`'s are."""
-    from skipsearch.models.loading import load_model as load
-
-    check_call(load_model, dict(locals()))
-    return load(name, device, dtype, random_weights, announce)
-
-
-def _check_dtype_argument(dtype: str) -> None:
-    from skipsearch.options import check_dtype
-
-    try:
-        check_dtype(dtype)
-    except ConfigError as error:
-        raise ConfigError(str(error).replace("--dtype", "dtype", 1)) from None
 
 
 # A `search` keyword -> the `RunConfig` field a resume compares it with (`run.preflight.resumed_config`).

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from skipsearch.errors import ConfigError, SettingTypeError
-from skipsearch.options import BOUNDS
+from skipsearch.options import BOUNDS, check_dtype
 
 LEARNED = ("learned",)  # the strategies an Optuna sampler of `--sampler` drives
 INFORMED = ("ranking", "knapsack", "knapsack+tpe")  # the strategies `--importance` ranks units for
@@ -180,6 +180,22 @@ def judge(settings: Mapping[str, Any], given: Collection[str], names: Names = CL
 
 
 # -- the Python API's argument types -----------------------------------------------------------------
+def check_call(function: Callable[..., Any], arguments: Mapping[str, Any]) -> None:
+    """The arguments of a public `function` judged before any work, each named by its keyword: its
+    type against the annotation, its range (`options.BOUNDS` under the same name), then the
+    settings as a whole (`judge`: an empty name, a duplicate tree, a sampler with a strategy that
+    has none). A keyword left at None was not given."""
+    import inspect
+
+    arguments = {name: arguments[name] for name in inspect.signature(function).parameters}
+    check_arguments(typing.get_type_hints(function), arguments)
+    given = {name for name, value in arguments.items() if value is not None}
+    judge({name: value for name, value in arguments.items() if name in given}, given, API)
+    if arguments.get("dtype") is not None:
+        try:
+            check_dtype(arguments["dtype"])
+        except ConfigError as error:
+            raise ConfigError(str(error).replace("--dtype", "dtype", 1)) from None
 
 
 def check_arguments(hints: Mapping[str, Any], values: Mapping[str, Any]) -> None:

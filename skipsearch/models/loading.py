@@ -28,6 +28,7 @@ from skipsearch.models.plan import KernelPlan
 from skipsearch.models.random_weights import RandomWeights, random_model
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
 from skipsearch.progress import status
+from skipsearch.settings_rules import check_call
 from skipsearch.store import atomic_path, check_cache_dir, converted_gguf_path, gguf_join_path
 
 log = logging.getLogger(__name__)
@@ -295,8 +296,10 @@ def load_model(
     (`models.backend.apply_plan`, docs/cpu-backend.md); with `announce` the plan is printed as one
     short line on stdout, so every command says what it runs (`skipsearch plan` gives the whole
     record). With `random_weights` the architecture is built from its config with seeded random
-    weights and no tokenizer; nothing is read from the hub or a weight file.
+    weights and no tokenizer; nothing is read from the hub or a weight file. Its arguments are
+    checked first, by keyword (`settings_rules.check_call`).
     """
+    check_call(load_model, locals())
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 

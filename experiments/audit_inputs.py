@@ -652,7 +652,10 @@ def combination_cases(model: str, fixtures: Path) -> list[Case]:
                         codes=(0, 1, 2) if command == "decode" else (0, 2),
                     )
                 )
-            comma = re.search(r"comma-\s*separated|\d,\d", help_of) is not None and option != "--alphas"
+            # --alphas: acceptances by depth, which may repeat; --mask: a mask string, whose layer
+            # lists --skip, --attn-skip and --mlp-skip cover
+            comma = re.search(r"comma-\s*separated|\d,\d", help_of) is not None
+            comma = comma and option not in ("--alphas", "--mask")
             is_list = comma or "..." in help_of.split("  ")[0]
             if takes_value and is_list:
                 one = LEGAL.get(option, "1")

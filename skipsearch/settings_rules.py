@@ -90,18 +90,20 @@ class Distinct:
     """A list `option` names each value once: twice would run (or store) one thing two times."""
 
     option: str
+    split: Callable[[str], list] | None = None  # how a string value lists its values
 
     def judge(self, settings: Mapping[str, Any], given: Collection[str], names: Names) -> None:
         values = settings.get(self.option)
+        if isinstance(values, str) and self.split is not None:
+            values = self.split(values)
         if not isinstance(values, list | tuple):
             return
         seen: set[str] = set()
         for value in values:
             key = str(value).strip()
             if key in seen:
-                raise ConfigError(
-                    f"{names.show(self.option, values)} names {key} twice: give each value once"
-                )
+                shown = names.show(self.option, settings[self.option])
+                raise ConfigError(f"{shown} names {key} twice: give each value once")
             seen.add(key)
 
 
@@ -147,6 +149,13 @@ def _has(*allowed: str) -> Callable[[Any], bool]:
     return holds
 
 
+def _layers(text: str) -> list[int]:
+    """The layers of a layer list (`4,14,20-23`), ranges expanded: `4-6,5` names 5 twice."""
+    from skipsearch.masks import parse_layer_list
+
+    return parse_layer_list(text)
+
+
 def _sampling(temperature: Any) -> bool:
     return isinstance(temperature, int | float) and temperature > 0
 
@@ -164,6 +173,7 @@ RULES: tuple[Applies | Distinct | NotBlank | NotADirectory, ...] = (
     Applies("table_gammas", ("table",), bool, "given"),
     Applies("table_alphas", ("table",), bool, "given"),
     *(Distinct(option) for option in LISTS),
+    *(Distinct(option, _layers) for option in ("skip", "attn_skip", "mlp_skip")),
     NotADirectory("space", "a space name (search_spaces/) or a space YAML file"),
     NotADirectory("latency_profile", "a profile JSON file (`skipsearch profile --out`)"),
     NotADirectory("from_path", "a best.json or a tiers.json"),

@@ -112,3 +112,9 @@ def test_a_file_setting_given_a_directory_is_refused_as_one(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"^--space .* is a directory: pass a space name"):
         judge({"space": str(tmp_path)}, set())
     judge({"space": "sparse"}, set())
+
+
+def test_a_layer_list_naming_a_layer_twice_is_refused() -> None:
+    with pytest.raises(ConfigError, match="--skip 4-6,5 names 5 twice"):
+        judge({"skip": "4-6,5"}, set())
+    judge({"skip": "4-6,8", "attn_skip": ""}, set())

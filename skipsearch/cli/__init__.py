@@ -31,6 +31,7 @@ import shlex
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import NoReturn
 
 from skipsearch.errors import SkipsearchError
@@ -97,8 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()  # signals go to it alone
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None  # as a Ctrl-C does
     try:
-        from skipsearch.cli.common import judge_command
-
         judge_command(args)  # the settings as a whole, before any work
         if args.command not in WRITES_NOTHING:  # before any import that writes under HOME
             check_environment()
@@ -136,6 +135,36 @@ class Terminated(KeyboardInterrupt):
 def _terminate(signum: int, frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     raise Terminated
+
+
+# How the few options whose dest is not their spelling are shown in a refusal.
+SPELLED = {"from_path": "--from", "tier_set": "--from", "run_dir": "RUN", "run": "RUN"}
+_NOT_SETTINGS = ("handler", "typed", "verbose", "command", "resume_dir")
+
+
+def judge_command(args: argparse.Namespace) -> None:
+    """The command's settings judged as a whole (`settings_rules.judge`), before any work: each
+    option as parsed, plus what the rules read that no single option says (a compare's strategies
+    as a list, whether `--from` names a tier set)."""
+    from skipsearch.settings_rules import Names, judge
+
+    settings = {dest: value for dest, value in vars(args).items() if dest not in _NOT_SETTINGS}
+    if isinstance(settings.get("strategies"), str):
+        settings["strategies"] = [s.strip() for s in settings["strategies"].split(",") if s.strip()] or [
+            settings["strategies"]
+        ]
+    if "require_graphs" in settings:
+        settings["tier_set"] = bool(settings.get("from_path")) and _is_tier_set(settings["from_path"])
+    judge(settings, getattr(args, "typed", frozenset()), Names(spelled=SPELLED))
+
+
+def _is_tier_set(path: str) -> bool:
+    from skipsearch.tiers.manifest import is_tier_manifest
+
+    try:
+        return path.strip() != "" and is_tier_manifest(Path(path))
+    except ValueError:  # not text: the one-mask reader says what is wrong with it
+        return False
 
 
 def _resume_hint(args: argparse.Namespace) -> str:

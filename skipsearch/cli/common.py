@@ -237,35 +237,3 @@ def mask_from_args(args: argparse.Namespace, num_layers: int) -> SkipMask:
     if args.mask is not None:
         return SkipMask.parse(split_draft(args.mask)[0], num_layers)
     return SkipMask(num_layers, parse_layer_list(args.attn_skip or ""), parse_layer_list(args.mlp_skip or ""))
-
-
-# How the few options whose dest is not their spelling are shown in a refusal.
-SPELLED = {"from_path": "--from", "tier_set": "--from", "run_dir": "RUN", "run": "RUN"}
-_NOT_SETTINGS = ("handler", "typed", "verbose", "command", "resume_dir")
-
-
-def judge_command(args: argparse.Namespace) -> None:
-    """The command's settings judged as a whole (`settings_rules.judge`), before any work: each
-    option as parsed, plus what the rules read that no single option says (a compare's strategies
-    as a list, whether `--from` names a tier set)."""
-    from skipsearch.settings_rules import Names, judge
-
-    settings = {dest: value for dest, value in vars(args).items() if dest not in _NOT_SETTINGS}
-    if isinstance(settings.get("strategies"), str):
-        settings["strategies"] = [s.strip() for s in settings["strategies"].split(",") if s.strip()] or [
-            settings["strategies"]
-        ]
-    if "require_graphs" in settings:
-        settings["tier_set"] = bool(settings.get("from_path")) and _is_tier_set(settings["from_path"])
-    judge(settings, getattr(args, "typed", frozenset()), Names(spelled=SPELLED))
-
-
-def _is_tier_set(path: str) -> bool:
-    from pathlib import Path
-
-    from skipsearch.tiers.manifest import is_tier_manifest
-
-    try:
-        return path.strip() != "" and is_tier_manifest(Path(path))
-    except ValueError:  # not text: the one-mask reader says what is wrong with it
-        return False

@@ -449,9 +449,6 @@ def _strategy(
     return strategy, config.budget - measured_units_budget(subset, config.importance)
 
 
-COMPARED_STRATEGIES = ("random", "uniform", "ranking", "knapsack", "learned", "knapsack+tpe")
-
-
 def compare_strategies(compare: CompareSettings) -> tuple[str, ...]:
     """The strategies a compare searches with (random search at a multiple of the budget too)."""
     extra = ("random",) if compare.random_multiple else ()

@@ -1,5 +1,7 @@
 """Bad input, the way a hostile tester types it: every option of every sub-command, every path,
-every stored setting on `--resume`, interrupts and the environment (issues 20 and 51).
+every stored setting on `--resume`, interrupts and the environment (issues 20 and 51); options
+that depend on each other, lists with a duplicate, blank strings, read-only commands against a
+snapshot of what they read, damaged model files and prompts, and the Python API misused (issue 61).
 
 Each case runs `skipsearch` in a fresh process, in an empty directory of its own, with a 60 s limit,
 against a tiny random Llama saved as a local model directory (as the tests build it), with the
@@ -13,7 +15,17 @@ cache and `HOME` in a scratch directory. The cases are generated:
 - `--resume` of a finished run and of a finished compare with each stored setting typed
   differently, across kinds, and after SIGINT and SIGKILL;
 - `HOME` and `SKIPSEARCH_CACHE` empty, relative, a file, under a file, unwritable;
-- files in bad formats (GGUF cut short, journals empty or damaged, `run.yaml` damaged).
+- files in bad formats (GGUF cut short, journals empty or damaged, `run.yaml` damaged);
+- combinations: each rule of `skipsearch.settings_rules` where its other option does not hold,
+  each option without another its help names, each list option with one value twice, each string
+  option empty, a space or a newline;
+- `report` and `export` of a run, a compare study, a live run (this process holds its lock) and a
+  torn journal, the run's directory tree (paths, sizes, mtimes) compared before and after;
+- a model directory without its tokenizer, with its weights cut short or an empty config, and a
+  prompt that is not valid Unicode;
+- every public function of the Python API with None, a wrong type and an out-of-range value, in
+  a fresh `python -c`: refused with a TypeError or ValueError of `skipsearch.errors` naming the
+  keyword.
 
 A case fails on: a traceback; a hang (60 s); an exit code other than 0, 2 (1 for a decode that was
 not lossless, 130 for an interrupt); a refusal that is not exactly one `skipsearch: error:` line;
@@ -35,6 +47,8 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import fcntl
+import functools
 import os
 import re
 import shutil
@@ -116,6 +130,9 @@ class Case:
     copies: dict[str, Path] = field(default_factory=dict)  # name in the case directory -> fixture
     codes: tuple[int, ...] = (0, 2)
     check: Callable[[Path, subprocess.CompletedProcess], str] | None = None  # '' when it holds
+    untouched: tuple[str, ...] = ()  # directories whose every path, size and mtime must stay equal
+    hold: str | None = None  # a run directory whose lock this audit holds, as a live run would
+    python: str | None = None  # run `python -c` this instead of `skipsearch` (the Python API)
 
 
 @dataclass
@@ -316,10 +333,14 @@ def unchanged_but_budget(name: str, budget: int) -> Callable[[Path, subprocess.C
         copy = case_dir / name
         before = yaml.safe_load((case_dir.parent.parent / "fixtures" / name / "run.yaml").read_text())
         after = yaml.safe_load((copy / "run.yaml").read_text())
+        raised = budget != before["config"]["budget"]
         before["config"]["budget"] = budget
         for key in ("kind", "config", "compare"):
             if before.get(key) != after.get(key):
                 return f"run.yaml's {key} changed on resume"
+        changes = (after.get("provenance") or {}).get("resume_changes") or []
+        if raised and not (changes and changes[-1]["to"] == budget):
+            return "a raised budget is not recorded in run.yaml's resume_changes"
         studies = finished_trials(copy)
         expected = {"run": ["random"], "compare": ["random-s0"]}[name]
         if sorted(studies) != expected or any(n != budget for n in studies.values()):
@@ -371,6 +392,16 @@ def resume_cases(fixtures: Path) -> list[Case]:
                 outputs=(kind,),
                 copies={kind: fixtures / kind},
                 check=unchanged_but_budget(kind, 3),
+            )
+        )
+        cases.append(
+            Case(
+                "resume: a stored setting typed differently",
+                f"{kind} --resume --budget 1 (below the stored 2)",
+                [kind, "--out", kind, "--resume", "--budget", "1"],
+                True,
+                outputs=(kind,),
+                copies={kind: fixtures / kind},
             )
         )
         cases.append(
@@ -507,6 +538,356 @@ def format_cases(model: str, fixtures: Path) -> list[Case]:
     return cases
 
 
+# -- combinations: options that depend on each other, lists with a duplicate, blank strings -------------
+# A legal value of each option a combination sets; an option not here gets "1".
+LEGAL = {
+    "--strategy": "random",
+    "--strategies": "random",
+    "--sampler": "cmaes",
+    "--importance": "measured",
+    "--objective": "acceptance",
+    "--mode": "shared-kv",
+    "--tree": "2x1",
+    "--context-lengths": "16",
+    "--alphas": "0.8",
+    "--table-alphas": "0.8",
+    "--table-gammas": "2",
+    "--top-p": "0.9",
+    "--top-k": "5",
+    "--temperature": "0",
+    "--kv-window": "8",
+    "--context": "64",
+    "--draft-vocab": "8",
+    "--cost": "closed-form",
+    "--executor": "local",
+    "--prompts": "stdlib",
+    "--dtype": "float32",
+    "--device": "cpu",
+}
+MAY_BE_EMPTY = ("--skip", "--attn-skip", "--mlp-skip")  # '' is the empty mask, as their help says
+BLANKS = {"empty": "", "a space": " ", "a newline": "\n"}
+
+
+def option_helps(text: str) -> dict[str, str]:
+    """Each option of a help text with its whole help (the lines up to the next option)."""
+    helps: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        match = re.match(r"^  (?:-\w, )?(--[a-z][\w-]*)(.*)$", line)
+        if match:
+            current = match.group(1)
+            helps[current] = match.group(2)
+        elif current and line.startswith("    "):
+            helps[current] += " " + line.strip()
+        else:
+            current = None
+    return helps
+
+
+def help_text(command: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "skipsearch", command, "--help"], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def inapplicable(command: str, option: str, line: list[str]) -> bool:
+    """Whether `settings_rules` says `option` does not apply in command line `line`: the audit
+    reads the rules as data (what it checks is that the command line enforces them)."""
+    from skipsearch.settings_rules import RULES, Applies
+
+    dest = option.removeprefix("--").replace("-", "_")
+    for rule in RULES:
+        if not isinstance(rule, Applies) or rule.option != dest:
+            continue
+        for other in rule.others:
+            flag = "--" + other.replace("_", "-")
+            if other == "tier_set":
+                return "--from" not in line
+            if flag in line:
+                value = line[line.index(flag) + 1] if flag not in FLAGS else True
+                value = value.split(",") if other == "strategies" else value
+                value = float(value) if other == "temperature" else value
+                return not rule.holds(value)
+        defaults = {"mode": "shared-kv", "objective": "speedup", "context": None, "table": False}
+        defaults |= {"temperature": 0.0 if command == "decode" else 1.0, "strategy": "learned"}
+        known = [o for o in rule.others if o in defaults]
+        return bool(known) and not rule.holds(defaults[known[0]])
+    return False
+
+
+NOT_HOLDING = {
+    "objective": "acceptance",
+    "mode": "shared-kv",
+    "temperature": "0",
+    "strategy": "random",
+    "strategies": "random",
+}
+FLAGS = {"--table", "--extrapolate-context", "--pareto", "--warm-start", "--random-weights"}
+
+
+def combination_cases(model: str, fixtures: Path) -> list[Case]:
+    """Every option whose help names another option of its command, given without that one
+    (refused where the rules say it does not apply); every list option with one value twice;
+    every string option empty, a space or a newline."""
+    cases = []
+    for command in COMMANDS:
+        line, copies = base(command, model, fixtures)
+        helps = option_helps(help_text(command))
+        for option, takes_value in help_options(command):
+            help_of = helps.get(option, "")
+            value = LEGAL.get(option, "1") if takes_value else None
+            for other in sorted(set(re.findall(r"--[a-z][\w-]*", help_of)) - {option}):
+                if other not in helps:
+                    continue
+                argv = [w for i, w in enumerate(line) if w != other and (i == 0 or line[i - 1] != other)]
+                argv = with_option(argv, option, value)
+                cases.append(
+                    Case(
+                        "combination: an option without the one its help names",
+                        f"{command} {option} without {other}",
+                        argv,
+                        inapplicable(command, option, argv),
+                        outputs=outputs_of(argv),
+                        copies=dict(copies),
+                        codes=(0, 1, 2) if command == "decode" else (0, 2),
+                    )
+                )
+            # --alphas: acceptances by depth, which may repeat; --mask: a mask string, whose layer
+            # lists --skip, --attn-skip and --mlp-skip cover
+            comma = re.search(r"comma-\s*separated|\d,\d", help_of) is not None
+            comma = comma and option not in ("--alphas", "--mask")
+            is_list = comma or "..." in help_of.split("  ")[0]
+            if takes_value and is_list:
+                one = LEGAL.get(option, "1")
+                twice = f"{one},{one}" if comma else None
+                argv = with_option(line, option, twice) if twice else [*with_option(line, option, one), one]
+                if option.startswith("--table-"):
+                    argv = with_option(argv, "--table", None)
+                cases.append(
+                    Case(
+                        "combination: a list with a duplicate",
+                        f"{command} {option} twice",
+                        argv,
+                        True,
+                        outputs=outputs_of(argv),
+                        copies=dict(copies),
+                    )
+                )
+            if takes_value and bound_of(command, option) is None and option not in MAY_BE_EMPTY:
+                for kind, blank in BLANKS.items():
+                    argv = with_option(line, option, blank)
+                    cases.append(
+                        Case(
+                            f"combination: a string {kind}",
+                            f"{command} {option} {kind}",
+                            argv,
+                            True,
+                            copies=dict(copies),
+                        )
+                    )
+    from skipsearch.settings_rules import RULES, Applies
+
+    for command in COMMANDS:  # each rule of the table, typed where its other option does not hold
+        line, copies = base(command, model, fixtures)
+        options = dict(help_options(command))
+        for rule in (r for r in RULES if isinstance(r, Applies)):
+            option = "--" + rule.option.replace("_", "-")
+            if option not in options:
+                continue
+            argv = with_option(line, option, LEGAL.get(option, "1") if options[option] else None)
+            for other in rule.others:  # the other option at a value where the rule does not hold
+                flag = "--" + other.replace("_", "-")
+                if other in NOT_HOLDING and flag in options:
+                    argv = with_option(argv, flag, NOT_HOLDING[other])
+                    break
+            cases.append(
+                Case(
+                    "combination: an option where it does not apply",
+                    f"{command} {option} (rule)",
+                    argv,
+                    inapplicable(command, option, argv),
+                    outputs=outputs_of(argv),
+                    copies=dict(copies),
+                    codes=(0, 1, 2) if command == "decode" else (0, 2),
+                )
+            )
+    for option, value in (("--warm-start", None), ("--sampler", "cmaes"), ("--importance", "measured")):
+        for strategy in ("random", "uniform", "learned", "knapsack"):
+            line, _ = base("run", model, fixtures)
+            argv = with_option(with_option(line, "--strategy", strategy), option, value)
+            cases.append(
+                Case(
+                    "combination: an option and a strategy",
+                    f"run --strategy {strategy} {option}",
+                    argv,
+                    inapplicable("run", option, argv),
+                    outputs=outputs_of(argv),
+                )
+            )
+    return cases
+
+
+# -- read-only commands: the run directory they read is unchanged --------------------------------------
+def read_only_cases(fixtures: Path) -> list[Case]:
+    torn = fixtures / "torn"
+    if not torn.exists():
+        shutil.copytree(fixtures / "run", torn)
+        with (torn / "optuna.journal").open("a") as journal:
+            journal.write('{"op_code": 4, "worker_id": "x", "trial_id"')  # a writer killed mid-record
+    cases = []
+    for name, argv, refuse, untouched, copies, hold in (
+        ("export --out elsewhere", ["export", "run", "--out", "x"], False, ("run",), {"run": "run"}, None),
+        (
+            "export one compare study --out elsewhere",
+            ["export", "compare", "--study", "random-s0", "--out", "x"],
+            False,
+            ("compare",),
+            {"compare": "compare"},
+            None,
+        ),
+        (
+            "report a compare without --study",
+            ["report", "compare"],
+            True,
+            ("compare",),
+            {"compare": "compare"},
+            None,
+        ),
+        ("report a torn journal", ["report", "run"], True, ("run",), {"run": "torn"}, None),
+        ("export a torn journal", ["export", "run", "--out", "x"], True, ("run",), {"run": "torn"}, None),
+        ("report a live run", ["report", "run"], True, ("run",), {"run": "run"}, "run"),
+        ("export a live run", ["export", "run", "--out", "x"], True, ("run",), {"run": "run"}, "run"),
+        (
+            "report a compare study",
+            ["report", "compare", "--study", "random-s0"],
+            False,
+            (),
+            {"compare": "compare"},
+            None,
+        ),
+    ):
+        cases.append(
+            Case(
+                "read-only: the run it reads is unchanged",
+                name,
+                argv,
+                refuse,
+                outputs=outputs_of(argv) + (("compare/studies/random-s0",) if "--study" in argv else ()),
+                copies={key: fixtures / value for key, value in copies.items()},
+                untouched=untouched,
+                hold=hold,
+            )
+        )
+    return cases
+
+
+# -- foreign files: a damaged model directory, prompts that are not valid Unicode ----------------------
+def foreign_cases(model: str, fixtures: Path) -> list[Case]:
+    broken = {}
+    for damage in ("no tokenizer", "weights cut short", "config.json of {}"):
+        directory = fixtures / f"model-{damage.split()[0]}"
+        if not directory.exists():
+            shutil.copytree(model, directory)
+            if damage == "no tokenizer":
+                for path in directory.glob("*token*"):
+                    path.unlink()
+            elif damage == "weights cut short":
+                weights = directory / "model.safetensors"
+                weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+            else:
+                (directory / "config.json").write_text("{}")
+        broken[damage] = directory
+    bad = fixtures / "surrogate.jsonl"
+    bad.write_text('{"prompt": "def f():\\n    return \\ud800"}\n')
+    cases = []
+    for command in ("plan", "measure", "decode", "run", "profile"):
+        # float32: `--dtype auto` would first time bf16 against float32 on this CPU, seconds the load
+        # guard under test does not need (and minutes on a busy machine)
+        line = with_option(base(command, model, fixtures)[0], "--dtype", "float32")
+        for damage, directory in broken.items():
+            argv = with_option(line, "--model", str(directory))
+            cases.append(
+                Case(
+                    f"foreign: a model directory with {damage}",
+                    f"{command} --model with {damage}",
+                    argv,
+                    True,
+                    codes=(2,),
+                )
+            )
+        if command in ("measure", "decode", "run"):
+            argv = with_option(with_option(line, "--prompts", str(bad)), "--n-prompts", "1")
+            cases.append(
+                Case(
+                    "foreign: a prompt that is not valid Unicode",
+                    f"{command} --prompts surrogate",
+                    argv,
+                    True,
+                )
+            )
+    return cases
+
+
+# -- the Python API: every public function with None, a wrong type, an out-of-range value ---------------
+API_CALLS = {  # a call that works but for the argument under test (never reached: each case refuses)
+    "search": ("skipsearch.search", {"model": "M", "out": "r", "budget": 2}),
+    "decode": ("skipsearch.decode", {"model": "M", "draft": "a:1"}),
+    "load_model": ("skipsearch.load_model", {"name": "M"}),
+    "SearchResult.load": ("skipsearch.SearchResult.load", {"run_dir": "run"}),
+    "Draft.parse": ("skipsearch.Draft.parse", {"text": "a:1", "num_layers": 6}),
+    "SkipMask.parse": ("skipsearch.SkipMask.parse", {"text": "a:1", "num_layers": 6}),
+}
+API_SNIPPET = """
+import sys, skipsearch
+from skipsearch.errors import SkipsearchError
+try:
+    result = {call}(**{arguments})
+except (TypeError, ValueError) as error:
+    if not isinstance(error, SkipsearchError) or not str(error).startswith({keyword!r}):
+        raise
+    print("skipsearch: error:", error, file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def api_cases(model: str) -> list[Case]:
+    import inspect
+
+    import skipsearch
+    from skipsearch.options import BOUNDS
+
+    cases = []
+    for name, (call, working) in API_CALLS.items():
+        function = functools.reduce(getattr, call.split(".")[1:], skipsearch)
+        for parameter in inspect.signature(function).parameters.values():
+            if parameter.name in ("self", "cls", "progress", "resume", "announce"):
+                continue
+            optional = parameter.default is None
+            wrong = "x" if parameter.name in BOUNDS or parameter.name in ("num_layers",) else 12345
+            if parameter.name in ("trees",):
+                wrong = "2x1"  # a string where a list of shapes is expected
+            misuse = {"a wrong type": wrong}
+            if not optional:
+                misuse["None"] = None
+            if parameter.name in BOUNDS or parameter.name == "num_layers":
+                misuse["out of range"] = -1
+            for kind, value in misuse.items():
+                arguments = {**working, parameter.name: value}
+                arguments = {k: (model if v == "M" else v) for k, v in arguments.items()}
+                cases.append(
+                    Case(
+                        f"api: {kind}",
+                        f"{name}({parameter.name}={value!r})",
+                        [],
+                        True,
+                        python=API_SNIPPET.format(
+                            call=call, arguments=repr(arguments), keyword=parameter.name
+                        ),
+                    )
+                )
+    return cases
+
+
 # -- running one case -----------------------------------------------------------------------------------
 def snapshot(directory: Path) -> dict[str, tuple]:
     """Every path under `directory`: (size, mtime) of files, () of directories."""
@@ -544,16 +925,25 @@ def run_case(case: Case, scratch: Path, number: int) -> Outcome:
     for name, fixture in case.copies.items():
         shutil.copytree(fixture, case_dir / name)
     env = {**os.environ, "HOME": str(scratch / "home"), "SKIPSEARCH_CACHE": str(scratch / "cache")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     for key, value in case.env.items():
         if value is None:
             env.pop(key, None)
         else:
             env[key] = value.replace("{case}", str(case_dir))
+    held = None
+    if case.hold is not None:  # this process stands in for a live run: it holds the run's lock
+        held = os.open(case_dir / case.hold / ".owner.lock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        os.pwrite(held, f"{os.getpid()}\n".encode(), 0)
     before, home_before, root_before = snapshot(case_dir), snapshot(scratch / "home"), set(os.listdir("/"))
+    temp_before = set(os.listdir(tempfile.gettempdir()))
+    untouched = {name: snapshot(case_dir / name) for name in case.untouched}
+    command = ["-c", case.python] if case.python else ["-m", "skipsearch", *case.argv]
     start = time.monotonic()
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "skipsearch", *case.argv],
+            [sys.executable, *command],
             capture_output=True,
             text=True,
             env=env,
@@ -568,7 +958,17 @@ def run_case(case: Case, scratch: Path, number: int) -> Outcome:
     stderr = (
         result.stderr if isinstance(result.stderr, str) else (result.stderr or b"").decode(errors="replace")
     )
+    if held is not None:
+        os.close(held)
     failures = judge(case, code, stderr, case_dir, before)
+    for name, tree in untouched.items():
+        if snapshot(case_dir / name) != tree:
+            failures.append(f"wrote into what it only reads: {name}")
+    stray = {
+        p for p in set(os.listdir(tempfile.gettempdir())) - temp_before if p.startswith(("ray", "skipsearch"))
+    }
+    if stray:
+        failures.append(f"left in the system temp dir: {sorted(stray)[0]}")
     if snapshot(scratch / "home") != home_before:
         failures.append("wrote into HOME")
     if set(os.listdir("/")) != root_before:
@@ -739,7 +1139,7 @@ def report(outcomes: list[Outcome], minutes: float) -> str:
     reasons = collections.Counter(f.split(":")[0] for o in outcomes for f in o.failures)
     slowest = max(outcomes, key=lambda o: o.seconds)
     lines = [
-        "# Bad input, audited (issues 20 and 51)",
+        "# Bad input, audited (issues 20, 51 and 61)",
         "",
         f"`.venv/bin/python experiments/audit_inputs.py`, {time.strftime('%Y-%m-%d')}: "
         f"{len(outcomes)} cases, each "
@@ -751,7 +1151,9 @@ def report(outcomes: list[Outcome], minutes: float) -> str:
         + f". Tracebacks: {reasons['traceback']}; hangs: {reasons['hang']}; silent accepts: "
         f"{reasons['silent accept']}; files written outside the named paths and the cache: "
         f"{reasons['wrote outside its outputs'] + reasons['wrote into HOME'] + reasons['wrote into /']}; "
-        f"left behind by a failed command: {reasons['left behind']}.",
+        f"left behind by a failed command: {reasons['left behind']}; writes by a read-only command: "
+        f"{reasons['wrote into what it only reads']}; left in the system temp dir: "
+        f"{reasons['left in the system temp dir']}.",
         "",
         *table(outcomes),
         "",
@@ -791,6 +1193,10 @@ def main(argv: list[str] | None = None) -> int:
             + resume_cases(fixtures)
             + environment_cases(model, fixtures)
             + format_cases(model, fixtures)
+            + combination_cases(model, fixtures)
+            + read_only_cases(fixtures)
+            + foreign_cases(model, fixtures)
+            + api_cases(model)
         )
         if args.only:
             cases = [c for c in cases if re.search(args.only, c.name)]

@@ -40,6 +40,7 @@ Top-level modules:
 - `progress`: progress bars for the slow parts, on stderr.
 - `store`: where skipsearch keeps files, and writes that a kill never leaves half done.
 - `options`: every numeric setting's legal values, declared once.
+- `settings_rules`: settings judged as a whole: the combinations a command or an API call cannot mean.
 - `errors`: the errors a user can fix; the command line prints each as one line.
 
 Terms (docs/theory.md):

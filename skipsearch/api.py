@@ -16,7 +16,8 @@ the same values with the same message.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from skipsearch.cost.verdict import Verdict
 from skipsearch.masks import Draft, KVPattern, SkipMask, parse_draft_vocab
 from skipsearch.models.registry import DEFAULT_MODEL
 from skipsearch.options import check
+from skipsearch.settings_rules import check_call
 from skipsearch.tree_shapes import Tree, as_tree, parse_trees
 
 if TYPE_CHECKING:
@@ -80,6 +82,7 @@ class SearchResult:
         """The result of the run in `run_dir` (its report files, rewritten by `skipsearch report`)."""
         from skipsearch.run.report import read_run_report
 
+        check_call(SearchResult.load, {"run_dir": run_dir})
         return cls.of(read_run_report(Path(run_dir)))
 
     @classmethod
@@ -148,7 +151,12 @@ def search(
     - `cost`: `auto` (calibrated where `skipsearch profile` measured this model on this device),
       `calibrated` or `closed-form`.
     - `out`: the run directory (default `runs/<model>-<space>-<strategy>-s<seed>`).
+
+    Every argument is checked first, by its keyword: its type (a `SettingTypeError`, a TypeError),
+    its range and the combination as a whole (`settings_rules`; a `ConfigError`, a ValueError).
     """
+    arguments = dict(locals())
+    check_call(search, arguments)
     given = {
         "budget": budget,
         "space": space,
@@ -174,17 +182,18 @@ def search(
         "max_prompt_tokens": max_prompt_tokens,
         "new_tokens": new_tokens,
     }
-    spec = PromptSpec(**{k: v for k, v in prompt_settings.items() if v is not None})
-    measure = MeasureConfig(prompts=spec, **{k: v for k, v in measured.items() if v is not None})
-    vocab = None if draft_vocab is None else (parse_draft_vocab(draft_vocab),)
-    pattern = None if kv is None else (KVPattern.parse(kv),)
-    config = RunConfig(
-        measure=measure,
-        **{"cost": AUTO, **settings},
-        draft_vocab=vocab,
-        kv=pattern,
-        trees=None if trees is None else tuple(str(shape) for shape in parse_trees(trees)),
-    )
+    with named_as_keywords(search):
+        spec = PromptSpec(**{k: v for k, v in prompt_settings.items() if v is not None})
+        measure = MeasureConfig(prompts=spec, **{k: v for k, v in measured.items() if v is not None})
+        vocab = None if draft_vocab is None else (parse_draft_vocab(draft_vocab),)
+        pattern = None if kv is None else (KVPattern.parse(kv),)
+        config = RunConfig(
+            measure=measure,
+            **{"cost": AUTO, **settings},
+            draft_vocab=vocab,
+            kv=pattern,
+            trees=None if trees is None else tuple(str(shape) for shape in parse_trees(trees)),
+        )
     typed = {name for name, value in {**given, **measured, **prompt_settings}.items() if value is not None}
     if draft_vocab is not None:
         typed.add("draft_vocab")
@@ -194,6 +203,26 @@ def search(
         typed.add("trees")
     directory = Path(out) if out is not None else default_out(config)
     return search_into(config, directory, resume=resume, typed=stored_fields(typed), progress=progress)
+
+
+@contextmanager
+def named_as_keywords(function: Callable[..., Any]) -> Iterator[None]:
+    """A configuration's own check, built from `function`'s arguments, names the command-line
+    flag (`--draft-vocab 'x' is not ...`): here the refusal names the keyword (`draft_vocab`)."""
+    import inspect
+
+    from skipsearch.errors import SkipsearchError
+
+    try:
+        yield
+    except SkipsearchError as error:
+        message = str(error)
+        for keyword in inspect.signature(function).parameters:
+            flag = "--" + keyword.replace("_", "-")
+            if message.startswith(flag + " ") or message.startswith(flag + ":"):
+                error.args = (keyword + message[len(flag) :],)
+                break
+        raise
 
 
 # A `search` keyword -> the `RunConfig` field a resume compares it with (`run.preflight.resumed_config`).
@@ -316,8 +345,10 @@ def decode(
     against autoregressive decoding on the same kernels, as `skipsearch decode` does; greedy by
     default (`temperature` > 0 samples, still lossless in distribution). `tree`: draft token trees
     of that shape (e.g. `2x2x1`, a dynamic `n8`, or a `SearchResult`'s `tree`), beside the chain
-    of `gamma`."""
+    of `gamma`. Every argument is checked first, by its keyword, as `search`'s are."""
     from skipsearch.engine import GammaPolicy, Sampling
+
+    check_call(decode, dict(locals()))
 
     for name, value in (("gamma", gamma), ("temperature", temperature), ("decode_seed", seed)):
         check(name, value)

@@ -138,6 +138,14 @@ class RunConfig:
 
 
 RUN_KIND, COMPARE_KIND = "run", "compare"
+COMPARED_STRATEGIES = (
+    "random",
+    "uniform",
+    "ranking",
+    "knapsack",
+    "learned",
+    "knapsack+tpe",
+)  # compare's default
 
 
 @dataclass(frozen=True)

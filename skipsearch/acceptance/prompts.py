@@ -175,9 +175,10 @@ def select_prompts(spec: PromptSpec) -> list[Prompt]:
     one with the same seed.
     """
     prompts = load_prompts(spec.source)
-    if spec.n_prompts > len(prompts):
-        logger.warning(
-            "%s has %d prompts, fewer than n_prompts=%d: using all", spec.source, len(prompts), spec.n_prompts
+    if spec.n_prompts > len(prompts):  # refused, not cut: what run.yaml stores is what runs
+        raise PromptError(
+            f"--n-prompts {spec.n_prompts} is more than the {len(prompts)} prompts {spec.source} has: pass "
+            f"--n-prompts {len(prompts)} or less"
         )
     random.Random(spec.seed).shuffle(prompts)
     return prompts[: spec.n_prompts]
@@ -289,7 +290,16 @@ def _stdlib_context(path: Path, source: str) -> Prompt | None:
 
 
 def _encode(prompt: Prompt, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> tuple[int, ...]:
-    """Chat prompts go through the chat template when the tokenizer has one; text is encoded as-is."""
+    """Chat prompts go through the chat template when the tokenizer has one; text is encoded as-is.
+    Text the tokenizer cannot take (an unpaired surrogate, from a JSON `\\ud800`) is one
+    `PromptError` naming the prompt, not the tokenizer's TypeError."""
+    try:
+        prompt.text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise PromptError(
+            f"prompt {prompt.id} is not valid Unicode ({error.reason} at character {error.start}): "
+            "fix or drop it in its file"
+        ) from None
     if prompt.chat and getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": prompt.text}]
         ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))

@@ -1,7 +1,9 @@
 """`skipsearch` command line: one module per sub-command, each with `register` and `run`.
 
 Sub-command modules import torch and friends inside `run`, so light commands (`speedup`,
-`report`) start instantly. Every `SkipsearchError` becomes one line on stderr and exit code 2.
+`report`) start instantly. The settings are judged as a whole before any work
+(`skipsearch.settings_rules`); every `SkipsearchError` becomes one line on stderr and exit code 2;
+SIGINT and SIGTERM stop a command the same way, with the command that resumes it.
 
 - `models`: the registry aliases, their depth, source and offline availability.
 - `plan`: the kernel plan a model runs on this device, with the timings behind each choice.
@@ -26,7 +28,10 @@ import importlib
 import logging
 import os
 import shlex
+import signal
 import sys
+import threading
+from pathlib import Path
 from typing import NoReturn
 
 from skipsearch.errors import SkipsearchError
@@ -90,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    main_thread = threading.current_thread() is threading.main_thread()  # signals go to it alone
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None  # as a Ctrl-C does
     try:
+        judge_command(args)  # the settings as a whole, before any work
         if args.command not in WRITES_NOTHING:  # before any import that writes under HOME
             check_environment()
             # matplotlib's font cache with skipsearch's, not in HOME: a command writes where it was
@@ -108,9 +116,55 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    except KeyboardInterrupt:
-        print(f"skipsearch: interrupted{_resume_hint(args)}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # SIGINT, or SIGTERM (`Terminated`): 128 + the signal
+        terminated = isinstance(stop, Terminated)
+        stopped = "terminated" if terminated else "interrupted"
+        print(f"skipsearch: {stopped}{_resume_hint(args)}", file=sys.stderr)
+        return 143 if terminated else 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM, raised where the command is, as a Ctrl-C's KeyboardInterrupt is, so it unwinds
+    the same way through the search and the run owner (every finished trial kept, or what a new
+    run made before its first removed) and `main` prints the command that continues it."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated
+
+
+# How the few options whose dest is not their spelling are shown in a refusal.
+SPELLED = {"from_path": "--from", "tier_set": "--from", "run_dir": "RUN", "run": "RUN"}
+_NOT_SETTINGS = ("handler", "typed", "verbose", "command", "resume_dir")
+
+
+def judge_command(args: argparse.Namespace) -> None:
+    """The command's settings judged as a whole (`settings_rules.judge`), before any work: each
+    option as parsed, plus what the rules read that no single option says (a compare's strategies
+    as a list, whether `--from` names a tier set)."""
+    from skipsearch.settings_rules import Names, judge
+
+    settings = {dest: value for dest, value in vars(args).items() if dest not in _NOT_SETTINGS}
+    if isinstance(settings.get("strategies"), str):
+        settings["strategies"] = [s.strip() for s in settings["strategies"].split(",") if s.strip()] or [
+            settings["strategies"]
+        ]
+    if "require_graphs" in settings:
+        settings["tier_set"] = bool(settings.get("from_path")) and _is_tier_set(settings["from_path"])
+    judge(settings, getattr(args, "typed", frozenset()), Names(spelled=SPELLED))
+
+
+def _is_tier_set(path: str) -> bool:
+    from skipsearch.tiers.manifest import is_tier_manifest
+
+    try:
+        return path.strip() != "" and is_tier_manifest(Path(path))
+    except ValueError:  # not text: the one-mask reader says what is wrong with it
+        return False
 
 
 def _resume_hint(args: argparse.Namespace) -> str:

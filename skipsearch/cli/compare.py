@@ -9,8 +9,8 @@ from pathlib import Path
 from skipsearch.cli.common import add_model_options, add_prompt_options
 from skipsearch.cli.executor_options import add_executor_options, executor_factory
 from skipsearch.cli.run import add_search_options
+from skipsearch.config import COMPARED_STRATEGIES  # not run.pipeline: registering loads no matplotlib
 from skipsearch.options import option_type
-from skipsearch.run.pipeline import COMPARED_STRATEGIES
 
 COMPARE_OPTIONS = ("strategies", "seeds", "random_multiple")  # stored in run.yaml's `compare:`
 

@@ -34,11 +34,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from skipsearch.run.export import check_export_dir, export
     from skipsearch.run.export_source import load_source
+    from skipsearch.run.owner import check_read_only
     from skipsearch.run.report import study_dir
     from skipsearch.store import EXPORT_README
 
-    if args.out:  # before the run is read (which may write its report)
+    if args.out:  # before the run is read
         check_export_dir(Path(args.out))
+    if Path(args.run).is_dir():
+        check_read_only(Path(args.run), "export")
     source = load_source(Path(args.run), args.study, args.export_key)
     run_dir = source.run_dir or source.path.parent
     out = Path(args.out) if args.out else study_dir(run_dir, args.study) / "exports"

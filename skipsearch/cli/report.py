@@ -16,12 +16,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from skipsearch.run.owner import check_read_only
     from skipsearch.run.report import study_dir, write_run_outputs
     from skipsearch.store import BEST_FILE, SUMMARY_FILE, TRIALS_TABLE, check_output_dir
 
     run_dir = Path(args.run_dir)
     out = study_dir(run_dir, args.study)
     if run_dir.is_dir():  # the report is rewritten in place: a directory it cannot write fails first
+        check_read_only(run_dir, "report")
         check_output_dir(out, "the run directory")
     report = write_run_outputs(run_dir, args.study)
     print(report.text)

@@ -9,9 +9,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skipsearch.errors import ConfigError
@@ -133,6 +136,7 @@ class RayConnection:
 
     owned: bool
     client: bool = False
+    temp_dir: Path | None = None  # a local Ray's session files (`ray_temp_dir`), removed on close
     closed: bool = field(default=False, init=False)
 
     @classmethod
@@ -146,10 +150,15 @@ class RayConnection:
         address = address or os.environ.get("RAY_ADDRESS") or None
         if address is None:
             # "local": never attach to a cluster someone else started on this machine.
+            temp_dir = ray_temp_dir()
             ray.init(
-                address="local", include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING
+                address="local",
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                _temp_dir=str(temp_dir),
             )
-            return cls(owned=True)
+            return cls(owned=True, temp_dir=temp_dir)
         check_ray_address(address)
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
@@ -168,7 +177,28 @@ class RayConnection:
 
         if self.owned and not self.closed:
             ray.shutdown()
+            if self.temp_dir is not None:
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
         self.closed = True
+
+
+# Ray binds Unix sockets under its temp dir (`session_<date>_<pid>/sockets/plasma_store`), and a
+# socket path may have 107 bytes: a temp dir longer than this leaves too few for the rest.
+_RAY_TEMP_MAX = 40
+
+
+def ray_temp_dir() -> Path:
+    """Where a local Ray started by this process keeps its session files: under the cache
+    (`ray/<pid>`), not the system temp dir, so a run writes only where it was pointed and into
+    its cache; a fresh directory of the system temp dir where the cache's path is too long for
+    Ray's sockets. Removed when the connection closes."""
+    from skipsearch.store import cache_dir
+
+    under_cache = cache_dir() / "ray" / str(os.getpid())
+    if len(str(under_cache)) <= _RAY_TEMP_MAX:
+        under_cache.mkdir(parents=True, exist_ok=True)
+        return under_cache
+    return Path(tempfile.mkdtemp(prefix="skipsearch-ray-"))
 
 
 def check_ray_address(address: str | None) -> None:

@@ -13,13 +13,15 @@ import pickle
 import shutil
 import socket
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from skipsearch.cpu.dtypes import DtypeChoice, choose_dtype
 from skipsearch.cpu.threads import busy_cpu_warning
-from skipsearch.errors import ModelLoadError
+from skipsearch.errors import ModelLoadError, SkipsearchError
 from skipsearch.models.compat import check_architecture
 from skipsearch.models.draft_weights import remember_checkpoint
 from skipsearch.models.gguf_header import check_gguf_file
@@ -27,6 +29,7 @@ from skipsearch.models.plan import KernelPlan
 from skipsearch.models.random_weights import RandomWeights, random_model
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
 from skipsearch.progress import status
+from skipsearch.settings_rules import check_call
 from skipsearch.store import atomic_path, check_cache_dir, converted_gguf_path, gguf_join_path
 
 log = logging.getLogger(__name__)
@@ -247,6 +250,42 @@ def device_type(device: str) -> str:
     return device.split(":", 1)[0]
 
 
+# What each part of a model directory must hold, for the one line a foreign error becomes.
+_FOREIGN_FIXES = {
+    "config": "config.json must be the model's Hugging Face config (with model_type and its sizes); "
+    "copy it again from the model's source",
+    "tokenizer": "the directory needs the model's tokenizer files (tokenizer.json or tokenizer.model, with "
+    "tokenizer_config.json); copy them from the model's source",
+    "weights": "its weight files are damaged or cut short; download them again",
+}
+
+
+_FOREIGN = (ValueError, KeyError, TypeError, AttributeError, RuntimeError, IndexError)
+
+
+@contextmanager
+def foreign_errors(location: str, part: str) -> Iterator[None]:
+    """The door for transformers', safetensors' and tokenizers' own exceptions while `part`
+    (`config`, `tokenizer`, `weights`) of the model at `location` loads: each becomes one
+    `ModelLoadError` naming the location, what failed and the fix. Our own errors, a hub
+    directory's OSError (`hub_load_error`) and torch's refusal to unpickle pass through."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (SkipsearchError, pickle.UnpicklingError):
+        raise
+    except OSError:
+        if not Path(location).is_dir():
+            raise  # a hub id: `load_model` says whether it was offline or missing
+        raise ModelLoadError(f"cannot load the {part} of {location}: {_FOREIGN_FIXES[part]}") from None
+    except (SafetensorError, *_FOREIGN) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        raise ModelLoadError(
+            f"cannot load the {part} of {location} ({reason}): {_FOREIGN_FIXES[part]}"
+        ) from None
+
+
 def load_model(
     name: str,
     device: str = "cpu",
@@ -258,8 +297,10 @@ def load_model(
     (`models.backend.apply_plan`, docs/cpu-backend.md); with `announce` the plan is printed as one
     short line on stdout, so every command says what it runs (`skipsearch plan` gives the whole
     record). With `random_weights` the architecture is built from its config with seeded random
-    weights and no tokenizer; nothing is read from the hub or a weight file.
+    weights and no tokenizer; nothing is read from the hub or a weight file. Its arguments are
+    checked first, by keyword (`settings_rules.check_call`).
     """
+    check_call(load_model, locals())
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -279,14 +320,17 @@ def load_model(
             raise hub_load_error(location, "offline")
         hf_logging.disable_progress_bar()  # loading safetensors is quick; keep stderr for errors
         try:
-            config = AutoConfig.from_pretrained(location)
+            with foreign_errors(location, "config"):
+                config = AutoConfig.from_pretrained(location)
             check_architecture(config)
-            tokenizer = AutoTokenizer.from_pretrained(location)
+            with foreign_errors(location, "tokenizer"):
+                tokenizer = AutoTokenizer.from_pretrained(location)
             # Safetensors where a directory has them: a pickled .bin can carry code, not just weights.
             safetensors = any(Path(location).glob("*.safetensors")) or None
-            model = AutoModelForCausalLM.from_pretrained(
-                location, dtype=torch_dtype, use_safetensors=safetensors
-            )
+            with foreign_errors(location, "weights"):
+                model = AutoModelForCausalLM.from_pretrained(
+                    location, dtype=torch_dtype, use_safetensors=safetensors
+                )
         except pickle.UnpicklingError:
             raise ModelLoadError(
                 f"{location}: torch refused to unpickle its weights, which hold more than tensors "

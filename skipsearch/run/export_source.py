@@ -83,23 +83,24 @@ def load_source(path: Path, study: str | None = None, export_key: str | None = N
     run_dir = path if path.is_dir() else path.parent
     best_path = path / BEST_FILE if path.is_dir() else path
     has_run = (run_dir / RUN_FILE).is_file()
+    summary: dict[str, Any] = {}
     if study is not None:
         if not path.is_dir() or not has_run:
             raise ConfigError(f"--study needs a run or compare directory, not {path}")
         best_path = study_dir(run_dir, study) / BEST_FILE
-        write_run_outputs(run_dir, study)  # lists the studies when `study` is not one of them
+        summary = write_run_outputs(run_dir, study, write=False).summary  # lists the studies if not one
     elif has_run and not best_path.is_file() and (run_dir / JOURNAL_FILE).is_file():
         load_study(run_dir, load_run(run_dir)[0].strategy)  # a compare directory: names its studies
     if path.is_dir() and not has_run and not best_path.is_file():
         raise ConfigError(
             f"{path} is not a run directory (no run.yaml): pass the --out directory of `skipsearch run`"
         )
-    if not best_path.is_file():
+    if study is None and not best_path.is_file():
         raise ConfigError(
             f"{path} holds no finished run (no {BEST_FILE}): finish it with `skipsearch run --resume --out "
             f"{path}` or rebuild its report with `skipsearch report {path}`"
         )
-    best_json = _read_best(best_path)
+    best_json = summary if study is not None else _read_best(best_path)
     best = ExportedDraft(
         SkipMask.parse(best_json["mask"], int(best_json["num_layers"])),
         int(best_json["gamma_best"]),

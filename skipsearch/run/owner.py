@@ -46,6 +46,47 @@ def run_owner(out: Path, resume: bool) -> Iterator[None]:
         os.close(handle)  # releases the lock
 
 
+def check_read_only(run_dir: Path, command: str) -> None:
+    """Before a command that only reads `run_dir` (`report`, `export`) touches it: refuse a run
+    another command is writing (its report would be rewritten under it), naming that owner's pid,
+    and a journal a killed writer tore, which only the run's owner repairs (`--resume`: the
+    repair cuts the file and keeps the original beside it, a write no reader may make)."""
+    from skipsearch.search.journal import whole_records_length
+    from skipsearch.search.study import stored_kind
+
+    owner = live_owner(run_dir)
+    if owner is not None:
+        raise ConfigError(
+            f"{run_dir} is being written by a skipsearch command (pid {owner}): {command} it once that "
+            "finishes (its report is rewritten at every trial)"
+        )
+    journal = run_dir / JOURNAL_FILE
+    if journal.is_file() and not journal.is_symlink():
+        data = journal.read_bytes()
+        if whole_records_length(data) != len(data):
+            raise ConfigError(
+                f"{journal} ends in a torn record (a run killed while writing): repair it with "
+                f"`skipsearch {stored_kind(run_dir)} --out {run_dir} --resume`, which keeps the original "
+                f"beside it; {command} does not write into a run"
+            )
+
+
+def live_owner(run_dir: Path) -> str | None:
+    """The pid of the command that holds `run_dir`'s lock now, or None when none does (a lock file
+    left by a finished or killed owner holds nothing: the kernel dropped its lock)."""
+    try:
+        handle = os.open(run_dir / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: it never blocks another reader
+    except BlockingIOError:
+        return _owner_pid(handle)
+    finally:
+        os.close(handle)  # releases a shared lock taken above
+    return None
+
+
 def _refuse_foreign(out: Path, resume: bool) -> None:
     """Refuse, before writing anything, an `--out` that is a file, a non-empty directory that is
     not a run (`--out /`, a source tree), or no run to resume: even the lock file does not belong

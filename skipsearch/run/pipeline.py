@@ -31,7 +31,14 @@ from skipsearch.options import SEED_LIMIT
 from skipsearch.progress import console, status
 from skipsearch.run.finalists import FINALISTS, Finalist
 from skipsearch.run.owner import run_owner
-from skipsearch.run.preflight import SearchSetup, build_search, check_searches, preflight, resumed_config
+from skipsearch.run.preflight import (
+    RESUME_CHANGES,
+    SearchSetup,
+    build_search,
+    check_searches,
+    preflight,
+    resumed_config,
+)
 from skipsearch.run.report import RunReport, write_run_outputs
 from skipsearch.search.space_spec import SpaceSpec, TierSpec
 from skipsearch.search.study import ProgressCallback, StudyOutcome, journal_storage
@@ -134,6 +141,7 @@ class PreparedRun:
     strategies: tuple[str, ...]
     depth: int | None
     setups: dict[str, SearchSetup] | None
+    changes: tuple[dict, ...] = ()  # what resumes changed (`preflight.RESUME_CHANGES`), this one's last
 
 
 def prepare_config(
@@ -149,15 +157,24 @@ def prepare_config(
     `run_owner`'s."""
     from skipsearch.search.space_files import load_space
 
+    changes: tuple[dict, ...] = ()
     if resume:
-        config, compare = resumed_config(out, config, typed, compare)
+        resumed = resumed_config(out, config, typed, compare)
+        config, compare, changes = resumed.config, resumed.compare, resumed.changes
+        if resumed.this is not None:
+            change = resumed.this
+            status.print(
+                f"resume: {change['setting']} {change['from']} -> {change['to']} (recorded in {RUN_FILE})"
+            )
         journal_storage(out)  # a damaged journal fails now, before the model loads and run.yaml is rewritten
     strategies = (config.strategy,) if compare is None else compare_strategies(compare)
     if compare is not None:
         check_compare(config, compare)
     space = load_space(config.space)
     checked = preflight(resolve_space_settings(config, space), space, strategies)
-    return PreparedRun(checked.config, space, compare, tuple(strategies), checked.depth, checked.setups)
+    return PreparedRun(
+        checked.config, space, compare, tuple(strategies), checked.depth, checked.setups, changes
+    )
 
 
 @dataclass
@@ -226,6 +243,8 @@ def open_context(prepared: PreparedRun | RunConfig) -> RunContext:
         "torch": str(torch.__version__),
         "transformers": str(transformers.__version__),
     }
+    if prepared.changes:
+        provenance[RESUME_CHANGES] = [dict(change) for change in prepared.changes]
     scorer = _scorer(config, measurement, latency, scoring)
     return RunContext(measurement, latency, provenance, scoring, scorer, setups, prepared.space)
 
@@ -428,9 +447,6 @@ def _strategy(
     weights = latency.weights(at) if config.cost == "calibrated" and latency is not None else None
     strategy = make_strategy(config.strategy, importance=importance, weights=weights)
     return strategy, config.budget - measured_units_budget(subset, config.importance)
-
-
-COMPARED_STRATEGIES = ("random", "uniform", "ranking", "knapsack", "learned", "knapsack+tpe")
 
 
 def compare_strategies(compare: CompareSettings) -> tuple[str, ...]:

@@ -143,21 +143,42 @@ def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+# The stored settings a resume may change (`MAY_CHANGE`: field -> what it may do); every other one
+# typed differently is refused. A change is printed and recorded in run.yaml's provenance
+# (`RESUME_CHANGES`: each {setting, from, to, at}, the whole history).
+MAY_CHANGE = {"budget": "raised (more trials of the same studies), never lowered"}
+RESUME_CHANGES = "resume_changes"
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a resume continues with: the stored config (its budget raised where typed), the
+    compare's stored settings (None for a run), the history of the changes resumes made
+    (`changes`, `this` one's last, when it made one)."""
+
+    config: RunConfig
+    compare: CompareSettings | None
+    changes: tuple[dict, ...]
+    this: dict | None = None
+
+
 def resumed_config(
     out: Path, requested: RunConfig, typed: Mapping[str, str], compare: CompareSettings | None = None
-) -> tuple[RunConfig, CompareSettings | None]:
+) -> Resumed:
     """The settings a run started with, from its `run.yaml`, to the budget typed, else the stored
     one; for a compare (`compare` is what this command asked for), its stored strategies, seeds and
     random multiple too.
 
-    Only the budget may change on resume, or one study would mix trials scored, measured or
-    constrained in two ways. `typed` maps the fields (dotted: `measure.prompts.n_prompts`,
-    `compare.seeds`) the user set on this command line to the option that set them; one that
-    differs from the stored value would be ignored, so it is refused, naming the stored value. An
-    untyped setting is the parser's default, not a request, so it never replaces a stored value.
-    A directory of the other kind (a compare resumed by `run`, or the reverse) is refused.
+    Only the budget may change on resume (`MAY_CHANGE`), and only up, or one study would mix trials
+    scored, measured or constrained in two ways; a lower budget than stored would be ignored by
+    the trials already run, so it is refused naming the stored one. `typed` maps the fields
+    (dotted: `measure.prompts.n_prompts`, `compare.seeds`) the user set on this command line to
+    the option that set them; one that differs from the stored value would be ignored, so it is
+    refused, naming the stored value. An untyped setting is the parser's default, not a request,
+    so it never replaces a stored value. A directory of the other kind (a compare resumed by
+    `run`, or the reverse) is refused.
     """
-    stored, _, stored_compare = load_run_file(out / RUN_FILE)
+    stored, provenance, stored_compare = load_run_file(out / RUN_FILE)
     _refuse_other_kind(out, stored_compare is not None, compare is not None)
     old, new = _flat(stored.to_dict()), _flat(requested.to_dict())
     if compare is not None and stored_compare is not None:
@@ -172,7 +193,24 @@ def resumed_config(
                 f"{option} {_shown(new[field], str)} would be ignored: the run in {out} continues with its "
                 f"stored {stored} ({out / RUN_FILE}); drop {option}, or start a new run in another --out"
             )
-    return (stored.with_budget(requested.budget) if "budget" in typed else stored), stored_compare
+    history = tuple(provenance.get(RESUME_CHANGES) or ())
+    if "budget" not in typed or requested.budget == stored.budget:
+        return Resumed(stored, stored_compare, history)
+    option = typed["budget"]
+    if requested.budget < stored.budget:
+        raise ConfigError(
+            f"{option} {requested.budget} is below the stored budget={stored.budget} ({out / RUN_FILE}): on "
+            f"resume the budget may be {MAY_CHANGE['budget']}; pass {option} {stored.budget} or more, or "
+            f"drop {option}"
+        )
+    change = {"setting": "budget", "from": stored.budget, "to": requested.budget, "at": _now()}
+    return Resumed(stored.with_budget(requested.budget), stored_compare, (*history, change), change)
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def _shown(value: Any, show: Callable[[Any], str]) -> str:

@@ -82,12 +82,16 @@ def write_run_outputs(
     study_name: str | None = None,
     stored: tuple[RunConfig, dict] | None = None,
     finalists: list[Finalist] | None = None,
+    write: bool = True,
 ) -> RunReport:
     """Rewrite every report file of `run_dir` (of its study `study_name` in `study_dir`, for a
     `compare` directory); return what they hold. The run that just wrote `run.yaml` and
     `finalists.json` hands their content on (`stored`: its config and provenance; `finalists`);
-    else they are read from the directory."""
+    else they are read from the directory. With `write=False` nothing is written: the report is
+    only returned (an export of one study of a compare reads it so)."""
     config, provenance = stored if stored is not None else RunConfig.load(run_dir / RUN_FILE)
+    if stored is None:
+        _check_study_named(run_dir, study_name)
     study = load_study(run_dir, study_name or config.strategy)
     if study_name is not None:  # a compare study ran with its own strategy and seed
         settings = study.user_attrs.get("settings", {})
@@ -105,15 +109,17 @@ def write_run_outputs(
     if finalists:  # the verdict's best is the finalist with the best exact score
         best = next((r for r in trial_records(study) if r.number == finalists[0].trial), best)
     run_dir = study_dir(run_dir, study_name)
-    run_dir.mkdir(parents=True, exist_ok=True)
     frame.insert(0, "seed", config.seed)
     table = frame.to_csv(index=False)
-    write_text_atomic(run_dir / TRIALS_TABLE, table)
     front = pareto_front(study)
     summary = best_summary(best, config, provenance)
     if finalists:
         summary["finalists"] = [asdict(f) for f in finalists]
     text = completeness(study, frame) + verdict(summary, frame, front)
+    if not write:
+        return RunReport(run_dir, summary, pd.read_csv(io.StringIO(table)), text)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run_dir / TRIALS_TABLE, table)
     write_text_atomic(run_dir / BEST_FILE, json.dumps(summary, indent=2))
     write_text_atomic(run_dir / SUMMARY_FILE, text)
     plot_convergence(frame, run_dir / CONVERGENCE_PLOT)
@@ -121,6 +127,24 @@ def write_run_outputs(
     plot_skip_frequency(frame, best.num_layers, run_dir / SKIP_FREQUENCY_PLOT)
     plot_speedup_vs_gamma(best, run_dir / SPEEDUP_PLOT)
     return RunReport(run_dir, summary, pd.read_csv(io.StringIO(table)), text)  # as trials.csv reads
+
+
+def _check_study_named(run_dir: Path, study_name: str | None) -> None:
+    """A compare directory holds one study per strategy and seed, and no report of its own: its
+    report names one (`--study`), listed here when it is missing."""
+    from skipsearch.config import load_run_file
+
+    if study_name is not None or load_run_file(run_dir / RUN_FILE)[2] is None:
+        return
+    import optuna
+
+    from skipsearch.search.study import journal_storage
+
+    names = optuna.study.get_all_study_names(journal_storage(run_dir))
+    raise ConfigError(
+        f"{run_dir} is a `skipsearch compare`, one study per strategy and seed: pick one with --study NAME "
+        f"({', '.join(names) or 'none yet'})"
+    )
 
 
 def best_summary(best: TrialRecord, config: RunConfig, provenance: dict) -> dict:

@@ -85,3 +85,31 @@ def test_each_api_name_is_its_subpackages_own() -> None:
         "draft": "Draft",
         "report": "DecodeReport",
     }
+
+
+_MISUSE = [  # every public function x None, a wrong type, an out-of-range value: (call, error, keyword)
+    (lambda: skipsearch.search(prompts=123), TypeError, "prompts=123"),
+    (lambda: skipsearch.search(trees="2x1"), TypeError, "trees='2x1'"),
+    (lambda: skipsearch.search(budget="thirty"), TypeError, "budget='thirty'"),
+    (lambda: skipsearch.search(budget=0), ValueError, "budget 0"),
+    (lambda: skipsearch.search(strategy="random", sampler="cmaes"), ValueError, "sampler='cmaes'"),
+    (lambda: skipsearch.search(trees=["2x1", "2x1"]), ValueError, "trees="),
+    (lambda: skipsearch.search(model=" "), ValueError, "model ' '"),
+    (lambda: skipsearch.decode("m", None), TypeError, "draft=None"),
+    (lambda: skipsearch.decode(None, "a:1"), TypeError, "model=None"),
+    (lambda: skipsearch.decode("m", "a:1", gamma=0), ValueError, "gamma 0"),
+    (lambda: skipsearch.decode("m", "a:1", n_prompts=1.5), TypeError, "n_prompts=1.5"),
+    (lambda: skipsearch.load_model(None), TypeError, "name=None"),
+    (lambda: skipsearch.load_model("m", dtype="int3"), ValueError, "dtype 'int3'"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "keyword"), _MISUSE)
+def test_api_misuse_is_one_error_naming_the_keyword_before_any_work(call, error: type, keyword: str) -> None:
+    from skipsearch.errors import SkipsearchError
+
+    with pytest.raises(error) as raised:
+        call()
+    assert isinstance(raised.value, SkipsearchError)
+    message = str(raised.value)
+    assert message.startswith(keyword) and "--" not in message.split(":")[0]

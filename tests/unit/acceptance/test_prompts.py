@@ -89,11 +89,10 @@ def test_selection_is_deterministic_per_seed(prompt_file: Path) -> None:
     assert ids(0, n=10)[:5] == ids(0)
 
 
-def test_too_few_prompts_uses_all_with_warning(prompt_file: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="skipsearch.acceptance.prompts"):
-        selected = select_prompts(PromptSpec(str(prompt_file), n_prompts=100))
-    assert len(selected) == 20
-    assert "fewer than n_prompts=100" in caplog.text
+def test_more_prompts_than_the_source_has_is_refused(prompt_file: Path) -> None:
+    assert len(select_prompts(PromptSpec(str(prompt_file), n_prompts=20))) == 20
+    with pytest.raises(PromptError, match="--n-prompts 100 is more than the 20 prompts"):
+        select_prompts(PromptSpec(str(prompt_file), n_prompts=100))
 
 
 @pytest.mark.parametrize(

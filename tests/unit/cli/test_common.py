@@ -100,3 +100,40 @@ def test_the_vocabulary_may_come_from_either_option_but_not_two_that_differ() ->
     assert draft_vocab_from_args(options(skip="2")) is None
     with pytest.raises(ConfigError, match="two draft vocabularies"):
         draft_vocab_from_args(options(mask="a:2|m:2|v:4096", draft_vocab="8192"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["compare", "--strategies", "random,random"], "--strategies random,random names random twice"),
+        (
+            ["run", "--strategy", "random", "--warm-start"],
+            "--warm-start does not apply with --strategy random",
+        ),
+        (["run", "--strategy", "random", "--sampler", "cmaes"], "--sampler cmaes does not apply"),
+        (["run", "--importance", "measured"], "--importance measured does not apply with --strategy learned"),
+        (
+            ["run", "--pareto", "--objective", "acceptance"],
+            "--pareto does not apply with --objective acceptance",
+        ),
+        (["decode", "--skip", "1", "--top-k", "5"], "--top-k 5 does not apply with --temperature 0.0"),
+        (["decode", "--skip", "1", "--require-graphs"], "--require-graphs does not apply without --from"),
+        (["decode", "--skip", "1", "--tree", ""], "--tree '' is empty"),
+        (["run", "--out", " "], "--out ' ' is empty"),
+        (["measure", "--mask", "|||"], "--mask '|||' is empty"),
+        (["models", "--assemble", ""], "--assemble '' is empty"),
+        (["export", "run", "--export-key", "\n"], "--export-key '\\n' is empty"),
+    ],
+)
+def test_the_command_line_judges_its_settings_as_a_whole_before_any_work(
+    argv: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([*argv, *(["--out", "o"] if argv[0] == "compare" else [])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert list(tmp_path.iterdir()) == []  # nothing written: refused before any work

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from skipsearch import cli
@@ -23,3 +25,27 @@ def test_plan_prints_every_choice_and_the_one_line_form(capsys) -> None:
 def test_plan_refuses_a_bad_option_in_one_line(capsys) -> None:
     assert cli.main(["plan", "--num-layers", "2"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("damage", "part"),
+    [("no tokenizer", "tokenizer"), ("weights cut in half", "weights"), ("config.json of {}", "config")],
+)
+def test_a_damaged_model_directory_is_one_line_naming_the_file_and_the_fix(
+    model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture, cache_in_tmp: Path, damage: str, part: str
+) -> None:
+    import shutil
+
+    broken = tmp_path / "model"
+    shutil.copytree(model_dir, broken)
+    if part == "tokenizer":
+        for path in broken.glob("*token*"):
+            path.unlink()
+    elif part == "weights":
+        weights = broken / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        (broken / "config.json").write_text("{}")
+    assert cli.main(["plan", "--model", str(broken)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"skipsearch: error: cannot load the {part} of {broken}")

@@ -356,3 +356,22 @@ def test_a_journal_of_records_that_are_no_operations_is_refused_before_the_model
     err = one_line_error(capsys, "run", "--model", model_dir, "--out", str(finished_run), "--resume")
     assert "optuna.journal is damaged: a record is whole JSON but not an Optuna journal operation" in err
     assert digest(finished_run / RUN_FILE) == before
+
+
+def test_sigterm_stops_a_run_as_sigint_does_with_one_line(
+    model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import os
+    import signal
+
+    def terminated(*args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # as `kill PID` or a job scheduler sends it
+
+    monkeypatch.setattr(pipeline, "search_one", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(run_args(model_dir, tmp_path / "r", "--budget", "2")) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "skipsearch: terminated: no trial had finished, so nothing was kept; run the command again"
+    )
+    assert not (tmp_path / "r").exists()
+    assert signal.getsignal(signal.SIGTERM) == before  # main gives the handler back

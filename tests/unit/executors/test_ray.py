@@ -11,6 +11,7 @@ inherit from this process, since other Ray instances may run on the same machine
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -359,3 +360,21 @@ def ctrl_c_while_waiting(marker: str) -> None:
             executor.wait_any()
         assert time.perf_counter() - began < 10
     assert_ray_gone(marker)
+
+
+def test_a_local_ray_keeps_its_session_files_under_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from skipsearch.executors.ray_cluster import ray_temp_dir
+
+    near = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))  # a short cache path, as most are
+    monkeypatch.setenv("SKIPSEARCH_CACHE", str(near))
+    short = ray_temp_dir()
+    assert short == near / "ray" / str(os.getpid()) and short.is_dir()
+    shutil.rmtree(near)
+    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / ("x" * 80)))  # too long for Ray's sockets
+    long = ray_temp_dir()
+    assert long.parent == Path(tempfile.gettempdir()) and long.name.startswith("skipsearch-ray-")
+    long.rmdir()

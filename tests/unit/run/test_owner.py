@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from skipsearch.cli import main
+from skipsearch.errors import ConfigError
 from skipsearch.run.owner import run_owner
 from skipsearch.search.journal import FlockLock
 from skipsearch.store import JOURNAL_FILE, LOCK_FILE
@@ -91,3 +92,48 @@ def test_two_runs_raced_on_one_out_keep_one_owner(model_dir: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith(("new ", "resume "))]
     assert len(rows) == 2 and all(row[-4:] == ["0", "0", "0", "0"] for row in rows), result.stdout
+
+
+def _finished_run(directory: Path) -> Path:
+    """A run directory as report and export read it: run.yaml and a journal of whole records."""
+    from skipsearch.config import RunConfig
+
+    directory.mkdir()
+    RunConfig(budget=3).save(directory / "run.yaml", {})
+    (directory / JOURNAL_FILE).write_text('{"op_code": 0, "worker_id": "w", "study_name": "random"}\n')
+    return directory
+
+
+def _tree(directory: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(directory.rglob("*"))}
+
+
+def test_a_read_only_command_refuses_a_live_run_naming_its_owner(tmp_path: Path) -> None:
+    from skipsearch.run.owner import check_read_only, live_owner
+
+    run = _finished_run(tmp_path / "run")
+    assert live_owner(run) is None  # no lock file: no owner
+    with run_owner(run, resume=True):  # this process owns it, as a running `skipsearch run` would
+        assert live_owner(run) == str(os.getpid())
+        before = _tree(run)
+        with pytest.raises(
+            ConfigError, match=rf"being written by a skipsearch command \(pid {os.getpid()}\)"
+        ):
+            check_read_only(run, "report")
+        assert _tree(run) == before
+    assert live_owner(run) is None  # the lock file stays, its lock does not
+    check_read_only(run, "report")
+
+
+def test_a_read_only_command_leaves_a_torn_journal_to_resume(tmp_path: Path) -> None:
+    from skipsearch.run.owner import check_read_only
+
+    run = _finished_run(tmp_path / "run")
+    with (run / JOURNAL_FILE).open("a") as journal:
+        journal.write('{"op_code": 4, "wor')  # a writer killed mid-record
+    before = _tree(run)
+    for command in ("report", "export"):
+        with pytest.raises(ConfigError, match=r"torn record.*skipsearch run --out .* --resume"):
+            check_read_only(run, command)
+        assert main([command, str(run)]) == 2
+    assert _tree(run) == before  # not cut, no .torn-1 beside it, no studies/

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from skipsearch.config import CompareSettings, RunConfig, load_run_file
+from skipsearch.config import COMPARED_STRATEGIES, CompareSettings, RunConfig, load_run_file
 from skipsearch.errors import ConfigError
 from skipsearch.run import compare as runs
 from skipsearch.run import pipeline
@@ -45,7 +45,7 @@ def test_a_resumed_comparison_keeps_its_settings(
     with pytest.raises(KeyboardInterrupt):
         runs.run_compare(
             RunConfig(cost="auto", budget=9),
-            CompareSettings(pipeline.COMPARED_STRATEGIES),  # the defaults, not typed
+            CompareSettings(COMPARED_STRATEGIES),  # the defaults, not typed
             tmp_path,
             resume=True,
             progress=print,

@@ -87,3 +87,32 @@ def test_a_calibrated_run_scores_only_the_draft_lengths_its_profile_prices(cache
 def test_graphs_off_a_gpu_are_refused() -> None:
     with pytest.raises(ConfigError, match="CUDA graphs need a GPU, and --device is cpu"):
         RunConfig(graphs=True)
+
+
+def _stored(tmp_path: Path, budget: int, provenance: dict | None = None) -> Path:
+    RunConfig(budget=budget, strategy="random").save(tmp_path / "run.yaml", provenance or {})
+    return tmp_path
+
+
+def test_a_resume_may_raise_the_budget_and_keeps_the_history(tmp_path: Path) -> None:
+    from skipsearch.run.preflight import RESUME_CHANGES, resumed_config
+
+    earlier = {"setting": "budget", "from": 2, "to": 3, "at": "2026-12-01T00:00:00+00:00"}
+    out = _stored(tmp_path, 3, {RESUME_CHANGES: [earlier]})
+    resumed = resumed_config(out, RunConfig(budget=5), {"budget": "--budget"})
+    assert resumed.config.budget == 5 and resumed.config.strategy == "random"
+    assert resumed.this is not None and (resumed.this["from"], resumed.this["to"]) == (3, 5)
+    assert resumed.changes == (earlier, resumed.this)
+    same = resumed_config(out, RunConfig(budget=3), {"budget": "--budget"})
+    untyped = resumed_config(out, RunConfig(budget=99), {})
+    assert same.this is None and untyped.this is None and untyped.config.budget == 3
+
+
+def test_a_resume_refuses_a_lower_budget_naming_the_stored_one(tmp_path: Path) -> None:
+    from skipsearch.run.preflight import resumed_config
+
+    out = _stored(tmp_path, 200)
+    with pytest.raises(
+        ConfigError, match=r"--budget 10 is below the stored budget=200 .*pass --budget 200 or more"
+    ):
+        resumed_config(out, RunConfig(budget=10), {"budget": "--budget"})

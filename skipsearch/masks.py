@@ -25,15 +25,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from skipsearch.errors import ConfigError, InvalidMaskError
+from skipsearch.errors import ConfigError, InvalidMaskError, SettingTypeError
 from skipsearch.options import check
 
 
-def parse_layer_list(text: str) -> list[int]:
+def parse_layer_list(text: str, distinct: bool = True) -> list[int]:
     """Parse `"4,14,20-23"` into `[4, 14, 20, 21, 22, 23]`; an empty string is no layers.
 
     A backwards range (`20-10`) is an error, not the empty range it would be in Python: taken
-    silently, it measured the empty mask."""
+    silently, it measured the empty mask; so is a layer named twice (`1,1`, `4-6,5`), which reads
+    as a typo, not as a mask (`distinct=False` lists them, for a caller that names the option)."""
+    if not isinstance(text, str):
+        raise SettingTypeError(f"a layer list is a string such as '4,14,20-23', got {text!r}")
     layers: list[int] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
@@ -52,6 +55,9 @@ def parse_layer_list(text: str) -> list[int]:
             raise InvalidMaskError(
                 f"layer range {part!r} in {text!r} runs backwards: write it low-high, e.g. {end}-{start}"
             )
+    twice = sorted({layer for layer in layers if layers.count(layer) > 1})
+    if twice and distinct:
+        raise InvalidMaskError(f"layer list {text!r} names layer {twice[0]} twice: name each layer once")
     return layers
 
 
@@ -93,6 +99,17 @@ def vocab_label(draft_vocab: int | None) -> int | str:
     """`"full"` or the size `k`: how JSON files, `trials.csv` and reports name a draft vocabulary
     (`parse_draft_vocab` reads it back)."""
     return FULL_VOCAB if draft_vocab is None else draft_vocab
+
+
+def _check_parse_arguments(text: Any, num_layers: Any) -> None:
+    """The Python API's misuse of `parse` (`Draft.parse(None, 30)`, `Draft.parse('a:1', 'thirty')`)
+    as one line naming the argument, not an AttributeError from inside."""
+    if not isinstance(text, str):
+        raise SettingTypeError(f"text must be a draft string such as 'a:4,14|m:4,14', got {text!r}")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int):
+        raise SettingTypeError(f"num_layers must be an integer (the model's depth), got {num_layers!r}")
+    if num_layers < 1:
+        raise InvalidMaskError(f"num_layers must be >= 1, got {num_layers}")
 
 
 def _format_layers(layers: Iterable[int]) -> str:
@@ -174,6 +191,7 @@ class SkipMask:
     def parse(cls, text: str, num_layers: int) -> SkipMask:
         """Read the stable string form (`a:4,14|m:4,14,20`, lower precisions `|w8:0-3|w4a:5`) or a
         plain layer list (`4,14`)."""
+        _check_parse_arguments(text, num_layers)
         text = text.strip()
         if ":" not in text and "|" not in text:
             return cls.from_layers(num_layers, parse_layer_list(text))
@@ -531,6 +549,7 @@ class Draft:
     @classmethod
     def parse(cls, text: str, num_layers: int) -> Draft:
         """Read `a:..|m:..|v:K|kv:sSwW` (`v:` and `kv:` optional, meaning full)."""
+        _check_parse_arguments(text, num_layers)
         mask_text, vocab, kv = split_draft(text)
         return cls(SkipMask.parse(mask_text, num_layers), vocab, kv)
 

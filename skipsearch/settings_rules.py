@@ -153,7 +153,7 @@ def _layers(text: str) -> list[int]:
     """The layers of a layer list (`4,14,20-23`), ranges expanded: `4-6,5` names 5 twice."""
     from skipsearch.masks import parse_layer_list
 
-    return parse_layer_list(text)
+    return parse_layer_list(text, distinct=False)
 
 
 def _sampling(temperature: Any) -> bool:

@@ -213,3 +213,18 @@ def test_r_draft_prices_lower_precision_by_measured_cost_or_by_bytes() -> None:
     )
     assert not measured.priced_by_bytes(mask)
     assert mask.r_draft(measured) == pytest.approx((1.0 + 1.0 + 1.5 + 2.0 + 2.0) / measured.total)
+
+
+def test_parse_names_the_misused_argument_and_a_layer_named_twice() -> None:
+    from skipsearch.errors import SettingTypeError
+
+    with pytest.raises(SettingTypeError, match="text must be a draft string"):
+        Draft.parse(None, 30)  # type: ignore[arg-type]
+    with pytest.raises(SettingTypeError, match="num_layers must be an integer"):
+        Draft.parse("a:1", "thirty")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):  # a project error that is a TypeError too
+        SkipMask.parse(4, 30)  # type: ignore[arg-type]
+    with pytest.raises(InvalidMaskError, match="names layer 1 twice"):
+        SkipMask.parse("1,1", 30)
+    with pytest.raises(InvalidMaskError, match="names layer 5 twice"):
+        parse_layer_list("4-6,5")

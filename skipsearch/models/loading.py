@@ -23,7 +23,6 @@ from skipsearch.cpu.dtypes import DtypeChoice, choose_dtype
 from skipsearch.cpu.threads import busy_cpu_warning
 from skipsearch.errors import ModelLoadError, SkipsearchError
 from skipsearch.models.compat import check_architecture
-from skipsearch.models.draft_weights import remember_checkpoint
 from skipsearch.models.gguf_header import check_gguf_file
 from skipsearch.models.plan import KernelPlan
 from skipsearch.models.random_weights import RandomWeights, random_model
@@ -341,6 +340,8 @@ def load_model(
                 raise hub_load_error(location, type(error).__name__) from None
             raise ModelLoadError(f"cannot load {location}: {error}") from None
         model.to(device).eval()
+        from skipsearch.models.draft_weights import remember_checkpoint
+
         remember_checkpoint(model, location)  # where its lower-precision draft weights are cached
         loaded = LoadedModel(model=model, tokenizer=tokenizer, model_id=name, source=source)
     loaded.plan = apply_plan(loaded.model, device_type(device), choice, dtype)

@@ -7,9 +7,12 @@ model, decodes one untimed warm-up, then the same prompts with the same draft: a
 speculative decoding (the chain of `--gamma`, untimed rounds as `skipsearch decode` runs them),
 each prompt once per process, and reports decode-only seconds (the prefill's excluded). The report
 gives each version's decode-only tokens per second per process, the paired ratios (working tree ÷
-revision) with their median and range, and whether both versions gave the same tokens.
+revision) with their median, mean, standard error and range, and whether both versions gave the
+same tokens. A process's speed is partly a draw (its memory layout: ±15% for both versions alike), so
+the steadiest comparison is the third: SSD ÷ AR within each process, working tree over revision,
+which divides the draw out. Each process prints its kernel plan, and the report lists them.
 
-    python experiments/engine_revisions.py --against b94f58c --pairs 4     # ~6 min on two cores
+    python experiments/engine_revisions.py --against b94f58c --pairs 16    # ~13 min on two cores
 
 The worker calls only names both versions have (`skipsearch.engine.speculative_decode`,
 `autoregressive_decode`, `models.loading.load_model`, `acceptance.prompts`). Run it alone; the load
@@ -61,7 +64,7 @@ def ar(prompt):
     return autoregressive_decode(runner, prompt, new, eos_ids=stops)
 
 ar(prompts[0]); ssd(prompts[0])  # warm-up: kernels built, caches touched
-out = {"ar": [], "ssd": [], "tokens": []}
+out = {"ar": [], "ssd": [], "tokens": [], "plan": loaded.plan.line}
 for index, prompt in enumerate(prompts):
     pair = (("ar", ar), ("ssd", ssd)) if index % 2 == 0 else (("ssd", ssd), ("ar", ar))
     for name, decode in pair:
@@ -144,21 +147,35 @@ def main() -> None:
                 runs[name].append(run_worker(trees[name], settings))
                 print(f"pair {pair + 1}/{args.pairs}: {name} done", file=sys.stderr)
     after = os.getloadavg()
-    rows, ratios = [], {"ar": [], "ssd": []}
+    rows, ratios = [], {"ar": [], "ssd": [], "speedup": []}
     for pair, (old, new) in enumerate(zip(runs["revision"], runs["tree"], strict=True)):
         line = [str(pair + 1)]
         for kind in ("ar", "ssd"):
             a, b = rate(old[kind]), rate(new[kind])
             ratios[kind].append(b / a)
             line += [f"{a:.1f}", f"{b:.1f}", f"{b / a:.3f}"]
+        # SSD over AR within each process: the process's own speed (a draw of its memory layout and
+        # its neighbours) divides out, so the pair compares the chain's cost alone.
+        within_old = rate(old["ssd"]) / rate(old["ar"])
+        within_new = rate(new["ssd"]) / rate(new["ar"])
+        ratios["speedup"].append(within_new / within_old)
+        line += [f"{within_old:.3f}", f"{within_new:.3f}", f"{within_new / within_old:.3f}"]
         rows.append(line)
+    plans = sorted({run["plan"] for name in runs for run in runs[name]})
     same = all(o["tokens"] == n["tokens"] for o, n in zip(runs["revision"], runs["tree"], strict=True))
     summary = []
-    for kind, label in (("ar", "autoregressive"), ("ssd", f"SSD chain, mask {args.mask}, γ = {args.gamma}")):
+    labels = (
+        ("ar", "autoregressive"),
+        ("ssd", f"SSD chain, mask {args.mask}, γ = {args.gamma}"),
+        ("speedup", "the chain's SSD ÷ AR within a process"),
+    )
+    for kind, label in labels:
         values = ratios[kind]
+        spread = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
         summary.append(
-            f"- {label}: working tree ÷ revision, median {statistics.median(values):.3f} "
-            f"(range {min(values):.3f}–{max(values):.3f}, {len(values)} process pairs)"
+            f"- {label}: working tree ÷ revision, median {statistics.median(values):.3f}, "
+            f"mean {statistics.mean(values):.3f} ± {spread:.3f} (standard error; range "
+            f"{min(values):.3f}–{max(values):.3f}, {len(values)} process pairs)"
         )
     flags = Path("/proc/cpuinfo").read_text()
     names = (x.split(":", 1)[1].strip() for x in flags.splitlines() if x.startswith("model name"))
@@ -176,10 +193,28 @@ def main() -> None:
         "",
         "Decode-only tokens per second, each process's prompts pooled:",
         "",
-        *markdown_table(["pair", "AR rev", "AR tree", "AR ratio", "SSD rev", "SSD tree", "SSD ratio"], rows),
+        *markdown_table(
+            [
+                "pair",
+                "AR rev",
+                "AR tree",
+                "AR ratio",
+                "SSD rev",
+                "SSD tree",
+                "SSD ratio",
+                "SSD÷AR rev",
+                "SSD÷AR tree",
+                "ratio",
+            ],
+            rows,
+        ),
         "",
         *summary,
         f"- SSD tokens identical between the versions on every prompt: {'yes' if same else 'NO'}",
+        "",
+        "Kernel plans the processes printed:",
+        "",
+        *(f"- {plan}" for plan in plans),
         "",
         "Command: `python experiments/engine_revisions.py " + " ".join(sys.argv[1:]) + "`",
     ]

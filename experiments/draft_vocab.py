@@ -258,6 +258,10 @@ def paired_decodes(
         ]
         end_to_end = [a.seconds / s.seconds for a, s, _ in pairs]
         decode_only = [decode_seconds(a, p) / decode_seconds(s, p) for a, s, p in pairs]
+        results.setdefault(
+            "ar_decode_tokens_per_second",
+            sum(len(a.tokens) for a, _, _ in pairs) / sum(decode_seconds(a, p) for a, _, p in pairs),
+        )
         results[label] = {
             "lossless": check.to_dict(),
             "end_to_end": _spread(

@@ -210,9 +210,9 @@ class DraftWeights:
             built = None
             if fused_layer(block) is not None:
                 quantized = {
-                    name: getattr(module, name).quantized
+                    name: projection.quantized()
                     for name in PROJECTIONS[kind][1]
-                    if hasattr(getattr(module, name), "quantized")
+                    if isinstance(projection := getattr(module, name), (Int8Linear, Int4Linear))
                 }
                 part = ATTENTION if kind == ATTN else FUSED_MLP
                 if len(quantized) == len(PROJECTIONS[kind][1]):

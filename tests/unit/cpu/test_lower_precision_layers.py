@@ -22,7 +22,7 @@ from skipsearch.cpu.int_linear import Int4Linear, Int8Linear
 from skipsearch.cpu.int_weights import quantize_int4, quantize_int8
 from skipsearch.cpu.shared_core import SharedCores
 from skipsearch.kv.pillars import PillarKeys
-from skipsearch.masks import KVPattern
+from skipsearch.masks import KVPattern, SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 from tests.unit.cpu.test_fused_layers import LAYERS, needs_kernels, on_the_plan
 
@@ -281,3 +281,31 @@ def test_given_quantized_weights_are_the_ones_read(bits: int) -> None:
     if bits == 4:
         mixed = {**given, "down_proj": quantize_int4(block.mlp.down_proj.weight, 64)}
         assert "one group size" in lower_precision_refusal(block, 4, quantized=mixed)
+
+
+@needs_kernels
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_lower_precision_draft_runs_its_layers_fused_with_the_modules_bits(bits: int) -> None:
+    """On a plan that fuses its layers, the draft's int8/int4 sub-layers run in the fused driver
+    (`LayerwiseRunner.fused_at`), not the modules' Python, and give the modules' bits."""
+    model = on_the_plan("llama")
+    assert fuse_layers(model) == LAYERS
+    fused, modules = LayerwiseRunner(model), LayerwiseRunner(model)
+    mask = SkipMask.parse(f"w{bits}:0-{LAYERS - 1}", LAYERS)
+    fused.prepare(mask)
+    for layer in range(LAYERS):
+        for kind in ("attn", "mlp"):
+            assert isinstance(fused.fused_at(layer, bits, kind), LowerPrecisionLayer), (layer, kind)
+    modules.fused = [None] * LAYERS
+    ids = torch.tensor([[3, 17, 5, 9, 30, 2]])
+    caches = fused.new_cache(), modules.new_cache()
+    out = [
+        runner.forward(ids[:, :5], mask, cache)
+        for runner, cache in zip((fused, modules), caches, strict=True)
+    ]
+    torch.testing.assert_close(out[0], out[1], rtol=0, atol=0)
+    step = [
+        runner.forward(ids[:, 5:], mask, cache)
+        for runner, cache in zip((fused, modules), caches, strict=True)
+    ]
+    torch.testing.assert_close(step[0], step[1], rtol=0, atol=0)

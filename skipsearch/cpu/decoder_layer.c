@@ -40,8 +40,8 @@ typedef int (*silu_fn)(const float *x, int64_t rows, int64_t n, int64_t x_stride
 /* linear_rows_int.c's products: int8 with a float32 scale per output, int4 with bf16 (scale, zero) pairs per group. */
 typedef int (*linear_int8_fn)(const float *x, int64_t x_stride, int64_t rows, int64_t in, const int8_t *w,
                               const float *scale, int64_t out, const float *bias, float *y, int64_t y_stride);
-typedef int (*linear_int4_fn)(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w,
-                              const uint16_t *params, int64_t group, int64_t out, const float *bias, float *y,
+typedef int (*linear_int4_fn)(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint32_t *w,
+                              const uint32_t *params, int64_t group, int64_t out, const float *bias, float *y,
                               int64_t y_stride);
 
 /* The kernels and one layer's shapes and weights, fixed for the layer's life. The products' weights are

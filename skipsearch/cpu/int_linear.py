@@ -14,10 +14,11 @@ accumulators; every row's output is the same bits whatever the rows beside it (a
 equal the draft steps').
 
 Numerics (tested): int8, each output is `sum_k(q x) * scale + bias` in float32, the fp32 product
-with `dequantize_int8`'s matrix up to the reassociation of its sums; int4, on AVX-512 each weight
-is exactly `dequantize_int4`'s value (a table per group, `linear_rows_int.c`), on AVX2 each group
-enters as `scale * sum(q x) + (zero - 8 scale) * sum(x)` (the same product reassociated, `zero - 8
-scale` rounded once). The tests hold every output within 1e-5 of the sum of its terms' magnitudes
+with `dequantize_int8`'s matrix up to the reassociation of its sums; int4, in both builds each
+group enters as `scale * sum(q x) + (zero - 8 scale) * sum(x)` (the product with `dequantize_int4`'s
+matrix reassociated, `zero - 8 scale` rounded once; a block's outputs are vector lanes, so a group's
+scale and zero cost one vector operation for 16 or 8 outputs, `linear_rows_int.c` says why). The
+tests hold every output within 1e-5 of the sum of its terms' magnitudes
 (`|x| |w|`, int4 counting `|x| |zero|` too) from the float64 product with the dequantized matrix,
 and every row's bits equal across 1..`MAX_ROWS` rows, in both builds. Blocks longer than
 `MAX_ROWS` rows, other dtypes, or a CPU where no build loads, multiply the dequantized matrix with
@@ -69,8 +70,9 @@ SOURCES8 = tuple(
 SOURCES4 = tuple(
     KernelSource(_PATH, "linear_rows_int4", _SIGNATURE4, needed, flags, _HEADERS) for needed, flags in _BUILDS
 )
-OUT_BLOCK = 4  # weight rows the kernel streams together (linear_rows_int.c)
-NIBBLES = 8  # int4 values a 32-bit word holds: one load serves 8 chunks
+OUT_BLOCK = 4  # int8: weight rows the kernel streams together (linear_rows_int.c)
+NIBBLES = 8  # int4 values a 32-bit word holds: 8 inputs of one output
+INT4_VECTORS = 2  # int4: vectors of outputs a block streams together (linear_rows_int.c's OUT_VECTORS4)
 
 
 INT8, INT4 = "int8", "int4"
@@ -149,37 +151,30 @@ def unpack_int8(packed: torch.Tensor, out: int, inputs: int) -> torch.Tensor:
     return packed.permute(0, 2, 1, 3).reshape(blocks * OUT_BLOCK, chunks * width)[:out, :inputs]
 
 
-def _supers(inputs: int, width: int) -> tuple[int, bool]:
-    """The super-chunks of 32-bit words a block holds, and whether a half one (16-bit words) follows."""
-    superchunk = NIBBLES * width
-    whole, tail = divmod(inputs, superchunk)
-    return (whole, True) if 0 < tail <= superchunk // 2 else (-(-inputs // superchunk), False)
+def int4_block(width: int) -> int:
+    """The outputs of one block of the int4 layout for the `width` build: `INT4_VECTORS` vectors."""
+    return INT4_VECTORS * width
 
 
 def pack_int4(quantized: Int4Weight, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`quantized`'s values and groups in the kernel's layouts. The values: per block of `OUT_BLOCK`
-    outputs one contiguous stream of 16-bit units `[blocks, units]`, super-chunk by super-chunk of
-    `8 width` inputs, each the block's rows one after the other, a row `width` 32-bit words (two
-    units, low half first) whose lane `i` holds in its nibble `j` (bits `4j..4j+3`) the value `q` of
-    input `k0 + j width + i` (zeros past `out` and `in`); a last super-chunk of at most half the
-    inputs (576 = 4.5 x 128) has 16-bit words instead (its 4 nibbles), so that no padding is
-    streamed. The groups: `(scale, zero)` pairs in bf16 `[blocks, in / group, OUT_BLOCK, 2]` (bf16
-    values, as `int_weights.quantize_int4` makes them: others are refused)."""
+    """`quantized`'s values and groups in the kernel's layouts, by blocks of `int4_block(width)`
+    outputs, an output a vector lane (zeros past `out`). The values: int32 words `[blocks, in / 8,
+    block]`, per block one contiguous stream, word `[b, w, lane]` holding in its nibble `j` (bits
+    `4j..4j+3`) the value `q` of output `b block + lane`, input `8 w + j`. The groups: `(scale,
+    zero)` pairs in bf16 `[blocks, in / group, block, 2]` (bf16 values, as
+    `int_weights.quantize_int4` makes them: others are refused)."""
     q = quantized.q
     out, inputs = q.shape
-    rows = -(-out // OUT_BLOCK) * OUT_BLOCK
-    superchunk = NIBBLES * width
-    whole, half = _supers(inputs, width)
-    nibbles = torch.zeros(rows, (whole + half) * superchunk, dtype=torch.int64)
-    nibbles[:out, :inputs] = q.long()
-    nibbles = nibbles.view(rows // OUT_BLOCK, OUT_BLOCK, -1, NIBBLES, width)  # block, row, super, j, lane
-    shifts = (4 * torch.arange(NIBBLES, dtype=torch.int64)).view(1, 1, 1, NIBBLES, 1)
-    words = (nibbles << shifts).sum(dim=3).permute(0, 2, 1, 3)  # block, super, row, lane (disjoint bits)
-    low, high = words & 0xFFFF, words >> 16
-    units = torch.stack((low, high), dim=-1)[:, :whole].reshape(rows // OUT_BLOCK, -1)  # low half first
-    if half:
-        units = torch.cat((units, low[:, whole].reshape(rows // OUT_BLOCK, -1)), dim=1)
-    units = torch.where(units >= 2**15, units - 2**16, units).to(torch.int16).contiguous()
+    if inputs % NIBBLES:
+        raise ValueError(f"int4 rows of {inputs} inputs are not whole 32-bit words of {NIBBLES}")
+    block = int4_block(width)
+    rows = -(-out // block) * block
+    nibbles = torch.zeros(rows, inputs, dtype=torch.int64)
+    nibbles[:out] = q.long()
+    nibbles = nibbles.view(rows // block, block, inputs // NIBBLES, NIBBLES)  # block, lane, word, j
+    shifts = (4 * torch.arange(NIBBLES, dtype=torch.int64)).view(1, 1, 1, NIBBLES)
+    words = (nibbles << shifts).sum(dim=3).permute(0, 2, 1)  # block, word, lane (disjoint bits)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).contiguous()
     groups = inputs // quantized.group
     params = torch.zeros(rows, groups, 2, dtype=torch.bfloat16)
     params[:out, :, 0], params[:out, :, 1] = quantized.scale, quantized.zero
@@ -190,27 +185,20 @@ def pack_int4(quantized: Int4Weight, width: int) -> tuple[torch.Tensor, torch.Te
         raise ValueError(
             "the kernel reads int4 scales and zeros as bf16 values (int_weights.quantize_int4's)"
         )
-    params = params.view(rows // OUT_BLOCK, OUT_BLOCK, groups, 2).permute(0, 2, 1, 3).contiguous()
-    return units, params
+    params = params.view(rows // block, block, groups, 2).permute(0, 2, 1, 3).contiguous()
+    return words, params
 
 
 def unpack_int4(
-    units: torch.Tensor, params: torch.Tensor, out: int, inputs: int, group: int, width: int
+    words: torch.Tensor, params: torch.Tensor, out: int, inputs: int, group: int, width: int
 ) -> Int4Weight:
     """The `Int4Weight` `pack_int4(…, width)`'s layouts hold."""
-    blocks = units.shape[0]
-    whole, half = _supers(inputs, width)
-    flat = units.long() & 0xFFFF
-    full = flat[:, : whole * OUT_BLOCK * width * 2].reshape(blocks, whole, OUT_BLOCK, width, 2)
-    words = full[..., 0] | (full[..., 1] << 16)  # block, super, row, lane
-    if half:
-        last = flat[:, whole * OUT_BLOCK * width * 2 :].reshape(blocks, 1, OUT_BLOCK, width)
-        words = torch.cat((words, last), dim=1)
-    shifts = (4 * torch.arange(NIBBLES, dtype=torch.int64)).view(1, 1, 1, NIBBLES, 1)
-    # block, row, super, j, lane
-    nibbles = (words.permute(0, 2, 1, 3)[:, :, :, None, :] >> shifts) & 15
-    q = nibbles.reshape(blocks * OUT_BLOCK, -1)[:out, :inputs].to(torch.uint8)
-    pairs = params.permute(0, 2, 1, 3).reshape(blocks * OUT_BLOCK, -1, 2)[:out].float()
+    blocks, block = words.shape[0], int4_block(width)
+    shifts = (4 * torch.arange(NIBBLES, dtype=torch.int64)).view(1, 1, 1, NIBBLES)
+    flat = (words.long() & 0xFFFFFFFF).permute(0, 2, 1)  # block, lane, word
+    nibbles = (flat[..., None] >> shifts) & 15  # block, lane, word, j
+    q = nibbles.reshape(blocks * block, -1)[:out, :inputs].to(torch.uint8)
+    pairs = params.permute(0, 2, 1, 3).reshape(blocks * block, -1, 2)[:out].float()
     return Int4Weight(q.contiguous(), pairs[..., 0].contiguous(), pairs[..., 1].contiguous(), group)
 
 
@@ -280,7 +268,7 @@ class Int4Linear(nn.Module):
     """`nn.Linear`'s product with the weight at int4 in groups of `group` inputs
     (`int_weights.quantize_int4`, or `quantized` given), in float32 arithmetic on
     `linear_rows_int.c`. `weight` is the float32 matrix it multiplies by (`dequantize_int4`; the
-    AVX2 build reassociates the product by group), computed on each read."""
+    kernel reassociates the product by group), computed on each read."""
 
     def __init__(
         self,
@@ -327,7 +315,7 @@ class Int4Linear(nn.Module):
 
     def packed_bytes(self) -> int:
         """The bytes a call reads: the values and the groups' scales and zeros."""
-        return self.words.numel() * 2 + self.params.numel() * 2
+        return self.words.numel() * 4 + self.params.numel() * 2
 
     def extra_repr(self) -> str:
         return (

@@ -24,8 +24,9 @@ groups of 128, 0.53 bytes a weight instead of 0.56) and is what torch's int4 ker
 fast (bf16) path, so the same quantized weights run on both kernels exactly:
 `_weight_int4pack_mm_for_cpu`'s `qScaleAndZeros` hold `s` and `z`. A value stands within `s / 2` of
 `w`, plus what rounding `s` and `z` to bf16 moves the grid (at most 2^-9 of `8 s + |z|`) and the
-float32 roundings. The 16 values a group can take are the 16 entries of one table, which is how the
-AVX-512 kernel reads them.
+float32 roundings. Because `(q - 8) s + z = s q + (z - 8 s)`, a kernel may sum `q x` over a group and
+apply the group once, `s sum(q x) + (z - 8 s) sum(x)` (the product reassociated, `z - 8 s` rounded
+once), which is how ours reads them.
 """
 
 from __future__ import annotations

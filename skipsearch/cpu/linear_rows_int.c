@@ -23,29 +23,42 @@
  * build the last chunk of x is read under a mask where in is not a multiple of 16.
  *
  * int4 (linear_rows_int4): each value q (0..15) is a nibble of int_linear.pack_int4's layout, per
- * block [in / SUPER, OUT_BLOCK, LANES] uint32 (SUPER = 8 LANES inputs; a last half super-chunk in
- * uint16, int4_words): lane i of an output's word holds in nibble j the input k0 + j LANES + i, so one
- * load serves 8 chunks. params is bf16
- * [blocks, in / group, OUT_BLOCK, 2] (each group's scale s and zero z, bf16 values by
- * int_weights.quantize_int4, widened exactly); group (32, 64 or 128) divides in. A value stands for
- * (q - 8) s + z.
- * - AVX-512: the 16 values a group can take are one vector, the table (q - 8) s + z computed as
- *   int_weights.dequantize_int4 does (a float32 product, then a sum: the same bits), built once per
- *   group and output; a chunk's weights are vpermps of the table by the shifted word (vpermps reads
- *   the low 4 bits of each lane): two operations per 16 weights, and the weights exactly the
- *   dequantized ones.
- * - AVX2 (8-entry permutes only): q x is summed per group (q 16^j by a mask and a conversion, times
- *   x 16^-j: exactly q x, unless |x| < 2^-102 falls to a subnormal), then the group enters the
- *   lane totals as s (sum q x) + (z - 8 s) (sum x), z - 8 s rounded once: the dequantized product
- *   reassociated (block4's comment; the tests' tolerance counts |z| in each weight's magnitude).
+ * block of OUT_BLOCK4 = OUT_VECTORS4 LANES outputs (an output a vector lane) [in / 8, OUT_BLOCK4]
+ * uint32: lane i of word w holds in nibble j the block's output i's value of input 8 w + j, so one
+ * load serves 8 inputs of LANES outputs. params is [blocks, in / group, OUT_BLOCK4] uint32, each lane
+ * its output's group's bf16 pair, scale s in the low half and zero z in the high (bf16 values by
+ * int_weights.quantize_int4, widened exactly by a shift and a mask); group (32, 64 or 128) divides in.
+ * A value stands for (q - 8) s + z; the kernel sums q x per group and enters the group once as
+ *   s (sum q x) + (z - 8 s) (sum x),
+ * z - 8 s rounded once and sum x the row's (int4_rows): the dequantized product reassociated (the
+ * tests' tolerance counts |z| in each weight's magnitude; a column read back alone is
+ * q s + (z - 8 s), one rounding from dequantize_int4's). Nibble j is converted where it lies, q 16^j
+ * (a mask and a conversion, exact; the top one shifted down), and multiplied by x 16^-j, the rows
+ * scaled once per call (exact unless |x| < 2^-102 falls to a subnormal): one FMA a weight and row.
  *
- * Every output y[r][o] is one LANES-lane float32 accumulator (per group, on AVX2 int4) summed over k
- * in order, then its lanes summed in a fixed order (avx2_lanes.h) and scaled and biased: the same
- * operations whatever the row count, the row's place in its block and the thread, so a verify
+ * Why this layout (the issue "Drafts at lower precision"): a one-row step must stream int4 at the
+ * memory's rate, half a byte a weight, so its arithmetic must cost under about 2 cycles per 16
+ * weights a core; 512-bit vector work issues on 2 ports. The earlier layout (lanes = inputs, a
+ * 16-entry table (q - 8) s + z per group and output, read by vpermps) paid per 16 weights a shift,
+ * a permute and an FMA, plus the table (a broadcast, a shift, a mask, a product and a sum) per group
+ * and output: 3 + 5 x 16 / group uops, 5.5 at groups of 32, about 2.8 cycles, and each output's lanes
+ * summed at the end: arithmetic-bound, well under the memory's rate. With lanes = outputs the group's scale and
+ * zero apply to a whole vector of outputs at once (4 uops a group for OUT_BLOCK4 outputs, 2 FMAs and
+ * an add per row), no lanes are summed, and 16 weights cost a mask, a conversion and an FMA: 3 uops
+ * (vpermps of an iota table for nibble 0 saves one in 24: not measurable), about 1.5 cycles: the
+ * floor of float32 products, one FMA per 16 weights and row. Past one row each row adds an FMA
+ * per 16 weights whatever the layout, so a few rows' products in float32 cost what bf16's do: what
+ * would stream int4 for token trees is integer products (vpdpbusd: 64 weights an instruction), which
+ * needs the activations quantized (docs/cpu-backend.md).
+ *
+ * Every int8 output y[r][o] is one LANES-lane float32 accumulator summed over k in order, then its
+ * lanes summed in a fixed order (avx2_lanes.h) and scaled and biased; every int4 one a lane of its
+ * block's totals, each group's even and odd nibbles summed in two accumulators over k in order: the
+ * same operations whatever the row count, the row's place in its block and the thread, so a verify
  * pass's products are bit for bit the draft steps'. Work is split over OpenMP threads (torch's
  * runtime) by blocks of outputs, or, where the decoding thread engaged helpers on busy cores
- * (shared_core.h, cpu/shared_core.py), into pieces of PIECE_BLOCKS blocks that the free core and the
- * helpers claim, as linear_rows.c's: the same operations for each output, so the same bits.
+ * (shared_core.h, cpu/shared_core.py), into pieces of PIECE_OUTPUTS outputs that the free core and
+ * the helpers claim, as linear_rows.c's: the same operations for each output, so the same bits.
  */
 #define _GNU_SOURCE /* shared_core.h pins threads (sched.h's CPU sets, pthread affinity) */
 #include <immintrin.h>
@@ -60,17 +73,13 @@
  * linear_rows.c, a one-row step waited on the FMAs' latency: 1.4-1.7x slower in cache) and each chunk
  * of x is loaded once for 4 outputs. */
 #define OUT_BLOCK 4
-#define NIBBLES 8   /* int4 values a 32-bit lane holds: a SUPER of inputs is 8 chunks */
+#define NIBBLES 8 /* int4 values a 32-bit word holds: inputs k0 .. k0 + 7 of one output */
+#ifndef OUT_VECTORS4 /* -D for experiments */
+#define OUT_VECTORS4 2 /* int4: vectors of outputs streamed together (a block of 2 LANES outputs) */
+#endif
 #ifndef PREFETCH_BYTES /* -D for experiments */
 #define PREFETCH_BYTES 8192 /* linear_rows.c's distance: 8 KB ahead in the block's stream, into L2 */
 #endif
-
-/* A group's (scale, zero) bf16 pair, one 32-bit word: scale in the low half, zero in the high. */
-static inline uint32_t int4_pair(const uint16_t *pair) {
-    uint32_t word;
-    memcpy(&word, pair, sizeof word);
-    return word;
-}
 
 #ifdef __AVX512F__
 #define LANES 16
@@ -82,7 +91,7 @@ static inline uint32_t int4_pair(const uint16_t *pair) {
 #endif
 #define ROW_BLOCK ROW_BLOCK_WIDE
 #ifndef ROW_BLOCK4_WIDE
-#define ROW_BLOCK4_WIDE 8 /* 5 rows 0.77 of 4's time, 16 rows 0.87 */
+#define ROW_BLOCK4_WIDE 4 /* 4 x 2 x 3 accumulators and totals, 2 words, 2 weights, x: 31 of 32 */
 #endif
 #define ROW_BLOCK4 ROW_BLOCK4_WIDE
 typedef __m512 vec;
@@ -102,17 +111,17 @@ static inline float vec_sum(__m512 v) {
 static inline vec widen8(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
-/* int4: the group's table, entry q = the value q stands for: (q - 8) s + z. */
-typedef vec Int4Group;
-static inline Int4Group int4_group(const uint16_t *pair) {
-    const __m512 ramp = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    /* the pair broadcast, each half widened exactly in every lane (a shift, a mask): no scalar work */
-    __m512i both = _mm512_set1_epi32((int)int4_pair(pair));
-    __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(both, 16));
-    __m512 zero = _mm512_castsi512_ps(_mm512_and_si512(both, _mm512_set1_epi32((int)0xFFFF0000u)));
-    return _mm512_add_ps(_mm512_mul_ps(ramp, scale), zero);
-}
-#define INT4_WIDEN(words, j, group) _mm512_permutexvar_ps(_mm512_srli_epi32((words), 4 * (j)), (group))
+#define vec_set1 _mm512_set1_ps
+#define vec_add _mm512_add_ps
+#define vec_mul _mm512_mul_ps
+#define vec_sub _mm512_sub_ps
+#define vec_store _mm512_storeu_ps
+#define vec_cvt _mm512_cvtepi32_ps
+#define vec_cast _mm512_castsi512_ps
+#define ivec_and _mm512_and_si512
+#define ivec_srli _mm512_srli_epi32
+#define ivec_slli _mm512_slli_epi32
+#define ivec_set1 _mm512_set1_epi32
 #else
 #define LANES 8
 /* As the wide build's, of 1-3 (int8) and 1-4 (int4) on the same CPU (the AVX2 build); -D for
@@ -121,7 +130,7 @@ static inline Int4Group int4_group(const uint16_t *pair) {
 #define ROW_BLOCK_NARROW 2 /* 2 x 4 accumulators + 4 weights + x < 16 */
 #endif
 #ifndef ROW_BLOCK4_NARROW
-#define ROW_BLOCK4_NARROW 3 /* 3 x 4 group accumulators, the words, a weight, x: some from L1 */
+#define ROW_BLOCK4_NARROW 2 /* 2 x 2 x 3 accumulators and totals: the rest from L1 */
 #endif
 #define ROW_BLOCK ROW_BLOCK_NARROW
 #define ROW_BLOCK4 ROW_BLOCK4_NARROW
@@ -136,33 +145,18 @@ typedef __m256i ivec;
 static inline vec widen8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
-/* Nibble j converted where it lies, q 16^j (exact: 4 significant bits), by a mask and a conversion;
- * the top one shifted down (its place is the sign bit). The rows' x are scaled by 16^-j to match. */
-#define INT4_LEVEL(words, j)                                                                                \
-    ((j) == NIBBLES - 1 ? _mm256_cvtepi32_ps(_mm256_srli_epi32((words), 4 * (NIBBLES - 1)))                 \
-                        : _mm256_cvtepi32_ps(_mm256_and_si256((words), _mm256_set1_epi32(0xF << 4 * (j)))))
+#define vec_set1 _mm256_set1_ps
+#define vec_add _mm256_add_ps
+#define vec_mul _mm256_mul_ps
+#define vec_sub _mm256_sub_ps
+#define vec_store _mm256_storeu_ps
+#define vec_cvt _mm256_cvtepi32_ps
+#define vec_cast _mm256_castsi256_ps
+#define ivec_and _mm256_and_si256
+#define ivec_srli _mm256_srli_epi32
+#define ivec_slli _mm256_slli_epi32
+#define ivec_set1 _mm256_set1_epi32
 #endif
-#define SUPER (NIBBLES * LANES)
-
-/* int4: the words of one output's super-chunk starting at input k0, at `units` (16-bit units, the
- * layout's type): 32-bit words, except a last super-chunk of at most 4 chunks (in not a multiple of
- * SUPER, e.g. 576 = 4.5 x 128 in the wide build), stored as 16-bit words (its 4 nibbles) so that no
- * padding is streamed: zero-extended here. */
-static inline ivec int4_words(const uint16_t *units, int64_t k0, int64_t in) {
-    if (in - k0 > SUPER / 2) return ivec_load(units);
-#ifdef __AVX512F__
-    return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)units));
-#else
-    return _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)units));
-#endif
-}
-
-/* The 16-bit units of one block of outputs' int4 words: whole super-chunks of 32-bit words, then a
- * last one of 16-bit words where it holds at most half a super-chunk. */
-static inline int64_t int4_block_units(int64_t in) {
-    int64_t whole = in / SUPER, tail = in % SUPER;
-    return OUT_BLOCK * LANES * (2 * whole + (tail == 0 ? 0 : tail <= SUPER / 2 ? 1 : 2));
-}
 
 /* ---- int8 ---- */
 
@@ -248,12 +242,12 @@ static void output_block8(const float *x, int64_t x_stride, int64_t rows, int64_
 #define SHARED_SCRATCH_BYTES (SHARED_ROWS * PIECE_OUTPUTS * 4)
 #include "shared_core.h"
 
-/* One product's arguments, for either kernel (x and, on AVX2 int4, xsums and xscaled in the shared
+/* One product's arguments, for either kernel (x, or int4's scaled rows and group sums, in the shared
  * inputs buffer, which a helper late for the piece may still read). */
 typedef struct {
-    const float *x, *bias, *scale, *xsums, *xscaled;
+    const float *x, *bias, *scale, *xsums;
     const void *w;
-    const uint16_t *params;
+    const uint32_t *params;
     float *y;
     int64_t rows, in, out, blocks, y_stride, group;
 } Product;
@@ -298,7 +292,7 @@ int linear_rows_int8(const float *x, int64_t x_stride, int64_t rows, int64_t in,
     if (rows <= SHARED_ROWS && shared_active(pieces)) {
         float *inputs = shared_rows(x, x_stride, rows, in, 0);
         if (!inputs) return 1;
-        Product product = {inputs, bias, scale, NULL, NULL, w, NULL, y, rows, in, out, blocks, y_stride, 0};
+        Product product = {inputs, bias, scale, NULL, w, NULL, y, rows, in, out, blocks, y_stride, 0};
         shared_run(&product, sizeof product, pieces, piece_compute8, piece_store);
         return 0;
     }
@@ -310,114 +304,82 @@ int linear_rows_int8(const float *x, int64_t x_stride, int64_t rows, int64_t in,
 
 /* ---- int4 ---- */
 
-#ifdef __AVX512F__
-/* One block of OUT_BLOCK outputs of rows 0 .. NR - 1: lane sums of the dequantized weights times x. */
+#define OUT_BLOCK4 (OUT_VECTORS4 * LANES)          /* outputs of one int4 block, one per lane */
+#define PIECE_BLOCKS4 (PIECE_OUTPUTS / OUT_BLOCK4) /* a shared piece: the int8 kernel's outputs */
+
+/* Nibble j of each lane's word as float32, exactly: q 16^j where it lies (a mask and a conversion), the
+ * top one shifted down (its place is the sign bit). */
+#define INT4_LEVEL(words, j)                                                                                \
+    ((j) == NIBBLES - 1 ? vec_cvt(ivec_srli((words), 4 * (NIBBLES - 1)))                                   \
+                        : vec_cvt(ivec_and((words), ivec_set1((int)(0xFu << 4 * (j))))))
+
+/* What the rows' input k is scaled by where k % 8 = j, to match INT4_LEVEL: 16^-j, 1 for the top one. */
+static const float int4_factors[NIBBLES] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f};
+
+/* One block of OUT_BLOCK4 outputs (a lane each) of rows 0 .. NR - 1: per group, the sums of q x in two
+ * accumulators (even and odd nibbles: a one-row step's FMAs in 2 OUT_VECTORS4 chains), then into the
+ * totals as total = fma(X, z - 8 s, fma(acc0 + acc1, s, total)), X the group's sum of the row's x.
+ * xs: the rows scaled by int4_factors, `in` floats apart; xsums: per row, its groups' sums. */
 static inline __attribute__((always_inline)) void block4(
-    const float *x, int64_t x_stride, int NR, int64_t in, const uint16_t *w_block, const uint16_t *p_block,
-    int group_shift, const float *xsums, const float *xscaled, vec *sums) {
-    (void)xsums, (void)xscaled;
-    const int64_t group_mask = ((int64_t)1 << group_shift) - 1; /* no division in the loop */
-    vec acc[ROW_BLOCK4][OUT_BLOCK];
+    const float *xs, const float *xsums, int NR, int64_t in, int group_shift, const uint32_t *w_block,
+    const uint32_t *p_block, vec *sums) {
+    const int64_t groups = in >> group_shift, group_words = ((int64_t)1 << group_shift) / NIBBLES;
+    vec total[ROW_BLOCK4][OUT_VECTORS4];
     for (int r = 0; r < NR; r++)
-        for (int j = 0; j < OUT_BLOCK; j++) acc[r][j] = vec_zero();
-    Int4Group groups[OUT_BLOCK];
-    for (int64_t k0 = 0; k0 < in; k0 += SUPER) {
-        const uint16_t *super = w_block + k0 / SUPER * OUT_BLOCK * LANES * 2;
-        int64_t word_units = in - k0 > SUPER / 2 ? 2 : 1; /* a half last super-chunk: 16-bit words */
-        _mm_prefetch((const char *)super + PREFETCH_BYTES, _MM_HINT_T1);
-        _mm_prefetch((const char *)(p_block + (k0 >> group_shift) * OUT_BLOCK * 2) + 512, _MM_HINT_T1);
-        ivec words[OUT_BLOCK];
-        for (int o = 0; o < OUT_BLOCK; o++) words[o] = int4_words(super + o * LANES * word_units, k0, in);
+        for (int v = 0; v < OUT_VECTORS4; v++) total[r][v] = vec_zero();
+    for (int64_t g = 0; g < groups; g++) {
+        vec acc[ROW_BLOCK4][2][OUT_VECTORS4];
+        for (int r = 0; r < NR; r++)
+            for (int v = 0; v < OUT_VECTORS4; v++) acc[r][0][v] = acc[r][1][v] = vec_zero();
+        for (int64_t w = g * group_words; w < (g + 1) * group_words; w++) {
+            const uint32_t *chunk = w_block + w * OUT_BLOCK4;
+            for (int line = 0; line < OUT_BLOCK4 * 4; line += 64)
+                _mm_prefetch((const char *)chunk + line + PREFETCH_BYTES, _MM_HINT_T1);
+            ivec words[OUT_VECTORS4];
+            for (int v = 0; v < OUT_VECTORS4; v++) words[v] = ivec_load(chunk + v * LANES);
+            const float *xk = xs + w * NIBBLES;
 #pragma GCC unroll 8
-        for (int j = 0; j < NIBBLES; j++) {
-            int64_t k = k0 + j * LANES;
-            if (k >= in) break;
-            if ((k & group_mask) == 0)
-                for (int o = 0; o < OUT_BLOCK; o++)
-                    groups[o] = int4_group(p_block + ((k >> group_shift) * OUT_BLOCK + o) * 2);
-            vec weights[OUT_BLOCK];
-            for (int o = 0; o < OUT_BLOCK; o++) weights[o] = INT4_WIDEN(words[o], j, groups[o]);
-            for (int r = 0; r < NR; r++) {
-                vec xr = vec_load(x + r * x_stride + k);
-                __asm__("" : "+v"(xr));
-                for (int o = 0; o < OUT_BLOCK; o++) acc[r][o] = vec_fmadd(xr, weights[o], acc[r][o]);
-            }
-        }
-    }
-    for (int r = 0; r < NR; r++)
-        for (int j = 0; j < OUT_BLOCK; j++) sums[r * OUT_BLOCK + j] = acc[r][j];
-}
-#else
-/* One block of OUT_BLOCK outputs of rows 0 .. NR - 1, without a table (AVX2 permutes 8 floats): each
- * group's sum of q x per lane in its own accumulator, then into the lane totals as
- * total = fma(sum, s, total), total = fma(X, z - 8 s, total), X the group's lane sums of x. Chunk j of
- * a super-chunk multiplies q 16^j (INT4_LEVEL) by x 16^-j (xs, the rows scaled once per call): the
- * same product q x exactly, for a mask and a conversion a weight, then one FMA a weight and row.
- * xsums: per row, per group, LANES floats; xs: the rows scaled, in floats apart. */
-static inline __attribute__((always_inline)) void block4(
-    const float *x, int64_t x_stride, int NR, int64_t in, const uint16_t *w_block, const uint16_t *p_block,
-    int group_shift, const float *xsums, const float *xs, vec *sums) {
-    const int64_t group_mask = ((int64_t)1 << group_shift) - 1, groups = in >> group_shift;
-    (void)x, (void)x_stride;
-    vec acc[ROW_BLOCK4][OUT_BLOCK], total[ROW_BLOCK4][OUT_BLOCK];
-    for (int r = 0; r < NR; r++)
-        for (int o = 0; o < OUT_BLOCK; o++) acc[r][o] = total[r][o] = vec_zero();
-    for (int64_t k0 = 0; k0 < in; k0 += SUPER) {
-        const uint16_t *super = w_block + k0 / SUPER * OUT_BLOCK * LANES * 2;
-        int64_t word_units = in - k0 > SUPER / 2 ? 2 : 1; /* a half last super-chunk: 16-bit words */
-        _mm_prefetch((const char *)super + PREFETCH_BYTES, _MM_HINT_T1);
-        _mm_prefetch((const char *)(p_block + (k0 >> group_shift) * OUT_BLOCK * 2) + 512, _MM_HINT_T1);
-        ivec words[OUT_BLOCK];
-        for (int o = 0; o < OUT_BLOCK; o++) words[o] = int4_words(super + o * LANES * word_units, k0, in);
-#pragma GCC unroll 8
-        for (int j = 0; j < NIBBLES; j++) {
-            int64_t k = k0 + j * LANES;
-            if (k >= in) break;
-            vec levels[OUT_BLOCK];
-            for (int o = 0; o < OUT_BLOCK; o++) levels[o] = INT4_LEVEL(words[o], j);
-            for (int r = 0; r < NR; r++) {
-                vec xr = vec_load(xs + r * in + k);
-                __asm__("" : "+v"(xr));
-                for (int o = 0; o < OUT_BLOCK; o++) acc[r][o] = vec_fmadd(xr, levels[o], acc[r][o]);
-            }
-            if (((k + LANES) & group_mask) == 0) { /* the group's last chunk */
-                int64_t g = k >> group_shift;
-                for (int o = 0; o < OUT_BLOCK; o++) {
-                    const uint16_t *pair = p_block + (g * OUT_BLOCK + o) * 2;
-                    __m256i both = _mm256_set1_epi32((int)int4_pair(pair));
-                    vec scale = _mm256_castsi256_ps(_mm256_slli_epi32(both, 16));
-                    vec zero = _mm256_castsi256_ps(_mm256_and_si256(both, _mm256_set1_epi32((int)0xFFFF0000u)));
-                    zero = _mm256_sub_ps(zero, _mm256_mul_ps(_mm256_set1_ps(8.0f), scale)); /* z - 8 s */
-                    for (int r = 0; r < NR; r++) {
-                        vec xsum = vec_load(xsums + (r * groups + g) * LANES);
-                        total[r][o] = vec_fmadd(xsum, zero, vec_fmadd(acc[r][o], scale, total[r][o]));
-                        acc[r][o] = vec_zero();
-                    }
+            for (int j = 0; j < NIBBLES; j++) {
+                vec weights[OUT_VECTORS4];
+                for (int v = 0; v < OUT_VECTORS4; v++) weights[v] = INT4_LEVEL(words[v], j);
+                for (int r = 0; r < NR; r++) {
+                    vec xr = vec_set1(xk[r * in + j]);
+                    for (int v = 0; v < OUT_VECTORS4; v++)
+                        acc[r][j & 1][v] = vec_fmadd(xr, weights[v], acc[r][j & 1][v]);
                 }
             }
         }
+        const uint32_t *pairs = p_block + g * OUT_BLOCK4; /* each lane's (scale, zero) bf16 pair */
+        for (int v = 0; v < OUT_VECTORS4; v++) {
+            ivec pair = ivec_load(pairs + v * LANES);
+            vec scale = vec_cast(ivec_slli(pair, 16));
+            vec zero = vec_cast(ivec_and(pair, ivec_set1((int)0xFFFF0000u)));
+            zero = vec_sub(zero, vec_mul(vec_set1(8.0f), scale)); /* z - 8 s, one rounding */
+            for (int r = 0; r < NR; r++) {
+                vec xsum = vec_set1(xsums[r * groups + g]);
+                vec qx = vec_add(acc[r][0][v], acc[r][1][v]);
+                total[r][v] = vec_fmadd(xsum, zero, vec_fmadd(qx, scale, total[r][v]));
+            }
+        }
     }
     for (int r = 0; r < NR; r++)
-        for (int o = 0; o < OUT_BLOCK; o++) sums[r * OUT_BLOCK + o] = total[r][o];
+        for (int v = 0; v < OUT_VECTORS4; v++) sums[r * OUT_VECTORS4 + v] = total[r][v];
 }
-#endif
 
-#define ROWS_CASE4(n) case n: block4(xr, x_stride, n, in, w_block, p_block, group_shift, xs, xc, sums); break;
+#define ROWS_CASE4(n) case n: block4(xr, sr, n, in, group_shift, w_block, p_block, sums); break;
 
-static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w,
-                          const uint16_t *params, int64_t group, const float *xsums, const float *xscaled,
-                          int64_t out, int64_t b, const float *bias, float *y, int64_t y_stride,
-                          int64_t y_first) {
-    const uint16_t *w_block = w + b * int4_block_units(in);
-    const uint16_t *p_block = params + b * OUT_BLOCK * 2 * (in / group);
+/* Block b's outputs of every row into y, output o of row r at y[r * y_stride + o - y_first]. */
+static void output_block4(const float *xs, const float *xsums, int64_t rows, int64_t in, const uint32_t *w,
+                          const uint32_t *params, int64_t group, int64_t out, int64_t b, const float *bias,
+                          float *y, int64_t y_stride, int64_t y_first) {
+    const uint32_t *w_block = w + b * OUT_BLOCK4 * (in / NIBBLES);
+    const uint32_t *p_block = params + b * OUT_BLOCK4 * (in / group);
     int group_shift = group == 32 ? 5 : group == 64 ? 6 : 7;
-    vec sums[ROW_BLOCK4 * OUT_BLOCK];
+    int64_t first = b * OUT_BLOCK4, n = out - first < OUT_BLOCK4 ? out - first : OUT_BLOCK4;
+    vec sums[ROW_BLOCK4 * OUT_VECTORS4];
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK4) {
         int64_t nr = rows - r0 < ROW_BLOCK4 ? rows - r0 : ROW_BLOCK4;
-        const float *xr = x + r0 * x_stride;
-        /* AVX2: this row block's group sums and scaled rows (linear_rows_int4); NULL on AVX-512 */
-        const float *xs = xsums ? xsums + r0 * (in / group) * LANES : NULL;
-        const float *xc = xscaled ? xscaled + r0 * in : NULL;
+        const float *xr = xs + r0 * in, *sr = xsums + r0 * (in / group);
         switch (nr) { /* a case for each count up to ROW_BLOCK4 (8 at most) */
 #if ROW_BLOCK4 >= 8
         ROWS_CASE4(8)
@@ -437,84 +399,81 @@ static void output_block4(const float *x, int64_t x_stride, int64_t rows, int64_
 #if ROW_BLOCK4 >= 3
         ROWS_CASE4(3)
 #endif
+#if ROW_BLOCK4 >= 2
         ROWS_CASE4(2)
-        default: block4(xr, x_stride, 1, in, w_block, p_block, group_shift, xs, xc, sums);
+#endif
+        default: block4(xr, sr, 1, in, group_shift, w_block, p_block, sums);
         }
-        for (int64_t r = 0; r < nr; r++)
-            for (int64_t j = 0, o = b * OUT_BLOCK; j < OUT_BLOCK && o < out; j++, o++)
-                y[(r0 + r) * y_stride + o - y_first] = vec_sum(sums[r * OUT_BLOCK + j]) + (bias ? bias[o] : 0.0f);
+        for (int64_t r = 0; r < nr; r++) {
+            float *yr = y + (r0 + r) * y_stride + first - y_first;
+            if (n == OUT_BLOCK4) {
+                for (int v = 0; v < OUT_VECTORS4; v++) {
+                    vec s = sums[r * OUT_VECTORS4 + v];
+                    vec_store(yr + v * LANES, bias ? vec_add(s, vec_load(bias + first + v * LANES)) : s);
+                }
+            } else { /* the last block, past out */
+                float lanes[OUT_BLOCK4];
+                for (int v = 0; v < OUT_VECTORS4; v++) vec_store(lanes + v * LANES, sums[r * OUT_VECTORS4 + v]);
+                for (int64_t i = 0; i < n; i++) yr[i] = bias ? lanes[i] + bias[first + i] : lanes[i];
+            }
+        }
     }
 }
 
 static void piece_compute4(const void *args, int64_t piece, void *scratch) {
     const Product *p = args;
-    int64_t first, last;
-    piece_range(p, piece, &first, &last);
+    int64_t first = piece * PIECE_BLOCKS4;
+    int64_t last = first + PIECE_BLOCKS4 < p->blocks ? first + PIECE_BLOCKS4 : p->blocks;
     for (int64_t b = first; b < last; b++)
-        output_block4(p->x, p->in, p->rows, p->in, p->w, p->params, p->group, p->xsums, p->xscaled, p->out, b,
-                      p->bias, scratch, PIECE_OUTPUTS, first * OUT_BLOCK);
+        output_block4(p->x, p->xsums, p->rows, p->in, p->w, p->params, p->group, p->out, b, p->bias, scratch,
+                      PIECE_OUTPUTS, first * OUT_BLOCK4);
 }
 
-/* AVX2: each row's lane sums of x over each group, in chunk order, and the row with chunk j of each
- * super-chunk scaled by 16^-j (exact), into `xsums` (rows x groups x LANES floats) and `xscaled`
- * (rows x in): both the same whatever the rows beside it. */
-static void int4_row_sums(const float *x, int64_t x_stride, int64_t rows, int64_t in, int64_t group, float *xsums,
-                          float *xscaled) {
-#ifdef __AVX512F__
-    (void)x, (void)x_stride, (void)rows, (void)in, (void)group, (void)xsums, (void)xscaled;
-#else
+/* Each row scaled by int4_factors into `xs` (rows x in) and its groups' sums (LANES-lane partial sums
+ * in order, then the lanes in a fixed order) into `xsums` (rows x in / group): a row's the same whatever
+ * the rows beside it. */
+static void int4_rows(const float *x, int64_t x_stride, int64_t rows, int64_t in, int64_t group, float *xs,
+                      float *xsums) {
     int64_t groups = in / group;
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * x_stride;
+        for (int64_t k = 0; k < in; k += NIBBLES)
+            for (int j = 0; j < NIBBLES; j++) xs[r * in + k + j] = row[k + j] * int4_factors[j];
         for (int64_t g = 0; g < groups; g++) {
             vec sum = vec_zero();
-            for (int64_t k = g * group; k < (g + 1) * group; k += LANES) sum = _mm256_add_ps(sum, vec_load(row + k));
-            _mm256_storeu_ps(xsums + (r * groups + g) * LANES, sum);
-        }
-        for (int64_t k = 0; k < in; k += LANES) {
-            int64_t j = k % SUPER / LANES;
-            float factor = j == NIBBLES - 1 ? 1.0f : 1.0f / (float)(1 << 4 * j);
-            _mm256_storeu_ps(xscaled + r * in + k, _mm256_mul_ps(vec_load(row + k), _mm256_set1_ps(factor)));
+            for (int64_t k = g * group; k < (g + 1) * group; k += LANES) sum = vec_add(sum, vec_load(row + k));
+            xsums[r * groups + g] = vec_sum(sum);
         }
     }
-#endif
 }
 
 /* y = x w^T + bias, w the int4 values of pack_int4's layout with their groups' params; 0 on success, 1
  * where the shape is not one the kernel reads (group not 32, 64 or 128, or not dividing in). */
-int linear_rows_int4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint16_t *w,
-                     const uint16_t *params, int64_t group, int64_t out, const float *bias, float *y,
+int linear_rows_int4(const float *x, int64_t x_stride, int64_t rows, int64_t in, const uint32_t *w,
+                     const uint32_t *params, int64_t group, int64_t out, const float *bias, float *y,
                      int64_t y_stride) {
     if ((group != 32 && group != 64 && group != 128) || in % group != 0 || rows < 1 || out < 1) return 1;
-    int64_t blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK, pieces = (blocks + PIECE_BLOCKS - 1) / PIECE_BLOCKS;
-#ifdef __AVX512F__
-    const int64_t sums_floats = 0; /* the table kernel reads x itself */
-#else
-    const int64_t sums_floats = rows * ((in / group) * LANES + in);
-#endif
+    int64_t blocks = (out + OUT_BLOCK4 - 1) / OUT_BLOCK4, pieces = (blocks + PIECE_BLOCKS4 - 1) / PIECE_BLOCKS4;
+    size_t bytes = (size_t)(rows * (in + in / group)) * sizeof(float);
     if (rows <= SHARED_ROWS && shared_active(pieces)) {
-        float *inputs = shared_rows(x, x_stride, rows, in, sums_floats);
+        float *inputs = shared_inputs(bytes);
         if (!inputs) return 1;
-        float *xsums = sums_floats ? inputs + rows * in : NULL;
-        float *xscaled = sums_floats ? xsums + rows * (in / group) * LANES : NULL;
-        int4_row_sums(inputs, in, rows, in, group, xsums, xscaled);
-        Product product = {inputs, bias, NULL, xsums, xscaled, w, params, y, rows, in, out, blocks, y_stride, group};
+        int4_rows(x, x_stride, rows, in, group, inputs, inputs + rows * in);
+        const float *sums = inputs + rows * in;
+        Product product = {inputs, bias, NULL, sums, w, params, y, rows, in, out, blocks, y_stride, group};
         shared_run(&product, sizeof product, pieces, piece_compute4, piece_store);
         return 0;
     }
-    float *xsums = NULL, *xscaled = NULL;
-    if (sums_floats) {
-        xsums = malloc((size_t)sums_floats * sizeof(float));
-        if (!xsums) return 1;
-        xscaled = xsums + rows * (in / group) * LANES;
-        int4_row_sums(x, x_stride, rows, in, group, xsums, xscaled);
-    }
+    float *xs = malloc(bytes);
+    if (!xs) return 1;
+    float *xsums = xs + rows * in;
+    int4_rows(x, x_stride, rows, in, group, xs, xsums);
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; b++)
-        output_block4(x, x_stride, rows, in, w, params, group, xsums, xscaled, out, b, bias, y, y_stride, 0);
-    free(xsums);
+        output_block4(xs, xsums, rows, in, w, params, group, out, b, bias, y, y_stride, 0);
+    free(xs);
     return 0;
 }
 
-/* The inputs of one chunk (both layouts depend on the build). */
+/* The lanes of one int8 chunk and of one int4 block's vectors (both layouts depend on the build). */
 int linear_rows_int_lanes(void) { return LANES; }

@@ -19,6 +19,7 @@ from skipsearch.cpu.int_linear import (
     Int4Linear,
     Int8Linear,
     builds,
+    int4_block,
     pack_int4,
     pack_int8,
     unpack_int4,
@@ -88,22 +89,18 @@ def test_the_int4_layout_keeps_the_values_and_groups_exactly(
     width: int, group: int, out: int, inputs: int
 ) -> None:
     quantized = quantize_int4(torch.randn(out, inputs), group)
-    units, params = pack_int4(quantized, width)
-    assert units.dtype == torch.int16 and params.dtype == torch.bfloat16
-    back = unpack_int4(units, params, out, inputs, group, width)
+    words, params = pack_int4(quantized, width)
+    assert words.dtype == torch.int32 and params.dtype == torch.bfloat16
+    back = unpack_int4(words, params, out, inputs, group, width)
     for name in ("q", "scale", "zero"):
         assert torch.equal(getattr(back, name), getattr(quantized, name)), name
-    # input k0 + j * width + i of a super-chunk is nibble j of lane i's 32-bit word (two units, low first)
-    first = (int(units[0, 2]) & 0xFFFF) | (int(units[0, 3]) & 0xFFFF) << 16
-    assert [(first >> 4 * j) & 15 for j in range(8)] == [int(quantized.q[0, j * width + 1]) for j in range(8)]
-    # half a byte a value, in whole super-chunks, but a last one of at most half the inputs (576 at
-    # 16 wide) in 16-bit words: half a super-chunk
-    superchunk = 8 * width
-    whole, tail = divmod(inputs, superchunk)
-    streamed = whole * superchunk + (
-        0 if tail == 0 else superchunk // 2 if tail <= superchunk // 2 else superchunk
-    )
-    assert units.numel() * 2 == -(-out // OUT_BLOCK) * OUT_BLOCK * streamed // 2
+    # lane i of a block's word w holds in nibble j input 8 w + j of the block's output i
+    block = int4_block(width)
+    word = int(words[0, 1, 2]) & 0xFFFFFFFF
+    assert [(word >> 4 * j) & 15 for j in range(8)] == [int(quantized.q[2, 8 + j]) for j in range(8)]
+    # half a byte a value, no padding along the inputs; outputs padded to whole blocks
+    assert words.shape == (-(-out // block), inputs // 8, block)
+    assert params.shape == (-(-out // block), inputs // group, block, 2)
 
 
 @pytest.mark.parametrize("width", build_params(INT8))
@@ -140,9 +137,8 @@ CASES4 = [(*shape, group) for shape in SHAPES4 for group in GROUPS if shape[0] %
 def test_the_int4_kernel_multiplies_by_the_dequantized_weights(
     width: int, rows: int, inputs: int, out: int, bias: bool, group: int
 ) -> None:
-    """Super-chunks are 8 chunks (128 inputs at 16 wide, 64 at 8): 576 ends in a half one at 16
-    wide (16-bit words), 224 in one of 6 chunks (32-bit words) at 16 wide and a half one at 8, 160 in
-    a half one at both."""
+    """Blocks are 2 vectors of outputs (32 at 16 wide, 16 at 8): 37, 131, 9, 7 end in a part-empty
+    one; more rows than a pass holds (4 at 16 wide, 2 at 8) take several passes."""
     generator = torch.Generator().manual_seed(rows * out + group)
     weight = torch.randn(out, inputs, generator=generator) + torch.randn(out, 1, generator=generator)
     b = torch.randn(out, generator=generator) if bias else None
@@ -184,18 +180,21 @@ def test_a_rows_output_does_not_depend_on_the_rows_beside_it(width: int) -> None
 
 
 @pytest.mark.parametrize("width", build_params(INT4))
-def test_the_avx512_int4_weights_are_exactly_the_dequantized_ones(width: int) -> None:
-    """One input set to 1 at a time reads a column back: the table build (16 wide) multiplies by
-    `dequantize_int4`'s bits (the AVX2 build sums by group, then scales)."""
-    if width != 16:
-        pytest.skip("the AVX2 build reassociates by group")
-    weight = torch.randn(9, 256) * 3 + 1
-    product = Int4Linear(weight, None, 32, width=16)
-    exact = dequantize_int4(product.quantized())
-    for k in (0, 17, 100, 255):
+def test_an_int4_column_reads_back_as_its_group_sums_it(width: int) -> None:
+    """One input set to 1 at a time reads a column back as the kernel forms it, bit for bit in both
+    builds: `q s` (exact) plus `z - 8 s` (rounded once), one rounding from `dequantize_int4`'s
+    `(q - 8) s + z`; nibbles 0..7 of a word (inputs 8 w + j) each scale their input differently."""
+    weight = torch.randn(37, 256) * 3 + 1
+    product = Int4Linear(weight, None, 32, width=width)
+    quantized = product.quantized()
+    scale = quantized.scale.repeat_interleave(32, dim=1)
+    zero = quantized.zero.repeat_interleave(32, dim=1)
+    formed = quantized.q.float() * scale + (zero - 8 * scale)
+    assert torch.allclose(formed, dequantize_int4(quantized), rtol=0, atol=1e-6 * float(zero.abs().max()))
+    for k in (0, 1, 6, 7, 17, 100, 255):
         x = torch.zeros(1, 256)
         x[0, k] = 1
-        assert torch.equal(product(x)[0], exact[:, k]), k
+        assert torch.equal(product(x)[0], formed[:, k]), k
 
 
 def test_long_blocks_other_dtypes_and_no_kernel_multiply_the_dequantized_weights_in_torch(
@@ -236,7 +235,7 @@ def test_inputs_not_contiguous_multiply_like_their_contiguous_copies() -> None:
 
 
 def test_the_packed_bytes_are_a_half_and_about_a_quarter_of_bf16s() -> None:
-    weight = torch.randn(4864, 896)  # Qwen2.5-0.5B's gate: 7 groups of 128, 7 super-chunks of 128
+    weight = torch.randn(4864, 896)  # Qwen2.5-0.5B's gate: 7 groups of 128
     bf16 = 4864 * 896 * 2
     assert Int8Linear(weight, None).packed_bytes() == bf16 // 2 + 4 * 4864
     assert Int4Linear(weight, None, 128).packed_bytes() == bf16 // 4 + 4864 * 7 * 4  # bf16 scale and zero

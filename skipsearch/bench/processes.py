@@ -97,7 +97,7 @@ def profile_processes(
     With `processes=1` the samples are taken in this process; None is `default_processes(device)`.
     A depth-cut weight-free model (`random_weights.num_layers`) is scaled back to its real depth.
     """
-    from skipsearch.models.loading import dtype_name, resolve_model_dir
+    from skipsearch.models.loading import resolve_model_dir, weight_dtypes
 
     contexts, steps = check_axes(context_lengths, positions)
     head_rows = tuple(head_rows)
@@ -107,7 +107,7 @@ def profile_processes(
     if repeats < processes:
         raise ConfigError(f"repeats ({repeats}) must be at least processes ({processes}): each takes a share")
     if processes > 1 and random_weights is None:  # a bad --model fails before any process starts,
-        resolve_model_dir(model, dtype_name(device, dtype))  # and a GGUF is converted once, in its dtype
+        resolve_model_dir(model, weight_dtypes(device, dtype))  # and a GGUF is converted once, in its dtypes
     share = math.ceil(repeats / processes)
     measurements: list[ProcessTimings] = []
     meta: dict[str, Any] = {}

@@ -64,6 +64,7 @@ SOURCES = (
     ),
 )
 OUT_BLOCK = 2  # weight rows the kernel streams together, in pairs (linear_rows.c)
+INPUT_MULTIPLE = 8  # a matrix's inputs must be a multiple of this for the kernel (`fits`)
 MAX_ROWS = 16  # a kernel call's most rows; longer: the tiles in calls of 16, else torch's product
 TILE_SOURCE = KernelSource(
     path=Path(__file__).with_name("linear_rows_amx.c"),
@@ -131,8 +132,13 @@ def out_block(kernel: str) -> int:
 
 
 def fits(weight: torch.Tensor) -> bool:
-    """Whether the kernel reads this matrix: float32 on a CPU, inputs a multiple of 8."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.shape[1] % 8 == 0
+    """Whether the kernel reads this matrix: float32, or already rounded to bf16 (loaded in the
+    plan's layout, `models.weight_layout`), on a CPU, inputs a multiple of `INPUT_MULTIPLE`."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype in (torch.float32, torch.bfloat16)
+        and weight.shape[1] % INPUT_MULTIPLE == 0
+    )
 
 
 def pack_weight(weight: torch.Tensor, width: int | None = None) -> torch.Tensor:

@@ -5,6 +5,8 @@ Modules:
 - `registry`: the model aliases `--model` takes, and where each one's weights come from.
 - `loading`: load a model: registry alias, Hugging Face id, local directory or `.gguf` file (converted once).
 - `gguf_header`: a GGUF's header read without its weights, to refuse a cut-short file early.
+- `weight_layout`: the dtype each weight is held in under the plan, from the first byte made or read.
+- `memory_fit`: whether a model fits this machine's memory under its plan, refused before loading if not.
 - `random_weights`: weight-free models: an architecture from its config with seeded random weights.
 - `compat`: the transformers API the runner calls, checked once per process.
 - `runner`: `LayerwiseRunner`: a decoder run layer by layer with a SkipMask, from transformers' modules.

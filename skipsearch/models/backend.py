@@ -24,11 +24,12 @@ from skipsearch.cpu.attention_paths import (
     NATIVE_ATTENTION,
 )
 from skipsearch.cpu.dtypes import DtypeChoice
-from skipsearch.cpu.fp32_linear import BF16_KERNEL, ONEDNN
+from skipsearch.cpu.fp32_linear import BF16_KERNEL, ONEDNN, Fp32Linear
 from skipsearch.cpu.threads import ThreadChoice
 from skipsearch.models.kernels import apply_attention, plan_kernels
 from skipsearch.models.plan import KernelPlan, PlanPart
 from skipsearch.models.runner import LayerwiseRunner
+from skipsearch.models.weight_layout import WeightDtypes
 
 ATTENTION_WORDS = {
     NATIVE_ATTENTION: "SDPA attention",
@@ -73,10 +74,33 @@ def fallback_kernels(model: Any, products: str | None) -> list[str]:
     return parts
 
 
-def apply_plan(model: Any, device_kind: str, choice: DtypeChoice, requested: str) -> KernelPlan:
-    """Put `model` (loaded in `choice`'s dtype, which `--dtype requested` resolved to) on this
-    device's kernel plan and return the plan's record (module docstring). The choices are looked
-    up when called, so a test or an experiment that stands one in is heard."""
+def is_fallback(device_kind: str, choice: DtypeChoice, requested: str) -> bool:
+    """Whether `choice` (what `--dtype requested` resolved to) runs the fp32 fallback plan."""
+    return choice.name == "float32" and requested == "auto" and device_kind == "cpu"
+
+
+def plan_weights(
+    device_kind: str, choice: DtypeChoice, requested: str
+) -> tuple[WeightDtypes, Fp32Linear | None]:
+    """The dtypes the plan holds the weights in, known before any weight is made, and the fallback
+    plan's choice of product (None outside it) that decides them: bf16 matrices beside float32
+    activations where skipsearch's kernel multiplies them (`cpu.bf16_weights`), else every weight
+    in `choice`'s dtype. Pass the product's choice on to `apply_plan`, so it runs the same one."""
+    from skipsearch.cpu.fp32_linear import choose_fp32_linear
+
+    fp32 = choose_fp32_linear() if is_fallback(device_kind, choice, requested) else None
+    matrices = "bfloat16" if fp32 is not None and fp32.library == BF16_KERNEL else choice.name
+    return WeightDtypes(choice.name, matrices), fp32
+
+
+def apply_plan(
+    model: Any, device_kind: str, choice: DtypeChoice, requested: str, fp32: Fp32Linear | None = None
+) -> KernelPlan:
+    """Put `model` (loaded in `choice`'s dtype, which `--dtype requested` resolved to, its matrices
+    perhaps already in the plan's: `plan_weights`) on this device's kernel plan and return the
+    plan's record (module docstring). `fp32` is the fallback's product as `plan_weights` chose it
+    (None: chosen here). The choices are looked up when called, so a test or an experiment that
+    stands one in is heard."""
     from skipsearch.cpu.attention_choice import choose_attention
     from skipsearch.cpu.fp32_linear import choose_fp32_linear
     from skipsearch.cpu.packed import pack_linears
@@ -86,13 +110,13 @@ def apply_plan(model: Any, device_kind: str, choice: DtypeChoice, requested: str
 
     torch_dtype = getattr(torch, choice.name)
     parts = [PlanPart("dtype", f"{choice.name} ({choice.reason})")]
-    fallback = choice.name == "float32" and requested == "auto" and device_kind == "cpu"
+    fallback = is_fallback(device_kind, choice, requested)
     attention = choose_attention(torch_dtype, device_kind, fallback)
     apply_attention(model, attention)
     parts.append(PlanPart("attention", attention.describe()))
     force, kernel = False, None
     if fallback:
-        fp32 = choose_fp32_linear()  # MKL, oneDNN or the kernel, measured on this CPU
+        fp32 = fp32 or choose_fp32_linear()  # MKL, oneDNN or the kernel, measured on this CPU
         parts.append(PlanPart("linear layers", fp32.describe()))
         if fp32.library == BF16_KERNEL:
             # the vector kernel or AMX tiles, measured on whole steps of copies built like this one

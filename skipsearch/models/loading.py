@@ -25,8 +25,9 @@ from skipsearch.errors import ModelLoadError, SkipsearchError
 from skipsearch.models.compat import check_architecture
 from skipsearch.models.gguf_header import check_gguf_file
 from skipsearch.models.plan import KernelPlan
-from skipsearch.models.random_weights import RandomWeights, random_model
+from skipsearch.models.random_weights import RandomWeights, random_config, random_model
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
+from skipsearch.models.weight_layout import WeightDtypes, cast_to_layout, read_exact
 from skipsearch.progress import status
 from skipsearch.settings_rules import check_call
 from skipsearch.store import atomic_path, check_cache_dir, converted_gguf_path, gguf_join_path
@@ -120,17 +121,21 @@ def check_gguf(path: Path) -> None:
         )
 
 
-def converted_gguf_dir(gguf: Path, dtype: str = "float32") -> Path:
-    """De-quantize a GGUF once into a safetensors directory in `dtype` and return that directory.
+def converted_gguf_dir(gguf: Path, dtype: str | WeightDtypes = "float32") -> Path:
+    """De-quantize a GGUF once into a safetensors directory in `dtype` (a dtype's name, or the
+    plan's `WeightDtypes`) and return that directory.
 
-    One directory per dtype (bf16 halves it: 513 MB -> 257 MB for SmolLM2); the float32 one keeps
-    the name it had before dtypes were part of it, so caches already on disk still load. A missing
-    half-precision directory is cast from an existing float32 one (exact, and without the ~15 s
-    de-quantization); a float32 one is never made from half precision.
+    One directory per layout: bf16 halves it (513 MB -> 257 MB for SmolLM2), and bf16 matrices
+    beside float32 embeddings and norms (the fallback plan's, `models.weight_layout`) hold what that
+    plan runs in 63% of the bytes, never expanded to float32 on disk. The float32 one keeps the name
+    it had before dtypes were part of it, so caches already on disk still load. A missing other
+    directory is cast from an existing float32 one (exact, and without the ~15 s de-quantization);
+    a float32 one is never made from another.
     """
+    layout = dtype if isinstance(dtype, WeightDtypes) else WeightDtypes(dtype, dtype)
     check_gguf(gguf)
     base = converted_gguf_path(gguf.stem, file_sha256(gguf))
-    target = base if dtype == "float32" else base.with_name(f"{base.name}-{dtype}")
+    target = base.with_name(base.name + layout.cache_suffix)
     if (target / "config.json").is_file():
         return target
     import torch
@@ -138,14 +143,15 @@ def converted_gguf_dir(gguf: Path, dtype: str = "float32") -> Path:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one log line says what happens; stderr stays for errors
-    torch_dtype = getattr(torch, dtype)
+    torch_dtype = getattr(torch, layout.activations)
+    described = layout.cache_suffix.lstrip("-") or "float32"
     if target != base and (base / "config.json").is_file():
-        log.warning("casting the converted %s to %s once (cached in %s)", gguf.name, dtype, target)
+        log.warning("casting the converted %s to %s once (cached in %s)", gguf.name, described, target)
         tokenizer = AutoTokenizer.from_pretrained(base)
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)
     else:
         check_gguf_file(gguf)  # a file cut short fails here in one line, not inside the converter
-        log.warning("converting %s to %s safetensors once (cached in %s)", gguf.name, dtype, target)
+        log.warning("converting %s to %s safetensors once (cached in %s)", gguf.name, described, target)
         try:
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
@@ -158,6 +164,7 @@ def converted_gguf_dir(gguf: Path, dtype: str = "float32") -> Path:
         # The de-quantized weights are plain float tensors; drop the GGUF marker so they can be saved.
         del model.config.quantization_config
         model.hf_quantizer = None
+    cast_to_layout(model, layout)
     with atomic_path(target) as staging:  # the directory appears whole, or not at all
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
@@ -185,9 +192,9 @@ def hub_load_error(repo_id: str, reason: str) -> ModelLoadError:
     )
 
 
-def resolve_model_dir(name: str, dtype: str = "float32") -> tuple[str, str]:
+def resolve_model_dir(name: str, dtype: str | WeightDtypes = "float32") -> tuple[str, str]:
     """Map `--model` to (what from_pretrained should load, a description of the source); a GGUF
-    resolves to its converted directory in `dtype`."""
+    resolves to its converted directory in `dtype` (a dtype's name or the plan's `WeightDtypes`)."""
     entry = REGISTRY.get(name)
     if entry is not None and entry.kind != "hub":
         gguf = resolve_gguf(entry)
@@ -285,6 +292,26 @@ def foreign_errors(location: str, part: str) -> Iterator[None]:
         ) from None
 
 
+def weight_dtypes(device: str, dtype: str) -> WeightDtypes:
+    """The dtypes `--dtype` `dtype` holds a model's weights in on `device` (`models.weight_layout`):
+    what a GGUF is converted to before processes that load it start."""
+    from skipsearch.models.backend import plan_weights
+
+    return plan_weights(device_type(device), dtype_choice(device, dtype), dtype)[0]
+
+
+def check_memory(config: Any, layout: WeightDtypes, model_id: str, device: str, depth_flag: bool) -> None:
+    """Refuse, before any weight is made, a model whose weights under `layout` do not fit this
+    machine's available memory (`models.memory_fit`); a CPU's only: an accelerator's own memory is
+    its runtime's to refuse."""
+    if device_type(device) != "cpu":
+        return
+    from skipsearch.models.memory_fit import check_fits
+
+    bf16 = WeightDtypes("bfloat16", "bfloat16")
+    check_fits(config, layout, model_id, depth_flag, None if layout == bf16 else bf16)
+
+
 def load_model(
     name: str,
     device: str = "cpu",
@@ -300,20 +327,24 @@ def load_model(
     checked first, by keyword (`settings_rules.check_call`).
     """
     check_call(load_model, locals())
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from skipsearch.models.backend import apply_plan
+    from skipsearch.models.backend import apply_plan, plan_weights
 
     check_cache_dir()  # converted weights and kernel choices go there
     choice = dtype_choice(device, dtype)
     torch_dtype = resolve_dtype(choice, dtype)
+    layout, fp32 = plan_weights(device_type(device), choice, dtype)
+    matrices = getattr(torch, layout.matrices)
     if random_weights is not None:
-        model = random_model(name, device, torch_dtype, random_weights)
+        check_memory(random_config(name, random_weights), layout, name, device, depth_flag=True)
+        model = random_model(name, device, torch_dtype, random_weights, matrices)
         check_architecture(model.config)
         loaded = LoadedModel(model, None, name, f"random-weights:{name}", random_weights)
     else:
-        location, source = resolve_model_dir(name, choice.name)
+        location, source = resolve_model_dir(name, layout)
         is_hub = source.startswith("hub:")
         if is_hub and not hub_cached(location) and not hub_reachable():
             raise hub_load_error(location, "offline")
@@ -322,14 +353,18 @@ def load_model(
             with foreign_errors(location, "config"):
                 config = AutoConfig.from_pretrained(location)
             check_architecture(config)
+            check_memory(config, layout, name, device, depth_flag=False)
             with foreign_errors(location, "tokenizer"):
                 tokenizer = AutoTokenizer.from_pretrained(location)
             # Safetensors where a directory has them: a pickled .bin can carry code, not just weights.
             safetensors = any(Path(location).glob("*.safetensors")) or None
             with foreign_errors(location, "weights"):
+                # The matrices in the plan's dtype as they are read; the rest read again exactly.
                 model = AutoModelForCausalLM.from_pretrained(
-                    location, dtype=torch_dtype, use_safetensors=safetensors
+                    location, dtype=matrices, use_safetensors=safetensors
                 )
+                if layout.mixed:
+                    read_exact(model, location, layout)
         except pickle.UnpicklingError:
             raise ModelLoadError(
                 f"{location}: torch refused to unpickle its weights, which hold more than tensors "
@@ -344,7 +379,7 @@ def load_model(
 
         remember_checkpoint(model, location)  # where its lower-precision draft weights are cached
         loaded = LoadedModel(model=model, tokenizer=tokenizer, model_id=name, source=source)
-    loaded.plan = apply_plan(loaded.model, device_type(device), choice, dtype)
+    loaded.plan = apply_plan(loaded.model, device_type(device), choice, dtype, fp32)
     if announce:
         status.print(loaded.plan.line)
         busy = busy_cpu_warning(loaded.plan.busy) if device_type(device) == "cpu" else None

@@ -76,18 +76,41 @@ def random_config(name: str, weights: RandomWeights) -> Any:
     return config
 
 
-def random_model(name: str, device: str, dtype: Any, weights: RandomWeights) -> Any:
-    """The architecture of `name` with random weights drawn from `weights.seed`, built on `device`."""
+def random_model(name: str, device: str, dtype: Any, weights: RandomWeights, matrices: Any = None) -> Any:
+    """The architecture of `name` with random weights drawn from `weights.seed`, built on `device`
+    in `dtype`, its weight matrices in `matrices` (None: `dtype`; `models.weight_layout`).
+
+    The model is laid out on the meta device first, then each module's own weights are made, drawn
+    and cast to their dtype before the next module's are made, so a matrix exists in `dtype` one at
+    a time: a 7B's bf16 matrices never stand in float32 all at once. Each module is drawn by
+    transformers' own initialisation (`_init_weights`), in the model's order, from the seed."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from skipsearch.models.weight_layout import WeightDtypes
+
     config = random_config(name, weights)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    layout = WeightDtypes(str(dtype).removeprefix("torch."), str(matrices or dtype).removeprefix("torch."))
+    dtypes = layout.dtypes(model)
+    made: set[int] = set()
     # transformers initialises weights from the global RNG and takes no generator: seed it for the
     # build only, and give the caller's RNG state back (`fork_rng`).
     with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
         torch.manual_seed(weights.seed)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        with torch.no_grad():
+            for module in model.modules():
+                own = {id(t) for t in (*module.parameters(recurse=False), *module.buffers(recurse=False))}
+                if not own or own <= made:
+                    continue  # a head tied to the input embedding: made with it, tied again below
+                made |= own
+                targets = layout.targets(module, dtypes)
+                module.to_empty(device=device, recurse=False)
+                model._init_weights(module)
+                layout.apply(module, targets)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
     return model.eval()
 
 

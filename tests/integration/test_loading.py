@@ -37,3 +37,38 @@ def test_a_bf16_cache_is_cast_from_the_fp32_one_already_on_disk(
     assert all((wide[name].bfloat16() == half[name]).all() for name in wide)
     size = lambda d: sum(f.stat().st_size for f in d.iterdir())  # noqa: E731
     assert size(bf16) < 0.6 * size(fp32)
+
+
+def test_the_fallback_plans_cache_holds_bf16_matrices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GGUF is not expanded to float32 on disk for a plan of bf16 matrices: its cache holds them in
+    bf16 (the float32 conversion's, rounded), the embedding and norms in float32 exactly, and a
+    model loaded from it under that plan has the float32 conversion's values."""
+    import torch
+
+    from skipsearch.models.weight_layout import WeightDtypes, read_exact
+
+    gguf = loading.resolve_gguf(REGISTRY["smollm2-135m"])
+    fp32 = loading.converted_gguf_dir(gguf)
+    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path))
+    shutil.copytree(fp32, tmp_path / "converted" / fp32.name)
+    layout = WeightDtypes("float32", "bfloat16")
+    mixed = loading.converted_gguf_dir(gguf, layout)
+    assert mixed.name == f"{fp32.name}-bf16-matrices"
+    wide, stored = load_file(fp32 / "model.safetensors"), load_file(mixed / "model.safetensors")
+    assert wide.keys() == stored.keys()
+    for name, tensor in stored.items():
+        matrix = name.endswith("proj.weight")
+        assert tensor.dtype == (torch.bfloat16 if matrix else torch.float32), name
+        assert torch.equal(wide[name].to(tensor.dtype), tensor), name
+    size = lambda d: sum(f.stat().st_size for f in d.iterdir())  # noqa: E731
+    assert size(mixed) < 0.7 * size(fp32)
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(mixed, dtype=torch.bfloat16)
+    assert read_exact(model, str(mixed), layout) > 0
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+    assert torch.equal(model.model.embed_tokens.weight, wide["model.embed_tokens.weight"])
+    assert model.lm_head.weight is model.model.embed_tokens.weight

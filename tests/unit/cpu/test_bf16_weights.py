@@ -119,10 +119,14 @@ def test_long_blocks_and_other_dtypes_multiply_the_same_rounded_weights_in_torch
     assert torch.equal(product(short), F.linear(short, weight.bfloat16().float(), bias))
 
 
-def test_only_float32_matrices_with_inputs_in_chunks_of_8_are_replaced() -> None:
-    model = nn.Sequential(nn.Linear(16, 12), nn.Linear(12, 8), nn.Linear(8, 8).bfloat16())
-    assert use_bf16_weights(model) == 1
-    assert [type(m) for m in model] == [Bf16WeightLinear, nn.Linear, nn.Linear]
+def test_only_matrices_with_inputs_in_chunks_of_8_are_replaced_from_float32_or_bf16() -> None:
+    """A matrix loaded in bf16 already (`models.weight_layout`) packs to the bits its float32 had."""
+    model = nn.Sequential(nn.Linear(16, 12), nn.Linear(12, 8), nn.Linear(8, 8), nn.Linear(8, 8).half())
+    wide = model[2].weight.detach().clone()
+    model[2].weight.data = wide.bfloat16()
+    assert use_bf16_weights(model) == 2
+    assert [type(m) for m in model] == [Bf16WeightLinear, nn.Linear, Bf16WeightLinear, nn.Linear]
+    assert torch.equal(model[2].packed, Bf16WeightLinear(wide, None).packed)
 
 
 def test_a_step_reads_the_bf16_copies_and_the_embedding_only_row_by_row() -> None:

@@ -274,6 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Refusal as why:
         print(f"error: {why}", file=sys.stderr)
         return 2
+    except subprocess.CalledProcessError as error:
+        step = " ".join(str(part) for part in error.cmd[:4])
+        print(f"error: `{step} ...` failed (exit {error.returncode}): its output is above", file=sys.stderr)
+        return 1
     lines = table(rows, describe_cpu(), cpu_flags(), before, after, "; ".join(commands))
     print("\n".join(lines))
     if args.out is not None:

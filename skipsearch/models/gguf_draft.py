@@ -201,7 +201,7 @@ def _add_tensor(writer: Any, item: PlannedTensor) -> None:
     except quants.QuantError as error:
         raise ConfigError(
             f"cannot write {tensor.name} ({list(tensor.shape)}) at {item.type.name} ({error}): its rows "
-            "are not a whole number of blocks; leave out --gguf-type to keep the source's type"
+            "are not a whole number of the 32-weight blocks Q8_0 and Q4_0 need; use --format skipsearch"
         ) from None
 
 

@@ -5,7 +5,7 @@ Modules:
 - `registry`: the model aliases `--model` takes, and where each one's weights come from.
 - `loading`: load a model: registry alias, Hugging Face id, local directory or `.gguf` file (converted once).
 - `gguf_header`: a GGUF's header read without its weights, to refuse a cut-short file early.
-- `gguf_draft`: a draft cut from its model's GGUF (the layers it keeps, at its precision) for llama.cpp's `-md`.
+- `gguf_draft`: a draft cut from its model's GGUF (its layers, at its precision) for llama.cpp's `-md`.
 - `random_weights`: weight-free models: an architecture from its config with seeded random weights.
 - `compat`: the transformers API the runner calls, checked once per process.
 - `runner`: `LayerwiseRunner`: a decoder run layer by layer with a SkipMask, from transformers' modules.

@@ -164,8 +164,9 @@ class BenchRow:
 
 
 def parse_bench(text: str, model: str) -> list[BenchRow]:
-    """llama-bench's `-o json` (a list of tests) as rows; its `model_type` ends in the GGUF's type
-    (`llama 135M Q4_1`); tests with a prompt part are not decode tests and are left out."""
+    """llama-bench's `-o json` (a list of tests) as rows; its `model_type` is the architecture, the
+    size and the GGUF's type (`llama 135M Q4_1`, `qwen2 0.5B Q4_K - Medium`); tests with a prompt
+    part are not decode tests and are left out."""
     try:
         tests = json.loads(text)
     except json.JSONDecodeError as error:
@@ -175,7 +176,7 @@ def parse_bench(text: str, model: str) -> list[BenchRow]:
         if test["n_prompt"] or not test["n_gen"]:
             continue
         samples = tuple(float(s) for s in test["samples_ts"]) or (float(test["avg_ts"]),)
-        gguf_type = str(test["model_type"]).rsplit(" ", 1)[-1]
+        gguf_type = str(test["model_type"]).split(" ", 2)[-1]
         shape = (int(test["n_depth"]), int(test["n_gen"]), int(test["n_threads"]))
         rows.append(BenchRow(model, gguf_type, *shape, samples))
     return rows

@@ -47,6 +47,8 @@ def test_the_bench_command_decodes_at_depth_without_a_prompt_test(peers: ModuleT
 
 
 def test_the_table_reads_llama_benchs_json(peers: ModuleType) -> None:
+    qwen = {**BENCH_JSON[1], "model_type": "qwen2 0.5B Q4_K - Medium"}
+    assert peers.parse_bench(json.dumps([qwen]), "qwen")[0].gguf_type == "Q4_K - Medium"
     rows = peers.parse_bench(json.dumps(BENCH_JSON), "smollm2-135m")
     assert len(rows) == 1
     row = rows[0]

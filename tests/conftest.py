@@ -161,3 +161,50 @@ def make_tokenizer(chat_template: str | None = CHAT_TEMPLATE, bos: bool = False)
     if bos:
         tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", chat_template=chat_template)
+
+
+def tiny_gguf(path, layers: int = 8, hidden: int = 64, ffn: int = 96, vocab: int = 40, seed: int = 0):
+    """A small llama GGUF written with the gguf package, shaped as SmolLM2's is: Q4_1 layer weights,
+    F32 norms (and attention biases, as Qwen2 has), a Q8_0 embedding, a gpt2 tokenizer's metadata."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(layers)
+    writer.add_context_length(128)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(vocab)])
+    writer.add_token_types([1] * vocab)
+    writer.add_token_merges(["t 1", "t 2"])
+    writer.add_eos_token_id(1)
+
+    def add(name: str, shape: tuple[int, ...], kind=gguf.GGMLQuantizationType.Q4_1) -> None:
+        values = rng.standard_normal(shape).astype(np.float32)
+        if len(shape) == 1 or kind == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, values)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+
+    add("token_embd.weight", (vocab, hidden), gguf.GGMLQuantizationType.Q8_0)
+    for layer in range(layers):
+        add(f"blk.{layer}.attn_norm.weight", (hidden,))
+        for part, rows in (("q", hidden), ("k", hidden // 2), ("v", hidden // 2), ("output", hidden)):
+            add(f"blk.{layer}.attn_{part}.weight", (rows, hidden))
+        add(f"blk.{layer}.attn_q.bias", (hidden,))
+        add(f"blk.{layer}.ffn_norm.weight", (hidden,))
+        add(f"blk.{layer}.ffn_gate.weight", (ffn, hidden))
+        add(f"blk.{layer}.ffn_up.weight", (ffn, hidden))
+        add(f"blk.{layer}.ffn_down.weight", (hidden, ffn))
+    add("output_norm.weight", (hidden,))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

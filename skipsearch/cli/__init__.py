@@ -16,7 +16,7 @@ SIGINT and SIGTERM stop a command the same way, with the command that resumes it
 - `run`: search which layers a model's draft should skip, into a run directory.
 - `compare`: search strategies side by side at the same budget and seeds.
 - `report`: rewrite a run directory's tables and plots from its journal (no model).
-- `export`: engine configs for a run's best draft (no model).
+- `export`: engine configs for a run's best draft (no model), or a llama.cpp draft cut from its GGUF.
 - `common`: the options shared by the commands that touch a model (model, prompts, mask).
 - `executor_options`: the options of where masks are evaluated (this process or Ray workers).
 """

@@ -5,20 +5,30 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from skipsearch.models.gguf_draft import GGUF_TYPES
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "export",
-        help="engine configs (skipsearch, HF, Draft & Verify, LayerSkip) for a run's best mask",
+        help="engine configs (skipsearch, HF, Draft & Verify, LayerSkip) or a llama.cpp draft GGUF for "
+        "a run's best mask",
         description="Write the best draft of a run in the formats other engines read; every file is read "
         "back to check it, and README.md says what each engine can and cannot express.",
     )
     parser.add_argument("run", help="a run directory (`skipsearch run --out`) or its best.json")
     parser.add_argument(
         "--format",
-        choices=("skipsearch", "hf", "skip-layers", "layerskip", "all"),
+        choices=("skipsearch", "hf", "skip-layers", "layerskip", "gguf-draft", "all"),
         default="all",
-        help="which config to write (default all: every format the run's masks allow)",
+        help="which config to write (default all: every config the run's masks allow; gguf-draft, "
+        "the draft as a GGUF for llama.cpp's -md, only when named)",
+    )
+    parser.add_argument(
+        "--gguf-type",
+        choices=GGUF_TYPES,
+        help="gguf-draft: every kept layer's weights at this type (default: each sub-layer at the draft's "
+        "precision, int8 as q8_0, int4 as q4_0, full at the model's own type)",
     )
     parser.add_argument("--out", help="directory for the files (default RUN/exports)")
     parser.add_argument("--study", help="one study of a `compare` directory, e.g. learned-s0")
@@ -42,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         check_export_dir(Path(args.out))
     if Path(args.run).is_dir():
         check_read_only(Path(args.run), "export")
-    source = load_source(Path(args.run), args.study, args.export_key)
+    source = load_source(Path(args.run), args.study, args.export_key, args.gguf_type)
     run_dir = source.run_dir or source.path.parent
     out = Path(args.out) if args.out else study_dir(run_dir, args.study) / "exports"
     for item in export(source, [args.format], out):

@@ -7,6 +7,7 @@ Modules:
 - `gguf_header`: a GGUF's header read without its weights, to refuse a cut-short file early.
 - `weight_layout`: the dtype each weight is held in under the plan, from the first byte made or read.
 - `memory_fit`: whether a model fits this machine's memory under its plan, refused before loading if not.
+- `gguf_draft`: a draft cut from its model's GGUF (its layers, at its precision) for llama.cpp's `-md`.
 - `random_weights`: weight-free models: an architecture from its config with seeded random weights.
 - `compat`: the transformers API the runner calls, checked once per process.
 - `runner`: `LayerwiseRunner`: a decoder run layer by layer with a SkipMask, from transformers' modules.

@@ -1,8 +1,8 @@
 """Export a run's best draft as configs other engines read (`skipsearch export`; README, "Commands").
 
-Every format (`export_formats`: `skipsearch`, `hf`, `skip-layers`, `layerskip`) is one file, read
-back after writing to prove it says what was meant, and `tiers.json`, the CUDA-graph capture
-manifest, when the run has a tier set; what is exported is read by `export_source`.
+Every format (`export_formats`: `skipsearch`, `hf`, `skip-layers`, `layerskip`, `gguf-draft`) is
+one file, read back after writing to prove it says what was meant, and `tiers.json`, the CUDA-graph
+capture manifest, when the run has a tier set; what is exported is read by `export_source`.
 
 HF and LayerSkip can only exit early. For a sparse best mask they get the best contiguous mask
 the run scored, and say so; with none, asking for them is an error naming the fix. `README.md`
@@ -27,13 +27,15 @@ log = logging.getLogger(__name__)
 # -- exporting ------------------------------------------------------------------------------------
 def draft_for(source: ExportSource, fmt: Format) -> ExportedDraft:
     """The best mask, or for an early-exit-only engine the best early exit of the run; refused for an
-    engine that cannot run a sub-layer at lower precision when the best draft does."""
+    engine that cannot run a sub-layer at lower precision when the best draft does, and for whatever
+    else the format refuses (`Format.check`), all before anything is written."""
     if source.best.mask.quantized and not fmt.precision:
         raise ConfigError(
             f"format {fmt.name} cannot say that the draft {source.best.mask} runs sub-layers at int8/int4 "
-            "(only skips): use --format skipsearch"
+            "(only skips): use --format skipsearch or gguf-draft"
         )
     if not fmt.prefix_only:
+        fmt.check(source, source.best)
         return source.best
     if source.contiguous is None:
         where = "its best.json has no run beside it" if source.run_dir is None else "no trial exits early"
@@ -44,6 +46,7 @@ def draft_for(source: ExportSource, fmt: Format) -> ExportedDraft:
             f"{where}: export a contiguous run (`skipsearch run --space contiguous --strategy exhaustive`) "
             "or use --format skipsearch or skip-layers"
         )
+    fmt.check(source, source.contiguous)
     return source.contiguous
 
 
@@ -55,7 +58,9 @@ def export(source: ExportSource, formats: Iterable[str], out: Path) -> list[Expo
     unknown = [n for n in names if n != ALL and n not in FORMATS]
     if unknown:
         raise ConfigError(f"unknown export format {unknown[0]!r}: use one of {', '.join([*FORMATS, ALL])}")
-    wanted = list(FORMATS) if ALL in names else names
+    wanted = [name for name, fmt in FORMATS.items() if fmt.in_all] if ALL in names else names
+    if source.gguf_type is not None and "gguf-draft" not in wanted:
+        raise ConfigError(f"--gguf-type {source.gguf_type} is for --format gguf-draft only: add that format")
     drafts: dict[str, ExportedDraft] = {}
     skipped: dict[str, str] = {}
     for name in wanted:

@@ -8,6 +8,9 @@
   Draft & Verify (`skip_layers[model_name]`) and SWIFT (`f"{model_name}_{task_name}"`) index it
   (any mask); `--export-key` names the one key instead.
 - `layerskip`: `layerskip.json`, the flags of LayerSkip's `generate.py` (a contiguous prefix only).
+- `gguf-draft`: `draft.gguf`, the layers the draft keeps cut from the model's own GGUF, a separate
+  draft model for llama.cpp (`-md`; whole layers only, any precision: `models.gguf_draft`). Not
+  part of `all`: it is a weights file, written only when asked for.
 
 The notes — what each target engine can and cannot express — are prose in `export_notes.md`.
 """
@@ -23,6 +26,14 @@ from typing import Any
 
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask, vocab_label
+from skipsearch.models.gguf_draft import (
+    AUTO,
+    kept_layers,
+    read_draft_gguf,
+    source_gguf,
+    whole_layer_refusal,
+    write_draft_gguf,
+)
 from skipsearch.run.export_source import EXPORT_VERSION, ExportedDraft, ExportSource
 from skipsearch.store import DRAFT_VOCAB_FILE, TIERS_FILE, write_text_atomic
 from skipsearch.tree_shapes import as_tree
@@ -89,8 +100,10 @@ def _key_list(keys: tuple[str, ...]) -> str:
     )
 
 
-def notes(section: str, source: ExportSource, draft: ExportedDraft) -> list[str]:
-    values = note_values(source, draft)
+def notes(
+    section: str, source: ExportSource, draft: ExportedDraft, extra: Mapping[str, Any] | None = None
+) -> list[str]:
+    values = {**note_values(source, draft), **(extra or {})}
     return [note.format(**values) for note in NOTES[section]]
 
 
@@ -107,10 +120,15 @@ def skipsearch_version() -> str:
 Reader = Callable[[Path, int], tuple[SkipMask, int | None]]
 
 
+def _no_check(source: ExportSource, draft: ExportedDraft) -> None:
+    """Most formats hold any draft their `prefix_only` and `precision` admit."""
+
+
 @dataclass(frozen=True)
 class Format:
     """A target: its file, whether it needs an early exit, how to write, read back and explain it,
-    and whether it can say that a sub-layer runs at lower precision (`precision`)."""
+    whether it can say that a sub-layer runs at lower precision (`precision`), what else it refuses
+    before anything is written (`check`) and whether `--format all` writes it (`in_all`)."""
 
     name: str
     file: str
@@ -119,6 +137,8 @@ class Format:
     read: Reader
     notes: Callable[[ExportSource, ExportedDraft], list[str]]
     precision: bool = False
+    check: Callable[[ExportSource, ExportedDraft], None] = _no_check
+    in_all: bool = True
 
 
 def _dump(path: Path, data: Any) -> None:
@@ -362,6 +382,50 @@ def _fallback_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
     return [] if draft.mask == source.best.mask else notes("fallback", source, draft)
 
 
+# gguf-draft --------------------------------------------------------------------------------------
+def check_gguf_draft(source: ExportSource, draft: ExportedDraft) -> None:
+    """Whole layers only, and a model that came from a GGUF (resolved now: an HF model is refused)."""
+    refusal = whole_layer_refusal(draft.mask)
+    if refusal is not None:
+        raise ConfigError(refusal)
+    source_gguf(source.model, source.best_json.get("model_source"))
+
+
+def write_gguf_draft(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
+    model_gguf = source_gguf(source.model, source.best_json.get("model_source"))
+    write_draft_gguf(model_gguf, draft.mask, draft.gamma, source.gguf_type or AUTO, path)
+
+
+def _gguf_values(source: ExportSource, draft: ExportedDraft) -> dict[str, Any]:
+    """The draft GGUF's notes' values: the layers dropped, the weights and the run's acceptance."""
+    dropped = sorted(draft.mask.skipped_layers)
+    acceptance = source.best_json.get("acceptance") or {}
+    per_round = (acceptance.get("tokens_per_round") or {}).get(str(draft.gamma))
+    alpha = acceptance.get("alpha")
+    return {
+        "n_kept": len(kept_layers(draft.mask)),
+        "last_block": len(kept_layers(draft.mask)) - 1,
+        "dropped": ", ".join(map(str, dropped)) or "none",
+        "gguf_weights": NOTES["gguf-weights-" + (source.gguf_type or AUTO)][0],
+        "estimator_mode": source.best_json.get("estimator_mode") or "an unrecorded",
+        "alpha": "not recorded" if alpha is None else f"{alpha:.3f}",
+        "tokens_per_round": "not recorded" if per_round is None else f"{per_round:.2f}",
+        "mask": str(draft.mask),
+        "model_gguf": source_gguf(source.model, source.best_json.get("model_source")),
+    }
+
+
+def notes_gguf_draft(source: ExportSource, draft: ExportedDraft) -> list[str]:
+    mode = "self" if source.best_json.get("estimator_mode") == "self" else "other-mode"
+    values = _gguf_values(source, draft)
+    return [
+        *_full_vocab_note(source, draft),
+        *_no_tree_note(source, draft),
+        *notes("gguf-draft", source, draft, values),
+        *notes(f"gguf-draft-{mode}", source, draft, values),
+    ]
+
+
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
@@ -373,6 +437,17 @@ FORMATS: dict[str, Format] = {
             "skip-layers", "skip_layers.json", False, write_skip_layers, read_skip_layers, notes_skip_layers
         ),
         Format("layerskip", "layerskip.json", True, write_layerskip, read_layerskip, notes_layerskip),
+        Format(
+            "gguf-draft",
+            "draft.gguf",
+            False,
+            write_gguf_draft,
+            read_draft_gguf,
+            notes_gguf_draft,
+            precision=True,
+            check=check_gguf_draft,
+            in_all=False,
+        ),
     )
 }
 ALL = "all"

@@ -44,6 +44,7 @@ class ExportSource:
     study: str | None
     export_key: str | None = None
     draft_vocab_ids: tuple[int, ...] | None = None
+    gguf_type: str | None = None  # gguf-draft: every kept layer at this type (None: the draft's own)
 
     @property
     def num_layers(self) -> int:
@@ -70,11 +71,14 @@ class Exported:
 
 
 # -- reading the run ------------------------------------------------------------------------------
-def load_source(path: Path, study: str | None = None, export_key: str | None = None) -> ExportSource:
+def load_source(
+    path: Path, study: str | None = None, export_key: str | None = None, gguf_type: str | None = None
+) -> ExportSource:
     """A run directory or its best.json -> the best draft, a contiguous fallback, tiers if any.
 
     `study` picks one study of a `compare` directory (its report is written first when missing);
-    `export_key` is the one key of `skip_layers.json`."""
+    `export_key` is the one key of `skip_layers.json`, `gguf_type` the type of the draft GGUF's
+    weights."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(
@@ -125,6 +129,7 @@ def load_source(path: Path, study: str | None = None, export_key: str | None = N
         study=study or (_study_name(run_dir) if has_run else None),
         export_key=export_key,
         draft_vocab_ids=ids,
+        gguf_type=gguf_type,
     )
 
 

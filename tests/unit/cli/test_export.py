@@ -57,9 +57,30 @@ def test_export_command_writes_to_run_exports(runs, tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("read back OK") == 4
     assert (runs["contiguous"] / "exports" / "generation_config.json").is_file()
-    for name, fmt in FORMATS.items():
+    for name, fmt in ((n, f) for n, f in FORMATS.items() if f.in_all):
         assert main(["export", str(runs["contiguous"]), "--format", name, "--out", str(tmp_path / name)]) == 0
         assert (tmp_path / name / fmt.file).is_file()
+
+
+def test_export_gguf_draft_from_a_run_whose_model_was_a_gguf(runs, tmp_path, capsys):
+    import shutil
+
+    from skipsearch.models.gguf_draft import read_draft_gguf
+    from tests.conftest import tiny_gguf
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["sparse"], run)
+    best = json.loads((run / "best.json").read_text())
+    model = tiny_gguf(tmp_path / "model.gguf", layers=best["num_layers"])
+    (run / "best.json").write_text(json.dumps({**best, "model_source": str(model)}))
+    options = ["--format", "gguf-draft", "--gguf-type", "q4_0", "--out", str(tmp_path / "out")]
+    assert main(["export", str(run), *options]) == 0
+    assert "gguf-draft" in capsys.readouterr().out
+    mask = read_draft_gguf(tmp_path / "out" / "draft.gguf", best["num_layers"])[0]
+    assert str(mask) == best["mask"]
+    assert main(["export", str(run), "--gguf-type", "q8_0", "--out", str(tmp_path / "two")]) == 2
+    assert "is for --format gguf-draft only" in capsys.readouterr().err
+    assert main(["export", str(runs["sparse"]), "--format", "gguf-draft", "--gguf-type", "q5_k"]) == 2
 
 
 @pytest.mark.parametrize(

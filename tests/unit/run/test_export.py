@@ -27,7 +27,7 @@ from skipsearch.search.space_spec import TierSpace
 from skipsearch.search.tier_sets import search_space_tiers
 from skipsearch.tiers.manifest import TierManifest
 from skipsearch.tiers.policy import TierPolicy
-from tests.conftest import tiny_model
+from tests.conftest import tiny_gguf, tiny_model
 from tests.unit.run.conftest import (
     LAYERS,
     SPACES,
@@ -41,13 +41,14 @@ def read_back(out: Path, name: str) -> tuple[SkipMask, int | None]:
     return fmt.read(out / fmt.file, LAYERS)
 
 
-def test_contiguous_run_exports_all_four_formats_that_read_back(runs, tmp_path):
+def test_contiguous_run_exports_all_four_configs_that_read_back(runs, tmp_path):
     source = load_source(runs["contiguous"])
     best = source.best
     assert best.mask.exit_layer is not None and source.contiguous == best
     exported = export(source, ["all"], tmp_path)
-    assert [e.format for e in exported] == list(FORMATS)
-    for name in FORMATS:
+    configs = [name for name, fmt in FORMATS.items() if fmt.in_all]
+    assert [e.format for e in exported] == configs == ["skipsearch", "hf", "skip-layers", "layerskip"]
+    for name in configs:
         mask, gamma = read_back(tmp_path, name)
         assert mask == best.mask and gamma in (None, best.gamma)
     entry = {"attention": sorted(best.mask.attn), "mlp": sorted(best.mask.mlp)}
@@ -163,3 +164,67 @@ def test_a_precision_draft_exports_to_skipsearch_json_and_is_refused_by_the_othe
     assert data["int8_attn"] == list(range(2, LAYERS)) and data["int4_attn"] == [0]
     assert read_back(tmp_path / "all", "skipsearch")[0] == mask
     assert "skip-layers: not written" in (tmp_path / "all" / "README.md").read_text()
+
+
+# -- gguf-draft: the draft cut from the model's GGUF, for llama.cpp ----------------------------------
+def gguf_run_source(runs, name: str, tmp_path: Path, **best_json):
+    """A run's source whose model came from a tiny 8-layer GGUF (as `model_source` records it)."""
+    from dataclasses import replace
+
+    source = load_source(runs[name])
+    model_gguf = tmp_path / "model.gguf"
+    if not model_gguf.is_file():
+        tiny_gguf(model_gguf, layers=LAYERS)
+    return replace(source, best_json={**source.best_json, "model_source": str(model_gguf), **best_json})
+
+
+def test_gguf_draft_drops_the_skipped_layers_and_says_which_acceptance_applies(runs, tmp_path):
+    import gguf
+
+    source = gguf_run_source(runs, "sparse", tmp_path)
+    best = source.best.mask
+    assert best.skipped_layers and best.is_layer_level
+    exported = export(source, ["gguf-draft"], tmp_path / "out")
+    assert [e.format for e in exported] == ["gguf-draft"]
+    reader = gguf.GGUFReader(tmp_path / "out" / "draft.gguf")
+    assert reader.fields["llama.block_count"].contents() == LAYERS - len(best.skipped_layers)
+    assert read_back(tmp_path / "out", "gguf-draft") == (best, source.best.gamma)
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert f"--spec-draft-n-max {source.best.gamma}" in readme and "own KV cache" in readme
+    assert f"`skipsearch measure --mode self --model smollm2-135m --mask '{best}'`" in readme
+    assert "in shared-kv mode" in readme and "int8 ones as Q8_0" in readme
+    measured_self = gguf_run_source(runs, "sparse", tmp_path, estimator_mode="self")
+    export(measured_self, ["gguf-draft"], tmp_path / "self-out")
+    readme = (tmp_path / "self-out" / "README.md").read_text()
+    assert "measured acceptance in `self` mode, the one that applies here" in readme
+    assert "skipsearch measure" not in readme
+
+
+def test_gguf_draft_refuses_sub_layers_and_hugging_face_models_before_writing(runs, tmp_path):
+    from dataclasses import replace
+
+    source = gguf_run_source(runs, "sparse", tmp_path)
+    sublayer = replace(source, best=replace(source.best, mask=SkipMask.parse("a:2|m:2,5", LAYERS)))
+    with pytest.raises(ConfigError, match=r"drops whole layers only.*the MLP of layer 5 alone"):
+        export(sublayer, ["gguf-draft"], tmp_path / "one")
+    hub = replace(source, best_json={**source.best_json, "model": "org/m", "model_source": "hub:org/m"})
+    with pytest.raises(ConfigError, match=r"not a \.gguf file"):
+        export(hub, ["gguf-draft"], tmp_path / "one")
+    with pytest.raises(ConfigError, match="--gguf-type q4_0 is for --format gguf-draft only"):
+        export(replace(source, gguf_type="q4_0"), ["skipsearch"], tmp_path / "one")
+    assert not (tmp_path / "one").exists()
+
+
+def test_gguf_draft_carries_a_precision_draft_and_the_type_asked(runs, tmp_path):
+    from dataclasses import replace
+
+    import gguf
+
+    source = gguf_run_source(runs, "sparse", tmp_path)
+    mask = SkipMask.parse(f"a:1|m:1|w8:2-{LAYERS - 1}|w4a:0", LAYERS)
+    source = replace(source, best=replace(source.best, mask=mask), gguf_type="q4_0")
+    export(source, ["gguf-draft"], tmp_path / "out")
+    types = {t.tensor_type.name for t in gguf.GGUFReader(tmp_path / "out" / "draft.gguf").tensors}
+    assert types == {"Q8_0", "Q4_0", "F32"}  # the embedding stays Q8_0; every layer matrix at Q4_0
+    assert read_back(tmp_path / "out", "gguf-draft")[0] == mask
+    assert "every kept layer's weight matrices at Q4_0" in (tmp_path / "out" / "README.md").read_text()

@@ -210,7 +210,7 @@ class DraftWeights:
             built = None
             if fused_layer(block) is not None:
                 quantized = {
-                    name: getattr(module, name).quantized
+                    name: getattr(module, name).quantized()  # the int kernels' modules unpack their copy
                     for name in PROJECTIONS[kind][1]
                     if hasattr(getattr(module, name), "quantized")
                 }

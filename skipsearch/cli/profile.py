@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="measure per-sub-layer latency on this device (for calibrated speedups)",
         description="Time embedding, every attention and MLP sub-layer, norm + head and the per-round "
         "overhead, for 1..9, 12, 16, 24 and 32 new positions (a chain's or a token tree's verify) at "
-        "each context length; write a LatencyProfile.",
+        "each context length, and every sub-layer with its weights at int8 and int4 at 1 and 8 "
+        "positions (a draft's passes); write a LatencyProfile.",
     )
     add_model_options(parser)
     add_weight_options(parser)

@@ -25,13 +25,19 @@ install: $(STAMP)
 # Xeon: results/draft_stop/smollm2-135m-xeon-amx.md). The demo's profile is short: 3 processes x 4
 # samples, one warm-up round each (the full one is 10 processes x 4, two warm-ups, ~5 min), so its
 # per-sub-layer times are coarser (a process's speed is partly a draw: results/profile/stability.md).
-# `skipsearch profile --model smollm2-135m` replaces it with the full profile.
+# `skipsearch profile --model smollm2-135m` replaces it with the full profile. The profile also
+# times the draft at int8 and int4; where it says such a draft could pay on this device
+# (`profile --choose-space`: its speedup with every token accepted reaches the verdict's 1.05x),
+# the search runs the precision space (sparse skips, every kept layer at full, int8 or int4),
+# else the sparse one; the summary says whether the best draft at lower precision pays.
 DEMO_OUT ?= runs/demo
 DEMO_PROFILE := --processes 3 --repeats 12 --warmup 1
+DEMO_SPACE ?= $$($(VENV)/bin/skipsearch profile --model smollm2-135m --choose-space sparse)
 demo: install
 	rm -rf $(DEMO_OUT)
 	$(VENV)/bin/skipsearch profile --model smollm2-135m --skip-existing $(DEMO_PROFILE)
-	$(VENV)/bin/skipsearch run --model smollm2-135m --space sparse --budget 30 --draft-vocab 16384 --out $(DEMO_OUT)
+	space=$(DEMO_SPACE) && $(VENV)/bin/skipsearch run --model smollm2-135m --space $$space \
+		--budget 30 --draft-vocab 16384 --out $(DEMO_OUT)
 
 test: install
 	$(VENV)/bin/pytest -q

@@ -10,6 +10,14 @@ verify) against a KV cache pre-filled to each context length, plus the per-round
 forward passes and the head of a draft vocabulary: norm + `k` gathered rows of the LM head, for
 several `k` (docs/theory.md, "The draft vocabulary").
 
+A draft may read its weights at int8 or int4 (docs/theory.md, "Drafts at lower precision"), so
+the same passes are timed with every layer at each lower precision, on the path a draft runs them
+(the fused lower-precision layers where the plan fuses, `LayerwiseRunner.fused_at`): each sub-layer's
+cost at that precision, for a draft that mixes precisions and skips, and the whole one-position
+step, which `LatencyProfile.precision_floor` holds against the bytes it reads. Drafts run one
+position (a chain) or a token tree's few rows, so these passes are timed at `PRECISION_POSITIONS`
+only (the cost of a verify's many rows is the full model's): about a third more passes.
+
 Noise control, since two runs must agree: every sample is one whole forward in execution order, so
 each sub-layer's weights are as cold in the CPU caches as in real decoding; the (context, positions)
 passes are shuffled within each repeat, so a slow spell of the machine spreads over all entries
@@ -31,7 +39,7 @@ import os
 import platform
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,14 +49,15 @@ from skipsearch.bench.clock import Sync, clock_for, gc_paused, timed
 from skipsearch.bench.passes import (
     Samples,
     prefill_cache,
+    prepare_precision,
     time_draft_heads,
     time_passes,
     time_pillar_choice,
     time_round_overhead,
 )
-from skipsearch.cost.latency import LatencyProfile
+from skipsearch.cost.latency import LatencyProfile, PrecisionCosts
 from skipsearch.errors import ConfigError
-from skipsearch.masks import KVPattern
+from skipsearch.masks import LOW_BITS, KVPattern, SkipMask
 from skipsearch.store import atomic_path
 
 if TYPE_CHECKING:
@@ -71,6 +80,9 @@ DEFAULT_HEAD_ROWS = (1024, 2048, 4096, 8192, 16384, 32768)
 # The pillar pattern whose per-round choice is timed: the search spaces' pillar count (the choice's
 # cost follows the keys and layers; the pillars are a handful of rows gathered).
 PILLAR_PATTERN = KVPattern.parse("s4w256k64")
+# The rows a draft pass at lower precision is timed over: a chain's step (1) and a token tree's
+# widest draft passes (8); between them the cost is interpolated, as the full tables are.
+PRECISION_POSITIONS = (1, 8)
 NOISY = 1.0  # typical IQR / median of a sub-layer above which the device was busy
 COPY_BYTES = 1 << 28  # 256 MiB: far beyond any CPU cache, so a copy streams from memory
 COPY_REPEATS = 7
@@ -171,10 +183,21 @@ def process_meta(runner: LayerwiseRunner, model: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class PrecisionTimings:
+    """The passes one process timed with every layer at one lower precision, over
+    `positions` (`PRECISION_POSITIONS` up to the profile's longest pass), and the bytes of weights
+    a one-position step reads at it."""
+
+    samples: Samples
+    positions: tuple[int, ...]
+    weight_bytes: float
+
+
+@dataclass(frozen=True)
 class ProcessTimings:
     """Every sample one process took: the forward-pass tables, the round overhead per γ, the
-    draft head with `head_rows[i]` rows in `draft_head[i]`, the pillar choice at each context, and
-    the copy bandwidth (bytes/s)."""
+    draft head with `head_rows[i]` rows in `draft_head[i]`, the pillar choice at each context, the
+    copy bandwidth (bytes/s), and the passes at each lower precision it timed (`precisions`)."""
 
     samples: Samples
     overhead: dict[int, np.ndarray]
@@ -182,6 +205,7 @@ class ProcessTimings:
     draft_head: np.ndarray
     pillar_choice: np.ndarray
     copy_bandwidth: float
+    precisions: dict[int, PrecisionTimings] = field(default_factory=dict)
 
 
 def copy_bandwidth(device: torch.device, sync: Sync) -> float:
@@ -194,6 +218,52 @@ def copy_bandwidth(device: torch.device, sync: Sync) -> float:
     target.copy_(source)  # touch every page first
     best = min(timed(sync, target.copy_, source)[1] for _ in range(COPY_REPEATS))
     return 2 * COPY_BYTES / best
+
+
+def precision_weight_bytes(runner: LayerwiseRunner, mask: SkipMask) -> float:
+    """Bytes of weights one step of `mask`'s draft reads: the model's own step (`step_bytes`), its
+    layers' projections replaced by the copies the draft reads at lower precision (`DraftWeights.nbytes`);
+    a projection the plan packs is read in its packed copy, as `step_bytes` counts it."""
+    from skipsearch.models.draft_weights import PROJECTIONS
+    from skipsearch.models.kernels import step_bytes
+
+    full, _ = step_bytes(runner.model)
+    replaced = 0
+    for layer, kind, _ in runner.draft_weights.used(mask):
+        owner, names = PROJECTIONS[kind]
+        for name in names:
+            linear = getattr(getattr(runner.layers[layer], owner), name)
+            weight = getattr(linear, "packed", None)
+            weight = linear.weight if weight is None else weight
+            replaced += weight.numel() * weight.element_size()
+    return float(full - replaced + runner.draft_weights.nbytes(mask))
+
+
+def time_precisions(
+    runner: LayerwiseRunner,
+    caches: Sequence[Any],
+    steps: tuple[int, ...],
+    precisions: Iterable[int],
+    settings: tuple[int, int, Sync, torch.Generator],
+    label: str,
+) -> dict[int, PrecisionTimings]:
+    """The passes with every layer at each of `precisions` (`settings`: repeats, warm-up rounds, the
+    clock and the generator, as the full passes'); a precision whose copies cannot be made (a
+    matrix no int4 group divides, copies that do not fit in memory) is left untimed, and said."""
+    repeats, warmup, sync, generator = settings
+    positions = tuple(k for k in PRECISION_POSITIONS if k <= steps[-1])
+    timed_at: dict[int, PrecisionTimings] = {}
+    for bits in precisions:
+        try:
+            mask = prepare_precision(runner, bits)
+        except ConfigError as error:
+            log.warning("int%d drafts not timed (priced by their bytes): %s", bits, error)
+            continue
+        samples = time_passes(
+            runner, caches, positions, repeats, warmup, sync, generator, f"{label} at int{bits}", bits
+        )
+        timed_at[bits] = PrecisionTimings(samples, positions, precision_weight_bytes(runner, mask))
+    return timed_at
 
 
 def check_axes(
@@ -212,6 +282,7 @@ def measure_samples(
     seed: int = 0,
     label: str = "profile: timing forward passes",
     head_rows: Iterable[int] = DEFAULT_HEAD_ROWS,
+    precisions: Iterable[int] = LOW_BITS,
 ) -> ProcessTimings:
     """Time every part of a forward pass on `runner`'s device, the per-round overhead and draft heads.
 
@@ -219,7 +290,8 @@ def measure_samples(
     each attention and MLP sub-layer, and norm + head, `repeats` samples after `warmup` discarded
     rounds. Round overhead is sampled for every γ of `OVERHEAD_GAMMAS` with `γ + 1 <=
     max(positions)`; the draft head for each of `head_rows` below the vocabulary size and for the
-    full vocabulary; a round's pillar choice and gather (`PILLAR_PATTERN`) at each context length.
+    full vocabulary; a round's pillar choice and gather (`PILLAR_PATTERN`) at each context length;
+    the passes with every layer at each of `precisions` (`time_precisions`).
     """
     import torch
 
@@ -236,10 +308,12 @@ def measure_samples(
         overhead = time_round_overhead(runner, caches[0], gammas, repeats, warmup, sync, generator)
         draft_head = time_draft_heads(runner, caches[0], rows, repeats, warmup, sync, generator)
         pillars = time_pillar_choice(runner, caches, PILLAR_PATTERN, repeats, warmup, sync, generator)
+        settings = (repeats, warmup, sync, generator)
+        low = time_precisions(runner, caches, steps, precisions, settings, label)
     del caches
     bandwidth = copy_bandwidth(runner.device, sync)
     log.info("timed %d layers in %.1f s", runner.num_layers, time.perf_counter() - started)
-    return ProcessTimings(samples, overhead, rows, draft_head, pillars, bandwidth)
+    return ProcessTimings(samples, overhead, rows, draft_head, pillars, bandwidth, low)
 
 
 def _pooled(measurements: Sequence[ProcessTimings]) -> Samples:
@@ -250,6 +324,26 @@ def _pooled(measurements: Sequence[ProcessTimings]) -> Samples:
             for name in LatencyProfile.TABLES
         }
     )
+
+
+def _step_medians(samples: Samples) -> np.ndarray:
+    """Median seconds of a whole one-position pass (every part of each sample summed) per context:
+    the step, timed as the forward it is."""
+    layers = samples.attn[:, :, 0].sum(axis=0) + samples.mlp[:, :, 0].sum(axis=0)
+    return np.median(samples.embed[:, 0] + layers + samples.head[:, 0], axis=-1)
+
+
+def _precision_costs(measurements: Sequence[ProcessTimings], bits: int) -> dict[str, Any]:
+    """The `PrecisionCosts` of `bits` (in its JSON form) from every process that timed it: the mean
+    of the processes' medians, as the full tables."""
+    timed = [m.precisions[bits] for m in measurements]
+    return PrecisionCosts(
+        attn=np.mean([median(t.samples.attn) for t in timed], axis=0).tolist(),
+        mlp=np.mean([median(t.samples.mlp) for t in timed], axis=0).tolist(),
+        step=tuple(np.mean([_step_medians(t.samples) for t in timed], axis=0).tolist()),
+        weight_bytes=timed[0].weight_bytes,
+        positions=timed[0].positions,
+    ).to_dict()
 
 
 def _pass_median(samples: Samples) -> float:
@@ -304,6 +398,11 @@ def combine(
             "head_rows": measurements[0].head_rows,
             "head_by_rows": head_by_rows.tolist(),
             "pillar_choice": pillar_choice.tolist(),
+            "precisions": {
+                str(bits): _precision_costs(measurements, bits)
+                for bits in measurements[0].precisions
+                if all(bits in m.precisions for m in measurements)
+            },
         }
     )
 
@@ -317,9 +416,12 @@ def measure_latency(
     model: str = "",
     seed: int = 0,
     head_rows: Iterable[int] = DEFAULT_HEAD_ROWS,
+    precisions: Iterable[int] = LOW_BITS,
 ) -> LatencyProfile:
     """A LatencyProfile measured in this process (`profile_processes` spreads one over several)."""
     contexts, steps = check_axes(context_lengths, positions)
-    measured = measure_samples(runner, contexts, steps, repeats, warmup, seed, head_rows=head_rows)
+    measured = measure_samples(
+        runner, contexts, steps, repeats, warmup, seed, head_rows=head_rows, precisions=precisions
+    )
     meta = {**process_meta(runner, model), "warmup": warmup}
     return combine([measured], meta, contexts, steps)

@@ -12,18 +12,19 @@ import copy
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from skipsearch.bench.clock import Sync, timed
 from skipsearch.cost.latency import LatencyProfile
+from skipsearch.masks import FULL_BITS, KVPattern, SkipMask
 from skipsearch.progress import progress_bar
 
 if TYPE_CHECKING:
     import torch
 
-    from skipsearch.masks import KVPattern
     from skipsearch.models.runner import LayerwiseRunner
 
 Item = TypeVar("Item")
@@ -117,8 +118,12 @@ def _pass_setup(
     return hidden, rotary, [masks[kind] for kind in runner.layer_types]
 
 
-def time_pass(runner: LayerwiseRunner, cache: Any, ids: torch.Tensor, sync: Sync) -> PassTimes:
-    """Time each part of one full forward over `ids` after the positions `cache` holds.
+def time_pass(
+    runner: LayerwiseRunner, cache: Any, ids: torch.Tensor, sync: Sync, bits: int = FULL_BITS
+) -> PassTimes:
+    """Time each part of one full forward over `ids` after the positions `cache` holds, every
+    layer's weights at `bits` (`FULL_BITS`, or 8 / 4: the draft's copies, on the path a draft runs
+    them, `LayerwiseRunner.fused_at`; `prepare_precision` first).
 
     Each attention call appends its `k` positions to its layer's cache, as a real pass does; the
     crop right after (outside the clock) takes them off again, so every sample sees one context.
@@ -130,11 +135,12 @@ def time_pass(runner: LayerwiseRunner, cache: Any, ids: torch.Tensor, sync: Sync
     with torch.no_grad():
         (hidden, rotary, masks), embed = timed(sync, _pass_setup, runner, ids, position_ids, cache)
         attn, mlp = [], []
+        attention = runner.attention if bits == FULL_BITS else partial(runner.attention, bits=bits)
         for layer in range(runner.num_layers):
-            hidden, seconds = timed(sync, runner.attention, layer, hidden, rotary, masks[layer], cache)
+            hidden, seconds = timed(sync, attention, layer, hidden, rotary, masks[layer], cache)
             cache.layers[layer].crop(-positions)
             attn.append(seconds)
-            hidden, seconds = timed(sync, runner.mlp, layer, hidden)
+            hidden, seconds = timed(sync, runner.mlp, layer, hidden, bits)
             mlp.append(seconds)
         _, head = timed(sync, runner.head, hidden)
     return PassTimes(embed, tuple(attn), tuple(mlp), head)
@@ -149,18 +155,33 @@ def time_passes(
     sync: Sync,
     generator: torch.Generator,
     label: str,
+    bits: int = FULL_BITS,
 ) -> Samples:
-    """`warmup + repeats` rounds over every (cache, positions) pair, shuffled within each round."""
+    """`warmup + repeats` rounds over every (cache, positions) pair, shuffled within each round,
+    every layer's weights at `bits` (`time_pass`)."""
     grid = list(itertools.product(range(len(caches)), range(len(positions))))
     samples = Samples.empty(runner.num_layers, len(caches), len(positions), repeats)
     with progress_bar(label, (warmup + repeats) * len(grid)) as bar:
         for repeat, (c, k) in shuffled_repeats(grid, repeats, warmup, generator):
             ids = random_ids(runner, positions[k], generator)
-            times = time_pass(runner, caches[c], ids, sync)
+            times = time_pass(runner, caches[c], ids, sync, bits)
             if repeat >= 0:
                 samples.record(c, k, repeat, times)
             bar.advance(bar.task_ids[0])
     return samples
+
+
+def prepare_precision(runner: LayerwiseRunner, bits: int) -> SkipMask:
+    """The draft that reads every layer's weights at `bits`, its copies loaded (quantized, or read
+    from their cache file) and each sub-layer's fused path built, so that no sample pays for them."""
+    from skipsearch.models.draft_weights import ATTN, MLP
+
+    mask = SkipMask.parse(f"w{bits}:0-{runner.num_layers - 1}", runner.num_layers)
+    runner.prepare(mask)
+    for layer in range(runner.num_layers):
+        for kind in (ATTN, MLP):
+            runner.fused_at(layer, bits, kind)
+    return mask
 
 
 def round_bookkeeping(draft_logits: Sequence[torch.Tensor], verify_logits: torch.Tensor, cache: Any) -> int:

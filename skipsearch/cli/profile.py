@@ -2,13 +2,17 @@
 
 Writes profile.json (by default where `measure` looks for it) and prints what it found: the
 per-sub-layer medians, the real draft cost `c` of a contiguous draft next to the naive `E / L`
-(docs/theory.md, Calibrated cost), the verify cost `f(γ)`, and the draft head by row count next to
-the `k / V` it would cost if time were proportional to rows.
+(docs/theory.md, Calibrated cost), the verify cost `f(γ)`, the draft head by row count next to
+the `k / V` it would cost if time were proportional to rows, and the draft steps at int8 and int4
+beside the model's own step, each against the floor of the bytes it reads. `--choose-space` reads
+the profile only and names the search space a run should use: one with the precision axis where a
+draft at lower precision could pay on this device.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,13 +29,16 @@ from skipsearch.bench.processes import DEFAULT_PROCESSES, profile_processes
 from skipsearch.cli.common import add_model_options, add_weight_options, random_weights
 from skipsearch.config import check_graphs
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.cost.profile_summary import ProfileSummary, summary
+from skipsearch.cost.profile_summary import ProfileSummary, precision_ceilings, summary
+from skipsearch.cost.verdict import PAYS_OFF
 from skipsearch.errors import ConfigError
 from skipsearch.models.random_weights import RandomWeights
 from skipsearch.options import list_type, option_type
 from skipsearch.store import check_cache_dir, check_output_file, default_profile_path
 
 MS = 1e3
+PRECISION_SPACE = "precision"  # the shipped space with a precision axis (search_spaces/precision.yaml)
+CEILING_CONTEXT = 512  # the context a run scores at unless told (`search.objective.DEFAULT_CONTEXT`)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="measure per-sub-layer latency on this device (for calibrated speedups)",
         description="Time embedding, every attention and MLP sub-layer, norm + head and the per-round "
         "overhead, for 1..9, 12, 16, 24 and 32 new positions (a chain's or a token tree's verify) at "
-        "each context length; write a LatencyProfile.",
+        "each context length, and every sub-layer with its weights at int8 and int4 at 1 and 8 "
+        "positions (a draft's passes); write a LatencyProfile.",
     )
     add_model_options(parser)
     add_weight_options(parser)
@@ -84,6 +92,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--skip-existing",
         action="store_true",
         help="measure nothing when the output already holds a profile (scripts that calibrate once)",
+    )
+    parser.add_argument(
+        "--choose-space",
+        metavar="SPACE",
+        help="measure nothing: print only the search space a run should use, from the profile already "
+        f"written: {PRECISION_SPACE!r} (search_spaces/{PRECISION_SPACE}.yaml) where a draft at int8 or "
+        "int4 could pay on this device (at full acceptance), else SPACE",
     )
     parser.set_defaults(handler=run)
 
@@ -133,9 +148,18 @@ def run(args: argparse.Namespace) -> int:
         check_graphs_options(args)
     check_cache_dir()
     out = output_path(args)
+    if args.choose_space:
+        print(choose_space(LatencyProfile.load(out, args.model), args.choose_space))
+        return 0
     check_device(args.device)
-    if args.skip_existing and out.is_file() and same_plan(LatencyProfile.load(out), args, weights, out):
+    existing = LatencyProfile.load(out) if args.skip_existing and out.is_file() else None
+    if existing is not None and same_plan(existing, args, weights, out):
         print(f"latency profile already in {out}: not measured again (drop --skip-existing to)")
+        if not existing.precisions:
+            print(
+                "it predates the int8/int4 timings: drafts at lower precision are priced by their bytes; "
+                f"`skipsearch profile --model {args.model}` without --skip-existing times them"
+            )
         return 0
     if args.graphs:
         from skipsearch.bench.graphed_profile import profile_graphed
@@ -161,8 +185,27 @@ def run(args: argparse.Namespace) -> int:
     if args.tables:
         render(profile, summary(profile), Console())
     print(headline(profile, summary(profile)))
+    if profile.precisions:
+        Console().print(precision_table(profile, summary(profile)))
     print(f"wrote {out} and its tables, {tables}")
     return 0
+
+
+def choose_space(profile: LatencyProfile, base: str) -> str:
+    """`PRECISION_SPACE` where some lower precision's all-layer draft could pay on this device
+    (`precision_ceilings`: its speedup were every token accepted, at `CEILING_CONTEXT`), else
+    `base`; why, on stderr (stdout holds the space alone, for a script)."""
+    ceilings = precision_ceilings(profile, CEILING_CONTEXT)
+    if not ceilings:
+        reason = "the profile has no int8/int4 timings (re-run `skipsearch profile` without --skip-existing)"
+    else:
+        reason = ", ".join(
+            f"int{bits} {'could pay' if v.pays else 'cannot pay'} (<= {v.speedup:.2f}x at full acceptance)"
+            for bits, v in ceilings.items()
+        )
+    chosen = PRECISION_SPACE if any(v.pays for v in ceilings.values()) else base
+    print(f"space {chosen}: {reason}; pays from {PAYS_OFF}x", file=sys.stderr)
+    return chosen
 
 
 def headline(profile: LatencyProfile, digest: ProfileSummary) -> str:
@@ -189,6 +232,8 @@ def render(profile: LatencyProfile, digest: ProfileSummary, console: Console) ->
     console.print(verify_cost_table(digest))
     if digest.head_rows:
         console.print(draft_head_table(profile, digest))
+    if profile.precisions:
+        console.print(precision_table(profile, digest))
     if profile.pillar_choice:
         times = " / ".join(_ms(t) for t in profile.pillar_choice)
         contexts = " / ".join(str(c) for c in profile.context_lengths)
@@ -289,4 +334,34 @@ def draft_head_table(profile: LatencyProfile, digest: ProfileSummary) -> Table:
     vocab = digest.head_rows[-1]
     for rows, seconds, ratio in zip(digest.head_rows, profile.head_by_rows, digest.head_ratio, strict=True):
         table.add_row(str(rows), f"{rows / vocab:.3f}", _ms(seconds), f"{ratio:.3f}")
+    return table
+
+
+def precision_table(profile: LatencyProfile, digest: ProfileSummary) -> Table:
+    """The one-position step with every layer at int8 and int4 beside the model's own, each timed
+    as a whole and held against the floor of the bytes it reads (`LatencyProfile.precision_floor`)."""
+    dtype = profile.meta.get("dtype", "model")
+    table = Table(title="Draft step, every layer at each precision (1 position): time against its bytes")
+    for column in ("context", "weights", "ms", "c", "MB read", "floor ms", "÷ floor", "GB/s"):
+        table.add_column(column, justify="right")
+    for index, context in enumerate(digest.context_lengths):
+        for bits in sorted(digest.precision_floor, reverse=True):  # the model's own first
+            floor = digest.precision_floor[bits][index]
+            cost = 1.0 if bits == 16 else digest.precision_cost[bits][index]
+            table.add_row(
+                str(context),
+                dtype if bits == 16 else f"int{bits}",
+                "" if floor.seconds is None else _ms(floor.seconds),
+                f"{cost:.3f}",
+                "" if floor.read_bytes is None else f"{floor.read_bytes / 1e6:.1f}",
+                "" if floor.floor is None else _ms(floor.floor),
+                "" if floor.over_floor is None else f"{floor.over_floor:.2f}",
+                "" if floor.bandwidth is None else f"{floor.bandwidth / 1e9:.1f}",
+            )
+    ceilings = precision_ceilings(profile, CEILING_CONTEXT)
+    table.caption = (
+        f"c: a draft step over the model's own ({dtype}), by its sub-layers; "
+        + ", ".join(f"int{bits} <= {v.speedup:.2f}x" for bits, v in sorted(ceilings.items(), reverse=True))
+        + f" with every token accepted at {CEILING_CONTEXT} tokens (pays from {PAYS_OFF}x)"
+    )
     return table

@@ -56,18 +56,22 @@ class PrecisionCosts:
     int4, docs/theory.md "Calibrated cost"): what `LatencyProfile.with_precision` stores.
 
     `attn[layer][c][k]` and `mlp[layer][c][k]` are median seconds of each sub-layer with its weights
-    at that precision, on the LatencyProfile's own axes (`context_lengths` x `positions`), as its
-    full-precision `attn` / `mlp`. `step[c]` is a whole one-position decode step with every layer at
-    that precision (embedding and head as the model's own), and `weight_bytes` the bytes of weights
-    that step reads: with the K/V of the context and the copy bandwidth they give the step's
-    memory floor and the bandwidth it reached (`LatencyProfile.precision_floor`). `step` and
-    `weight_bytes` are optional (a report then shows no floor); the two tables are not.
+    at that precision, by the LatencyProfile's `context_lengths` and by `positions` (the rows of the
+    pass: 1 for a chain's draft step, more for a token tree's draft passes), as its full-precision
+    `attn` / `mlp`; an empty `positions` is the LatencyProfile's own (the form before the profiler
+    timed fewer position counts at lower precision than at full). `step[c]` is a whole one-position
+    decode step with every layer at that precision (embedding and head as the model's own), and
+    `weight_bytes` the bytes of weights that step reads: with the K/V of the context and the copy
+    bandwidth they give the step's memory floor and the bandwidth it reached
+    (`LatencyProfile.precision_floor`). `step` and `weight_bytes` are optional (a report then shows
+    no floor); the two tables are not.
     """
 
     attn: tuple[tuple[tuple[float, ...], ...], ...]
     mlp: tuple[tuple[tuple[float, ...], ...], ...]
     step: tuple[float, ...] = ()
     weight_bytes: float | None = None
+    positions: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,6 +79,7 @@ class PrecisionCosts:
             "mlp": np.asarray(self.mlp).tolist(),
             "step": list(self.step),
             "weight_bytes": self.weight_bytes,
+            "positions": list(self.positions),
         }
 
     @classmethod
@@ -85,6 +90,7 @@ class PrecisionCosts:
             mlp=_tuples(data["mlp"]),
             step=tuple(float(t) for t in data.get("step", ())),
             weight_bytes=None if weight_bytes is None else float(weight_bytes),
+            positions=tuple(int(k) for k in data.get("positions", ())),
         )
 
 
@@ -205,8 +211,14 @@ class LatencyProfile:
                 f"precision costs are for {bits} bits: a draft reads its weights at one of "
                 f"{', '.join(map(str, LOW_BITS))}; re-run `skipsearch profile`"
             )
-        self._check_table(f"precisions.{bits}.attn", costs.attn)
-        self._check_table(f"precisions.{bits}.mlp", costs.mlp)
+        positions = self._precision_positions(costs)
+        if any(b <= a for a, b in itertools.pairwise(positions)) or positions[0] < 1:
+            raise ConfigError(
+                f"precisions.{bits}.positions must be an increasing list of integers >= 1, got "
+                f"{list(positions)}; re-run `skipsearch profile`"
+            )
+        self._check_table(f"precisions.{bits}.attn", costs.attn, len(positions))
+        self._check_table(f"precisions.{bits}.mlp", costs.mlp, len(positions))
         if costs.step and (
             len(costs.step) != len(self.context_lengths)
             or any(not (math.isfinite(t) and t > 0.0) for t in costs.step)
@@ -244,9 +256,13 @@ class LatencyProfile:
         if rows and recorded is not None and rows[-1] != recorded:
             raise ConfigError(f"head_rows must end at the vocabulary size {recorded}, got {rows[-1]}")
 
-    def _check_table(self, name: str, table: Any) -> None:
+    def _precision_positions(self, costs: PrecisionCosts) -> tuple[int, ...]:
+        """The position counts `costs` were timed at: their own, else this profile's."""
+        return costs.positions or self.positions
+
+    def _check_table(self, name: str, table: Any, positions: int | None = None) -> None:
         layers = () if name.endswith(("embed", "head")) else (self.num_layers,)
-        shape = (*layers, len(self.context_lengths), len(self.positions))
+        shape = (*layers, len(self.context_lengths), positions or len(self.positions))
         try:
             values = np.asarray(table, dtype=float)
         except (TypeError, ValueError):
@@ -279,13 +295,15 @@ class LatencyProfile:
         return self
 
     # -- lookups ------------------------------------------------------------------------------
-    def _at(self, table: Any, context: float, positions: float) -> np.ndarray:
+    def _at(
+        self, table: Any, context: float, positions: float, axis: Sequence[int] | None = None
+    ) -> np.ndarray:
         """Linear in context length (clamped to the measured range unless `extrapolate_context`),
-        then in positions (extrapolated)."""
+        then in positions (extrapolated) along `axis` (the profile's `positions` unless given)."""
         values = np.asarray(table, dtype=float)
         i, j, t = _bracket(self.context_lengths, context, extrapolate=self.extrapolate_context)
         values = _interpolate(values, i, j, t, axis=-2)
-        i, j, t = _bracket(self.positions, positions, extrapolate=True)
+        i, j, t = _bracket(axis or self.positions, positions, extrapolate=True)
         return np.maximum(_interpolate(values, i, j, t, axis=-1), 0.0)
 
     def embed_time(self, context: float, positions: float = 1) -> float:
@@ -311,13 +329,19 @@ class LatencyProfile:
                 head=self.head_time(context, positions),
                 low_bits={
                     bits: (
-                        tuple(self._at(costs.attn, context, positions).tolist()),
-                        tuple(self._at(costs.mlp, context, positions).tolist()),
+                        self._low_bits_at(costs.attn, costs, context, positions),
+                        self._low_bits_at(costs.mlp, costs, context, positions),
                     )
                     for bits, costs in sorted(self.precisions.items())
                 },
             )
         return self._weights[key]
+
+    def _low_bits_at(
+        self, table: Any, costs: PrecisionCosts, context: float, positions: float
+    ) -> tuple[float, ...]:
+        """Every layer's seconds in one of `costs`' tables, on the position counts they were timed at."""
+        return tuple(self._at(table, context, positions, self._precision_positions(costs)).tolist())
 
     def check_precisions(self, mask: SkipMask) -> bool:
         """Whether this profile prices some of `mask`'s lower-precision sub-layers by their bytes

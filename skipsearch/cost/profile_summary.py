@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from skipsearch.cost.calibrated import Calibrated
 from skipsearch.cost.latency import LatencyProfile, PrecisionFloor
+from skipsearch.cost.verdict import Verdict, judge
 from skipsearch.masks import SkipMask
 
 SUMMARY_GAMMAS = tuple(range(1, 9))
@@ -55,9 +57,7 @@ def summary(profile: LatencyProfile, gammas: Iterable[int] = SUMMARY_GAMMAS) -> 
     gammas = tuple(gammas)
     layers = profile.num_layers
     prefixes = [SkipMask.prefix(layers, exit_layer) for exit_layer in range(1, layers + 1)]
-    every_layer = {
-        bits: SkipMask.parse(f"w{bits}:0-{layers - 1}", layers) for bits in sorted(profile.precisions)
-    }
+    every_layer = {bits: every_layer_at(bits, layers) for bits in sorted(profile.precisions)}
 
     def draft_costs(context: int) -> tuple[float, ...]:
         step = profile.weights(context)
@@ -83,3 +83,26 @@ def summary(profile: LatencyProfile, gammas: Iterable[int] = SUMMARY_GAMMAS) -> 
             for bits in (16, *every_layer)
         },
     )
+
+
+def every_layer_at(bits: int, num_layers: int) -> SkipMask:
+    """The draft that skips nothing and reads every layer's weights at `bits`."""
+    return SkipMask.parse(f"w{bits}:0-{num_layers - 1}", num_layers)
+
+
+def precision_ceilings(
+    profile: LatencyProfile, context: float, gammas: Iterable[int] = SUMMARY_GAMMAS
+) -> dict[int, Verdict]:
+    """For each lower precision the profile timed, the verdict (`cost.verdict`) on the draft that
+    keeps every layer at it as if every drafted token were accepted: its best speedup over `gammas`,
+    `(γ + 1) / round cost` (`cost.calibrated`, at `context`, clamped to the profiled range). No
+    acceptance does better, so a precision whose ceiling does not pay cannot pay at all, while one
+    whose ceiling pays is worth searching (what it pays is the search's call, by its acceptance)."""
+    low, high = profile.context_lengths[0], profile.context_lengths[-1]
+    at = min(max(context, low), high)
+    ceilings = {}
+    for bits in sorted(profile.precisions):
+        form = Calibrated(profile, every_layer_at(bits, profile.num_layers), at)
+        best = max((g + 1) / form.round_cost(g) for g in gammas)
+        ceilings[bits] = judge("calibrated", {"calibrated": best})
+    return ceilings

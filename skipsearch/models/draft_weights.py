@@ -210,7 +210,7 @@ class DraftWeights:
             built = None
             if fused_layer(block) is not None:
                 quantized = {
-                    name: projection.quantized()
+                    name: projection.quantized()  # the int kernels' modules unpack their copy
                     for name in PROJECTIONS[kind][1]
                     if isinstance(projection := getattr(module, name), (Int8Linear, Int4Linear))
                 }

@@ -124,8 +124,39 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
         "",
     ]
     lines.append(verdict_sentence(verdict_of(summary)))
+    lines.extend(precision_lines(summary, frame))
     lines.append("")
     return "\n".join(lines)
+
+
+def precision_verdict(summary: dict, frame: pd.DataFrame) -> tuple[str, str, Verdict] | None:
+    """The best-scored draft that reads some weights at int8 or int4 (mask, precision) and the
+    verdict on it (`cost.verdict.judge`, by the cost model the run ranked with); None where the
+    run scored none."""
+    if "precision" not in frame or frame["precision"].isna().all():
+        return None
+    rows = frame[frame["precision"].notna()]
+    best = rows.loc[rows["score"].idxmax()]
+    predicted = {
+        key: None if pd.isna(best.get(f"speedup_{key}")) else float(best[f"speedup_{key}"])
+        for key in ("closed_form", "calibrated")
+    }
+    return str(best["mask"]), str(best["precision"]), judge(summary["cost"], predicted)
+
+
+def precision_lines(summary: dict, frame: pd.DataFrame) -> list[str]:
+    """Whether a draft at lower precision pays, in one sentence after the verdict (empty where the
+    run scored none): the best one's mask and its predicted speedup against `PAYS_OFF`."""
+    found = precision_verdict(summary, frame)
+    if found is None:
+        return []
+    mask, precision, judged = found
+    pays = "pays" if judged.pays else f"does not pay (below {PAYS_OFF}x)"
+    return [
+        "",
+        f"The best draft at lower precision ({precision}), `{mask}`, {pays}: {judged.speedup:.2f}x "
+        f"predicted {judged_by(judged)}.",
+    ]
 
 
 def plan_line(summary: dict) -> str:

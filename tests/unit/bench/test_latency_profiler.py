@@ -4,6 +4,7 @@ errors."""
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 
 from skipsearch.bench.clock import WallClock
 from skipsearch.bench.latency_profiler import (
+    PrecisionTimings,
     ProcessTimings,
     _warn_if_noisy,
     combine,
@@ -21,10 +23,11 @@ from skipsearch.bench.latency_profiler import (
     measure_latency,
     save_profile,
 )
-from skipsearch.bench.passes import Samples, prefill_cache, round_bookkeeping, time_pass
+from skipsearch.bench.passes import Samples, prefill_cache, prepare_precision, round_bookkeeping, time_pass
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.profile_summary import summary
 from skipsearch.errors import ConfigError
+from skipsearch.masks import SkipMask
 from skipsearch.models.runner import LayerwiseRunner
 from tests.conftest import tiny_model
 
@@ -47,13 +50,23 @@ def measured(runner: LayerwiseRunner) -> LatencyProfile:
 
 
 def _measurement(attn: list[float], overhead: list[float], bandwidth: float = 1e10) -> ProcessTimings:
-    """One layer, one context, one position count; every table holds the `attn` samples."""
+    """One layer, one context, one position count; every table holds the `attn` samples, and at
+    int8 a tenth of them (its step reads 100 bytes of weights)."""
     samples = Samples.empty(layers=1, contexts=1, positions=1, repeats=len(attn))
+    int8 = Samples.empty(layers=1, contexts=1, positions=1, repeats=len(attn))
     for table in (samples.embed, samples.head, samples.attn, samples.mlp):
         table[...] = attn
+    for table in (int8.embed, int8.head, int8.attn, int8.mlp):
+        table[...] = np.asarray(attn) / 10
     pillars = np.asarray([attn]) / 4
     return ProcessTimings(
-        samples, {1: np.asarray(overhead)}, (4, 8), np.asarray([attn, attn]) / 2, pillars, bandwidth
+        samples,
+        {1: np.asarray(overhead)},
+        (4, 8),
+        np.asarray([attn, attn]) / 2,
+        pillars,
+        bandwidth,
+        {8: PrecisionTimings(int8, (1,), 100.0)},
     )
 
 
@@ -110,7 +123,78 @@ def test_draft_heads_are_timed_for_each_row_count_below_the_vocabulary() -> None
 def test_json_round_trip(measured: LatencyProfile, tmp_path: Path) -> None:
     path = save_profile(measured, tmp_path / "sub" / "profile.json")
     assert LatencyProfile.load(path) == measured
+    assert set(LatencyProfile.load(path).precisions) == {8, 4}  # the int8/int4 costs too
     assert [p.name for p in path.parent.iterdir()] == ["profile.json"]  # no staging file left
+
+
+# -- drafts at lower precision -------------------------------------------------------------------
+
+
+def test_each_layer_is_timed_at_int8_and_int4(measured: LatencyProfile) -> None:
+    """Per-layer costs by precision on the profile's contexts, at the rows a draft pass runs (one
+    here: `PRECISION_POSITIONS` beyond the longest pass timed are left out), and the whole step."""
+    assert sorted(measured.precisions) == [4, 8]
+    for bits, costs in measured.precisions.items():
+        assert costs.positions == (1,)
+        for table in (costs.attn, costs.mlp):
+            assert np.asarray(table).shape == (4, len(CONTEXTS), 1)
+            assert np.asarray(table).min() > 0
+        assert len(costs.step) == len(CONTEXTS) and min(costs.step) > 0
+        # every layer's projections read at `bits`: less than the model's own float32 bytes
+        assert costs.weight_bytes is not None and costs.weight_bytes < measured.meta["weight_bytes"]
+        assert measured.precision_floor(bits, CONTEXTS[0]).seconds == pytest.approx(costs.step[0])
+    assert measured.precisions[4].weight_bytes < measured.precisions[8].weight_bytes
+    # a mixed draft is priced by what it runs: layer 0 at int4, layer 1 skipped, the rest full
+    mixed = SkipMask.parse("a:1|m:1|w4:0", 4)
+    step = measured.weights(CONTEXTS[0])
+    low_attn, low_mlp = step.low_bits[4]
+    runs = low_attn[0] + low_mlp[0] + sum(step.attn[2:]) + sum(step.mlp[2:])
+    assert mixed.r_draft(step) == pytest.approx((step.embed + runs + step.head) / step.total)
+    assert not measured.check_precisions(mixed)  # measured: no bytes fallback
+
+
+def test_precision_passes_cover_a_tree_draft_s_rows() -> None:
+    runner = LayerwiseRunner(tiny_model("llama", layers=2))
+    profile = measure_latency(runner, (8,), (1, 2, 8), repeats=1, warmup=0, precisions=(8,))
+    assert set(profile.precisions) == {8} and profile.precisions[8].positions == (1, 8)
+    assert np.asarray(profile.precisions[8].mlp).shape == (2, 1, 2)
+    assert measure_latency(runner, (8,), (1, 2), repeats=1, warmup=0, precisions=()).precisions == {}
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_timed_pass_at_lower_precision_is_the_draft_s_forward(
+    runner: LayerwiseRunner, monkeypatch: pytest.MonkeyPatch, bits: int
+) -> None:
+    """The pass timed at `bits` computes what the draft that reads every layer at `bits` does."""
+    mask = prepare_precision(runner, bits)
+    cache = prefill_cache(runner, 8, torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 61, (1, 1))
+    logits: list[torch.Tensor] = []
+    head = runner.head
+    monkeypatch.setattr(runner, "head", lambda hidden: logits.append(head(hidden)) or logits[-1])
+    time_pass(runner, cache, ids, WallClock(), bits)
+    monkeypatch.undo()
+    drafted = runner.forward(ids, mask, cache=cache)
+    assert torch.allclose(logits[0], drafted, atol=1e-5)
+    assert not torch.allclose(logits[0], runner.forward(ids, cache=cache), atol=1e-5)
+    assert cache.get_seq_length() == 10  # the two forwards above appended; the timed pass did not
+
+
+def test_an_older_profile_without_precision_timings_loads_and_falls_back_to_bytes(
+    measured: LatencyProfile, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = measured.to_dict()
+    del data["precisions"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    old = LatencyProfile.load(path)
+    assert old.precisions == {}
+    mask = SkipMask.parse("w4:0-3", 4)
+    step = old.weights(CONTEXTS[0])
+    by_bytes = 0.3125 * (sum(step.attn) + sum(step.mlp))
+    assert mask.r_draft(step) == pytest.approx((step.embed + by_bytes + step.head) / step.total)
+    assert old.check_precisions(mask) and old.check_precisions(mask)
+    assert caplog.text.count("no int4 timings") == 1  # said once
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])
@@ -190,6 +274,12 @@ def test_processes_are_combined_by_the_mean_of_their_medians() -> None:
     assert (profile.head_rows, profile.head_by_rows) == ((4, 8), (pytest.approx(1.0), pytest.approx(1.0)))
     assert profile.meta["copy_bandwidth"] == pytest.approx(1.5e10)  # the processes' mean
     assert profile.pillar_choice == (pytest.approx((0.25 + 0.75) / 2),)  # a quarter of `attn`'s medians
+    # int8: a tenth of every sample, so a tenth of each table; the step is the median of each whole
+    # pass (4 parts: 0.4, 0.4, 0.48 fast; 1.16, 1.2, 20 slow), averaged over the processes.
+    int8 = profile.precisions[8]
+    assert int8.attn == ((((0.1 + 0.3) / 2,),),) and int8.mlp == int8.attn
+    assert int8.step == (pytest.approx((0.4 + 1.2) / 2),)
+    assert (int8.weight_bytes, int8.positions) == (100.0, (1,))
 
 
 def test_summary_exact_numbers() -> None:

@@ -40,10 +40,15 @@ def test_cli_writes_the_profile_and_prints_the_summary(tiny_loader, capsys, tmp_
     args += ["--processes", "1"]
     assert cli.main([*args, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    # the terminal gets two lines; the tables go to a file beside the profile
-    assert len(printed.strip().splitlines()) == 2, printed
+    # the terminal gets the headline, the draft steps at each precision and where the tables went
     assert printed.startswith("profile at 8 tokens: a step takes ") and str(out) in printed
+    steps = [line.split("│")[1:3] for line in printed.splitlines() if line.startswith("│")]
+    rows = [(context.strip(), weights.strip()) for context, weights in steps]
+    assert rows == [(c, w) for c in ("8", "16") for w in ("float32", "int8", "int4")], printed
+    assert "with every token accepted at 512 tokens (pays from 1.05x)" in " ".join(printed.split())
+    assert "Draft cost c" not in printed  # the tables go to a file beside the profile
     tables = out.with_suffix(".txt").read_text()
+    assert "Draft step, every layer at each precision" in tables
     assert "Draft cost c" in tables and "E/L" in tables and "f(γ)" in tables
     assert "Draft head of k rows" in tables and "ratio to full" in tables
     assert "pillar choice and gather a round (s4w256k64)" in tables
@@ -107,6 +112,54 @@ def test_skip_existing_measures_nothing_when_a_profile_is_there(tiny_loader, cap
     assert "another kernel plan's" in " ".join(capsys.readouterr().out.split())
     out.write_text("{not json")
     assert cli.main(args) == 2  # a damaged profile is an error, not a silent skip
+
+
+def test_an_older_profile_is_kept_by_skip_existing_and_says_how_to_time_precisions(
+    tiny_loader, capsys, tmp_path: Path
+) -> None:
+    out = tmp_path / "profile.json"
+    args = ["profile", "--model", "tiny", "--context-lengths", "8", "--repeats", "1", "--warmup", "0"]
+    args += ["--processes", "1", "--out", str(out), "--skip-existing"]
+    assert cli.main(args) == 0
+    stored = json.loads(out.read_text())
+    assert set(stored["precisions"]) == {"8", "4"}
+    del stored["precisions"]  # a profile from before the int8/int4 timings
+    out.write_text(json.dumps(stored))
+    capsys.readouterr()
+    assert cli.main(args) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "not measured again" in said and "predates the int8/int4 timings" in said
+    assert "`skipsearch profile --model tiny` without --skip-existing times them" in said
+    assert "precisions" not in json.loads(out.read_text())  # kept as it was
+
+
+def test_choose_space_reads_the_profile_and_names_the_space(
+    tiny_loader, capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from skipsearch.cli import profile as command
+    from skipsearch.cost.verdict import Verdict
+
+    out = tmp_path / "profile.json"
+    choose = ["profile", "--model", "tiny", "--out", str(out), "--choose-space", "sparse"]
+    assert cli.main(choose) == 2  # no profile yet: one line saying how to make one
+    assert "skipsearch profile --model tiny" in capsys.readouterr().err
+    args = ["profile", "--model", "tiny", "--context-lengths", "8", "--repeats", "1", "--warmup", "0"]
+    assert cli.main([*args, "--processes", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    for pays, space in ((True, "precision"), (False, "sparse")):
+        ceiling = {8: Verdict(1.5 if pays else 0.9, "calibrated"), 4: Verdict(0.8, "calibrated")}
+        monkeypatch.setattr(command, "precision_ceilings", lambda profile, context, c=ceiling: c)
+        assert cli.main(choose) == 0
+        printed = capsys.readouterr()
+        assert printed.out == f"{space}\n"  # the space alone, for a script
+        assert f"space {space}: int8 {'could' if pays else 'cannot'} pay" in printed.err
+    stored = json.loads(out.read_text())
+    del stored["precisions"]
+    out.write_text(json.dumps(stored))
+    monkeypatch.undo()
+    assert cli.main(choose) == 0
+    printed = capsys.readouterr()
+    assert printed.out == "sparse\n" and "no int8/int4 timings" in printed.err
 
 
 def test_cli_out_must_not_be_a_directory(tiny_loader, capsys, tmp_path: Path) -> None:

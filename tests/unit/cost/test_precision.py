@@ -147,3 +147,60 @@ def test_a_kv_pattern_prices_quantized_attention_at_the_keys_it_reads() -> None:
     assert Calibrated(latency, ALL_INT8, context=300).round_time(1).draft == exact(1 + 2 * (1.7 + 1.2) + 2)
     windowed = Calibrated(latency, ALL_INT8, context=300, kv=KVPattern(0, 100)).round_time(1)
     assert windowed.draft == exact(1 + 2 * (0.7 + 1.2) + 2)
+
+
+def _thirty_layers(int4: bool) -> LatencyProfile:
+    """30 layers of attn 1 -> 2, mlp 2 -> 3 (positions 1 -> 3), embed 1, head 2 -> 4: a step of 93;
+    with `int4`, each layer measured at int4 at attn 0.2, mlp 0.3 (bytes would say 0.3125, 0.625)."""
+    data = _latency().to_dict()
+    data["attn"], data["mlp"] = [_tables(1, 2)] * 30, [_tables(2, 3)] * 30
+    data["spread"] = {**data["spread"], "attn": data["attn"], "mlp": data["mlp"]}
+    data["meta"] = {**data["meta"], "num_layers": 30}
+    if int4:
+        measured = {"attn": [[[0.2], [0.2]]] * 30, "mlp": [[[0.3], [0.3]]] * 30, "positions": [1]}
+        data["precisions"] = {"4": measured}
+    return LatencyProfile.from_dict(data)
+
+
+def test_the_scorer_prices_an_int4_draft_by_its_measured_costs(caplog: pytest.LogCaptureFixture) -> None:
+    from skipsearch.search.objective import make_scorer
+
+    mask = SkipMask.parse("w4:0-29", 30)
+    accepted = _profile("1111")  # every drafted token accepted: 2 tokens a round at γ = 1
+    # verify reuses nothing: embed 1 + 30 layers at 2 positions (1.5 + 2.5) + head 3 = 124; overhead 0.5.
+    measured = make_scorer("speedup", "calibrated", _thirty_layers(int4=True), gamma_max=1, context=100)
+    # draft: embed 1 + 30 x (0.2 + 0.3) + head 2 = 18, measured.
+    assert measured(mask, accepted).value == exact(2 * 93 / (18 + 124 + 0.5))
+    assert "timings" not in caplog.text
+    by_bytes = make_scorer("speedup", "calibrated", _thirty_layers(int4=False), gamma_max=1, context=100)
+    # draft: embed 1 + 30 x (0.3125 + 0.625) + head 2 = 31.125, by bytes, and said.
+    assert by_bytes(mask, accepted).value == exact(2 * 93 / (31.125 + 124 + 0.5))
+    assert caplog.text.count("no int4 timings") == 1
+
+
+def test_a_precision_ceiling_is_its_speedup_were_every_token_accepted() -> None:
+    from skipsearch.cost.profile_summary import precision_ceilings
+
+    # int8 at 300 tokens (512 clamped): γ = 1 round 6.8 + 12 + 0.5 for 2 tokens of 9 each; γ = 2
+    # round 13.6 + 15 + 1 for 3.
+    (ceiling,) = precision_ceilings(_with_int8(), 512, gammas=(1, 2)).values()
+    assert ceiling.speedup == exact(max(18 / 19.3, 27 / 29.6)) and not ceiling.pays
+    cheap = {**_int8_costs(), "attn": [_tables(0.1, 0.2)] * 2, "mlp": [_tables(0.1, 0.2)] * 2}
+    latency = LatencyProfile.from_dict({**_latency().to_dict(), "precisions": {"4": cheap}})
+    # int4 draft step 1 + 2 x 0.2 + 2 = 3.4: γ = 1 gives 18 / (3.4 + 12 + 0.5), which pays.
+    assert precision_ceilings(latency, 100, gammas=(1,))[4].speedup == exact(18 / 15.9)
+    assert precision_ceilings(latency, 100, gammas=(1,))[4].pays
+    assert precision_ceilings(_latency(), 100) == {}
+
+
+def test_precision_costs_on_their_own_position_counts() -> None:
+    """A table timed at 1 and 3 positions of its own prices 2 positions between them; one timed at
+    positions that do not increase is refused."""
+    own = {**_int8_costs(), "attn": [[[0.5, 1.5]] * 2] * 2, "positions": [1, 3]}
+    latency = LatencyProfile.from_dict({**_latency().to_dict(), "precisions": {"8": own}})
+    assert latency.weights(100, 2).low_bits[8][0] == exact((1.0, 1.0))
+    assert LatencyProfile.from_dict(latency.to_dict()) == latency
+    with pytest.raises(ConfigError, match=r"precisions\.8\.positions must be an increasing"):
+        LatencyProfile.from_dict({**latency.to_dict(), "precisions": {"8": {**own, "positions": [3, 1]}}})
+    with pytest.raises(ConfigError, match=r"precisions\.8\.attn must hold"):
+        LatencyProfile.from_dict({**latency.to_dict(), "precisions": {"8": {**own, "positions": [1]}}})

@@ -13,6 +13,8 @@ from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask
 from skipsearch.models import draft_weights
 from skipsearch.models.draft_weights import (
+    ATTN,
+    MLP,
     DraftWeights,
     draft_weights_of,
     group_for,
@@ -143,3 +145,27 @@ def test_a_half_precision_model_gets_plain_layers_holding_the_dequantized_matric
     torch.testing.assert_close(linear.weight, expected, rtol=0, atol=0)
     logits = runner.forward(torch.tensor([[5, 17, 3]]), SkipMask.parse("w8:0-1", 2))
     assert logits.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_where_the_plan_fuses_layers_the_draft_runs_fused_on_its_own_copies(bits: int) -> None:
+    """The runner's draft at `bits` runs each sub-layer in the fused driver (`DraftWeights.fused`,
+    over the copies its modules hold: what the engine and the latency profile time), with their bits."""
+    from skipsearch.cpu import int_linear
+    from skipsearch.cpu.fused_layers import LowerPrecisionLayer, fuse_layers
+    from tests.unit.cpu.test_fused_layers import KERNELS, LAYERS, on_the_plan
+
+    kind = int_linear.INT8 if bits == 8 else int_linear.INT4
+    if any(kernel.function is None for kernel in KERNELS) or not int_linear.builds(kind):
+        pytest.skip("the fused layers' kernels do not load here")
+    model = on_the_plan("llama")
+    fuse_layers(model)
+    runner = LayerwiseRunner(model)
+    mask = SkipMask.parse(f"w{bits}:0-{LAYERS - 1}", LAYERS)
+    runner.prepare(mask)
+    fused = [runner.fused_at(layer, bits, part) for layer in range(LAYERS) for part in (ATTN, MLP)]
+    assert all(isinstance(layer, LowerPrecisionLayer) for layer in fused)
+    ids = torch.randint(0, model.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
+    drafted = runner.forward(ids, mask)
+    runner.fused = [None] * LAYERS  # the same copies through the modules
+    assert torch.equal(drafted, runner.forward(ids, mask))

@@ -60,3 +60,27 @@ def test_the_verdict_names_the_cost_model_and_the_mask_has_its_own_line(cost, fi
     assert named in closing and figure[:4] in closing
     assert f"    {summary(cost)['mask']}" in text.splitlines()
     assert json.dumps(summary(cost))  # the summary stays plain data
+
+
+def test_the_verdict_says_whether_the_best_draft_at_lower_precision_pays() -> None:
+    frame = pd.DataFrame(
+        {
+            "repeat": [False, False, False],
+            "mask": ["a:1|m:1", "w4:0-29", "a:3|m:3|w8:0-2,4-29"],
+            "score": [1.40, 1.20, 1.30],
+            "precision": [None, "int4", "int8"],
+            "speedup_closed_form": [1.5, 1.1, 1.2],
+            "speedup_calibrated": [1.40, 1.20, 1.30],
+        }
+    )
+    closing = verdict(summary("calibrated"), frame, []).split("## Verdict")[1]
+    assert (
+        "The best draft at lower precision (int8), `a:3|m:3|w8:0-2,4-29`, pays: 1.30x predicted by "
+        "the cost model calibrated on this device." in closing
+    )
+    slow = frame.assign(speedup_calibrated=[1.4, 0.9, 1.0], score=[1.4, 0.9, 1.0])
+    closing = verdict(summary("calibrated"), slow, []).split("## Verdict")[1]
+    assert "(int8), `a:3|m:3|w8:0-2,4-29`, does not pay (below 1.05x): 1.00x predicted" in closing
+    # a run that scored no draft at lower precision says nothing of it
+    assert "lower precision" not in verdict(summary("calibrated"), frame.drop(columns="precision"), [])
+    assert "lower precision" not in verdict(summary("calibrated"), frame.iloc[:1], [])

@@ -34,7 +34,8 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from skipsearch.errors import SkipsearchError
+from skipsearch.errors import ModelLoadError, SkipsearchError
+from skipsearch.models.registry import unknown_model
 from skipsearch.store import cache_dir, check_environment
 
 COMMANDS = ("models", "plan", "measure", "speedup", "profile", "decode", "run", "compare", "report", "export")
@@ -99,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None  # as a Ctrl-C does
     try:
         judge_command(args)  # the settings as a whole, before any work
+        model = getattr(args, "model", None)
+        if isinstance(model, str) and (problem := unknown_model(model)):
+            raise ModelLoadError(problem)  # before the model's heavy imports
         if args.command not in WRITES_NOTHING:  # before any import that writes under HOME
             check_environment()
             # matplotlib's font cache with skipsearch's, not in HOME: a command writes where it was

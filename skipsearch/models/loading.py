@@ -26,7 +26,7 @@ from skipsearch.models.compat import check_architecture
 from skipsearch.models.gguf_header import check_gguf_file
 from skipsearch.models.plan import KernelPlan
 from skipsearch.models.random_weights import RandomWeights, random_config, random_model
-from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir
+from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir, unknown_model
 from skipsearch.models.weight_layout import WeightDtypes, cast_to_layout, read_exact
 from skipsearch.progress import status
 from skipsearch.settings_rules import check_call
@@ -210,10 +210,7 @@ def resolve_model_dir(name: str, dtype: str | WeightDtypes = "float32") -> tuple
         return str(path), str(path)
     if name.count("/") == 1 and not path.exists():
         return name, f"hub:{name}"
-    raise ModelLoadError(
-        f"unknown model {name!r}: use an alias from `skipsearch models`, a Hugging Face id (org/name), "
-        "a local model directory or a .gguf file"
-    )
+    raise ModelLoadError(unknown_model(name) or f"unknown model {name!r}")
 
 
 def dtype_choice(device: str, dtype: str) -> DtypeChoice:

@@ -83,3 +83,18 @@ def available_offline(entry: ModelEntry) -> bool:
     if entry.kind == "assembled":
         return all(package_dir(part) is not None for part in entry.parts)
     return hub_cached(entry.source)
+
+
+def unknown_model(name: str) -> str | None:
+    """Why `--model name` names nothing a model can be loaded from (None where it may): the loader's
+    own test of an alias, a `.gguf` path, a local directory or a Hugging Face id (`org/name`),
+    without loading anything, so a command refuses a misspelt model before its heavy imports."""
+    path = Path(name).expanduser()
+    if name in REGISTRY or path.suffix == ".gguf" or path.is_dir():
+        return None
+    if name.count("/") == 1 and not path.exists():
+        return None
+    return (
+        f"unknown model {name!r}: use an alias from `skipsearch models`, a Hugging Face id (org/name), "
+        "a local model directory or a .gguf file"
+    )

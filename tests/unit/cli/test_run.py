@@ -115,15 +115,25 @@ def test_a_damaged_run_yaml_is_one_line(
     assert "damaged" in one_line_error(capsys, *args)
 
 
-def test_a_backwards_range_is_refused_before_torch_is_imported(model_dir: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["measure", "--model", "MODEL", "--skip", "20-10"], "runs backwards"),
+        (["plan", "--model", "many"], "unknown model 'many'"),  # not after a minute of imports
+    ],
+)
+def test_a_bad_setting_is_refused_before_torch_is_imported(
+    model_dir: str, argv: list[str], says: str
+) -> None:
+    argv = [model_dir if arg == "MODEL" else arg for arg in argv]
     code = (
         "import sys; from skipsearch.cli import main; "
-        f"code = main(['measure', '--model', {model_dir!r}, '--skip', '20-10']); "
+        f"code = main({argv!r}); "
         "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(code)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.count("\n") == 1 and "runs backwards" in result.stderr
+    assert result.stderr.count("\n") == 1 and says in result.stderr
 
 
 # -- a resume keeps the stored budget --------------------------------------------------------------

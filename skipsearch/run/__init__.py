@@ -6,6 +6,7 @@
 - `compare`: `skipsearch compare`, several strategies × seeds sharing one model and cache.
 - `importance_file`: the importance ranking and knapsack strategies read, kept in the run.
 - `finalists`: the search's best drafts re-scored exactly (`finalists.json`).
+- `cost_estimate`: what the search costs, timed as it runs (load, a trial, memory, the budget's total).
 - `report`: a run directory's report files (trials.csv, best.json, summary.md, plots).
 - `summary_text`: summary.md's words: the best draft, its gain, the verdict (`cost.verdict`).
 - `plots`: the plots of a run and of a compare.

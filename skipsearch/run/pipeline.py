@@ -29,6 +29,7 @@ from skipsearch.executors.base import Executor, ExecutorFactory, local_executor
 from skipsearch.masks import KVPattern
 from skipsearch.options import SEED_LIMIT
 from skipsearch.progress import console, status
+from skipsearch.run.cost_estimate import SearchClock
 from skipsearch.run.finalists import FINALISTS, Finalist
 from skipsearch.run.owner import run_owner
 from skipsearch.run.preflight import (
@@ -273,6 +274,7 @@ def start_run(
     `on_start(config)` is called once the model is loaded (with the run's final config) and
     returns the per-trial progress callback."""
     with run_owner(out, resume):
+        clock = SearchClock(config.budget)
         prepared = prepare_config(config, out, resume, typed)
         config = prepared.config
         context = open_context(prepared)
@@ -284,7 +286,7 @@ def start_run(
                 context,
                 out,
                 resume,
-                on_trial=on_start(config),
+                on_trial=timed_progress(clock, on_start(config)),
                 executor=executor,
                 every_layer=_drafts_beyond_layers(config),
                 setup=context.setups[config.strategy],
@@ -292,6 +294,23 @@ def start_run(
         finalists = rescore_finalists(config, context, out)  # still the owner: it writes into the run
         report = write_run_outputs(out, stored=(config, context.provenance), finalists=finalists)
     return result, report
+
+
+def timed_progress(clock: SearchClock, on_trial: ProgressCallback | None) -> ProgressCallback | None:
+    """The progress callback with the search's cost beside it (`run.cost_estimate`): the line the
+    clock has once the model is ready, then its estimates as the trials time it; nothing where the
+    caller shows no progress (`on_trial` None)."""
+    if on_trial is None:
+        return None
+    console.print(clock.loaded())
+
+    def on_timed_trial(scored: int, budget: int, best: float | None) -> None:
+        line = clock.trial(scored, budget)
+        if line is not None:
+            console.print(line)
+        on_trial(scored, budget, best)
+
+    return on_timed_trial
 
 
 def cost_note(config: RunConfig, context: RunContext) -> str:

@@ -14,16 +14,37 @@ import pytest
 
 from skipsearch.cli import main
 from skipsearch.cost.latency import LatencyProfile
+from skipsearch.store import kernels_dir
 from tests.conftest import make_tokenizer, tiny_model
 
 SMALL = ["--n-prompts", "2", "--new-tokens", "8", "--max-prompt-tokens", "32"]
 
 
+@pytest.fixture(scope="session")
+def shared_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's one kernels folder (`store.kernels_dir`: compiled C kernels and the plan's
+    measured choices), seeded with this machine's (the default cache's): a test's fresh cache
+    finds them built and measured, as a user's second run does, instead of compiling the kernels
+    and timing the plan's probes again in every test (tests/unit/cpu/ measure in a bare cache)."""
+    shared = tmp_path_factory.mktemp("kernels")
+    if kernels_dir().is_dir():
+        shutil.copytree(kernels_dir(), shared, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.tmp*"))
+    return shared
+
+
+def with_shared_kernels(cache: Path, shared: Path) -> Path:
+    """`cache`, a skipsearch cache folder, whose kernels folder is the session's `shared_kernels`."""
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "kernels").symlink_to(shared, target_is_directory=True)
+    return cache
+
+
 @pytest.fixture
-def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The skipsearch cache (references, profiles, rankings) inside the test's folder."""
+def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_kernels: Path) -> Path:
+    """The skipsearch cache (references, profiles, rankings) inside the test's folder; its kernels
+    are the session's (`shared_kernels`)."""
     monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+    return with_shared_kernels(tmp_path / "cache", shared_kernels)
 
 
 @pytest.fixture
@@ -53,9 +74,11 @@ def run_args(model_dir: str, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def _finished_master(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One finished 3-trial run per module, with the cache it filled: `finished_run` copies both."""
+def _finished_master(model_dir: str, tmp_path_factory: pytest.TempPathFactory, shared_kernels: Path) -> Path:
+    """One finished 3-trial run per module, with the cache it filled: `finished_run` copies both
+    (but the kernels, which are the session's)."""
     home = tmp_path_factory.mktemp("finished")
+    with_shared_kernels(home / "cache", shared_kernels)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SKIPSEARCH_CACHE", str(home / "cache"))
         assert main(run_args(model_dir, home / "run", "--budget", "3", "--strategy", "random")) == 0
@@ -68,7 +91,8 @@ def finished_run(_finished_master: Path, tmp_path: Path, capsys: pytest.CaptureF
     test's cache (`cache_in_tmp`): a copy of the module's one run, which is as the test's own
     would be (a seeded random search of 3 trials), without its seconds."""
     capsys.readouterr()
-    shutil.copytree(_finished_master / "cache", tmp_path / "cache", dirs_exist_ok=True)
+    ignore = shutil.ignore_patterns("kernels")  # this test's cache has the session's (`cache_in_tmp`)
+    shutil.copytree(_finished_master / "cache", tmp_path / "cache", dirs_exist_ok=True, ignore=ignore)
     return Path(shutil.copytree(_finished_master / "run", tmp_path / "run"))
 
 

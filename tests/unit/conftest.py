@@ -33,7 +33,8 @@ def shared_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def with_shared_kernels(cache: Path, shared: Path) -> Path:
-    """`cache`, a skipsearch cache folder, whose kernels folder is the session's `shared_kernels`."""
+    """`cache`, a skipsearch cache folder for child processes too, made now, whose kernels folder
+    links to the session's `shared_kernels` (a cache outside any run's directory)."""
     cache.mkdir(parents=True, exist_ok=True)
     (cache / "kernels").symlink_to(shared, target_is_directory=True)
     return cache
@@ -41,10 +42,12 @@ def with_shared_kernels(cache: Path, shared: Path) -> Path:
 
 @pytest.fixture
 def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_kernels: Path) -> Path:
-    """The skipsearch cache (references, profiles, rankings) inside the test's folder; its kernels
-    are the session's (`shared_kernels`)."""
+    """The skipsearch cache (references, profiles, rankings) inside the test's folder, not made
+    yet; this process's kernels are the session's (`shared_kernels`: the folder is not linked into
+    the cache, which may lie inside a run's directory, where a link is refused)."""
     monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
-    return with_shared_kernels(tmp_path / "cache", shared_kernels)
+    monkeypatch.setattr("skipsearch.store.kernels_dir", lambda: shared_kernels)
+    return tmp_path / "cache"
 
 
 @pytest.fixture
@@ -91,7 +94,7 @@ def finished_run(_finished_master: Path, tmp_path: Path, capsys: pytest.CaptureF
     test's cache (`cache_in_tmp`): a copy of the module's one run, which is as the test's own
     would be (a seeded random search of 3 trials), without its seconds."""
     capsys.readouterr()
-    ignore = shutil.ignore_patterns("kernels")  # this test's cache has the session's (`cache_in_tmp`)
+    ignore = shutil.ignore_patterns("kernels")  # the session's (`shared_kernels`), a link
     shutil.copytree(_finished_master / "cache", tmp_path / "cache", dirs_exist_ok=True, ignore=ignore)
     return Path(shutil.copytree(_finished_master / "run", tmp_path / "run"))
 

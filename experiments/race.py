@@ -36,7 +36,7 @@ import optuna
 from optuna.trial import TrialState
 
 from skipsearch.search.journal import whole_records_length
-from skipsearch.store import JOURNAL_FILE, RUN_FILE
+from skipsearch.store import JOURNAL_FILE, RUN_FILE, kernels_dir
 
 SMALL = ["--n-prompts", "2", "--new-tokens", "8", "--max-prompt-tokens", "32", "--strategy", "random"]
 SCENARIOS = ("new", "resume")
@@ -143,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     delays = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="race-") as work:
         root = Path(work)
+        kernels = kernels_dir()  # the kernels this machine built and the plan choices it measured
+        kernels.mkdir(parents=True, exist_ok=True)
         os.environ["SKIPSEARCH_CACHE"] = str(root / "cache")  # the tiny model's references, thrown away
+        (root / "cache").mkdir()
+        (root / "cache" / "kernels").symlink_to(kernels, target_is_directory=True)  # kept: not per race
         model = args.model or tiny_model_dir(root / "model")
         base = root / "base"
         if subprocess.run(command(model, base, "--budget", "2"), capture_output=True).returncode:

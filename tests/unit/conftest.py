@@ -14,15 +14,39 @@ import pytest
 
 from skipsearch.cli import main
 from skipsearch.cost.latency import LatencyProfile
+from skipsearch.store import kernels_dir
 from tests.conftest import make_tokenizer, tiny_model
 
 SMALL = ["--n-prompts", "2", "--new-tokens", "8", "--max-prompt-tokens", "32"]
 
 
+@pytest.fixture(scope="session")
+def shared_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's one kernels folder (`store.kernels_dir`: compiled C kernels and the plan's
+    measured choices), seeded with this machine's (the default cache's): a test's fresh cache
+    finds them built and measured, as a user's second run does, instead of compiling the kernels
+    and timing the plan's probes again in every test (tests/unit/cpu/ measure in a bare cache)."""
+    shared = tmp_path_factory.mktemp("kernels")
+    if kernels_dir().is_dir():
+        shutil.copytree(kernels_dir(), shared, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.tmp*"))
+    return shared
+
+
+def with_shared_kernels(cache: Path, shared: Path) -> Path:
+    """`cache`, a skipsearch cache folder for child processes too, made now, whose kernels folder
+    links to the session's `shared_kernels` (a cache outside any run's directory)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "kernels").symlink_to(shared, target_is_directory=True)
+    return cache
+
+
 @pytest.fixture
-def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The skipsearch cache (references, profiles, rankings) inside the test's folder."""
+def cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_kernels: Path) -> Path:
+    """The skipsearch cache (references, profiles, rankings) inside the test's folder, not made
+    yet; this process's kernels are the session's (`shared_kernels`: the folder is not linked into
+    the cache, which may lie inside a run's directory, where a link is refused)."""
     monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("skipsearch.store.kernels_dir", lambda: shared_kernels)
     return tmp_path / "cache"
 
 
@@ -53,9 +77,11 @@ def run_args(model_dir: str, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def _finished_master(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One finished 3-trial run per module, with the cache it filled: `finished_run` copies both."""
+def _finished_master(model_dir: str, tmp_path_factory: pytest.TempPathFactory, shared_kernels: Path) -> Path:
+    """One finished 3-trial run per module, with the cache it filled: `finished_run` copies both
+    (but the kernels, which are the session's)."""
     home = tmp_path_factory.mktemp("finished")
+    with_shared_kernels(home / "cache", shared_kernels)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SKIPSEARCH_CACHE", str(home / "cache"))
         assert main(run_args(model_dir, home / "run", "--budget", "3", "--strategy", "random")) == 0
@@ -68,7 +94,8 @@ def finished_run(_finished_master: Path, tmp_path: Path, capsys: pytest.CaptureF
     test's cache (`cache_in_tmp`): a copy of the module's one run, which is as the test's own
     would be (a seeded random search of 3 trials), without its seconds."""
     capsys.readouterr()
-    shutil.copytree(_finished_master / "cache", tmp_path / "cache", dirs_exist_ok=True)
+    ignore = shutil.ignore_patterns("kernels")  # the session's (`shared_kernels`), a link
+    shutil.copytree(_finished_master / "cache", tmp_path / "cache", dirs_exist_ok=True, ignore=ignore)
     return Path(shutil.copytree(_finished_master / "run", tmp_path / "run"))
 
 

@@ -23,12 +23,12 @@ from optuna.trial import TrialState
 from skipsearch.search.study import journal_storage
 from skipsearch.store import JOURNAL_FILE, RUN_FILE
 from tests.unit.cli.conftest import assert_one_line_error
-from tests.unit.conftest import REPOSITORY, SMALL
+from tests.unit.conftest import REPOSITORY, SMALL, with_shared_kernels
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
+def cache(tmp_path_factory: pytest.TempPathFactory, shared_kernels: Path) -> Path:
+    return with_shared_kernels(tmp_path_factory.mktemp("cache"), shared_kernels)
 
 
 def skipsearch(cache: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -2,11 +2,14 @@
 models, and a second call that keeps what the first finished instead of running it again."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.unit.conftest import with_shared_kernels
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "experiments" / "gpu_mission.py"
@@ -15,12 +18,18 @@ STEPS = ["tests", "weights", "profile", "search", "decodes", "mistral", "hf_comp
 
 def mission(out: Path, work: Path) -> subprocess.CompletedProcess:
     command = [sys.executable, str(SCRIPT), "--tiny", "--out", str(out), "--work", str(work)]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    env = {**os.environ, "SKIPSEARCH_CACHE": str(work / "cache")}  # as the mission sets by default
+    return subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False
+    )
 
 
 @pytest.mark.slow
-def test_the_tiny_mission_writes_every_step_and_a_rerun_keeps_them(tmp_path: Path) -> None:
+def test_the_tiny_mission_writes_every_step_and_a_rerun_keeps_them(
+    tmp_path: Path, shared_kernels: Path
+) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
+    with_shared_kernels(work / "cache", shared_kernels)  # built and measured once per session
     done = mission(out, work)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "mission.json").read_text())

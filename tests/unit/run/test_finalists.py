@@ -98,9 +98,8 @@ def test_at_gamma_3_the_rounds_are_the_engines(measurement: SimpleNamespace) -> 
 
 
 def test_a_run_writes_its_finalists_and_its_verdict_ranks_by_them(
-    model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    model_dir: str, tmp_path: Path, cache_in_tmp: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "run"
     args = ["run", "--model", model_dir, "--n-prompts", "2", "--new-tokens", "8", "--max-prompt-tokens", "24"]
     assert main([*args, "--budget", "4", "--strategy", "random", "--out", str(out)]) == 0

@@ -26,6 +26,7 @@ from tests.unit.conftest import (  # the tiny model directory and the one-line h
     REPOSITORY,
     cli,
     run_args,
+    with_shared_kernels,
 )
 
 pytestmark = pytest.mark.usefixtures("cache_in_tmp")
@@ -79,9 +80,13 @@ def test_optunas_journal_lock_dies_with_a_killed_writer(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_runs_raced_on_one_out_keep_one_owner(model_dir: str) -> None:
-    """The stress script, a few races: one new-run race and one resume race."""
-    env = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+def test_two_runs_raced_on_one_out_keep_one_owner(
+    model_dir: str, tmp_path: Path, shared_kernels: Path
+) -> None:
+    """The stress script, a few races: one new-run race and one resume race (its processes find the
+    session's kernels, through the cache the script reads them from)."""
+    cache = with_shared_kernels(tmp_path / "kernels-cache", shared_kernels)
+    env = {**os.environ, "PYTHONPATH": str(REPOSITORY), "SKIPSEARCH_CACHE": str(cache)}
     result = subprocess.run(
         [sys.executable, str(REPOSITORY / "experiments" / "race.py"), "--races", "2", "--model", model_dir],
         capture_output=True,

@@ -70,6 +70,12 @@ def parser() -> argparse.ArgumentParser:
     options.add_argument("--threads", type=int, default=2)
     options.add_argument("--name", help="file name (default speed-MODEL)")
     options.add_argument("--busy-ok", action="store_true", help="time on a busy machine anyway")
+    options.add_argument(
+        "--report-only",
+        action="store_true",
+        help="decode nothing: recompute the byte and floor columns of the stored JSON from the model's "
+        "config and write the report again",
+    )
     return options
 
 
@@ -81,17 +87,22 @@ def split_entry(text: str) -> tuple[str, str]:
     return draft, shape
 
 
-def step_bytes(model: Any, mask: SkipMask | None, head_rows: int) -> float:
-    """Bytes one step reads of the projections and the head: each layer's attention and MLP weights at
-    their precision's share of bf16 (`BYTES_SHARE`; all at full precision where `mask` is None), and
-    `head_rows` rows of the bf16 head."""
+def step_bytes(config: Any, mask: SkipMask | None, head_rows: int) -> float:
+    """Bytes one step reads of the projections and the head, from the config's shapes (the plan's
+    packed modules hold no `weight` parameter to count): each layer's attention (q, k, v, o) and MLP
+    (gate, up, down) weights at their precision's share of bf16 (`BYTES_SHARE`; all at full precision
+    where `mask` is None), and `head_rows` rows of the bf16 head."""
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    mlp = 3 * hidden * config.intermediate_size
     total = 0.0
-    for index, layer in enumerate(model.model.layers):
-        for kind, module in (("attn", layer.self_attn), ("mlp", layer.mlp)):
-            params = sum(p.numel() for name, p in module.named_parameters() if name.endswith("weight"))
-            bits = 16 if mask is None else (mask.attn_bits(index) if kind == "attn" else mask.mlp_bits(index))
-            total += params * BF16 * BYTES_SHARE[bits]
-    return total + head_rows * model.config.hidden_size * BF16
+    for index in range(config.num_hidden_layers):
+        attn_bits = 16 if mask is None else mask.attn_bits(index)
+        mlp_bits = 16 if mask is None else mask.mlp_bits(index)
+        total += (attention * BYTES_SHARE[attn_bits] + mlp * BYTES_SHARE[mlp_bits]) * BF16
+    return total + head_rows * hidden * BF16
 
 
 def decoders(measurement: Any, entries: list[tuple[str, str]], new: int) -> tuple[dict[str, Any], dict, int]:
@@ -125,7 +136,7 @@ def decoders(measurement: Any, entries: list[tuple[str, str]], new: int) -> tupl
         drafts[label] = {
             "draft": str(draft),
             "shape": shape_text,
-            "bytes": step_bytes(loaded.model, mask, rows),
+            "bytes": step_bytes(runner.config, mask, rows),
         }
     return found, drafts, widest
 
@@ -226,8 +237,38 @@ def report(results: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
+def report_only(name: str, model: str) -> None:
+    """The stored measurement's report again, its bytes counted from the model's config (the timings
+    are the stored ones)."""
+    from skipsearch.models.loading import load_model
+
+    path = OUT / f"{name}.json"
+    results = json.loads(path.read_text())
+    config = load_model(model, announce=False).model.config
+    ar_bytes = step_bytes(config, None, config.vocab_size)
+    results |= {"ar_bytes": ar_bytes, "ar_floor_ms": 1e3 * ar_bytes / results["bandwidth"]}
+    blocks = [results["decode"], *results.get("spec_bench", {}).get("categories", {}).values()]
+    for block in blocks:
+        drafts = {}
+        for label in results["labels"]:
+            draft = Draft.parse(block[label]["draft"], config.num_hidden_layers)
+            rows = draft.vocab or config.vocab_size
+            drafts[label] = {
+                **{k: block[label][k] for k in ("draft", "shape")},
+                "bytes": step_bytes(config, draft.mask, rows),
+            }
+        annotate(block, drafts, ar_bytes, results["bandwidth"])
+    path.write_text(json.dumps(results, indent=1, default=str))
+    text = report(results, results.get("command", ""))
+    (OUT / f"{name}.md").write_text(text + "\n")
+    print(text)
+
+
 def main() -> None:
     args = parser().parse_args()
+    if args.report_only:
+        report_only(args.name or f"speed-{args.model}", args.model)
+        return
     configure(args.threads)
     busy = busy_cpu_warning()
     if busy and not args.busy_ok:
@@ -238,7 +279,7 @@ def main() -> None:
     runner, loaded = measurement.runner, measurement.loaded
     found, drafts, widest = decoders(measurement, entries, args.new_tokens)
     bandwidth = statistics.median(copy_bandwidth(runner.device, WallClock()) for _ in range(3))
-    ar_bytes = step_bytes(loaded.model, None, runner.config.vocab_size)
+    ar_bytes = step_bytes(runner.config, None, runner.config.vocab_size)
     results: dict[str, Any] = {
         "model": args.model,
         "cpu": describe_cpu(),
@@ -264,6 +305,7 @@ def main() -> None:
             print(f"{part} {group}: done", file=sys.stderr)
         results[part] = measured["humaneval"] if part == "decode" else {"categories": measured}
     command = "python experiments/precision_speed.py " + shlex.join(sys.argv[1:])
+    results["command"] = command
     name = args.name or f"speed-{args.model}"
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{name}.json").write_text(json.dumps(results, indent=1, default=str))

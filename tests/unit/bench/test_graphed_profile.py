@@ -63,7 +63,9 @@ def test_the_profile_has_the_tables_the_cost_model_reads(measured: LatencyProfil
     shape = (len(CONTEXTS), len(POSITIONS))
     assert np.asarray(measured.attn).shape == np.asarray(measured.mlp).shape == (LAYERS, *shape)
     assert np.asarray(measured.embed).shape == np.asarray(measured.head).shape == shape
-    assert np.all(np.asarray(measured.attn) > 0) and np.all(np.asarray(measured.head) > 0)
+    assert np.all(np.asarray(measured.attn) > 0)
+    # the tiny head (61 rows) costs less than a part's launch gap on a CPU: `reconcile` holds it at 0
+    assert np.all(np.asarray(measured.head) >= 0) and np.all(np.asarray(measured.embed) >= 0)
     assert sorted(measured.round_overhead) == [1, 2, 3]  # every γ with γ + 1 <= 4 positions
     assert min(measured.round_overhead.values()) >= 0  # held at 0 where a CPU round reads below its passes
     assert measured.head_rows == (61,) and measured.head_by_rows[0] > 0  # the tiny vocabulary only

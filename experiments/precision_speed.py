@@ -61,7 +61,9 @@ BF16 = 2  # bytes a full-precision weight takes on the plans that time this (bf1
 def parser() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options.add_argument("--model", default="smollm2-135m")
-    options.add_argument("--drafts", nargs="+", required=True, help="DRAFT@GAMMA or DRAFT@SHAPE (docstring)")
+    options.add_argument(
+        "--drafts", nargs="+", help="DRAFT@GAMMA or DRAFT@SHAPE (docstring); needed unless --report-only"
+    )
     options.add_argument("--prompts", type=int, default=24, help="held-out HumanEval prompts")
     options.add_argument("--repeats", type=int, default=3)
     options.add_argument("--new-tokens", type=int, default=64)
@@ -269,6 +271,10 @@ def main() -> None:
     if args.report_only:
         report_only(args.name or f"speed-{args.model}", args.model)
         return
+    if not args.drafts:
+        sys.exit(
+            "precision_speed: give --drafts DRAFT@GAMMA ... (or --report-only to rewrite a stored report)"
+        )
     configure(args.threads)
     busy = busy_cpu_warning()
     if busy and not args.busy_ok:

@@ -52,12 +52,11 @@ COPIED = (
 )
 
 
-def compare(model: str, budget: int, seeds: int, resume: bool, out_name: str, strategies: str) -> None:
+def compare(model: str, budget: int, seeds: int, resume: bool, out_name: str, strategies: str, extra: list) -> None:
+    """One model's comparison; `extra` carries the space, draft head and random multiple."""
     work = ROOT / "runs" / out_name / model
-    space = str(ROOT / "experiments" / "compare_space.yaml")
-    args = ["compare", "--model", model, "--space", space, "--budget", str(budget), "--seeds", str(seeds)]
-    args += [*PROMPTS, "--cost", "auto", "--strategies", strategies]
-    args += ["--random-multiple", str(RANDOM_MULTIPLE), "--out", str(work)]
+    args = ["compare", "--model", model, "--budget", str(budget), "--seeds", str(seeds)]
+    args += [*PROMPTS, "--cost", "auto", "--strategies", strategies, *extra, "--out", str(work)]
     if resume and work.exists():
         args.append("--resume")
     if skipsearch(args) != 0:
@@ -84,12 +83,45 @@ def main() -> None:
         "--out-name", default="compare/xeon-amx", help="results/<name>/<model> (default compare/xeon-amx)"
     )
     parser.add_argument("--strategies", default=STRATEGIES, help=f"comma-separated (default {STRATEGIES})")
+    parser.add_argument(
+        "--space",
+        default=str(ROOT / "experiments" / "compare_space.yaml"),
+        help="search space name or YAML (default experiments/compare_space.yaml; `precision`: the precision axis)",
+    )
+    parser.add_argument(
+        "--draft-vocab",
+        default=None,
+        help="draft head of every mask, per model: SMOLLM2_K,QWEN_K (e.g. 16384,32768; default the full head)",
+    )
+    parser.add_argument(
+        "--random-multiple",
+        type=int,
+        default=RANDOM_MULTIPLE,
+        help=f"random search also at this multiple of the budget, 0 for none (default {RANDOM_MULTIPLE})",
+    )
     args = parser.parse_args()
+    vocabs = args.draft_vocab.split(",") if args.draft_vocab else [None, None]
+    if len(vocabs) != 2:
+        parser.error(f"--draft-vocab wants two sizes, SmolLM2's and Qwen's, e.g. 16384,32768; got {args.draft_vocab!r}")
+
+    def extra(vocab: str | None) -> list:
+        head = ["--draft-vocab", vocab] if vocab else []
+        multiple = ["--random-multiple", str(args.random_multiple)] if args.random_multiple else []
+        return ["--space", args.space, *head, *multiple]
+
     if not args.skip_smollm2:
-        compare("smollm2-135m", args.budget, args.seeds, args.resume, args.out_name, args.strategies)
+        compare(
+            "smollm2-135m", args.budget, args.seeds, args.resume, args.out_name, args.strategies, extra(vocabs[0])
+        )
     if not args.skip_qwen and available_offline(REGISTRY["qwen2.5-coder-0.5b"]):
         compare(
-            "qwen2.5-coder-0.5b", args.qwen_budget, args.seeds, args.resume, args.out_name, args.strategies
+            "qwen2.5-coder-0.5b",
+            args.qwen_budget,
+            args.seeds,
+            args.resume,
+            args.out_name,
+            args.strategies,
+            extra(vocabs[1]),
         )
 
 

@@ -80,9 +80,9 @@ class SearchResult:
     @classmethod
     def load(cls, run_dir: str | Path) -> SearchResult:
         """The result of the run in `run_dir` (its report files, rewritten by `skipsearch report`)."""
+        check_call(SearchResult.load, {"run_dir": run_dir})  # before the imports: a refusal writes nothing
         from skipsearch.run.report import read_run_report
 
-        check_call(SearchResult.load, {"run_dir": run_dir})
         return cls.of(read_run_report(Path(run_dir)))
 
     @classmethod

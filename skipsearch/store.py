@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from skipsearch.errors import ConfigError
+from skipsearch.errors import ConfigError, SkipsearchError
 
 # -- a run directory ------------------------------------------------------------------------------
 RUN_FILE = "run.yaml"
@@ -140,6 +140,20 @@ def adopt_cache_dir(directory: Path) -> None:
 def reference_cache_path(key: str) -> Path:
     """Where the ReferenceCache of `key` (`acceptance.reference.reference_key`) is kept."""
     return cache_dir() / REFERENCE_DIR / f"{key}{REFERENCE_SUFFIX}"
+
+
+def matplotlib_beside_cache() -> None:
+    """Put matplotlib's font cache and config with skipsearch's cache, not under HOME, unless the
+    user chose a place (`MPLCONFIGDIR`): a command or an API call writes where it was pointed and
+    into its cache, nowhere else. Called before matplotlib is first imported. Where the cache has no
+    valid place (HOME empty or relative), matplotlib keeps its own default: the command line refuses
+    that environment before any work, and an API call meets the same error where it needs the cache."""
+    if "MPLCONFIGDIR" in os.environ:
+        return
+    try:
+        os.environ["MPLCONFIGDIR"] = str(cache_dir() / "matplotlib")
+    except SkipsearchError:
+        return
 
 
 def cache_dir_holding(reference: Path) -> Path:

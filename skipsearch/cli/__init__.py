@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import shlex
 import signal
 import sys
@@ -36,7 +35,7 @@ from typing import NoReturn
 
 from skipsearch.errors import ModelLoadError, SkipsearchError
 from skipsearch.models.registry import unknown_model
-from skipsearch.store import cache_dir, check_environment
+from skipsearch.store import check_environment, matplotlib_beside_cache
 
 COMMANDS = ("models", "plan", "measure", "speedup", "profile", "decode", "run", "compare", "report", "export")
 
@@ -105,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ModelLoadError(problem)  # before the model's heavy imports
         if args.command not in WRITES_NOTHING:  # before any import that writes under HOME
             check_environment()
-            # matplotlib's font cache with skipsearch's, not in HOME: a command writes where it was
-            # pointed and into its cache, nowhere else
-            os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
+            matplotlib_beside_cache()
         return int(args.handler(args) or 0)
     except SkipsearchError as error:
         print(f"skipsearch: error: {error}", file=sys.stderr)

@@ -10,6 +10,7 @@
 - `report`: a run directory's report files (trials.csv, best.json, summary.md, plots).
 - `summary_text`: summary.md's words: the best draft, its gain, the verdict (`cost.verdict`).
 - `plots`: the plots of a run and of a compare.
+- `pyplot`: matplotlib for those plots, its font cache beside the cache, not under HOME.
 - `compare_tables`: a compare's tables and convergence plot.
 - `export`: a run's best draft as configs other engines read (`skipsearch export`).
 - `export_source`: what an export is made of, read from a run directory or its best.json.

@@ -10,10 +10,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 
 from skipsearch.acceptance.importance import IMPORTANCE_SOURCES, SublayerImportance, measured_importance
@@ -21,6 +17,7 @@ from skipsearch.acceptance.worker import Measurement
 from skipsearch.errors import ConfigError
 from skipsearch.executors.base import Executor
 from skipsearch.masks import SkipMask
+from skipsearch.run.pyplot import plt
 from skipsearch.search.evaluation_cache import EvaluationCache
 from skipsearch.search.spaces import SubsetSpace
 from skipsearch.search.strategies import unit_masks

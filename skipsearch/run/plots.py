@@ -5,13 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from skipsearch.run.pyplot import plt
 from skipsearch.search.results import TrialRecord
 from skipsearch.store import atomic_path
 

@@ -113,3 +113,21 @@ def test_api_misuse_is_one_error_naming_the_keyword_before_any_work(call, error:
     assert isinstance(raised.value, SkipsearchError)
     message = str(raised.value)
     assert message.startswith(keyword) and "--" not in message.split(":")[0]
+
+
+def test_the_api_writes_nothing_under_home(tmp_path: Path) -> None:
+    """A refused `SearchResult.load` imports nothing that writes, and the run's plots keep matplotlib's
+    font cache beside skipsearch's cache: HOME stays empty (the audit's 'wrote into HOME' case)."""
+    home, cache = tmp_path / "home", tmp_path / "cache"
+    home.mkdir()
+    code = (
+        "import skipsearch\n"
+        "try:\n    skipsearch.SearchResult.load(run_dir=None)\n"
+        "except TypeError as error:\n    assert str(error).startswith('run_dir'), error\n"
+        "from skipsearch.run.pyplot import plt\n"
+        "plt.subplots()\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "SKIPSEARCH_CACHE": str(cache)}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=Path(__file__).parents[2])
+    assert list(home.iterdir()) == []
+    assert (cache / "matplotlib").is_dir()

@@ -1,27 +1,30 @@
-"""Six strategies at equal budget, plus random at 5x the budget (issues 4 and 13;
+"""Six strategies at equal budget, plus random at a multiple of it (issues 4, 13 and 59;
 docs/architecture.md, "Strategies").
 
-Runs `skipsearch compare` (`compare_space.yaml`: the sparse space up to 70% skipped; 3 seeds, one
-shared evaluation cache) with random, uniform, ranking, knapsack, learned (TPE) and knapsack+tpe at
-budget 100 on the embedded model and, when `make qwen` has installed it, at budget 40 on
-qwen2.5-coder-0.5b; each also gets random search at 5x the budget (`random@5x`), the reference the
-learned strategies should beat. Writes `results/compare/xeon-amx/<model>/` (`--out-name`):
-comparison.csv, comparison.md (best score, masks to reach 95% of the final, model seconds),
-convergence.png (mean ± range over seeds), importance.json / .png, trials of every study
-(`<study>.csv`) and run.yaml. The Optuna
-journal and the evaluation cache stay in `runs/compare/<model>/` (large, not committed); rerunning
-with `--resume` continues them.
+Runs `skipsearch compare` (3 seeds, one shared evaluation cache) with random, uniform, ranking,
+knapsack, learned (TPE) and knapsack+tpe at `--budget` on the embedded model and, when `make qwen`
+has installed it, at `--qwen-budget` on qwen2.5-coder-0.5b. The space is `--space`: by default
+`compare_space.yaml` (the sparse space up to 70% skipped, the space of issue 13's comparison);
+`--space precision` is the space with the precision axis (every kept layer at full, int8 or int4,
+up to a quarter of the layers skipped), with `--draft-vocab SMOLLM2_K,QWEN_K` giving every mask the
+draft head it decodes with. `--random-multiple M` adds random search at M x the budget (`random@Mx`),
+the reference the learned strategies should beat; 0 leaves it out. Writes
+`results/<--out-name>/<model>/`: comparison.csv, comparison.md (best score, masks to reach 95% of
+the final, model seconds), convergence.png (mean ± range over seeds), importance.json / .png, each
+study's best trial (`<study>.csv`) and run.yaml. The Optuna journal and the evaluation cache stay in
+`runs/<--out-name>/<model>/` (large, not committed); rerunning with `--resume` continues them.
 
 Cost model: the calibrated one when a latency profile of the model is cached on this device
 (`skipsearch profile`), else the closed form; run.yaml records which (`cost`). Prompt options are
 smaller than the CLI defaults (8 HumanEval prompts, 48 new tokens); the settings are in run.yaml.
-The full benchmark is about 6 x 100 + 500 distinct masks per seed before cache sharing: 25 minutes
-for SmolLM2 and 31 for Qwen on two idle cores (2026-11-30), so run it on an idle machine:
+The scores are predictions from measured acceptance and the cached profile, not timings, so a
+busy machine changes how long it takes, not what it finds. The precision comparison of issue 59:
 
-    .venv/bin/python experiments/compare_strategies.py --budget 100 --seeds 3 --qwen-budget 40
+    .venv/bin/python experiments/compare_strategies.py --budget 40 --qwen-budget 24 --seeds 3 \
+        --space precision --draft-vocab 16384,32768 --random-multiple 0 --out-name compare/CPU
 
 A smoke run (minutes): `--budget 6 --seeds 1 --skip-qwen --out-name smoke` (writes
-`results/smoke/<model>/` and `runs/smoke/`; about 12 minutes on two shared cores; delete them after).
+`results/smoke/<model>/` and `runs/smoke/`; delete them after).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from skipsearch.cost.tree_cost import score_tree
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
 from skipsearch.search.score import Score, Scorer
-from skipsearch.search.spaces import precision_label
+from skipsearch.search.space_precision import precision_label
 from skipsearch.tree_shapes import Tree, as_tree, tree_label
 
 OBJECTIVES = ("speedup", "acceptance")

@@ -22,7 +22,8 @@ from skipsearch.search.knapsack import Option, choice_frontier
 from skipsearch.search.objective import make_scorer
 from skipsearch.search.space_files import load_space
 from skipsearch.search.space_spec import SpaceSpec
-from skipsearch.search.spaces import MixedSpace, precision_label, uniform_bits, with_bits
+from skipsearch.search.space_precision import precision_label, uniform_bits, with_bits
+from skipsearch.search.subset_spaces import MixedSpace
 from tests.unit.conftest import synthetic_latency
 from tests.unit.search.conftest import (
     ATTN_DAMAGE,

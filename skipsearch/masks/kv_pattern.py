@@ -8,7 +8,7 @@ attends to the whole cache.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from skipsearch.errors import ConfigError, InvalidMaskError
@@ -35,8 +35,7 @@ class KVPattern:
     pillars: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("sink", "window", "pillars"):
-            value = getattr(self, name)
+        for name, value in asdict(self).items():
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidMaskError(f"KV pattern {name} must be an integer, got {value!r}")
         if self.sink < 0 or self.window < 1 or self.pillars < 0:

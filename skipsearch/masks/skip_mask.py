@@ -221,22 +221,14 @@ class SkipMask:
         return bool(self.attn_int8 or self.attn_int4 or self.mlp_int8 or self.mlp_int4)
 
     @property
-    def quantized_attn(self) -> frozenset[int]:
-        return self.attn_int8 | self.attn_int4
-
-    @property
-    def quantized_mlp(self) -> frozenset[int]:
-        return self.mlp_int8 | self.mlp_int4
-
-    @property
     def changed_attn(self) -> frozenset[int]:
         """Attention sub-layers the draft skips or runs at lower precision: not the full model's."""
-        return self.attn | self.quantized_attn
+        return self.attn | self.attn_int8 | self.attn_int4
 
     @property
     def changed_mlp(self) -> frozenset[int]:
         """MLP sub-layers the draft skips or runs at lower precision: not the full model's."""
-        return self.mlp | self.quantized_mlp
+        return self.mlp | self.mlp_int8 | self.mlp_int4
 
     @property
     def is_layer_level(self) -> bool:

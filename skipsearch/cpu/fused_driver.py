@@ -126,12 +126,18 @@ def _fuse(projections: list[Bf16WeightLinear]) -> tuple[torch.Tensor, torch.Tens
         blocks = projection.packed.shape[0]
         projection.packed = fused[start : start + blocks]
         start += blocks
+    return fused, joined_bias(projections)
+
+
+def joined_bias(projections: list[nn.Module]) -> torch.Tensor | None:
+    """The biases of `projections` fused into one product, as one float32 vector (zeros where one
+    has none; None where none has one)."""
     biases = [projection.bias for projection in projections]
     if all(bias is None for bias in biases):
-        return fused, None
-    return fused, torch.cat(
+        return None
+    return torch.cat(
         [
-            bias if bias is not None else torch.zeros(p.out_features)
+            bias.float() if bias is not None else torch.zeros(p.out_features)
             for bias, p in zip(biases, projections, strict=True)
         ]
     )

@@ -34,6 +34,7 @@ from skipsearch.cpu.fused_driver import (
     attention_library,
     data_pointer,
     function_address,
+    joined_bias,
     load_driver,
 )
 from skipsearch.cpu.int_weights import (
@@ -263,17 +264,7 @@ class LowerPrecisionLayer(FusedLayer):
         quantized (or the `given` ones, joined) and packed, its scales (int8) or groups (int4), and
         their biases as one (zeros where one has none; None where none has one)."""
         projections = [getattr(getattr(block, owner), name) for name in names]
-        biases = [projection.bias for projection in projections]
-        bias = (
-            None
-            if all(b is None for b in biases)
-            else torch.cat(
-                [
-                    b.float() if b is not None else torch.zeros(p.out_features)
-                    for b, p in zip(biases, projections, strict=True)
-                ]
-            ).contiguous()
-        )
+        bias = joined_bias(projections)
         if given is None:
             weight = torch.cat([projection.weight.float() for projection in projections])
         if self.bits == 8:

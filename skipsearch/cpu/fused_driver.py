@@ -165,9 +165,9 @@ class FusedLayer:
         config, o_proj, down_proj = attention.config, attention.o_proj, mlp.down_proj
         norms = block.input_layernorm, block.post_attention_layernorm
         self.spec = DriverLayer(
-            function_address(bf16_weights.kernel_library(o_proj.kernel)), function_address(rms_norm.load_kernel()),
-            function_address(rotary.load_kernel()), function_address(attention_library(config)),
-            function_address(silu.load_kernel()),
+            function_address(bf16_weights.kernel_library(o_proj.kernel)),
+            function_address(rms_norm.load_kernel()), function_address(rotary.load_kernel()),
+            function_address(attention_library(config)), function_address(silu.load_kernel()),
             o_proj.out_features, config.num_attention_heads, config.num_key_value_heads, attention.head_dim,
             mlp.gate_proj.out_features,
             float(attention.scaling), norms[0].variance_epsilon, norms[1].variance_epsilon,

@@ -246,9 +246,7 @@ def option_cases(model: str, fixtures: Path) -> list[Case]:
                 argv = with_option(line, option, value)
                 refuse = value is not None and must_refuse(bound, value)
                 name = f"{command} {option}" + ("" if value is None else f" {value}")
-                cases.append(
-                    command_case(f"value: {kind}", name, command, argv, refuse, copies)
-                )
+                cases.append(command_case(f"value: {kind}", name, command, argv, refuse, copies))
     return cases
 
 
@@ -625,7 +623,14 @@ def combination_cases(model: str, fixtures: Path) -> list[Case]:
                 argv = [w for i, w in enumerate(line) if w != other and (i == 0 or line[i - 1] != other)]
                 argv = with_option(argv, option, value)
                 cases.append(
-                    command_case("combination: an option without the one its help names", f"{command} {option} without {other}", command, argv, inapplicable(command, option, argv), copies)
+                    command_case(
+                        "combination: an option without the one its help names",
+                        f"{command} {option} without {other}",
+                        command,
+                        argv,
+                        inapplicable(command, option, argv),
+                        copies,
+                    )
                 )
             # --alphas: acceptances by depth, which may repeat; --mask: a mask string, whose layer
             # lists --skip, --attn-skip and --mlp-skip cover
@@ -676,7 +681,14 @@ def combination_cases(model: str, fixtures: Path) -> list[Case]:
                     argv = with_option(argv, flag, NOT_HOLDING[other])
                     break
             cases.append(
-                command_case("combination: an option where it does not apply", f"{command} {option} (rule)", command, argv, inapplicable(command, option, argv), copies)
+                command_case(
+                    "combination: an option where it does not apply",
+                    f"{command} {option} (rule)",
+                    command,
+                    argv,
+                    inapplicable(command, option, argv),
+                    copies,
+                )
             )
     for option, value in (("--warm-start", None), ("--sampler", "cmaes"), ("--importance", "measured")):
         for strategy in ("random", "uniform", "learned", "knapsack"):

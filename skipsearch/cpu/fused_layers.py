@@ -46,7 +46,6 @@ from skipsearch.cpu.int_weights import (
     quantize_int8,
 )
 
-
 ATTRIBUTE = "fused"  # where a decoder layer keeps its FusedLayer
 
 

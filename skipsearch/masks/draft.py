@@ -43,6 +43,7 @@ def vocab_label(draft_vocab: int | None) -> int | str:
     (`parse_draft_vocab` reads it back)."""
     return FULL_VOCAB if draft_vocab is None else draft_vocab
 
+
 def split_draft(text: str) -> tuple[str, int | None, KVPattern | None]:
     """`a:4|m:4|v:8192|kv:s4w1024` -> (`a:4|m:4`, 8192, s4w1024); without `v:` the vocabulary is
     None (full), without `kv:` the KV pattern is None (full)."""

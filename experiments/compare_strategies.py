@@ -52,7 +52,9 @@ COPIED = (
 )
 
 
-def compare(model: str, budget: int, seeds: int, resume: bool, out_name: str, strategies: str, extra: list) -> None:
+def compare(
+    model: str, budget: int, seeds: int, resume: bool, out_name: str, strategies: str, extra: list
+) -> None:
     """One model's comparison; `extra` carries the space, draft head and random multiple."""
     work = ROOT / "runs" / out_name / model
     args = ["compare", "--model", model, "--budget", str(budget), "--seeds", str(seeds)]
@@ -86,12 +88,14 @@ def main() -> None:
     parser.add_argument(
         "--space",
         default=str(ROOT / "experiments" / "compare_space.yaml"),
-        help="search space name or YAML (default experiments/compare_space.yaml; `precision`: the precision axis)",
+        help="search space name or YAML (default experiments/compare_space.yaml; `precision`: the "
+        "precision axis)",
     )
     parser.add_argument(
         "--draft-vocab",
         default=None,
-        help="draft head of every mask, per model: SMOLLM2_K,QWEN_K (e.g. 16384,32768; default the full head)",
+        help="draft head of every mask, per model: SMOLLM2_K,QWEN_K (e.g. 16384,32768; default the "
+        "full head)",
     )
     parser.add_argument(
         "--random-multiple",
@@ -102,7 +106,9 @@ def main() -> None:
     args = parser.parse_args()
     vocabs = args.draft_vocab.split(",") if args.draft_vocab else [None, None]
     if len(vocabs) != 2:
-        parser.error(f"--draft-vocab wants two sizes, SmolLM2's and Qwen's, e.g. 16384,32768; got {args.draft_vocab!r}")
+        parser.error(
+            f"--draft-vocab wants two sizes, SmolLM2's and Qwen's, e.g. 16384,32768; got {args.draft_vocab!r}"
+        )
 
     def extra(vocab: str | None) -> list:
         head = ["--draft-vocab", vocab] if vocab else []
@@ -111,7 +117,13 @@ def main() -> None:
 
     if not args.skip_smollm2:
         compare(
-            "smollm2-135m", args.budget, args.seeds, args.resume, args.out_name, args.strategies, extra(vocabs[0])
+            "smollm2-135m",
+            args.budget,
+            args.seeds,
+            args.resume,
+            args.out_name,
+            args.strategies,
+            extra(vocabs[0]),
         )
     if not args.skip_qwen and available_offline(REGISTRY["qwen2.5-coder-0.5b"]):
         compare(

@@ -219,6 +219,22 @@ def outputs_of(argv: list[str]) -> tuple[str, ...]:
     return tuple(argv[i + 1] for i, word in enumerate(argv[:-1]) if word in ("--out", "--json"))
 
 
+def command_case(
+    group: str, name: str, command: str, argv: list[str], refuse: bool, copies: dict[str, Path]
+) -> Case:
+    """A case of `command` line `argv`, writing where it names (`outputs_of`), with its own copy of
+    the fixtures; a decode may also exit 1 (not lossless)."""
+    return Case(
+        group,
+        name,
+        argv,
+        refuse,
+        outputs=outputs_of(argv),
+        copies=dict(copies),
+        codes=(0, 1, 2) if command == "decode" else (0, 2),
+    )
+
+
 def option_cases(model: str, fixtures: Path) -> list[Case]:
     cases = []
     for command in COMMANDS:
@@ -230,17 +246,7 @@ def option_cases(model: str, fixtures: Path) -> list[Case]:
                 argv = with_option(line, option, value)
                 refuse = value is not None and must_refuse(bound, value)
                 name = f"{command} {option}" + ("" if value is None else f" {value}")
-                cases.append(
-                    Case(
-                        f"value: {kind}",
-                        name,
-                        argv,
-                        refuse,
-                        outputs=outputs_of(argv),
-                        copies=dict(copies),
-                        codes=(0, 1, 2) if command == "decode" else (0, 2),
-                    )
-                )
+                cases.append(command_case(f"value: {kind}", name, command, argv, refuse, copies))
     return cases
 
 
@@ -273,15 +279,7 @@ def path_cases(model: str, fixtures: Path) -> list[Case]:
             if want == "input" and path == "dir" and option in ("--model",):
                 refuse = True  # a directory without config.json
             cases.append(
-                Case(
-                    f"path: {kind}",
-                    f"{command} {option} {kind}",
-                    argv,
-                    refuse,
-                    outputs=outputs_of(argv),
-                    copies=dict(copies),
-                    codes=(0, 1, 2) if command == "decode" else (0, 2),
-                )
+                command_case(f"path: {kind}", f"{command} {option} {kind}", command, argv, refuse, copies)
             )
     return cases
 
@@ -366,76 +364,58 @@ def finished_trials(run_dir: Path) -> dict[str, int]:
     }
 
 
+def resume_case(
+    fixtures: Path,
+    command: str,
+    stored: str,
+    group: str,
+    name: str,
+    words: list[str],
+    refuse: bool,
+    check: Callable[[Path, subprocess.CompletedProcess], str] | None = None,
+) -> Case:
+    """`COMMAND --out STORED --resume WORDS` over a copy of the stored run directory `STORED`."""
+    return Case(
+        group,
+        name,
+        [command, "--out", stored, "--resume", *words],
+        refuse,
+        outputs=(stored,),
+        copies={stored: fixtures / stored},
+        check=check,
+    )
+
+
 def resume_cases(fixtures: Path) -> list[Case]:
+    restores, typed = "resume: restores every stored setting", "resume: a stored setting typed differently"
     cases = []
     compare_changes = [
         c for c in RUN_CHANGES if c[0] != "--strategy"
     ] + COMPARE_CHANGES  # compare has no --strategy
     for kind, changes in (("run", RUN_CHANGES), ("compare", compare_changes)):
         for option, value in changes:
-            argv = [kind, "--out", kind, "--resume", option, *([] if value is None else [value])]
-            cases.append(
-                Case(
-                    "resume: a stored setting typed differently",
-                    f"{kind} --resume {option} {value or ''}".strip(),
-                    argv,
-                    True,
-                    outputs=(kind,),
-                    copies={kind: fixtures / kind},
-                )
-            )
-        cases.append(
-            Case(
-                "resume: restores every stored setting",
-                f"{kind} --resume --budget 3",
-                [kind, "--out", kind, "--resume", "--budget", "3"],
-                False,
-                outputs=(kind,),
-                copies={kind: fixtures / kind},
-                check=unchanged_but_budget(kind, 3),
-            )
-        )
-        cases.append(
-            Case(
-                "resume: a stored setting typed differently",
-                f"{kind} --resume --budget 1 (below the stored 2)",
-                [kind, "--out", kind, "--resume", "--budget", "1"],
-                True,
-                outputs=(kind,),
-                copies={kind: fixtures / kind},
-            )
-        )
-        cases.append(
-            Case(
-                "resume: restores every stored setting",
-                f"{kind} --resume --seed 0 (as stored)",
-                [kind, "--out", kind, "--resume", "--seed", "0"],
-                False,
-                outputs=(kind,),
-                copies={kind: fixtures / kind},
-                check=unchanged_but_budget(kind, 2),
-            )
-        )
-    cases.append(
-        Case(
-            "resume: across kinds",
-            "run --resume of a compare",
-            ["run", "--out", "compare", "--resume"],
-            True,
-            outputs=("compare",),
-            copies={"compare": fixtures / "compare"},
-        )
-    )
-    cases.append(
-        Case(
-            "resume: across kinds",
-            "compare --resume of a run",
-            ["compare", "--out", "run", "--resume"],
-            True,
-            outputs=("run",),
-            copies={"run": fixtures / "run"},
-        )
-    )
+            name = f"{kind} --resume {option} {value or ''}".strip()
+            words = [option, *([] if value is None else [value])]
+            cases.append(resume_case(fixtures, kind, kind, typed, name, words, True))
+        cases += [
+            resume_case(
+                fixtures, kind, kind, restores, f"{kind} --resume --budget 3", ["--budget", "3"], False,
+                unchanged_but_budget(kind, 3),
+            ),
+            resume_case(
+                fixtures, kind, kind, typed, f"{kind} --resume --budget 1 (below the stored 2)",
+                ["--budget", "1"], True,
+            ),
+            resume_case(
+                fixtures, kind, kind, restores, f"{kind} --resume --seed 0 (as stored)", ["--seed", "0"],
+                False, unchanged_but_budget(kind, 2),
+            ),
+        ]  # fmt: skip
+    across = "resume: across kinds"
+    cases += [
+        resume_case(fixtures, "run", "compare", across, "run --resume of a compare", [], True),
+        resume_case(fixtures, "compare", "run", across, "compare --resume of a run", [], True),
+    ]
     return cases
 
 
@@ -643,14 +623,13 @@ def combination_cases(model: str, fixtures: Path) -> list[Case]:
                 argv = [w for i, w in enumerate(line) if w != other and (i == 0 or line[i - 1] != other)]
                 argv = with_option(argv, option, value)
                 cases.append(
-                    Case(
+                    command_case(
                         "combination: an option without the one its help names",
                         f"{command} {option} without {other}",
+                        command,
                         argv,
                         inapplicable(command, option, argv),
-                        outputs=outputs_of(argv),
-                        copies=dict(copies),
-                        codes=(0, 1, 2) if command == "decode" else (0, 2),
+                        copies,
                     )
                 )
             # --alphas: acceptances by depth, which may repeat; --mask: a mask string, whose layer
@@ -702,14 +681,13 @@ def combination_cases(model: str, fixtures: Path) -> list[Case]:
                     argv = with_option(argv, flag, NOT_HOLDING[other])
                     break
             cases.append(
-                Case(
+                command_case(
                     "combination: an option where it does not apply",
                     f"{command} {option} (rule)",
+                    command,
                     argv,
                     inapplicable(command, option, argv),
-                    outputs=outputs_of(argv),
-                    copies=dict(copies),
-                    codes=(0, 1, 2) if command == "decode" else (0, 2),
+                    copies,
                 )
             )
     for option, value in (("--warm-start", None), ("--sampler", "cmaes"), ("--importance", "measured")):

@@ -30,12 +30,12 @@ Subpackages, top layer first (docs/architecture.md, "Layers"; a package imports 
 - `models`: the registry, loading, the layer-wise runner, the kernel plan as the rest sees it.
 - `cpu`: the CPU backend: the kernel plan's measured choices and its C kernels.
 - `kv`: the kernel plan's KV cache and what a draft's attention reads of it.
+- `masks`: `SkipMask`, `KVPattern` and `Draft`: what a draft skips, reads and proposes (pure).
 
 Top-level modules:
 - `api`: the Python API above: `search`, `decode`, `load_model`.
 - `__main__`: `python -m skipsearch`, the command line.
 - `config`: `RunConfig`: what a run measures and how it searches.
-- `masks`: `SkipMask`, `KVPattern` and `Draft`: what a draft skips, reads and proposes.
 - `tree_shapes`: token-tree drafts: a tree's shape and what a round of it accepts.
 - `progress`: progress bars for the slow parts, on stderr.
 - `store`: where skipsearch keeps files, and writes that a kill never leaves half done.

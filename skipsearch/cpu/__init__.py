@@ -24,7 +24,9 @@ Python modules, the kernels and what applies them:
   draft's products); a row's output does not depend on the rows beside it.
 - `int_torch`: torch's weight-only int8/int4 kernels on the same quantized weights, the baseline.
 - `decode_attention`: the decode-attention kernels for a decode's short query blocks.
-- `fused_layers`: a decoder sub-layer in one C call (`decoder_layer.c`), at bf16 or int8/int4 weights.
+- `fused_driver`: the C driver of a fused decoder layer (`decoder_layer.c`) and `FusedLayer`, a layer's
+  sub-layers in one C call each at bf16 weights.
+- `fused_layers`: fused layers on a model (`fuse_layers`) and a draft's layers at int8/int4 on the driver.
 - `rms_norm`, `rotary`, `silu`: the norm, rotary embedding and SiLU kernels, same bits as transformers.
 - `replace`: swaps a model's sub-modules for the plan's own.
 - `inventory`: what a loaded model runs (`plan_kernels`) and the bytes a step reads (`step_bytes`).

@@ -211,10 +211,45 @@ def _output(hidden: torch.Tensor, out: int) -> torch.Tensor:
     return torch.empty((*hidden.shape[:-1], out))
 
 
-class Int8Linear(nn.Module):
+class _IntLinear(nn.Module):
+    """What `Int8Linear` and `Int4Linear` share: a float32 block of 1..`MAX_ROWS` rows runs the
+    kernel (`_kernel`, over its packed weights, `_weights`); other blocks, other dtypes, or no
+    kernel, multiply the dequantized matrix (`weight`) with torch."""
+
+    kind: str  # the kernel it runs, INT8 or INT4: each subclass says
+
+    def _kernel(self) -> ctypes._CFuncPtr | None:
+        return _function(self.kind, self.width)
+
+    def _weights(self) -> tuple[int, ...]:
+        """The kernel's arguments between the inputs' and the outputs' (`_SIGNATURE8`, `_SIGNATURE4`)."""
+        raise NotImplementedError
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows = hidden.numel() // self.in_features
+        function = self._kernel()
+        if function is None or not 1 <= rows <= MAX_ROWS or hidden.dtype is not torch.float32:
+            bias = None if self.bias is None else self.bias.to(hidden.dtype)
+            return F.linear(hidden, self.weight.to(hidden.dtype), bias)
+        if not hidden.is_contiguous():
+            hidden = hidden.contiguous()
+        y = _output(hidden, self.out_features)
+        failed = function(
+            hidden.data_ptr(), self.in_features, rows, self.in_features, *self._weights(),
+            self.out_features, None if self.bias is None else self.bias.data_ptr(), y.data_ptr(),
+            self.out_features,
+        )  # fmt: skip
+        if failed:
+            raise RuntimeError(f"linear_rows_{self.kind} refused a {rows}x{self.in_features} block")
+        return y
+
+
+class Int8Linear(_IntLinear):
     """`nn.Linear`'s product with the weight at int8 (`int_weights.quantize_int8`, or `quantized`
     given), in float32 arithmetic on `linear_rows_int.c`. `weight` is the float32 matrix it
     multiplies by (`dequantize_int8`), computed on each read."""
+
+    kind = INT8
 
     def __init__(
         self,
@@ -238,23 +273,11 @@ class Int8Linear(nn.Module):
     def weight(self) -> torch.Tensor:
         return dequantize_int8(self.quantized())
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        rows = hidden.numel() // self.in_features
-        function = _function(INT8, self.width) if self.in_features % 8 == 0 else None
-        if function is None or not 1 <= rows <= MAX_ROWS or hidden.dtype is not torch.float32:
-            bias = None if self.bias is None else self.bias.to(hidden.dtype)
-            return F.linear(hidden, self.weight.to(hidden.dtype), bias)
-        if not hidden.is_contiguous():
-            hidden = hidden.contiguous()
-        y = _output(hidden, self.out_features)
-        failed = function(
-            hidden.data_ptr(), self.in_features, rows, self.in_features, self.packed.data_ptr(),
-            self.scale.data_ptr(), self.out_features, None if self.bias is None else self.bias.data_ptr(),
-            y.data_ptr(), self.out_features,
-        )  # fmt: skip
-        if failed:
-            raise RuntimeError(f"linear_rows_int8 refused a {rows}x{self.in_features} block")
-        return y
+    def _kernel(self) -> ctypes._CFuncPtr | None:
+        return super()._kernel() if self.in_features % 8 == 0 else None
+
+    def _weights(self) -> tuple[int, ...]:
+        return self.packed.data_ptr(), self.scale.data_ptr()
 
     def packed_bytes(self) -> int:
         """The bytes a call reads: the values and the scales."""
@@ -264,11 +287,13 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(_IntLinear):
     """`nn.Linear`'s product with the weight at int4 in groups of `group` inputs
     (`int_weights.quantize_int4`, or `quantized` given), in float32 arithmetic on
     `linear_rows_int.c`. `weight` is the float32 matrix it multiplies by (`dequantize_int4`; the
     kernel reassociates the product by group), computed on each read."""
+
+    kind = INT4
 
     def __init__(
         self,
@@ -295,23 +320,8 @@ class Int4Linear(nn.Module):
     def weight(self) -> torch.Tensor:
         return dequantize_int4(self.quantized())
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        rows = hidden.numel() // self.in_features
-        function = _function(INT4, self.width)
-        if function is None or not 1 <= rows <= MAX_ROWS or hidden.dtype is not torch.float32:
-            bias = None if self.bias is None else self.bias.to(hidden.dtype)
-            return F.linear(hidden, self.weight.to(hidden.dtype), bias)
-        if not hidden.is_contiguous():
-            hidden = hidden.contiguous()
-        y = _output(hidden, self.out_features)
-        failed = function(
-            hidden.data_ptr(), self.in_features, rows, self.in_features, self.words.data_ptr(),
-            self.params.data_ptr(), self.group, self.out_features,
-            None if self.bias is None else self.bias.data_ptr(), y.data_ptr(), self.out_features,
-        )  # fmt: skip
-        if failed:
-            raise RuntimeError(f"linear_rows_int4 refused a {rows}x{self.in_features} block")
-        return y
+    def _weights(self) -> tuple[int, ...]:
+        return self.words.data_ptr(), self.params.data_ptr(), self.group
 
     def packed_bytes(self) -> int:
         """The bytes a call reads: the values and the groups' scales and zeros."""

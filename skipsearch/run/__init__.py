@@ -15,4 +15,5 @@
 - `export`: a run's best draft as configs other engines read (`skipsearch export`).
 - `export_source`: what an export is made of, read from a run directory or its best.json.
 - `export_formats`: one writer, reader and set of notes per export format.
+- `export_notes`: the notes' prose (`export_notes.md`) read and filled in from the run.
 """

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from skipsearch.errors import ConfigError, SkipsearchError
-from skipsearch.run.export_formats import ALL, FORMATS, NOTES, Format
+from skipsearch.run.export_formats import ALL, FORMATS, Format
+from skipsearch.run.export_notes import NOTES
 from skipsearch.run.export_source import Exported, ExportedDraft, ExportSource
 from skipsearch.store import EXPORT_MARKER, EXPORT_README, TIERS_FILE, check_output_dir, write_text_atomic
 from skipsearch.tiers.manifest import TierManifest

@@ -12,7 +12,8 @@
   draft model for llama.cpp (`-md`; whole layers only, any precision: `models.gguf_draft`). Not
   part of `all`: it is a weights file, written only when asked for.
 
-The notes — what each target engine can and cannot express — are prose in `export_notes.md`.
+The notes — what each target engine can and cannot express — are prose in `export_notes.md`, read
+and filled in by `run.export_notes`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib import metadata, resources
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -34,77 +35,16 @@ from skipsearch.models.gguf_draft import (
     whole_layer_refusal,
     write_draft_gguf,
 )
-from skipsearch.run.export_source import EXPORT_VERSION, ExportedDraft, ExportSource
-from skipsearch.store import DRAFT_VOCAB_FILE, TIERS_FILE, write_text_atomic
-from skipsearch.tree_shapes import as_tree
-
-NOTES_FILE = "export_notes.md"  # the prose of every note, per format
-
-
-# -- the notes ------------------------------------------------------------------------------------
-def parse_notes(text: str) -> dict[str, tuple[str, ...]]:
-    """`## section` -> its bullets (continuation lines indented by two spaces joined on)."""
-    sections: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in text.splitlines():
-        if line.startswith("## "):
-            current = sections.setdefault(line[3:].strip(), [])
-        elif current is not None and line.startswith("- "):
-            current.append(line[2:].strip())
-        elif current and line.startswith("  ") and line.strip():
-            current[-1] += " " + line.strip()
-    return {name: tuple(bullets) for name, bullets in sections.items()}
-
-
-NOTES = parse_notes(resources.files(__package__).joinpath(NOTES_FILE).read_text(encoding="utf-8"))
-
-
-def note_values(source: ExportSource, draft: ExportedDraft) -> dict[str, Any]:
-    """What the notes' `{placeholders}` stand for."""
-    exit_layer = draft.mask.exit_layer
-    best = source.best
-    return {
-        "model": source.model,
-        "gamma": draft.gamma,
-        "s1": draft.mask.first_divergent_layer,
-        "exit_layer": exit_layer,
-        "last_draft_layer": None if exit_layer is None else exit_layer - 1,
-        "n_tiers": 0 if source.tiers is None else len(source.tiers.masks),
-        "tiers_file": TIERS_FILE,
-        "keys": _key_list(skip_layer_keys(source)),
-        "best_mask": best.mask,
-        "trial": draft.trial,
-        "speed": f", {draft.speedup:.3f}x predicted" if draft.speedup is not None else "",
-        "best_speed": f"{best.speedup:.3f}x" if best.speedup is not None else "its score",
-        "draft_vocab": source.draft_vocab,
-        "draft_vocab_file": DRAFT_VOCAB_FILE,
-        "tree": _tree(source),
-    }
-
-
-def _tree(source: ExportSource) -> str | None:
-    """The token-tree shape the run's best draft drafts (None: a chain)."""
-    tree = as_tree(source.best_json.get("tree"))
-    return None if tree is None else str(tree)
-
-
-def _no_tree_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
-    """An engine that drafts chains, told the best draft was scored as a token tree."""
-    return [] if _tree(source) is None else notes("no-tree", source, draft)
-
-
-def _key_list(keys: tuple[str, ...]) -> str:
-    quoted = [f"`{key}`" for key in keys]
-    return (
-        f"the key {quoted[0]}" if len(quoted) == 1 else f"the keys {', '.join(quoted[:-1])} and {quoted[-1]}"
-    )
-
-
-def notes(
-    section: str, source: ExportSource, draft: ExportedDraft, extra: Mapping[str, Any] | None = None
-) -> list[str]:
-    values = {**note_values(source, draft), **(extra or {})}
-    return [note.format(**values) for note in NOTES[section]]
+from skipsearch.run.export_notes import (
+    NOTES,
+    fallback_note,
+    full_vocab_note,
+    no_tree_note,
+    notes,
+    tree_label,
+)
+from skipsearch.run.export_source import EXPORT_VERSION, ExportedDraft, ExportSource, skip_layer_keys
+from skipsearch.store import write_text_atomic
 
 
 def skipsearch_version() -> str:
@@ -183,7 +123,7 @@ def write_skipsearch(source: ExportSource, draft: ExportedDraft, path: Path) -> 
             "draft_vocab_ids": None if source.draft_vocab_ids is None else list(source.draft_vocab_ids),
             "gamma": draft.gamma,
             "gamma_policy": {"kind": "fixed", "gamma": draft.gamma},
-            "tree": _tree(source),
+            "tree": tree_label(source),
             "tiers": None if source.tiers is None else source.tiers.to_dict(),
             "r_draft": best.get("r_draft"),
             "r_reuse": best.get("r_reuse"),
@@ -234,13 +174,8 @@ def read_skipsearch(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 def notes_skipsearch(source: ExportSource, draft: ExportedDraft) -> list[str]:
     tiers = [] if source.tiers is None else notes("skipsearch-tiers", source, draft)
     vocab = [] if source.draft_vocab is None else notes("skipsearch-draft-vocab", source, draft)
-    tree = [] if _tree(source) is None else notes("skipsearch-tree", source, draft)
+    tree = [] if tree_label(source) is None else notes("skipsearch-tree", source, draft)
     return [*notes("skipsearch", source, draft), *vocab, *tree, *tiers]
-
-
-def _full_vocab_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
-    """Engines without a draft-vocabulary option run the mask with the full head: say so."""
-    return [] if source.draft_vocab is None else notes("no-draft-vocab", source, draft)
 
 
 # hf ----------------------------------------------------------------------------------------------
@@ -276,30 +211,14 @@ def read_hf(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 
 def notes_hf(source: ExportSource, draft: ExportedDraft) -> list[str]:
     fallbacks = [
-        *_fallback_note(source, draft),
-        *_full_vocab_note(source, draft),
-        *_no_tree_note(source, draft),
+        *fallback_note(source, draft),
+        *full_vocab_note(source, draft),
+        *no_tree_note(source, draft),
     ]
     return [*fallbacks, *notes("hf", source, draft)]
 
 
 # skip-layers -------------------------------------------------------------------------------------
-def model_name(model: str) -> str:
-    """The name research code keys a model by: the last part of a hub id or path, no `.gguf`."""
-    name = Path(model.rstrip("/")).name
-    return name.removesuffix(".gguf") or model
-
-
-def skip_layer_keys(source: ExportSource) -> tuple[str, ...]:
-    """`--export-key`, else Draft & Verify's `model_name` and SWIFT's `model_name_task_name`
-    (the task: the run's prompt source, e.g. `humaneval`)."""
-    if source.export_key is not None:
-        return (source.export_key,)
-    name = model_name(source.model)
-    task = str(source.best_json.get("prompt_set") or "task").rsplit("-", 1)[0]
-    return (name, f"{name}_{task}")
-
-
 def write_skip_layers(source: ExportSource, draft: ExportedDraft, path: Path) -> None:
     entry = {"attention": sorted(draft.mask.attn), "mlp": sorted(draft.mask.mlp)}
     _dump(path, {key: entry for key in skip_layer_keys(source)})
@@ -329,8 +248,8 @@ def read_skip_layers(path: Path, num_layers: int) -> tuple[SkipMask, int | None]
 
 def notes_skip_layers(source: ExportSource, draft: ExportedDraft) -> list[str]:
     return [
-        *_full_vocab_note(source, draft),
-        *_no_tree_note(source, draft),
+        *full_vocab_note(source, draft),
+        *no_tree_note(source, draft),
         *notes("skip-layers", source, draft),
     ]
 
@@ -374,12 +293,8 @@ def read_layerskip(path: Path, num_layers: int) -> tuple[SkipMask, int | None]:
 
 
 def notes_layerskip(source: ExportSource, draft: ExportedDraft) -> list[str]:
-    fallback, full_vocab = _fallback_note(source, draft), _full_vocab_note(source, draft)
-    return [*fallback, *full_vocab, *_no_tree_note(source, draft), *notes("layerskip", source, draft)]
-
-
-def _fallback_note(source: ExportSource, draft: ExportedDraft) -> list[str]:
-    return [] if draft.mask == source.best.mask else notes("fallback", source, draft)
+    fallback, full_vocab = fallback_note(source, draft), full_vocab_note(source, draft)
+    return [*fallback, *full_vocab, *no_tree_note(source, draft), *notes("layerskip", source, draft)]
 
 
 # gguf-draft --------------------------------------------------------------------------------------
@@ -419,8 +334,8 @@ def notes_gguf_draft(source: ExportSource, draft: ExportedDraft) -> list[str]:
     mode = "self" if source.best_json.get("estimator_mode") == "self" else "other-mode"
     values = _gguf_values(source, draft)
     return [
-        *_full_vocab_note(source, draft),
-        *_no_tree_note(source, draft),
+        *full_vocab_note(source, draft),
+        *no_tree_note(source, draft),
         *notes("gguf-draft", source, draft, values),
         *notes(f"gguf-draft-{mode}", source, draft, values),
     ]

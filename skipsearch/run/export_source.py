@@ -164,3 +164,19 @@ def _best_contiguous(run_dir: Path) -> ExportedDraft | None:
 
 def _study_name(run_dir: Path) -> str:
     return load_run(run_dir)[0].strategy
+
+
+def model_name(model: str) -> str:
+    """The name research code keys a model by: the last part of a hub id or path, no `.gguf`."""
+    name = Path(model.rstrip("/")).name
+    return name.removesuffix(".gguf") or model
+
+
+def skip_layer_keys(source: ExportSource) -> tuple[str, ...]:
+    """`--export-key`, else Draft & Verify's `model_name` and SWIFT's `model_name_task_name`
+    (the task: the run's prompt source, e.g. `humaneval`)."""
+    if source.export_key is not None:
+        return (source.export_key,)
+    name = model_name(source.model)
+    task = str(source.best_json.get("prompt_set") or "task").rsplit("-", 1)[0]
+    return (name, f"{name}_{task}")

@@ -19,8 +19,8 @@ from skipsearch.executors.base import Executor
 from skipsearch.masks import SkipMask
 from skipsearch.run.pyplot import plt
 from skipsearch.search.evaluation_cache import EvaluationCache
-from skipsearch.search.spaces import SubsetSpace
 from skipsearch.search.strategies import unit_masks
+from skipsearch.search.subset_spaces import SubsetSpace
 from skipsearch.store import IMPORTANCE_FILE, IMPORTANCE_PLOT, atomic_path, write_text_atomic
 
 

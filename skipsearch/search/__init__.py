@@ -17,7 +17,11 @@ Example (a synthetic evaluator and scorer stand in for the model and the cost mo
 Modules:
 - `space_spec`: what a space file says, before it meets a model (`SpaceSpec`, `TierSpec`).
 - `space_files`: reading and validating a space file's YAML (shipped ones in `builtin_spaces/`).
-- `spaces`: the concrete set of masks one space file allows for one model, skips and precisions.
+- `spaces`: the concrete set of masks one space file allows for one model: the shared base, early
+  exits (`contiguous`) and runs of layers (`block`).
+- `subset_spaces`: any subset of layers or sub-layers (`sparse`, `sublayer`), and `mixed`, which also
+  chooses each sub-layer's precision.
+- `space_precision`: the precisions a space names (`full`, `int8`, `int4`) and the masks that carry them.
 - `strategies`: who proposes the next mask (`random`, `uniform`, `learned`, `exhaustive`, ...).
 - `knapsack`: the least important units to skip or quantize for every amount of draft cost saved (pure).
 - `study`: the search loop: Optuna ask/tell in the driver, masks evaluated by an Executor.

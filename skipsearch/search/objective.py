@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from skipsearch.acceptance.profile import AcceptanceProfile
 from skipsearch.config import check_context
@@ -22,7 +23,7 @@ from skipsearch.cost.tree_cost import score_tree
 from skipsearch.errors import ConfigError
 from skipsearch.masks import KVPattern, SkipMask, kv_label, vocab_label
 from skipsearch.search.score import Score, Scorer
-from skipsearch.search.spaces import precision_label
+from skipsearch.search.space_precision import precision_label
 from skipsearch.tree_shapes import Tree, as_tree, tree_label
 
 OBJECTIVES = ("speedup", "acceptance")
@@ -67,40 +68,17 @@ def make_scorer(
     gamma_max: int = 8,
     context: int | None = None,
     extrapolate_context: bool = False,
-    draft_vocab: Sequence[int | None] = (None,),
-    vocab_size: int | None = None,
-    head_share: float | None = None,
-    kv: Sequence[KVPattern | None] = (None,),
-    kv_share: float | None = None,
-    gamma_min: int = 1,
-    trees: Sequence[Tree] = (),
+    **options: Any,
 ) -> Scorer:
     """Scorer maximising the best-γ predicted speedup, or greedy acceptance (SWIFT-style, with the
-    r_draft budget set by the search space), over the draft vocabularies `draft_vocab` and the KV
-    patterns `kv` allow; the calibrated form prices rounds at `context` tokens (default
-    `DEFAULT_CONTEXT`, see `scoring_latency` for an explicit one).
-
-    `vocab_size` and `head_share` (the LM head's share of a step, for the closed form without a
-    LatencyProfile: `cost.closed_forms.head_share_from_config`) price a draft vocabulary's smaller head,
-    and `kv_share` (the K/V cache's share of a step, for the closed form without a
-    LatencyProfile: `model_kv_share`) a KV pattern's unread keys. A mask's best γ is chosen in
-    `gamma_min..gamma_max` (a space file's bounds)."""
+    r_draft budget set by the search space), over the draft vocabularies and the KV patterns
+    `options` allow (`priced_scorer`'s keywords); the calibrated form prices rounds at `context`
+    tokens (default `DEFAULT_CONTEXT`, see `scoring_latency` for an explicit one)."""
     _check_scoring(objective, cost, latency)
-    patterned = any(pattern is not None for pattern in kv)
+    patterned = any(pattern is not None for pattern in options.get("kv", (None,)))
     priced = scoring_latency(cost, latency, context, extrapolate_context, patterned)
     return priced_scorer(
-        objective,
-        cost,
-        priced,
-        DEFAULT_CONTEXT if context is None else context,
-        gamma_max,
-        draft_vocab=draft_vocab,
-        vocab_size=vocab_size,
-        head_share=head_share,
-        kv=kv,
-        kv_share=kv_share,
-        gamma_min=gamma_min,
-        trees=trees,
+        objective, cost, priced, DEFAULT_CONTEXT if context is None else context, gamma_max, **options
     )
 
 
@@ -131,7 +109,14 @@ def priced_scorer(
     trees: Sequence[Tree] = (),
 ) -> Scorer:
     """`make_scorer` over a latency profile already priced at the scoring context `at`
-    (`scoring_latency`): what a run builds once and scores every mask and finalist with."""
+    (`scoring_latency`): what a run builds once and scores every mask and finalist with.
+
+    `draft_vocab` and `kv` are the draft vocabularies and KV patterns a mask is scored with (its
+    best kept). `vocab_size` and `head_share` (the LM head's share of a step, for the closed form
+    without a LatencyProfile: `cost.closed_forms.head_share_from_config`) price a draft vocabulary's
+    smaller head, and `kv_share` (the K/V cache's share of a step, for the closed form without a
+    LatencyProfile: `model_kv_share`) a KV pattern's unread keys. A mask's best γ is chosen in
+    `gamma_min..gamma_max` (a space file's bounds)."""
     _check_scoring(objective, cost, latency)
     allowed, allowed_kv = tuple(draft_vocab), tuple(kv)
     shapes = tuple(t for t in map(as_tree, trees) if t is not None) if cost == "calibrated" else ()

@@ -18,8 +18,8 @@ import yaml
 from skipsearch.errors import ConfigError, InvalidMaskError
 from skipsearch.masks import FULL_VOCAB, KVPattern, parse_draft_vocab
 from skipsearch.options import DEFAULT_GAMMA_MAX, GAMMA_CAP, TOKENS_CAP
+from skipsearch.search.space_precision import PRECISIONS
 from skipsearch.search.space_spec import LayerRef, SpaceSpec, TierSpec, space_error
-from skipsearch.search.spaces import PRECISIONS
 from skipsearch.tiers.policy import TierPolicy, check_policy
 from skipsearch.tree_shapes import Tree, parse_trees
 

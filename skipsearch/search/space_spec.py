@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from skipsearch.errors import ConfigError
 from skipsearch.masks import FULL_BITS, KVPattern
-from skipsearch.search.spaces import BlockSpace, ConcreteSpace, ContiguousSpace, MixedSpace, SubsetSpace
+from skipsearch.search.spaces import BlockSpace, ConcreteSpace, ContiguousSpace
+from skipsearch.search.subset_spaces import MixedSpace, SubsetSpace
 from skipsearch.tiers.policy import TierPolicy
 from skipsearch.tree_shapes import Tree
 

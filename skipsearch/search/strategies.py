@@ -22,16 +22,9 @@ from skipsearch.acceptance.importance import SublayerImportance
 from skipsearch.errors import ConfigError
 from skipsearch.masks import BYTES_SHARE, FULL_BITS, SkipMask, SublayerWeights
 from skipsearch.search.knapsack import Option, choice_frontier, knapsack_frontier
-from skipsearch.search.spaces import (
-    ENUMERATE_LIMIT,
-    ConcreteSpace,
-    MixedSpace,
-    SubsetSpace,
-    Unit,
-    mask_from_bits,
-    spread,
-    with_bits,
-)
+from skipsearch.search.space_precision import mask_from_bits, with_bits
+from skipsearch.search.spaces import ENUMERATE_LIMIT, ConcreteSpace, spread
+from skipsearch.search.subset_spaces import MixedSpace, SubsetSpace, Unit
 
 QUANTIZATION_ERROR = {8: 2.0**-8, 4: 2.0**-4}
 """The importance proxy of running a sub-layer at `bits` as a share of skipping it, `2^-bits`: the

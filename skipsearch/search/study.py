@@ -42,8 +42,9 @@ from skipsearch.search.evaluation_cache import EvaluationCache
 from skipsearch.search.journal import FlockLock, repair_journal
 from skipsearch.search.results import DETAIL_PREFIX, TrialRecord, best_trial, pareto_front
 from skipsearch.search.score import Scorer
-from skipsearch.search.spaces import ConcreteSpace, SubsetSpace
+from skipsearch.search.spaces import ConcreteSpace
 from skipsearch.search.strategies import PlanContext, Strategy
+from skipsearch.search.subset_spaces import SubsetSpace
 from skipsearch.store import CACHE_DIR, JOURNAL_FILE, RUN_FILE, refuse_symlinks
 
 logger = logging.getLogger(__name__)

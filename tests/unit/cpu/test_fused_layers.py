@@ -6,11 +6,12 @@ import ctypes
 import pytest
 import torch
 
-from skipsearch.cpu import bf16_weights, decode_attention, fused_layers, rms_norm, rotary, silu
+from skipsearch.cpu import bf16_weights, decode_attention, fused_driver, rms_norm, rotary, silu
 from skipsearch.cpu.attention_choice import AttentionChoice
 from skipsearch.cpu.attention_paths import KERNEL_FP32_ATTENTION
 from skipsearch.cpu.bf16_weights import use_bf16_weights
-from skipsearch.cpu.fused_layers import FusedLayer, fuse_layers, fused_layer
+from skipsearch.cpu.fused_driver import FusedLayer
+from skipsearch.cpu.fused_layers import fuse_layers, fused_layer
 from skipsearch.cpu.inventory import plan_kernels
 from skipsearch.cpu.rms_norm import use_kernel_norms
 from skipsearch.cpu.rotary import use_kernel_rotary
@@ -24,7 +25,7 @@ from tests.conftest import assert_greedy_ssd_lossless, tiny_model
 
 KERNELS = (bf16_weights.load_kernel(), rms_norm.load_kernel(), rotary.load_kernel(),
            decode_attention.load_kernel(torch.float32), silu.load_kernel(),
-           fused_layers.load_driver())  # fmt: skip
+           fused_driver.load_driver())  # fmt: skip
 needs_kernels = pytest.mark.skipif(
     any(kernel.function is None for kernel in KERNELS),
     reason="; ".join(kernel.reason for kernel in KERNELS if kernel.function is None),

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from skipsearch.cpu.decode_attention import decode_attention, load_kernel
-from skipsearch.cpu.fused_layers import FusedLayer, fuse_layers
+from skipsearch.cpu.fused_driver import FusedLayer
+from skipsearch.cpu.fused_layers import fuse_layers
 from skipsearch.engine import autoregressive_decode, speculative_decode
 from skipsearch.engine.tree_rounds import tree_decode, tree_mask
 from skipsearch.errors import ConfigError

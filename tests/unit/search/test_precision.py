@@ -21,8 +21,9 @@ from skipsearch.search import load_study, make_strategy, study_trials_frame
 from skipsearch.search.knapsack import Option, choice_frontier
 from skipsearch.search.objective import make_scorer
 from skipsearch.search.space_files import load_space
+from skipsearch.search.space_precision import precision_label, uniform_bits, with_bits
 from skipsearch.search.space_spec import SpaceSpec
-from skipsearch.search.spaces import MixedSpace, precision_label, uniform_bits, with_bits
+from skipsearch.search.subset_spaces import MixedSpace
 from tests.unit.conftest import synthetic_latency
 from tests.unit.search.conftest import (
     ATTN_DAMAGE,

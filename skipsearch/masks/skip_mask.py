@@ -1,4 +1,4 @@
-"""SkipMask and Draft: what the self-speculative draft skips, and which tokens it can propose.
+"""SkipMask: how the self-speculative draft runs each sub-layer, and what that costs.
 
 A SkipMask says how the draft runs each attention and MLP sub-layer (docs/theory.md, "The skip
 mask: r_draft, s1 and r_reuse"): at the model's own precision, with its weights at lower precision
@@ -7,26 +7,19 @@ residual stream passes through unchanged). The mask also answers the two cost qu
 model needs: how much of a full forward the draft runs (`r_draft`) and how many leading layers keep
 exactly the full model's KV, so that verify can reuse it (`r_reuse`): only the layers before the
 first sub-layer that is skipped or runs at lower precision.
-
-A Draft is a mask plus a draft vocabulary (docs/theory.md, "The draft vocabulary"): `full`, or the
-top-`k` ids of a frequency ranking, so that each draft step multiplies only `k` rows of the LM head.
-Verify always uses the full head, so the output stays lossless.
-
-A Draft may also attend to fewer keys (docs/theory.md, "KV patterns"): a KVPattern keeps the first
-`sink` positions and the last `window` of the cache, so at long context a draft step reads a fixed
-number of keys instead of all of them. Every layer still runs; verify attends to the whole cache.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from skipsearch.errors import ConfigError, InvalidMaskError, SettingTypeError
-from skipsearch.options import check
+from skipsearch.errors import InvalidMaskError, SettingTypeError
+
+if TYPE_CHECKING:
+    from skipsearch.masks.sublayer_weights import SublayerWeights
 
 
 def parse_layer_list(text: str, distinct: bool = True) -> list[int]:
@@ -70,38 +63,8 @@ BYTES_SHARE = {FULL_BITS: 1.0, 8: 8 / FULL_BITS, 4: (4 + 32 / INT4_GROUP) / FULL
 _LOW_FIELDS = ("attn_int8", "attn_int4", "mlp_int8", "mlp_int4")
 _MASK_KEYS = {"a", "m"} | {f"w{bits}{kind}" for bits in LOW_BITS for kind in ("", "a", "m")}
 
-FULL_VOCAB = "full"
-VOCAB_KEY = "v"
-KV_KEY = "kv"
-FULL_KV = "full"
 
-
-def parse_draft_vocab(text: str | int | None) -> int | None:
-    """`full` (or None) -> None, `"8192"` / 8192 -> 8192: the draft vocabulary size `k`."""
-    if text is None or (isinstance(text, str) and text.strip().lower() == FULL_VOCAB):
-        return None
-    try:
-        size = int(text) if not isinstance(text, bool) else None
-    except ValueError:
-        size = None
-    if size is None:
-        raise InvalidMaskError(
-            f"--draft-vocab {text!r} is not a draft vocabulary size: pass a positive integer k (the top-k "
-            "ids) or full"
-        )
-    try:
-        return check("draft_vocab", size)
-    except ConfigError as error:
-        raise InvalidMaskError(f"{error} (or full)") from None
-
-
-def vocab_label(draft_vocab: int | None) -> int | str:
-    """`"full"` or the size `k`: how JSON files, `trials.csv` and reports name a draft vocabulary
-    (`parse_draft_vocab` reads it back)."""
-    return FULL_VOCAB if draft_vocab is None else draft_vocab
-
-
-def _check_parse_arguments(text: Any, num_layers: Any) -> None:
+def check_parse_arguments(text: Any, num_layers: Any) -> None:
     """The Python API's misuse of `parse` (`Draft.parse(None, 30)`, `Draft.parse('a:1', 'thirty')`)
     as one line naming the argument, not an AttributeError from inside."""
     if not isinstance(text, str):
@@ -191,7 +154,7 @@ class SkipMask:
     def parse(cls, text: str, num_layers: int) -> SkipMask:
         """Read the stable string form (`a:4,14|m:4,14,20`, lower precisions `|w8:0-3|w4a:5`) or a
         plain layer list (`4,14`)."""
-        _check_parse_arguments(text, num_layers)
+        check_parse_arguments(text, num_layers)
         text = text.strip()
         if ":" not in text and "|" not in text:
             return cls.from_layers(num_layers, parse_layer_list(text))
@@ -258,22 +221,14 @@ class SkipMask:
         return bool(self.attn_int8 or self.attn_int4 or self.mlp_int8 or self.mlp_int4)
 
     @property
-    def quantized_attn(self) -> frozenset[int]:
-        return self.attn_int8 | self.attn_int4
-
-    @property
-    def quantized_mlp(self) -> frozenset[int]:
-        return self.mlp_int8 | self.mlp_int4
-
-    @property
     def changed_attn(self) -> frozenset[int]:
         """Attention sub-layers the draft skips or runs at lower precision: not the full model's."""
-        return self.attn | self.quantized_attn
+        return self.attn | self.attn_int8 | self.attn_int4
 
     @property
     def changed_mlp(self) -> frozenset[int]:
         """MLP sub-layers the draft skips or runs at lower precision: not the full model's."""
-        return self.mlp | self.quantized_mlp
+        return self.mlp | self.mlp_int8 | self.mlp_int4
 
     @property
     def is_layer_level(self) -> bool:
@@ -378,192 +333,3 @@ class SkipMask:
             shares = [*run, *(self.mlp_bits(i) for i in range(self.num_layers))]
             return sum(BYTES_SHARE.get(bits, 0.0) for bits in shares) / (2 * self.num_layers)
         return weights.share(self)
-
-
-@dataclass(frozen=True)
-class SublayerWeights:
-    """Cost of each part of one forward: embedding, per-layer attention and MLP, norm + head.
-
-    `low_bits` gives, per lower precision, each layer's attention and MLP cost with its weights at
-    that precision (`{8: (attn, mlp)}`); a precision it lacks is priced by its bytes
-    (`BYTES_SHARE[bits]` of the sub-layer's cost), which `share` says through `priced_by_bytes`.
-    """
-
-    embed: float
-    attn: Sequence[float]
-    mlp: Sequence[float]
-    head: float
-    low_bits: Mapping[int, tuple[Sequence[float], Sequence[float]]] = field(default_factory=dict)
-
-    @property
-    def total(self) -> float:
-        return self.embed + sum(self.attn) + sum(self.mlp) + self.head
-
-    def priced_by_bytes(self, mask: SkipMask) -> bool:
-        """Whether `share` prices some of `mask`'s lower-precision sub-layers by bytes, unmeasured."""
-        used = {mask.attn_bits(i) for i in range(mask.num_layers)}
-        used |= {mask.mlp_bits(i) for i in range(mask.num_layers)}
-        return any(bits in LOW_BITS and bits not in self.low_bits for bits in used)
-
-    def _cost(self, kind: str, layer: int, bits: int) -> float:
-        full = (self.attn if kind == "attn" else self.mlp)[layer]
-        if bits == FULL_BITS:
-            return full
-        if bits == 0:
-            return 0.0
-        if bits in self.low_bits:
-            attn, mlp = self.low_bits[bits]
-            return (attn if kind == "attn" else mlp)[layer]
-        return full * BYTES_SHARE[bits]
-
-    def share(self, mask: SkipMask) -> float:
-        if len(self.attn) != mask.num_layers or len(self.mlp) != mask.num_layers:
-            raise InvalidMaskError(
-                f"cost weights cover {len(self.attn)} layers but the mask has {mask.num_layers}: "
-                "profile the same model the mask was made for"
-            )
-        run = sum(
-            self._cost("attn", i, mask.attn_bits(i)) + self._cost("mlp", i, mask.mlp_bits(i))
-            for i in range(mask.num_layers)
-        )
-        return (self.embed + run + self.head) / self.total
-
-
-@dataclass(frozen=True)
-class KVPattern:
-    """The keys a draft step attends to: the first `sink` positions of the cache, the last `window`
-    up to and including its own, and `pillars` more per layer and K/V head:
-    `s{sink}w{window}[k{pillars}]` (`s4w1024`, `s4w256k64`).
-
-    A draft at position `p` sees keys `[0, sink)` and `[p + 1 - window, p]`; while `p + 1 <= sink +
-    window` that is every key, and the draft step is exactly the full model's. Pillars (SparseSpec's
-    PillarAttn, docs/theory.md "KV patterns") are the keys between sink and window that the full
-    model attended to most at the first position of the previous round's verify
-    (`kv.pillars`); a decode's first round, which follows no verify, has none.
-    """
-
-    sink: int
-    window: int
-    pillars: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("sink", "window", "pillars"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidMaskError(f"KV pattern {name} must be an integer, got {value!r}")
-        if self.sink < 0 or self.window < 1 or self.pillars < 0:
-            raise InvalidMaskError(
-                f"KV pattern {self}: the sink and the pillars must be >= 0 and the window >= 1 "
-                "(the window holds the draft's own position), e.g. s4w1024 or s4w256k64"
-            )
-        try:
-            for name in ("sink", "window", "pillars"):
-                check(f"kv_{name}", getattr(self, name))
-        except ConfigError as error:
-            raise InvalidMaskError(f"KV pattern {self}: {error}") from None
-
-    @classmethod
-    def parse(cls, text: str | None) -> KVPattern | None:
-        """`full` (or None) -> None; `s4w1024` -> KVPattern(4, 1024); `s4w256k64` -> KVPattern(4, 256, 64)."""
-        if text is None or (isinstance(text, str) and text.strip().lower() == FULL_KV):
-            return None
-        found = _KV_FORM.fullmatch(text.strip().lower()) if isinstance(text, str) else None
-        if found is None:
-            raise InvalidMaskError(
-                f"cannot read KV pattern {text!r}: write 'full' or s<sink>w<window>[k<pillars>], "
-                "e.g. s4w1024 or s4w256k64"
-            )
-        return cls(int(found["sink"]), int(found["window"]), int(found["pillars"] or 0))
-
-    def __str__(self) -> str:
-        return f"s{self.sink}w{self.window}" + (f"k{self.pillars}" if self.pillars else "")
-
-    @property
-    def keys_read(self) -> int:
-        """Keys a draft step reads per layer and K/V head once the context exceeds the pattern."""
-        return self.sink + self.window + self.pillars
-
-    def sees(self, key: Any, query: Any) -> Any:
-        """Whether the draft at position `query` attends to the key at position `key` (at or before
-        it) by position alone: in the sink, or among the `window` positions up to its own. Ints or
-        tensors that broadcast; the one statement of the pattern's band, for the estimator's masks
-        and the engine's window (pillars come on top, chosen per round)."""
-        return (key < self.sink) | (key > query - self.window)
-
-    def pillar_region(self, source: Any) -> tuple[int, Any]:
-        """`[begin, end)`: the keys pillars are chosen from at a verify whose first position is
-        `source` — past the sink, and before the window of any draft position after `source`, so a
-        pillar never repeats a key the band already gives."""
-        return self.sink, source + 1 - self.window
-
-    def covers(self, context: int) -> bool:
-        """Whether a draft step with `context` positions sees all of them (is exact)."""
-        return context <= self.sink + self.window
-
-
-_KV_FORM = re.compile(r"s(?P<sink>\d+)w(?P<window>\d+)(?:k(?P<pillars>\d+))?")
-
-
-def kv_label(kv: KVPattern | None) -> str:
-    """`"full"` or the pattern's string: how JSON files and reports name a KV pattern
-    (`KVPattern.parse` reads it back)."""
-    return FULL_KV if kv is None else str(kv)
-
-
-def split_draft(text: str) -> tuple[str, int | None, KVPattern | None]:
-    """`a:4|m:4|v:8192|kv:s4w1024` -> (`a:4|m:4`, 8192, s4w1024); without `v:` the vocabulary is
-    None (full), without `kv:` the KV pattern is None (full)."""
-    parts = [part.strip() for part in text.strip().split("|") if part.strip()]
-    found: dict[str, str] = {}
-    for key, example in ((VOCAB_KEY, "|v:8192"), (KV_KEY, "|kv:s4w1024")):
-        given = [p for p in parts if p.startswith(f"{key}:")]
-        if len(given) > 1:
-            raise InvalidMaskError(f"cannot read draft {text!r}: give {key}: once, e.g. {example}")
-        if given:
-            found[key] = given[0].split(":", 1)[1]
-            parts.remove(given[0])
-    vocab = parse_draft_vocab(found[VOCAB_KEY]) if VOCAB_KEY in found else None
-    return "|".join(parts), vocab, KVPattern.parse(found.get(KV_KEY))
-
-
-@dataclass(frozen=True)
-class Draft:
-    """A search candidate: a SkipMask, a draft vocabulary of `vocab` ids (None = the full
-    vocabulary) and a KV pattern (None = every key).
-
-    The string form extends the mask's: `a:4,14|m:4,14,20|v:8192|kv:s4w1024`; a plain mask string
-    means the full vocabulary and every key, so every mask string written before drafts existed
-    still reads the same.
-    """
-
-    mask: SkipMask
-    vocab: int | None = None
-    kv: KVPattern | None = None
-
-    def __post_init__(self) -> None:
-        if self.vocab is not None and (isinstance(self.vocab, bool) or int(self.vocab) < 1):
-            raise InvalidMaskError(
-                f"draft vocabulary must be a positive size or None (full), got {self.vocab!r}"
-            )
-
-    @classmethod
-    def parse(cls, text: str, num_layers: int) -> Draft:
-        """Read `a:..|m:..|v:K|kv:sSwW` (`v:` and `kv:` optional, meaning full)."""
-        _check_parse_arguments(text, num_layers)
-        mask_text, vocab, kv = split_draft(text)
-        return cls(SkipMask.parse(mask_text, num_layers), vocab, kv)
-
-    def __str__(self) -> str:
-        text = str(self.mask) if self.vocab is None else f"{self.mask}|{VOCAB_KEY}:{self.vocab}"
-        return text if self.kv is None else f"{text}|{KV_KEY}:{self.kv}"
-
-    def to_dict(self) -> dict:
-        return {**self.mask.to_dict(), "draft_vocab": vocab_label(self.vocab), "kv": kv_label(self.kv)}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Draft:
-        return cls(
-            SkipMask.from_dict(data),
-            parse_draft_vocab(data.get("draft_vocab")),
-            KVPattern.parse(data.get("kv")),
-        )

@@ -110,7 +110,7 @@ ATTENTION, MLP = "attention", "mlp"  # the sub-layers a lower-precision layer ma
 PARTS = (ATTENTION, MLP)
 _KINDS = {8: int_linear.INT8, 4: int_linear.INT4}
 # the driver's products at lower precision: (owner, projections fused into one product)
-_PRODUCTS = {
+PRODUCTS = {
     "qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")),
     "o": ("self_attn", ("o_proj",)),
     "gate_up": ("mlp", ("gate_proj", "up_proj")),
@@ -125,7 +125,7 @@ def _given_refusal(
 ) -> str | None:
     """Why `given` quantized weights do not fit `block`'s `parts` at `bits` (None where they do)."""
     kind = Int8Weight if bits == 8 else Int4Weight
-    for owner, names in _PRODUCTS.values():
+    for owner, names in PRODUCTS.values():
         if _PART_OF[owner] not in parts:
             continue
         for name in names:
@@ -228,7 +228,7 @@ class LowerPrecisionLayer(FusedLayer):
         # name -> (weights, aux, bias): what the driver reads
         self.products = {
             product: self._quantize(block, owner, names, quantized)
-            for product, (owner, names) in _PRODUCTS.items()
+            for product, (owner, names) in PRODUCTS.items()
             if _PART_OF[owner] in self.parts
         }
         config, norms = attention.config, (block.input_layernorm, block.post_attention_layernorm)

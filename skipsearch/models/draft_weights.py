@@ -20,6 +20,12 @@ of the weights as the draft reads them, the precision and the group; later runs 
 only the sub-layers a mask uses. A model of no known checkpoint (random weights, a test's) quantizes
 in memory. Loading states its bytes and refuses, in one line, copies that would not fit in the memory
 available (`DraftWeights.prepare`).
+
+A copy is held once: where a sub-layer also runs in the fused driver, its fused layer packs the
+products' weights (q/k/v joined, gate/up joined) and the swapped modules' int kernels are then
+pointed at their rows of that copy (`_share`: the layouts are by blocks of outputs, so a projection
+whose outputs are whole blocks, as every family we run has, is a slice of its product), so the
+draft holds about its packed bytes (`held_bytes`), not twice them.
 """
 
 from __future__ import annotations
@@ -35,7 +41,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from skipsearch.cpu.fused_layers import ATTENTION, fused_layer, lower_precision_layer, lower_precision_refusal
+from skipsearch.cpu.fused_layers import (
+    ATTENTION,
+    PRODUCTS,
+    fused_layer,
+    lower_precision_layer,
+    lower_precision_refusal,
+)
 from skipsearch.cpu.fused_layers import MLP as FUSED_MLP
 from skipsearch.cpu.int_linear import Int4Linear, Int8Linear
 from skipsearch.cpu.int_weights import (
@@ -220,8 +232,20 @@ class DraftWeights:
                     if built is None:
                         why = lower_precision_refusal(block, bits, parts=(part,), quantized=quantized)
                         log.info("layer %d's %s at int%d runs the modules: %s", layer, kind, bits, why)
+                    else:
+                        _share(module, built)
             self._fused[key] = built
         return self._fused[key]
+
+    def held_bytes(self) -> int:
+        """The bytes of the tensors the copies hold now (the swapped modules' and the fused layers'),
+        each storage counted once and the model's own tensors (norms, biases it shares) not at all:
+        what the draft adds to the process's memory."""
+        own = {p.untyped_storage().data_ptr() for layer in self.layers for p in layer.parameters()}
+        tensors = [t for module in self._modules.values() for t in _int_tensors(module)]
+        tensors += [t for built in self._fused.values() if built is not None for t in _fused_tensors(built)]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return sum(size for ptr, size in storages.items() if ptr not in own)
 
     def _module(self, layer: int, kind: str, bits: int) -> nn.Module:
         key = (layer, kind, bits)
@@ -319,6 +343,60 @@ class DraftWeights:
         with atomic_path(path) as staging:
             save_file(tensors, str(staging), metadata={"checkpoint": self.checkpoint, "bits": str(bits)})
         return path
+
+
+_LAYOUT = {Int8Linear: ("packed", "scale"), Int4Linear: ("words", "params")}  # what the int kernels read
+
+
+def _int_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """The tensors of a swapped module's int kernels (its values and scales, or groups, and biases)."""
+    found = []
+    for linear in module._modules.values():
+        names = _LAYOUT.get(type(linear), ("weight",))
+        found += [
+            getattr(linear, name) for name in (*names, "bias") if getattr(linear, name, None) is not None
+        ]
+    return [t for t in found if isinstance(t, torch.Tensor)]
+
+
+def _fused_tensors(built: Any) -> list[torch.Tensor]:
+    return [t for product in built.products.values() for t in product if t is not None]
+
+
+def _same(view: torch.Tensor, tensor: torch.Tensor) -> bool:
+    return view.shape == tensor.shape and view.dtype == tensor.dtype and torch.equal(view, tensor)
+
+
+def _share(module: nn.Module, built: Any) -> None:
+    """Point `module`'s int kernels (`Int8Linear`, `Int4Linear`) at their rows of the fused layer
+    `built`'s copy of the same weights, where those rows hold the same bytes, so the draft holds them
+    once. A fused product joins projections by their outputs, and both layouts are laid out by blocks
+    of outputs (the values first, then the int8 scales by output or the int4 groups by block): a
+    projection whose outputs fill whole blocks (every family we run) is a slice of its product. One
+    that is not (its rows differ) keeps its own copy, as do the projections after it."""
+    for product, (_, names) in PRODUCTS.items():
+        held = built.products.get(product)
+        if held is None:
+            continue
+        at = [0, 0]  # rows of the product's values and of its scales or groups before this projection
+        for name in names:
+            linear = module._modules.get(name)
+            layout = _LAYOUT.get(type(linear))
+            if layout is None or getattr(linear, "width", None) != built.width:
+                break
+            mine = [getattr(linear, field) for field in layout]
+            views = [
+                theirs[start : start + t.shape[0]]
+                for theirs, start, t in zip(held[:2], at, mine, strict=True)
+            ]
+            if not all(_same(view, t) for view, t in zip(views, mine, strict=True)):
+                log.info(
+                    "%s's int%d rows are not a slice of the fused %s: held twice", name, built.bits, product
+                )
+                break
+            for field, view in zip(layout, views, strict=True):
+                setattr(linear, field, view)
+            at = [start + t.shape[0] for start, t in zip(at, mine, strict=True)]
 
 
 def set_int4_group(model: nn.Module, group: int | None) -> None:

@@ -27,7 +27,7 @@ from skipsearch.models.gguf_header import check_gguf_file
 from skipsearch.models.plan import KernelPlan
 from skipsearch.models.random_weights import RandomWeights, random_config, random_model
 from skipsearch.models.registry import REGISTRY, ModelEntry, hub_cached, package_dir, unknown_model
-from skipsearch.models.weight_layout import WeightDtypes, cast_to_layout, read_exact
+from skipsearch.models.weight_layout import WeightDtypes, cast_to_layout, read_exact, read_exact_gguf
 from skipsearch.progress import status
 from skipsearch.settings_rules import check_call
 from skipsearch.store import atomic_path, check_cache_dir, converted_gguf_path, gguf_join_path
@@ -130,7 +130,10 @@ def converted_gguf_dir(gguf: Path, dtype: str | WeightDtypes = "float32") -> Pat
     plan runs in 63% of the bytes, never expanded to float32 on disk. The float32 one keeps the name
     it had before dtypes were part of it, so caches already on disk still load. A missing other
     directory is cast from an existing float32 one (exact, and without the ~15 s de-quantization);
-    a float32 one is never made from another.
+    a float32 one is never made from another. De-quantized from the GGUF, the matrices come out in
+    their dtype tensor by tensor and the rest is de-quantized again in the activations' dtype
+    (`read_exact_gguf`), so the first conversion holds about the layout's bytes, not a float32
+    model's (the same values as a float32 conversion rounded, exactly).
     """
     layout = dtype if isinstance(dtype, WeightDtypes) else WeightDtypes(dtype, dtype)
     check_gguf(gguf)
@@ -143,32 +146,57 @@ def converted_gguf_dir(gguf: Path, dtype: str | WeightDtypes = "float32") -> Pat
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one log line says what happens; stderr stays for errors
-    torch_dtype = getattr(torch, layout.activations)
     described = layout.cache_suffix.lstrip("-") or "float32"
     if target != base and (base / "config.json").is_file():
         log.warning("casting the converted %s to %s once (cached in %s)", gguf.name, described, target)
         tokenizer = AutoTokenizer.from_pretrained(base)
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, layout.activations))
     else:
         check_gguf_file(gguf)  # a file cut short fails here in one line, not inside the converter
         log.warning("converting %s to %s safetensors once (cached in %s)", gguf.name, described, target)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
-        except (ValueError, KeyError, RuntimeError, struct.error) as error:  # struct: a truncated header
-            raise ModelLoadError(
-                f"cannot convert {gguf} ({error}): it may be damaged; download it again, or convert it "
-                "with llama.cpp's tools"
-            ) from None
-        check_architecture(model.config)
-        # The de-quantized weights are plain float tensors; drop the GGUF marker so they can be saved.
-        del model.config.quantization_config
-        model.hf_quantizer = None
+        tokenizer, model = _from_gguf(gguf, layout.matrices)
+        unread = read_exact_gguf(model, gguf, layout) if layout.mixed else []
+        if unread:  # not found again in the file: de-quantized in the activations' dtype, as before
+            log.warning(
+                "%s: no tensor of the file found again for %s; converting in %s instead",
+                gguf.name,
+                unread[0],
+                layout.activations,
+            )
+            del model
+            tokenizer, model = _from_gguf(gguf, layout.activations)
     cast_to_layout(model, layout)
     with atomic_path(target) as staging:  # the directory appears whole, or not at all
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
     return target
+
+
+def _from_gguf(gguf: Path, dtype: str) -> tuple[Any, Any]:
+    """The tokenizer and the model transformers de-quantizes from `gguf`, in `dtype`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its advice to keep GGUF blocks packed in float32 is not ours
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype)
+        )
+    except (ValueError, KeyError, RuntimeError, struct.error) as error:  # struct: a truncated header
+        raise ModelLoadError(
+            f"cannot convert {gguf} ({error}): it may be damaged; download it again, or convert it "
+            "with llama.cpp's tools"
+        ) from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    check_architecture(model.config)
+    # The de-quantized weights are plain float tensors; drop the GGUF marker so they can be saved.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    return tokenizer, model
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:

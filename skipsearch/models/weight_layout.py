@@ -7,7 +7,9 @@ and rounded after needs twice its bf16 bytes at the peak (a 7B: ~29 GB, where it
 ~15 GB). Here each matrix is held in the plan's dtype as it is made: random weights one module at
 a time (`random_weights`), a checkpoint read in the matrices' dtype by transformers (tensor by
 tensor), with the few other tensors (embedding, norms, biases) read again from its safetensors in
-the activations' dtype, so they hold the values they held in float32, exactly.
+the activations' dtype, so they hold the values they held in float32, exactly. A GGUF is
+de-quantized the same way on its first conversion: the matrices in their dtype, the others
+de-quantized again from the file (`read_exact_gguf`), so no float32 model is made on the way.
 
 Rounding a float32 matrix to bf16 here is the rounding the kernel's packing did (round to nearest
 even), so the packed weights, and every output, keep their bits.
@@ -16,6 +18,7 @@ even), so the packed weights, and every output, keep their bits.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -144,3 +147,66 @@ def cast_to_layout(model: nn.Module, layout: WeightDtypes) -> Any:
     for module in model.modules():
         layout.apply(module, layout.targets(module, dtypes))
     return model
+
+
+class _Names:
+    """What transformers' GGUF name map reads of a model (its config, its tensors' names), for the
+    names given alone: the map then pairs only those with the file's tensors."""
+
+    def __init__(self, config: Any, names: list[str]) -> None:
+        self.config, self._names = config, names
+
+    def state_dict(self) -> dict[str, None]:
+        return dict.fromkeys(self._names)
+
+    def named_children(self) -> Iterator[tuple[str, Any]]:
+        return iter(())
+
+
+def read_exact_gguf(model: nn.Module, gguf: Path, layout: WeightDtypes) -> list[str]:
+    """`read_exact` for a model transformers de-quantized from the GGUF `gguf` with its weights in
+    `layout.matrices`: every parameter the layout holds in the activations' dtype is de-quantized
+    again from the file, one tensor at a time, by transformers' own name map and tensor processor
+    (as its loader, `load_gguf_checkpoint`, does), and set in place in that dtype (a tied head keeps
+    sharing it). Returns the names of those it found no tensor for (none for the families we run),
+    which the caller must not round."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader, dequantize
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+        read_field,
+    )
+
+    dtypes = layout.dtypes(model)
+    activations = getattr(torch, layout.activations)
+    wanted = {
+        name: parameter
+        for name, parameter in model.named_parameters()
+        if dtypes[id(parameter)] == activations and parameter.dtype != activations
+    }
+    if not wanted:
+        return []
+    reader = GGUFReader(str(gguf))
+    architecture = read_field(reader, "general.architecture")[0]
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(model.config.to_dict())
+    names = get_gguf_hf_weights_map(_Names(model.config, list(wanted)), processor)
+    with torch.no_grad():
+        for tensor in reader.tensors:
+            if tensor.name not in names:
+                continue  # a matrix: transformers has it in its dtype already
+            found = processor.process(
+                weights=dequantize(tensor.data, tensor.tensor_type),
+                name=tensor.name,
+                tensor_key_mapping=names,
+                parsed_parameters={"tensors": {}},
+            )
+            parameter = wanted.pop(names.get(found.name, ""), None)
+            if parameter is not None:
+                # a de-quantized array is new and writable; a float tensor read in place is
+                # the file's read-only map, copied
+                weights = np.require(found.weights, requirements=("W", "C"))
+                parameter.data = torch.from_numpy(weights).to(activations)
+    return sorted(wanted)

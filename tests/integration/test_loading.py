@@ -72,3 +72,35 @@ def test_the_fallback_plans_cache_holds_bf16_matrices(
     assert model.model.embed_tokens.weight.dtype == torch.float32
     assert torch.equal(model.model.embed_tokens.weight, wide["model.embed_tokens.weight"])
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_a_first_conversion_to_bf16_matrices_makes_no_float32_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no float32 conversion on disk, the fallback plan's cache is de-quantized from the GGUF with
+    its matrices in bf16 (transformers is asked for bf16, never float32), the embedding and norms
+    de-quantized again in float32: the float32 conversion's values exactly, in the layout's dtypes."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from skipsearch.models.weight_layout import WeightDtypes
+
+    gguf = loading.resolve_gguf(REGISTRY["smollm2-135m"])
+    fp32 = loading.converted_gguf_dir(gguf)  # the user's own cache, for the values
+    monkeypatch.setenv("SKIPSEARCH_CACHE", str(tmp_path))
+    asked: list[object] = []
+    load = AutoModelForCausalLM.from_pretrained
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        asked.append(kwargs.get("dtype"))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", recorded)
+    mixed = loading.converted_gguf_dir(gguf, WeightDtypes("float32", "bfloat16"))
+    assert asked == [torch.bfloat16]
+    assert not (tmp_path / "converted" / fp32.name).exists()
+    wide, stored = load_file(fp32 / "model.safetensors"), load_file(mixed / "model.safetensors")
+    assert wide.keys() == stored.keys()
+    for name, tensor in stored.items():
+        assert tensor.dtype == (torch.bfloat16 if name.endswith("proj.weight") else torch.float32), name
+        assert torch.equal(wide[name].to(tensor.dtype), tensor), name

@@ -169,3 +169,33 @@ def test_where_the_plan_fuses_layers_the_draft_runs_fused_on_its_own_copies(bits
     drafted = runner.forward(ids, mask)
     runner.fused = [None] * LAYERS  # the same copies through the modules
     assert torch.equal(drafted, runner.forward(ids, mask))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_draft_run_fused_holds_its_packed_bytes_once(bits: int) -> None:
+    """Once a draft's sub-layers run fused (as a decode runs them), its modules' int kernels read
+    their rows of the fused layers' copy: the draft's tensors hold its packed bytes (`nbytes`), not
+    twice them, and the modules give the fused layers' bits."""
+    from skipsearch.cpu import int_linear
+    from skipsearch.cpu.fused_layers import fuse_layers
+    from tests.unit.cpu.test_fused_layers import KERNELS, LAYERS, on_the_plan
+
+    kind = int_linear.INT8 if bits == 8 else int_linear.INT4
+    if any(kernel.function is None for kernel in KERNELS) or not int_linear.builds(kind):
+        pytest.skip("the fused layers' kernels do not load here")
+    model = on_the_plan("llama")
+    fuse_layers(model)
+    runner = LayerwiseRunner(model)
+    mask = SkipMask.parse(f"w{bits}:0-{LAYERS - 1}", LAYERS)
+    runner.prepare(mask)
+    weights = runner.draft_weights
+    packed = weights.nbytes(mask)
+    assert weights.held_bytes() == packed  # the modules' copies alone
+    for layer in range(LAYERS):
+        for part in (ATTN, MLP):
+            assert runner.fused_at(layer, bits, part) is not None
+    assert weights.held_bytes() == packed  # and the fused layers' beside them: one copy
+    ids = torch.randint(0, model.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(4))
+    drafted = runner.forward(ids, mask)
+    runner.fused = [None] * LAYERS
+    assert torch.equal(drafted, runner.forward(ids, mask))

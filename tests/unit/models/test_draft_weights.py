@@ -147,12 +147,11 @@ def test_a_half_precision_model_gets_plain_layers_holding_the_dequantized_matric
     assert logits.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_where_the_plan_fuses_layers_the_draft_runs_fused_on_its_own_copies(bits: int) -> None:
-    """The runner's draft at `bits` runs each sub-layer in the fused driver (`DraftWeights.fused`,
-    over the copies its modules hold: what the engine and the latency profile time), with their bits."""
+def fused_draft(bits: int) -> tuple:
+    """A tiny Llama on the plan with fused layers, its runner prepared for every layer at `bits`
+    (skipped where the fused layers' kernels do not load): (model, runner, mask, layers)."""
     from skipsearch.cpu import int_linear
-    from skipsearch.cpu.fused_layers import LowerPrecisionLayer, fuse_layers
+    from skipsearch.cpu.fused_layers import fuse_layers
     from tests.unit.cpu.test_fused_layers import KERNELS, LAYERS, on_the_plan
 
     kind = int_linear.INT8 if bits == 8 else int_linear.INT4
@@ -163,6 +162,16 @@ def test_where_the_plan_fuses_layers_the_draft_runs_fused_on_its_own_copies(bits
     runner = LayerwiseRunner(model)
     mask = SkipMask.parse(f"w{bits}:0-{LAYERS - 1}", LAYERS)
     runner.prepare(mask)
+    return model, runner, mask, LAYERS
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_where_the_plan_fuses_layers_the_draft_runs_fused_on_its_own_copies(bits: int) -> None:
+    """The runner's draft at `bits` runs each sub-layer in the fused driver (`DraftWeights.fused`,
+    over the copies its modules hold: what the engine and the latency profile time), with their bits."""
+    from skipsearch.cpu.fused_layers import LowerPrecisionLayer
+
+    model, runner, mask, LAYERS = fused_draft(bits)
     fused = [runner.fused_at(layer, bits, part) for layer in range(LAYERS) for part in (ATTN, MLP)]
     assert all(isinstance(layer, LowerPrecisionLayer) for layer in fused)
     ids = torch.randint(0, model.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
@@ -176,18 +185,7 @@ def test_a_draft_run_fused_holds_its_packed_bytes_once(bits: int) -> None:
     """Once a draft's sub-layers run fused (as a decode runs them), its modules' int kernels read
     their rows of the fused layers' copy: the draft's tensors hold its packed bytes (`nbytes`), not
     twice them, and the modules give the fused layers' bits."""
-    from skipsearch.cpu import int_linear
-    from skipsearch.cpu.fused_layers import fuse_layers
-    from tests.unit.cpu.test_fused_layers import KERNELS, LAYERS, on_the_plan
-
-    kind = int_linear.INT8 if bits == 8 else int_linear.INT4
-    if any(kernel.function is None for kernel in KERNELS) or not int_linear.builds(kind):
-        pytest.skip("the fused layers' kernels do not load here")
-    model = on_the_plan("llama")
-    fuse_layers(model)
-    runner = LayerwiseRunner(model)
-    mask = SkipMask.parse(f"w{bits}:0-{LAYERS - 1}", LAYERS)
-    runner.prepare(mask)
+    model, runner, mask, LAYERS = fused_draft(bits)
     weights = runner.draft_weights
     packed = weights.nbytes(mask)
     assert weights.held_bytes() == packed  # the modules' copies alone

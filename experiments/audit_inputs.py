@@ -13,7 +13,7 @@ cache and `HOME` in a scratch directory. The cases are generated:
 - every path option (outputs and inputs) given a file, a directory, a path whose parent is
   missing, a place that cannot be written and a name longer than a file name may be;
 - `--resume` of a finished run and of a finished compare with each stored setting typed
-  differently, across kinds, and after SIGINT and SIGKILL;
+  differently, across kinds, and after SIGINT, SIGTERM and SIGKILL;
 - `HOME` and `SKIPSEARCH_CACHE` empty, relative, a file, under a file, unwritable;
 - files in bad formats (GGUF cut short, journals empty or damaged, `run.yaml` damaged);
 - combinations: each rule of `skipsearch.settings_rules` where its other option does not hold,
@@ -1002,12 +1002,13 @@ def judge(case: Case, code: int | None, stderr: str, case_dir: Path, before: dic
 
 # -- interrupts ------------------------------------------------------------------------------------------
 def interrupt_outcomes(model: str, scratch: Path) -> list[Outcome]:
-    """A run and a compare stopped by SIGINT and by SIGKILL once a trial finished, then resumed:
-    the interrupt says how to resume; the resume finishes the budget with every trial kept."""
+    """A run and a compare stopped by SIGINT, SIGTERM (as `kill PID` or a job scheduler sends it) and
+    SIGKILL once a trial finished, then resumed: SIGINT and SIGTERM say how to resume; the resume
+    finishes the budget with every trial kept."""
     outcomes = []
     env = {**os.environ, "HOME": str(scratch / "home"), "SKIPSEARCH_CACHE": str(scratch / "cache")}
     for kind in ("run", "compare"):
-        for sig in (signal.SIGINT, signal.SIGKILL):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
             work = scratch / "interrupts" / f"{kind}-{sig.name}"
             work.mkdir(parents=True)
             line, _ = base(kind, model, scratch / "fixtures")
@@ -1034,8 +1035,8 @@ def interrupt_outcomes(model: str, scratch: Path) -> list[Outcome]:
             failures = []
             if "Traceback" in stderr:
                 failures.append("traceback")
-            if sig == signal.SIGINT and f"skipsearch {kind} --out out --resume" not in stderr:
-                failures.append("no resume command on SIGINT")
+            if sig != signal.SIGKILL and f"skipsearch {kind} --out out --resume" not in stderr:
+                failures.append(f"no resume command on {sig.name}")
             name = f"{kind} stopped by {sig.name}"
             case = Case(f"interrupt: {sig.name}", name, argv)
             outcomes.append(

@@ -61,6 +61,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from race import tiny_model_dir
 
@@ -350,6 +351,16 @@ def unchanged_but_budget(name: str, budget: int) -> Callable[[Path, subprocess.C
 
 
 def finished_trials(run_dir: Path) -> dict[str, int]:
+    """Each study's budget used: the distinct masks its feasible trials scored. A repeat of a scored
+    mask, or an infeasible one, is a finished trial too, but costs no budget (`search.study`)."""
+    return {
+        name: len({t.user_attrs["mask"] for t in trials if scored(t)})
+        for name, trials in complete(run_dir).items()
+    }
+
+
+def complete(run_dir: Path) -> dict[str, list[Any]]:
+    """Each study's finished trials."""
     import optuna
     from optuna.trial import TrialState
 
@@ -357,11 +368,24 @@ def finished_trials(run_dir: Path) -> dict[str, int]:
 
     storage = journal_storage(run_dir)
     return {
-        name: len(
-            optuna.load_study(study_name=name, storage=storage).get_trials(states=(TrialState.COMPLETE,))
-        )
+        name: optuna.load_study(study_name=name, storage=storage).get_trials(states=(TrialState.COMPLETE,))
         for name in optuna.study.get_all_study_names(storage)
     }
+
+
+def scored(trial: Any) -> bool:
+    return bool(trial.user_attrs.get("feasible")) and not trial.user_attrs.get("repeat")
+
+
+def lost_trials(before: dict[str, list[Any]], after: dict[str, list[Any]]) -> list[str]:
+    """The trials finished `before` a resume that are not finished, with the same values, after it."""
+    kept = {(name, t.number, tuple(t.values)) for name, trials in after.items() for t in trials}
+    return [
+        f"{name}#{t.number}"
+        for name, trials in before.items()
+        for t in trials
+        if (name, t.number, tuple(t.values)) not in kept
+    ]
 
 
 def resume_case(
@@ -1048,6 +1072,7 @@ def interrupt_outcomes(model: str, scratch: Path) -> list[Outcome]:
                     (error_lines(stderr) or [""])[-1],
                 )
             )
+            before = complete(work / "out") if journal.is_file() else {}
             resumed = subprocess.run(
                 [sys.executable, "-m", "skipsearch", kind, "--out", "out", "--resume"],
                 cwd=work,
@@ -1062,7 +1087,9 @@ def interrupt_outcomes(model: str, scratch: Path) -> list[Outcome]:
             else:
                 trials = finished_trials(work / "out")
                 if any(n != 6 for n in trials.values()) or not trials:
-                    failures.append(f"finished trials after resume {trials}, expected 6 each")
+                    failures.append(f"budget used after resume {trials}, expected 6 each")
+                if lost := lost_trials(before, complete(work / "out")):
+                    failures.append(f"trials finished before the resume lost: {', '.join(lost)}")
             case = Case(
                 f"interrupt: {sig.name}, then --resume",
                 f"{name}, resumed",

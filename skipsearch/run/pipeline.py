@@ -277,6 +277,8 @@ def start_run(
         clock = SearchClock(config.budget)
         prepared = prepare_config(config, out, resume, typed)
         config = prepared.config
+        every_layer = _drafts_beyond_layers(config)
+        clock.untimed = int(every_layer and not resume)  # scored first, and cheaper than a trial
         context = open_context(prepared)
         status.print(cost_note(config, context))
         save_run(config, context, out)
@@ -288,7 +290,7 @@ def start_run(
                 resume,
                 on_trial=timed_progress(clock, on_start(config)),
                 executor=executor,
-                every_layer=_drafts_beyond_layers(config),
+                every_layer=every_layer,
                 setup=context.setups[config.strategy],
             )
         finalists = rescore_finalists(config, context, out)  # still the owner: it writes into the run

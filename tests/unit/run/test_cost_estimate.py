@@ -43,3 +43,14 @@ def test_nothing_is_said_once_the_budget_is_spent_and_a_resume_counts_only_what_
     assert line is not None and "5 left" in line
     clock.now += 20
     assert search.trial(20, 20) is None
+
+
+def test_an_untimed_first_trial_is_counted_against_the_budget_but_not_timed() -> None:
+    clock = Clock()
+    search = SearchClock(10, clock=clock, untimed=1)  # the draft that keeps every layer, scored first
+    search.loaded()
+    clock.now += 1.0
+    assert search.trial(1, 10) is None and search.trial_seconds() is None
+    clock.now += 3.0
+    line = search.trial(2, 10)
+    assert line is not None and "after 1 timed trial: a trial 3.0 s, 8 left" in line

@@ -1195,6 +1195,9 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds a case may take before it counts as a hang (default %(default)s; raise it on a "
         "machine other work keeps busy, where a slow case is not a hang; the report states it)",
     )
+    parser.add_argument(
+        "--keep", type=Path, help="copy the interrupt cases' run directories here when one fails (to inspect)"
+    )
     args = parser.parse_args(argv)
     TIMEOUT = args.limit
     started = time.monotonic()
@@ -1231,7 +1234,10 @@ def main(argv: list[str] | None = None) -> int:
                 if len(outcomes) % 50 == 0:
                     print(f"{len(outcomes)}/{len(cases)} done", flush=True)
         if not args.only or re.search(args.only, "interrupt"):
-            outcomes += interrupt_outcomes(model, scratch)
+            interrupts = interrupt_outcomes(model, scratch)
+            outcomes += interrupts
+            if args.keep and any(o.failures for o in interrupts):
+                shutil.copytree(scratch / "interrupts", args.keep, dirs_exist_ok=True)
     order = {case.name: i for i, case in enumerate(cases)}
     outcomes.sort(key=lambda o: order.get(o.case.name, len(order)))
     text = report(outcomes, (time.monotonic() - started) / 60)

@@ -1,6 +1,8 @@
 """The plan's weight dtypes from the first byte: random weights built module by module in them, a
 model that does not fit refused before any weight is made, and a GGUF cache of bf16 matrices."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -60,3 +62,60 @@ def test_a_model_that_does_not_fit_is_refused_before_loading(monkeypatch: pytest
     monkeypatch.setattr(memory_fit, "available_bytes", lambda: int(1e9))
     with pytest.raises(ModelLoadError, match="a machine with more memory"):
         check_fits(config, MIXED, "mistral-7b", False)
+
+
+def file_maps(suffix: str) -> list[tuple[int, int]]:
+    """This process's address ranges mapped from files whose names end in `suffix`."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[-1].endswith(suffix):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            ranges.append((start, end))
+    return ranges
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads Linux's /proc/self/maps")
+def test_a_checkpoint_is_read_tensor_by_tensor_not_through_a_map_of_its_file(tmp_path: Path) -> None:
+    """transformers would map the whole safetensors file and keep every page of it while the plan
+    packs copies of its matrices; read tensor by tensor, no weight lives in a map of the file."""
+    from transformers import AutoModelForCausalLM
+
+    from skipsearch.models.loading import tensor_by_tensor
+    from tests.conftest import tiny_model
+
+    tiny_model("llama", layers=2).save_pretrained(tmp_path)
+    with tensor_by_tensor():
+        read = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    mapped = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    maps = file_maps(".safetensors")
+
+    def in_a_map(model: nn.Module) -> int:
+        return sum(any(a <= p.data_ptr() < b for a, b in maps) for p in model.parameters())
+
+    assert in_a_map(mapped) > 0  # what transformers does alone: the test can tell
+    assert in_a_map(read) == 0
+    for (name, a), b in zip(read.state_dict().items(), mapped.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_a_replaced_child_is_let_go_before_the_next_is_replaced() -> None:
+    """`replace_children` lists only the parents: each replaced matrix can be freed at once."""
+    import weakref
+
+    from skipsearch.cpu.replace import release_freed_memory, replace_children
+
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)))
+    gone = []
+    previous: list[weakref.ref] = []
+
+    def replace(child: nn.Module) -> nn.Module | None:
+        if type(child) is not nn.Linear:
+            return None
+        gone.extend(ref() is None for ref in previous)
+        previous.append(weakref.ref(child))
+        return nn.Identity()
+
+    assert replace_children(model, replace) == 3
+    assert gone == [True, True, True]  # the first when the second is replaced; both at the third
+    assert isinstance(release_freed_memory(), bool)

@@ -48,7 +48,8 @@ from skipsearch.masks import Draft, SkipMask, vocab_label
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.loading import dtype_name, eos_ids
 from skipsearch.run.finalists import rescore
-from skipsearch.run.pipeline import open_context, resolve_space_settings, run_scorer, search_one
+from skipsearch.run.pipeline import open_context, resolve_space_settings
+from skipsearch.run.search_step import run_scorer, search_one
 from skipsearch.search import EvaluationCache, load_study
 from skipsearch.search.results import trial_records
 from skipsearch.store import JOURNAL_FILE, readable_profile_path

@@ -36,7 +36,8 @@ from skipsearch.executors.base import Evaluator, Executor, LocalExecutor, local_
 from skipsearch.executors.ray import RayExecutor, measurement_executor
 from skipsearch.executors.ray_cluster import RayOptions
 from skipsearch.masks import SkipMask
-from skipsearch.run.pipeline import RunContext, open_context, search_one
+from skipsearch.run.pipeline import open_context
+from skipsearch.run.search_step import RunContext, search_one
 from skipsearch.search import load_study, study_trials_frame
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "ray"

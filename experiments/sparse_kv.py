@@ -58,7 +58,7 @@ from skipsearch.engine import autoregressive_decode, speculative_decode
 from skipsearch.masks import KVPattern, SkipMask, parse_draft_vocab, vocab_label
 from skipsearch.models.draft_head import DraftHead
 from skipsearch.models.loading import eos_ids
-from skipsearch.run.pipeline import RunContext, run_scorer, search_one
+from skipsearch.run.search_step import RunContext, run_scorer, search_one
 from skipsearch.search import EvaluationCache, load_study
 from skipsearch.search.objective import scoring_latency
 from skipsearch.search.results import trial_records

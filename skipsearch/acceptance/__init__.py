@@ -5,6 +5,7 @@ the speculative loop.
 Modules:
 - `profile`: `AcceptanceProfile` and the exact round simulation over it (pure arithmetic, no model).
 - `estimator`: the teacher-forced `Estimator`: one draft forward per prompt gives an AcceptanceProfile.
+- `shared_kv`: what a `shared-kv` / `rounds` draft position attends to: the reference's K/V, its own, pillars.
 - `statistics`: per-position greedy match, sampled acceptance, confidence and ranks (tensor arithmetic).
 - `reference`: the `ReferenceCache`: what the target does on the prompt set, computed once.
 - `prompts`: prompt sets: load, select by seed, tokenize.

@@ -25,7 +25,8 @@ Pillars (`kv.pillars`) follow the engine's rounds: each layer's attention runs o
 reference's states at every prediction position to choose them as a verify would, and a draft
 position's mask adds, per layer and head, those chosen at the first position of the round before
 its own (`previous_round_starts`; in `shared-kv`, where every position is a round, the position
-before). `self` mode has no rounds and refuses them.
+before; the cache and masks are `acceptance.shared_kv`'s). `self` mode has no rounds and refuses
+them.
 
 A sub-layer at lower precision (`SkipMask.attn_bits`, `mlp_bits`) runs where the engine's draft runs
 it, on the same int8 / int4 copies (`LayerwiseRunner`, `models.draft_weights`): it counts as skipped
@@ -44,7 +45,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
 
 import torch
 
@@ -56,6 +56,7 @@ from skipsearch.acceptance.profile import (
     tree_round_starts,
 )
 from skipsearch.acceptance.reference import FORWARD_BATCH, ReferenceCache
+from skipsearch.acceptance.shared_kv import PillarMasks, SharedKV, choose_pillars
 from skipsearch.acceptance.statistics import (
     greedy_confidence,
     sampling_acceptance,
@@ -71,25 +72,6 @@ from skipsearch.models.runner import LayerwiseRunner
 from skipsearch.tree_shapes import MAX_TOP, RANK_CAP, Tree, as_tree
 
 log = logging.getLogger(__name__)
-
-
-class SharedKV:
-    """Cache stand-in for the `shared-kv` and `rounds` estimators: attention sees the full model's
-    K/V for all positions followed by the draft's own; the estimator's mask picks, per query, the
-    full K/V before its round and its own K/V from its round's start to itself (in `shared-kv`
-    every query is a round of its own: the first draft step of a round)."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.keys = keys
-        self.values = values
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return (
-            torch.cat([self.keys[layer_idx], key_states], dim=2),
-            torch.cat([self.values[layer_idx], value_states], dim=2),
-        )
 
 
 VocabIds = Callable[[int], Sequence[int]]
@@ -297,24 +279,11 @@ class Estimator:
     def _chosen_pillars(
         self, kv: KVPattern, rows: slice, position_ids: torch.Tensor, cache: SharedKV
     ) -> PillarChoice:
-        """The pillars the full model chooses at every prediction position of `rows` (`[b, Q, KV,
-        K]` per layer): each layer's attention run over the reference's states at those positions,
-        recording (`kv.pillars`); computed once per pattern and batch of rows."""
+        """The pillars the full model chooses at every prediction position of `rows`
+        (`shared_kv.choose_pillars`), computed once per pattern and batch of rows."""
         key = (kv, rows.start)
         if key not in self._pillars:
-            ref, runner = self.reference, self.runner
-            width, queries = cache.keys.shape[-2], position_ids.shape[1]
-            seen = torch.arange(width, device=runner.device)[None, None] <= position_ids[..., None]
-            hidden_size = ref.hidden.shape[-1]
-            blind = torch.zeros(*seen.shape[:2], queries, dtype=torch.bool, device=runner.device)
-            mask = torch.cat([seen, blind], dim=2)[:, None]
-            choice = PillarChoice(kv, position_ids, runner.num_layers, runner.config.num_key_value_heads)
-            index = position_ids[..., None].expand(-1, -1, hidden_size)
-            embeddings = runner.rotary(ref.hidden[0, rows, :1], position_ids)
-            for layer in range(runner.num_layers):
-                hidden = ref.hidden[layer, rows].gather(1, index)
-                runner.attention(layer, hidden, embeddings, mask, cache, pillars=choice, own_mask=True)
-            self._pillars[key] = choice
+            self._pillars[key] = choose_pillars(self.runner, self.reference, kv, rows, position_ids, cache)
         return self._pillars[key]
 
     @torch.no_grad()
@@ -417,40 +386,6 @@ class Estimator:
             ids = ref.input_ids[begin : begin + FORWARD_BATCH]
             self.runner.run_layers(self.runner.embed(ids), 0, self.runner.num_layers, position_ids)
         self.runner.head(ref.hidden[-1][self.rows, self.cols])
-
-
-class PillarMasks:
-    """The `shared-kv` attention masks of a draft with pillars, one per layer (built when the
-    runner reaches the layer): each query sees, beside its band of the reference (`earlier`
-    `[b, Q, N]`) and its round's own K/V (`own` `[b, Q, Q]`), the pillars its round's source
-    query chose in that layer (`chosen`, at `sources` `[b, Q]`), per K/V head, so per query head."""
-
-    def __init__(
-        self,
-        earlier: torch.Tensor,
-        own: torch.Tensor,
-        chosen: PillarChoice,
-        sources: torch.Tensor,
-        config: Any,
-    ) -> None:
-        self.earlier, self.own, self.chosen, self.sources = earlier, own, chosen, sources
-        self.group = config.num_attention_heads // config.num_key_value_heads
-
-    def __getitem__(self, layer: int) -> torch.Tensor:
-        positions, valid = self.chosen.layer_choice(layer)
-        batch, queries, width = self.earlier.shape
-        index = self.sources.clamp(min=0)[..., None, None].expand(-1, -1, *positions.shape[2:])
-        keys = positions.gather(1, index).transpose(1, 2)  # [b, KV, Q, K]
-        real = (valid.gather(1, index) & (self.sources >= 0)[..., None, None]).transpose(1, 2)
-        # the choice also scored the round's own keys: never real pillars, but a narrow region's
-        # unreal picks may land there
-        pillars = torch.zeros(
-            batch, keys.shape[1], queries, width + queries, dtype=torch.bool, device=keys.device
-        )
-        pillars.scatter_(3, keys, real)
-        seen = self.earlier[:, None] | pillars[..., :width].repeat_interleave(self.group, dim=1)
-        own = self.own[:, None].expand(-1, seen.shape[1], -1, -1)
-        return torch.cat([seen, own], dim=3)
 
 
 def _first_changed_layer(mask: SkipMask, kv: KVPattern | None) -> int:

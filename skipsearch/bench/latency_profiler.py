@@ -55,7 +55,8 @@ from skipsearch.bench.passes import (
     time_pillar_choice,
     time_round_overhead,
 )
-from skipsearch.cost.latency import LatencyProfile, PrecisionCosts
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.cost.latency_schema import PrecisionCosts
 from skipsearch.errors import ConfigError
 from skipsearch.masks import LOW_BITS, KVPattern, SkipMask
 from skipsearch.store import atomic_path

@@ -5,6 +5,7 @@ torch: the profiler that measures a device is `bench.latency_profiler`.
 Modules:
 - `closed_forms`: the closed forms: speedup from acceptance and the draft's share of a step.
 - `latency`: `LatencyProfile`: the device's measured times of each part of a pass, by context and positions.
+- `latency_schema`: what a LatencyProfile must hold (its checks) and its lower-precision tables.
 - `calibrated`: the calibrated form (a round priced from a LatencyProfile) and the one-mask `predict`.
 - `tree_cost`: what a token-tree round costs, and what it gains.
 - `depth`: a LatencyProfile measured on a depth-cut model scaled back to the real depth.

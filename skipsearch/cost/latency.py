@@ -2,15 +2,14 @@
 (docs/theory.md, "Calibrated cost").
 
 Pure data and interpolation: the profiler (`skipsearch.bench.latency_profiler`) fills it, the calibrated
-form prices rounds with it.
+form prices rounds with it. What its tables must hold, checked when a profile is built, and the
+tables of a lower precision (`PrecisionCosts`) are `cost.latency_schema`'s.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from numbers import Integral
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from skipsearch.cost.latency_schema import PrecisionCosts, check_profile, tuples
 from skipsearch.errors import ConfigError
 from skipsearch.masks import LOW_BITS, SkipMask, SublayerWeights
 from skipsearch.store import write_text_atomic
@@ -48,50 +48,6 @@ def _bracket(xs: Sequence[float], x: float, extrapolate: bool) -> tuple[int, int
 
 def _interpolate(table: np.ndarray, i: int, j: int, t: float, axis: int) -> np.ndarray:
     return (1.0 - t) * np.take(table, i, axis=axis) + t * np.take(table, j, axis=axis)
-
-
-@dataclass(frozen=True)
-class PrecisionCosts:
-    """What the profiler measures of a draft whose weights are read at one lower precision (int8 or
-    int4, docs/theory.md "Calibrated cost"): what `LatencyProfile.with_precision` stores.
-
-    `attn[layer][c][k]` and `mlp[layer][c][k]` are median seconds of each sub-layer with its weights
-    at that precision, by the LatencyProfile's `context_lengths` and by `positions` (the rows of the
-    pass: 1 for a chain's draft step, more for a token tree's draft passes), as its full-precision
-    `attn` / `mlp`; an empty `positions` is the LatencyProfile's own (the form before the profiler
-    timed fewer position counts at lower precision than at full). `step[c]` is a whole one-position
-    decode step with every layer at that precision (embedding and head as the model's own), and
-    `weight_bytes` the bytes of weights that step reads: with the K/V of the context and the copy
-    bandwidth they give the step's memory floor and the bandwidth it reached
-    (`LatencyProfile.precision_floor`). `step` and `weight_bytes` are optional (a report then shows
-    no floor); the two tables are not.
-    """
-
-    attn: tuple[tuple[tuple[float, ...], ...], ...]
-    mlp: tuple[tuple[tuple[float, ...], ...], ...]
-    step: tuple[float, ...] = ()
-    weight_bytes: float | None = None
-    positions: tuple[int, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "attn": np.asarray(self.attn).tolist(),
-            "mlp": np.asarray(self.mlp).tolist(),
-            "step": list(self.step),
-            "weight_bytes": self.weight_bytes,
-            "positions": list(self.positions),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PrecisionCosts:
-        weight_bytes = data.get("weight_bytes")
-        return cls(
-            attn=_tuples(data["attn"]),
-            mlp=_tuples(data["mlp"]),
-            step=tuple(float(t) for t in data.get("step", ())),
-            weight_bytes=None if weight_bytes is None else float(weight_bytes),
-            positions=tuple(int(k) for k in data.get("positions", ())),
-        )
 
 
 @dataclass(frozen=True)
@@ -175,103 +131,12 @@ class LatencyProfile:
     VERSION = 1
 
     def __post_init__(self) -> None:
-        for name in ("context_lengths", "positions"):
-            axis = getattr(self, name)
-            if not axis or any(b <= a for a, b in itertools.pairwise(axis)) or axis[0] < 1:
-                raise ConfigError(f"{name} must be a non-empty increasing list of integers >= 1, got {axis}")
-        if not self.attn or len(self.mlp) != len(self.attn):
-            raise ConfigError(
-                f"attn and mlp must cover the same layers, got {len(self.attn)} and {len(self.mlp)}"
-            )
-        if self.meta.get("num_layers", self.num_layers) != self.num_layers:
-            raise ConfigError(
-                f"meta.num_layers is {self.meta['num_layers']} but the tables cover {self.num_layers}"
-            )
-        for table in self.TABLES:
-            self._check_table(table, getattr(self, table))
-            self._check_table(f"spread.{table}", self.spread.get(table))
-        if not self.round_overhead or min(self.round_overhead) < 1:
-            raise ConfigError(f"round_overhead needs entries for gamma >= 1, got {dict(self.round_overhead)}")
-        if any(not (math.isfinite(s) and s >= 0.0) for s in self.round_overhead.values()):
-            raise ConfigError("round_overhead seconds must be finite and >= 0")
-        self._check_head_rows()
-        if self.pillar_choice and (
-            len(self.pillar_choice) != len(self.context_lengths)
-            or any(not (math.isfinite(t) and t >= 0.0) for t in self.pillar_choice)
-        ):
-            raise ConfigError(
-                "pillar_choice needs one finite time >= 0 per context length; re-run `skipsearch profile`"
-            )
-        for bits, costs in self.precisions.items():
-            self._check_precision(bits, costs)
-
-    def _check_precision(self, bits: int, costs: PrecisionCosts) -> None:
-        if bits not in LOW_BITS:
-            raise ConfigError(
-                f"precision costs are for {bits} bits: a draft reads its weights at one of "
-                f"{', '.join(map(str, LOW_BITS))}; re-run `skipsearch profile`"
-            )
-        positions = self._precision_positions(costs)
-        if any(b <= a for a, b in itertools.pairwise(positions)) or positions[0] < 1:
-            raise ConfigError(
-                f"precisions.{bits}.positions must be an increasing list of integers >= 1, got "
-                f"{list(positions)}; re-run `skipsearch profile`"
-            )
-        self._check_table(f"precisions.{bits}.attn", costs.attn, len(positions))
-        self._check_table(f"precisions.{bits}.mlp", costs.mlp, len(positions))
-        if costs.step and (
-            len(costs.step) != len(self.context_lengths)
-            or any(not (math.isfinite(t) and t > 0.0) for t in costs.step)
-        ):
-            raise ConfigError(
-                f"precisions.{bits}.step needs one finite time > 0 per context length; "
-                "re-run `skipsearch profile`"
-            )
-        if costs.weight_bytes is not None and not (
-            math.isfinite(costs.weight_bytes) and costs.weight_bytes > 0
-        ):
-            raise ConfigError(
-                f"precisions.{bits}.weight_bytes must be a byte count > 0, got {costs.weight_bytes}"
-            )
+        check_profile(self)
 
     def with_precision(self, bits: int, costs: PrecisionCosts) -> LatencyProfile:
         """This profile with the measured costs of `bits`-bit drafts (replacing any it had): what
         the profiler calls once per lower precision it times (checked like the rest of the table)."""
         return replace(self, precisions={**self.precisions, int(bits): costs})
-
-    def _check_head_rows(self) -> None:
-        rows, times = self.head_rows, self.head_by_rows
-        if (
-            len(rows) != len(times)
-            or any(b <= a for a, b in itertools.pairwise(rows))
-            or min(rows, default=1) < 1
-        ):
-            raise ConfigError(
-                f"head_rows must be increasing row counts >= 1, one per head_by_rows entry, got {list(rows)} "
-                f"and {len(times)} times; re-run `skipsearch profile`"
-            )
-        if any(not (math.isfinite(t) and t > 0.0) for t in times):
-            raise ConfigError("head_by_rows seconds must be finite and > 0; re-run `skipsearch profile`")
-        recorded = self.meta.get("vocab_size")
-        if rows and recorded is not None and rows[-1] != recorded:
-            raise ConfigError(f"head_rows must end at the vocabulary size {recorded}, got {rows[-1]}")
-
-    def _precision_positions(self, costs: PrecisionCosts) -> tuple[int, ...]:
-        """The position counts `costs` were timed at: their own, else this profile's."""
-        return costs.positions or self.positions
-
-    def _check_table(self, name: str, table: Any, positions: int | None = None) -> None:
-        layers = () if name.endswith(("embed", "head")) else (self.num_layers,)
-        shape = (*layers, len(self.context_lengths), positions or len(self.positions))
-        try:
-            values = np.asarray(table, dtype=float)
-        except (TypeError, ValueError):
-            values = np.empty(0)
-        if values.shape != shape or not np.all(np.isfinite(values)) or np.any(values < 0):
-            raise ConfigError(
-                f"latency table {name} must hold finite seconds >= 0 with shape {list(shape)} "
-                "(layers x context lengths x positions); re-run `skipsearch profile`"
-            )
 
     @property
     def num_layers(self) -> int:
@@ -341,7 +206,7 @@ class LatencyProfile:
         self, table: Any, costs: PrecisionCosts, context: float, positions: float
     ) -> tuple[float, ...]:
         """Every layer's seconds in one of `costs`' tables, on the position counts they were timed at."""
-        return tuple(self._at(table, context, positions, self._precision_positions(costs)).tolist())
+        return tuple(self._at(table, context, positions, costs.timed_positions(self.positions)).tolist())
 
     def check_precisions(self, mask: SkipMask) -> bool:
         """Whether this profile prices some of `mask`'s lower-precision sub-layers by their bytes
@@ -528,8 +393,8 @@ class LatencyProfile:
                 meta=dict(data["meta"]),
                 context_lengths=tuple(int(c) for c in data["context_lengths"]),
                 positions=tuple(int(k) for k in data["positions"]),
-                **{name: _tuples(data[name]) for name in cls.TABLES},
-                spread={name: _tuples(data["spread"][name]) for name in cls.TABLES},
+                **{name: tuples(data[name]) for name in cls.TABLES},
+                spread={name: tuples(data["spread"][name]) for name in cls.TABLES},
                 round_overhead={int(g): float(s) for g, s in data["round_overhead"].items()},
                 head_rows=tuple(int(k) for k in data.get("head_rows", ())),
                 head_by_rows=tuple(float(t) for t in data.get("head_by_rows", ())),
@@ -568,10 +433,3 @@ class LatencyProfile:
             return cls.from_dict(data)
         except ConfigError as error:
             raise ConfigError(f"{path}: {error}") from None
-
-
-def _tuples(nested: Any) -> Any:
-    """Nested lists of numbers as nested tuples of floats (immutable, comparable)."""
-    if isinstance(nested, list | tuple):
-        return tuple(_tuples(item) for item in nested)
-    return float(nested)

@@ -1,6 +1,7 @@
 """A run end to end: the pipeline, its report and the exports to inference engines.
 
 - `pipeline`: `skipsearch run` as one descent: check, load, score, search, re-score, report.
+- `search_step`: one strategy's study in the run directory, its scorer and strategy, the finalists' re-score.
 - `preflight`: what a run checks without its model, before anything is written.
 - `owner`: one command at a time writes a run directory (an OS lock).
 - `compare`: `skipsearch compare`, several strategies × seeds sharing one model and cache.

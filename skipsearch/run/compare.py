@@ -2,7 +2,8 @@
 
 The studies share one journal, one evaluation cache (a mask measured for one strategy is free for
 the others) and one executor, whose workers load the model once for all of them; everything else
-is `run.pipeline`'s, which also checks the compare's own settings (`check_compare`).
+is `run.pipeline`'s (each study `run.search_step`'s), which also checks the compare's own settings
+(`check_compare`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from skipsearch.run.pipeline import (
     open_context,
     prepare_config,
     save_run,
-    search_one,
 )
+from skipsearch.run.search_step import search_one
 from skipsearch.search.study import ProgressCallback
 from skipsearch.store import CACHE_DIR
 

@@ -9,7 +9,8 @@ import pytest
 from skipsearch.cost.calibrated import Calibrated, predict
 from skipsearch.cost.closed_forms import SelfSpeculative
 from skipsearch.cost.depth import scale_to_depth
-from skipsearch.cost.latency import LatencyProfile, PrecisionCosts
+from skipsearch.cost.latency import LatencyProfile
+from skipsearch.cost.latency_schema import PrecisionCosts
 from skipsearch.cost.tree_cost import tree_round_time
 from skipsearch.errors import ConfigError
 from skipsearch.masks import SkipMask

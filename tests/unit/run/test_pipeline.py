@@ -9,7 +9,8 @@ from skipsearch.config import COMPARED_STRATEGIES, CompareSettings, RunConfig, l
 from skipsearch.errors import ConfigError
 from skipsearch.run import compare as runs
 from skipsearch.run import pipeline
-from skipsearch.run.pipeline import RunContext, cost_note
+from skipsearch.run.pipeline import cost_note
+from skipsearch.run.search_step import RunContext
 from skipsearch.store import RUN_FILE
 
 PROFILE = "/cache/profiles/smollm2-135m-cpu.json"

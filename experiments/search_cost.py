@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shlex
 import subprocess
@@ -241,6 +242,10 @@ def cpu_line() -> str:
     return f"{model}; flags: {', '.join(f for f in wanted if f in flags) or 'none of ' + ', '.join(wanted)}"
 
 
+def gigabytes(size: float) -> str:
+    return "-" if math.isnan(size) else f"{size / 1e9:.2f}"
+
+
 def table(rows: list[tuple[str, dict[str, Any]]], budget: int) -> list[str]:
     lines = [
         f"| model | load s | reference s | shared-kv trial s (first / steady) | rounds trial s (first / "
@@ -257,9 +262,41 @@ def table(rows: list[tuple[str, dict[str, Any]]], budget: int) -> list[str]:
             f"| {name} | {record['load_s']:.1f} | {record['reference_s']:.1f} | "
             f"{shared['first_s']:.2f} / {shared['steady_s']:.2f} | "
             f"{rounds['first_s']:.2f} / {rounds['steady_s']:.2f} ({'/'.join(map(str, rounds['passes']))}) | "
-            f"{record['peak_rss'] / 1e9:.2f} | {totals[0]:.1f} min | {totals[1]:.1f} min |"
+            f"{gigabytes(record['peak_rss'])} | {totals[0]:.1f} min | {totals[1]:.1f} min |"
         )
     return lines
+
+
+FULL_DEPTH = 32  # the Mistral-7B shape's layers
+
+
+def extrapolated(rows: list[tuple[str, dict[str, Any]]], budget: int) -> list[tuple[str, dict[str, Any]]]:
+    """The Mistral-7B shape at full depth, where it was not measured: each time fitted as a line in
+    the depth through the depths that were (a layer's work is the same at every depth; the embedding,
+    the head and the process are the line's constant), then priced by `predicted` as a measured row
+    is. Nothing where fewer than two depths were measured or the full depth was."""
+    import numpy as np
+
+    measured = {r["layers"]: r for name, r in rows if name.startswith(RANDOM_MODEL) and "plan" in r}
+    if len(measured) < 2 or FULL_DEPTH in measured:
+        return []
+    depths = sorted(measured)
+
+    def at_full(values: list[float]) -> float:
+        slope, constant = np.polyfit(depths, values, 1)
+        return float(slope * FULL_DEPTH + constant)
+
+    record: dict[str, Any] = {
+        key: at_full([measured[d][key] for d in depths]) for key in ("load_s", "reference_s")
+    }
+    for mode in MODES:
+        record[mode] = {
+            key: at_full([measured[d][mode][key] for d in depths]) for key in ("first_s", "steady_s")
+        }
+        record[mode]["passes"] = measured[depths[-1]][mode]["passes"]
+    record["predicted"] = {mode: predicted(record, mode, budget) for mode in MODES}
+    record["peak_rss"] = float("nan")
+    return [(f"{RANDOM_MODEL}, {FULL_DEPTH} layers, extrapolated from {', '.join(map(str, depths))}", record)]
 
 
 def report(results: dict[str, Any]) -> str:
@@ -283,6 +320,17 @@ def report(results: dict[str, Any]) -> str:
         "",
         *table(rows, results["budget"]),
         "",
+        *(
+            [
+                "**Extrapolated, not measured:** the full depth, each time a line in the depth through the "
+                "measured depths (`extrapolated`); its peak memory is `load_memory.py`'s to say.",
+                "",
+                *table(full, results["budget"]),
+                "",
+            ]
+            if (full := extrapolated(rows, results["budget"]))
+            else []
+        ),
         "The line `skipsearch run` would print after its first trial, per case (shared-kv):",
         "",
         *(f"- {name}: {r['predicted']['shared-kv']['line']}" for name, r in rows if "plan" in r),

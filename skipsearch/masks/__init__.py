@@ -15,7 +15,7 @@ Modules:
 
 from skipsearch.masks.draft import FULL_VOCAB, Draft, parse_draft_vocab, split_draft, vocab_label
 from skipsearch.masks.kv_pattern import FULL_KV, KVPattern, kv_label
-from skipsearch.masks.skip_mask import BYTES_SHARE, FULL_BITS, LOW_BITS, SkipMask, parse_layer_list
+from skipsearch.masks.skip_mask import BYTES_SHARE, FULL_BITS, LOW_BITS, SkipMask, parse_layer_list, readable
 from skipsearch.masks.sublayer_weights import SublayerWeights
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "kv_label",
     "parse_draft_vocab",
     "parse_layer_list",
+    "readable",
     "split_draft",
     "vocab_label",
 ]

@@ -79,6 +79,37 @@ def _format_layers(layers: Iterable[int]) -> str:
     return ",".join(str(i) for i in sorted(layers))
 
 
+def _ranges(layers: Iterable[int]) -> str:
+    """`0,1,2,3,7` as `0-3,7`: runs of three or more layers as ranges (`parse_layer_list` reads both)."""
+    runs: list[list[int]] = []
+    for layer in sorted(layers):
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) >= 3 else ",".join(map(str, r)) for r in runs)
+
+
+def readable(text: str) -> str:
+    """A draft string as a person reads it: layer lists with ranges, and the empty `a:`/`m:` lists
+    left out where the draft has other parts (`a:|m:|w4:0,1,...,29|v:16384` reads `w4:0-29|v:16384`).
+    It parses to the same draft; the stable form (`str(SkipMask)`) stays the key of caches and
+    journals. Text that is not a draft string is returned as it is."""
+    parts = []
+    for part in text.split("|"):
+        key, colon, value = part.partition(":")
+        if colon and key in _MASK_KEYS:
+            try:
+                layers = parse_layer_list(value)
+            except (InvalidMaskError, SettingTypeError):
+                return text
+            if not layers and key in ("a", "m"):
+                continue
+            part = f"{key}:{_ranges(layers)}"
+        parts.append(part)
+    return "|".join(parts) if parts else "a:|m:"
+
+
 @dataclass(frozen=True)
 class SkipMask:
     """Immutable, hashable draft mask over `num_layers` decoder layers.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from skipsearch.cost.verdict import PAYS_OFF, Verdict, judge
-from skipsearch.masks import FULL_KV, FULL_VOCAB
+from skipsearch.masks import FULL_KV, FULL_VOCAB, readable
 from skipsearch.search.results import TrialRecord
 from skipsearch.store import DRAFT_VOCAB_FILE
 from skipsearch.tree_shapes import as_tree
@@ -97,7 +97,7 @@ def verdict(summary: dict, frame: pd.DataFrame, front: list[TrialRecord]) -> str
         )
         + "):",
         "",
-        f"    {summary['mask']}",
+        f"    {readable(summary['mask'])}",
         *(
             []
             if summary.get("draft_vocab", FULL_VOCAB) == FULL_VOCAB
@@ -141,7 +141,7 @@ def precision_verdict(summary: dict, frame: pd.DataFrame) -> tuple[str, str, Ver
         key: None if pd.isna(best.get(f"speedup_{key}")) else float(best[f"speedup_{key}"])
         for key in ("closed_form", "calibrated")
     }
-    return str(best["mask"]), str(best["precision"]), judge(summary["cost"], predicted)
+    return readable(str(best["mask"])), str(best["precision"]), judge(summary["cost"], predicted)
 
 
 def precision_lines(summary: dict, frame: pd.DataFrame) -> list[str]:
@@ -218,7 +218,7 @@ def finalist_lines(finalists: list[dict], mode: str) -> list[str]:
         searched = f["search_tokens_per_round"]
         rounds = f"{'?' if searched is None else f'{searched:.3f}'} → {f['exact_tokens_per_round']:.3f}"
         lines.append(
-            f"| `{f['mask']}` | {f['draft_vocab']} | {f.get('kv', FULL_KV)} | {f['gamma']} | "
+            f"| `{readable(f['mask'])}` | {f['draft_vocab']} | {f.get('kv', FULL_KV)} | {f['gamma']} | "
             f"{f['search_score']:.3f} | {f['exact_score']:.3f} | {rounds} |"
         )
     return lines

@@ -228,3 +228,16 @@ def test_parse_names_the_misused_argument_and_a_layer_named_twice() -> None:
         SkipMask.parse("1,1", 30)
     with pytest.raises(InvalidMaskError, match="names layer 5 twice"):
         parse_layer_list("4-6,5")
+
+
+def test_a_readable_draft_string_shows_ranges_and_parses_to_the_same_draft() -> None:
+    from skipsearch.masks import readable
+
+    every_layer_int4 = SkipMask.parse("w4:" + ",".join(map(str, range(30))), 30)
+    assert readable(f"{every_layer_int4}|v:16384") == "w4:0-29|v:16384"
+    mixed = SkipMask.parse("a:5,6,7,9|m:5|w4:0-4,10-11,12-29", 30)
+    assert readable(str(mixed)) == "a:5-7,9|m:5|w4:0-4,10-29"
+    assert readable("a:|m:") == "a:|m:"  # the full model keeps a string that says so
+    for mask in (every_layer_int4, mixed, SkipMask.parse("a:1,2|m:", 30)):
+        assert SkipMask.parse(readable(str(mask)), 30) == mask
+    assert readable("a:x|m:") == "a:x|m:"  # not a draft string: as it was

@@ -7,6 +7,7 @@ import json
 import pandas as pd
 import pytest
 
+from skipsearch.masks import SkipMask, readable
 from skipsearch.run.summary_text import verdict
 
 pytestmark = pytest.mark.usefixtures("cache_in_tmp")
@@ -58,7 +59,9 @@ def test_the_verdict_names_the_cost_model_and_the_mask_has_its_own_line(cost, fi
     )
     closing = text.split("## Verdict")[1]
     assert named in closing and figure[:4] in closing
-    assert f"    {summary(cost)['mask']}" in text.splitlines()
+    mask = summary(cost)["mask"]
+    assert f"    {readable(mask)}" in text.splitlines()  # with ranges, as a person reads it
+    assert SkipMask.parse(readable(mask), 30) == SkipMask.parse(mask, 30)
     assert json.dumps(summary(cost))  # the summary stays plain data
 
 

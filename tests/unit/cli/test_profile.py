@@ -163,7 +163,10 @@ def test_choose_space_reads_the_profile_and_names_the_space(
         assert cli.main(choose) == 0
         printed = capsys.readouterr()
         assert printed.out == f"{space}\n"  # the space alone, for a script
-        assert f"space {space}: int8 {'could' if pays else 'cannot'} pay" in printed.err
+        assert (
+            f"space {space}: at full acceptance with the model's head, "
+            f"int8 {'could' if pays else 'cannot'} pay" in printed.err
+        )
     stored = json.loads(out.read_text())
     del stored["precisions"]
     out.write_text(json.dumps(stored))

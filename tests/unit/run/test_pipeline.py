@@ -153,3 +153,42 @@ def test_runs_and_compares_default_to_the_runs_directory() -> None:
     config = RunConfig(strategy="random", seed=2)
     assert default_out(config) == Path(f"runs/{config.measure.model}-sparse-random-s2")
     assert default_compare_out(config) == Path(f"runs/compare-{config.measure.model}-sparse")
+
+
+def test_a_precision_space_has_its_copies_made_before_the_first_trial(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The int8/int4 copies of every layer are made before the search, not inside its first trials
+    (where they doubled the trials' times and `run`'s first estimates); copies that would not fit
+    are left to the trials, without an error."""
+    from types import SimpleNamespace
+
+    from skipsearch.masks import SkipMask
+    from skipsearch.models import draft_weights
+    from skipsearch.models.runner import LayerwiseRunner
+    from tests.conftest import tiny_model
+
+    def context_of(runner: LayerwiseRunner, precisions: tuple[int, ...]) -> SimpleNamespace:
+        space = SimpleNamespace(precisions=precisions)
+        return SimpleNamespace(
+            measurement=SimpleNamespace(runner=runner), setups={"random": SimpleNamespace(space=space)}
+        )
+
+    config = SimpleNamespace(strategy="random")
+    runner = LayerwiseRunner(tiny_model("llama", layers=2, seed=1))
+    pipeline.make_draft_copies(context_of(runner, (16, 8, 4)), config)
+    every = [SkipMask.parse(f"w{bits}:0-1", 2) for bits in (8, 4)]
+    assert runner.draft_weights.loaded_bytes == sum(runner.draft_weights.nbytes(m) for m in every) > 0
+
+    plain = LayerwiseRunner(tiny_model("llama", layers=2, seed=1))
+    pipeline.make_draft_copies(context_of(plain, (16,)), config)  # no lower precision: nothing made
+    assert plain.draft_weights.loaded_bytes == 0
+
+    refused = LayerwiseRunner(tiny_model("llama", layers=2, seed=1))
+
+    def no_room(needed: int, what: str) -> None:
+        raise ConfigError(f"{what} need {needed} bytes")
+
+    monkeypatch.setattr(draft_weights, "_fits", no_room)
+    pipeline.make_draft_copies(context_of(refused, (16, 8, 4)), config)  # left to the trials
+    assert refused.draft_weights.loaded_bytes == 0

@@ -36,3 +36,22 @@ def test_bad_options_fail_in_one_line(options: list[str], named: str, capsys: py
     assert exited.value.code == 2
     line = capsys.readouterr().err.strip()
     assert "\n" not in line and named in line
+
+
+def test_the_full_depth_is_a_line_through_the_measured_depths_and_says_so() -> None:
+    from experiments.search_cost import MODES, extrapolated
+
+    def record(layers: int) -> dict:
+        trial = {"first_s": 3.0 * layers, "steady_s": 1.0 + layers, "passes": [1]}
+        measured = {"plan": "p", "layers": layers, "load_s": 2.0 + layers, "reference_s": 4.0 * layers}
+        return measured | {mode: dict(trial) for mode in MODES}
+
+    rows = [(f"mistral-7b, random weights, {n} layers", record(n)) for n in (2, 8)]
+    [(name, full)] = extrapolated(rows, 200)
+    assert "extrapolated from 2, 8" in name
+    assert full["reference_s"] == pytest.approx(128.0) and full["shared-kv"]["steady_s"] == pytest.approx(
+        33.0
+    )
+    assert full["predicted"]["shared-kv"]["seconds"] > 200 * 33.0
+    assert extrapolated(rows[:1], 200) == []  # one depth draws no line
+    assert extrapolated([*rows, ("mistral-7b, random weights, 32 layers", record(32))], 200) == []

@@ -49,7 +49,6 @@ from skipsearch.bench.clock import Sync, clock_for, gc_paused, timed
 from skipsearch.bench.passes import (
     Samples,
     prefill_cache,
-    prepare_precision,
     time_draft_heads,
     time_passes,
     time_pillar_choice,
@@ -256,7 +255,7 @@ def time_precisions(
     timed_at: dict[int, PrecisionTimings] = {}
     for bits in precisions:
         try:
-            mask = prepare_precision(runner, bits)
+            mask = runner.prepare_every_layer(bits)
         except ConfigError as error:
             log.warning("int%d drafts not timed (priced by their bytes): %s", bits, error)
             continue

@@ -19,7 +19,7 @@ import numpy as np
 
 from skipsearch.bench.clock import Sync, timed
 from skipsearch.cost.latency import LatencyProfile
-from skipsearch.masks import FULL_BITS, KVPattern, SkipMask
+from skipsearch.masks import FULL_BITS, KVPattern
 from skipsearch.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ def time_pass(
 ) -> PassTimes:
     """Time each part of one full forward over `ids` after the positions `cache` holds, every
     layer's weights at `bits` (`FULL_BITS`, or 8 / 4: the draft's copies, on the path a draft runs
-    them, `LayerwiseRunner.fused_at`; `prepare_precision` first).
+    them, `LayerwiseRunner.fused_at`; `LayerwiseRunner.prepare_every_layer` first).
 
     Each attention call appends its `k` positions to its layer's cache, as a real pass does; the
     crop right after (outside the clock) takes them off again, so every sample sees one context.
@@ -169,19 +169,6 @@ def time_passes(
                 samples.record(c, k, repeat, times)
             bar.advance(bar.task_ids[0])
     return samples
-
-
-def prepare_precision(runner: LayerwiseRunner, bits: int) -> SkipMask:
-    """The draft that reads every layer's weights at `bits`, its copies loaded (quantized, or read
-    from their cache file) and each sub-layer's fused path built, so that no sample pays for them."""
-    from skipsearch.models.draft_weights import ATTN, MLP
-
-    mask = SkipMask.parse(f"w{bits}:0-{runner.num_layers - 1}", runner.num_layers)
-    runner.prepare(mask)
-    for layer in range(runner.num_layers):
-        for kind in (ATTN, MLP):
-            runner.fused_at(layer, bits, kind)
-    return mask
 
 
 def round_bookkeeping(draft_logits: Sequence[torch.Tensor], verify_logits: torch.Tensor, cache: Any) -> int:

@@ -72,6 +72,17 @@ class LayerwiseRunner:
         if mask.quantized:
             self.draft_weights.prepare(mask)
 
+    def prepare_every_layer(self, bits: int) -> SkipMask:
+        """The draft that reads every layer's weights at `bits`, its copies loaded (quantized, or read
+        from their cache file; a ConfigError where they would not fit) and each sub-layer's fused path
+        built, so that neither is paid for inside a timed pass or a trial."""
+        mask = SkipMask.parse(f"w{bits}:0-{self.num_layers - 1}", self.num_layers)
+        self.prepare(mask)
+        for layer in range(self.num_layers):
+            for kind in (ATTN, MLP):
+                self.fused_at(layer, bits, kind)
+        return mask
+
     def fused_at(self, layer: int, bits: int = FULL_BITS, kind: str = ATTN) -> Any:
         """The fused path of `layer`'s attention (`kind` `ATTN`) or MLP at `bits` (`cpu.fused_layers`):
         the layer's own at full precision, the draft's copies in the fused driver at 8 or 4 bits

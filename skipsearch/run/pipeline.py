@@ -284,20 +284,16 @@ def make_draft_copies(context: RunContext, config: RunConfig) -> None:
     trials they made those trials read as twice a trial's time, and `run`'s first estimates 22-47%
     long (the demo: 3.7 and 4.8 s against a steady 2.3). Copies that would not fit in memory are
     left to the trials that need them, as before."""
-    from skipsearch.masks import LOW_BITS, SkipMask
-    from skipsearch.models.draft_weights import ATTN, MLP
+    from skipsearch.masks import LOW_BITS
 
     runner = context.measurement.runner
     space = context.setups[config.strategy].space
     for bits in (b for b in getattr(space, "precisions", ()) if b in LOW_BITS):
         try:
-            runner.prepare(SkipMask.parse(f"w{bits}:0-{runner.num_layers - 1}", runner.num_layers))
+            runner.prepare_every_layer(bits)  # the copies and their fused paths
         except ConfigError as error:
             log.info("int%d copies left to the trials that read them: %s", bits, error)
             return
-        for layer in range(runner.num_layers):  # and their fused paths, built on first use too
-            for kind in (ATTN, MLP):
-                runner.fused_at(layer, bits, kind)
 
 
 def timed_progress(clock: SearchClock, on_trial: ProgressCallback | None) -> ProgressCallback | None:

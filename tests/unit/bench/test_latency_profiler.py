@@ -23,7 +23,7 @@ from skipsearch.bench.latency_profiler import (
     measure_latency,
     save_profile,
 )
-from skipsearch.bench.passes import Samples, prefill_cache, prepare_precision, round_bookkeeping, time_pass
+from skipsearch.bench.passes import Samples, prefill_cache, round_bookkeeping, time_pass
 from skipsearch.cost.latency import LatencyProfile
 from skipsearch.cost.profile_summary import summary
 from skipsearch.errors import ConfigError
@@ -166,7 +166,7 @@ def test_a_timed_pass_at_lower_precision_is_the_draft_s_forward(
     runner: LayerwiseRunner, monkeypatch: pytest.MonkeyPatch, bits: int
 ) -> None:
     """The pass timed at `bits` computes what the draft that reads every layer at `bits` does."""
-    mask = prepare_precision(runner, bits)
+    mask = runner.prepare_every_layer(bits)
     cache = prefill_cache(runner, 8, torch.Generator().manual_seed(0))
     ids = torch.randint(0, 61, (1, 1))
     logits: list[torch.Tensor] = []
